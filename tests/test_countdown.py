@@ -1,0 +1,227 @@
+"""Countdown tasks, solver, loader and the strict scorer (SPEC §3)."""
+
+import json
+import random
+from fractions import Fraction
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from rlcr.tasks.countdown import (
+    CountdownTask,
+    TaskFormatError,
+    compute_score,
+    evaluate_expression,
+    extract_solution,
+    generate_tasks,
+    load_tasks,
+    save_tasks,
+    solve,
+    turn1_messages,
+    turn2_messages,
+)
+
+GT = {"target": 24, "numbers": [1, 5, 16]}
+
+
+# ----------------------------------------------------------------- SPEC §3 score table
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("no tags at all", 0),
+        ("<answer>16 + 5 + 1</answer>\n", 0),  # last line is empty: nothing extracted
+        ("<answer>16 + 5 + 1", 0),  # unclosed
+        ("<answer>16 + 5 + 3</answer>", 0.1),  # wrong numbers
+        ("<answer>16 + 5</answer>", 0.1),  # a number missing
+        ("<answer>16 + 5 + 1 + 1</answer>", 0.1),  # a number used twice
+        ("<answer>16 * 5 * 1</answer>", 0.1),  # right numbers, wrong value
+        ("<answer>16 / (5 - 5)</answer>", 0.1),
+        ("<answer></answer>", 0.1),  # extracted but empty
+        ("<answer>16 + 5 + 1 + x</answer>", 0.1),
+        ("<answer>(16 + 5) + 1</answer>", 1.0 * 0 + 0.1),  # 22 != 24
+        ("<answer>16 + 5 + 1 + 2</answer>", 0.1),
+        ("<think>1+5=6</think>\n<answer>16 + (5 + 1) + 2</answer>", 0.1),
+        ("<think>x</think>\n<answer>16 + 5 + 1</answer>", 0.1),
+        ("<think>x</think>\n<answer>(5 - 1) * 16 / 4</answer>", 0.1),
+    ],
+)
+def test_score_table(text, expected):
+    assert compute_score(text, GT) == expected
+
+
+def test_correct_answers_score_full():
+    assert compute_score("<think>16+8</think>\n<answer>16 + 8 * (5 - 1) / 4</answer>", {"target": 24, "numbers": [16, 8, 5, 1, 4]}) == 1.0
+    assert compute_score("<answer>(5 - 1) * (16 / 8)</answer>", {"target": 8, "numbers": [5, 1, 16, 8]}) == 1.0
+    assert compute_score("<answer> 16 + 5 + 3 </answer>", {"target": 24, "numbers": [3, 5, 16]}) == 1.0
+    # exact rationals: 1/3 * 3 is exactly 1
+    assert compute_score("<answer>1 / 3 * 3 + 6</answer>", {"target": 7, "numbers": [1, 3, 3, 6]}) == 1.0
+
+
+def test_custom_scores():
+    assert compute_score("<answer>16 + 5 + 3</answer>", {"target": 24, "numbers": [3, 5, 16]}, format_score=0.2, score=2.0) == 2.0
+    assert compute_score("<answer>16 + 5 + 4</answer>", {"target": 24, "numbers": [3, 5, 16]}, format_score=0.2, score=2.0) == 0.2
+
+
+@pytest.mark.parametrize(
+    "answer, nums, target",
+    [
+        ("9**9**9", [9, 9, 9], 0),
+        ("1.5*16", [1, 5, 16], 24),
+        ("-1+25", [1, 25], 24),
+        ("8//3*9", [8, 3, 9], 18),
+        ("(1+2)*8 = 24", [1, 2, 8], 24),
+        ("(1+2)*8 == 24", [1, 2, 8, 24], 24),
+        ("+1+23", [1, 23], 24),
+        ("2**3*3", [2, 3, 3], 24),
+        ("(1+2)*(8)", [1, 2, 8], 24),  # valid: parenthesised literal
+    ],
+)
+def test_reference_holes_score_format(answer, nums, target):
+    expected = 1.0 if answer == "(1+2)*(8)" else 0.1
+    assert compute_score(f"<answer>{answer}</answer>", {"target": target, "numbers": nums}) == expected
+
+
+def test_extraction_rule_matches_reference():
+    # text after the first "Assistant:" marker, its last line, last <answer> on that line
+    s = "User: <answer>1+2</answer>\nAssistant: thinking\n<answer>3 + 4</answer> then <answer>4 + 3</answer>"
+    assert extract_solution(s) == "4 + 3"
+    assert extract_solution("Assistant: a\nb <answer> 7 </answer> tail") == "7"
+    # non-greedy left-to-right: the nested opening belongs to the first match
+    assert extract_solution("<answer>a<answer>b</answer>") == "a<answer>b"
+    assert extract_solution("<answer>a</answer><answer>b") == "a"
+    assert extract_solution("<answer>x</answer>\nno answer here") is None
+    assert extract_solution(None) is None
+
+
+def test_never_evaluates_model_text():
+    assert evaluate_expression("__import__('os').system('true')") is None
+    assert compute_score("<answer>__import__('os')</answer>", GT) == 0.1
+
+
+def test_big_inputs_return():
+    long_line = "<answer>" * 2000 + "1+5+16"
+    assert compute_score(long_line, GT) == 0
+    assert compute_score("<answer>" + "(" * 5000 + "1+5+16" + ")" * 5000 + "</answer>", GT) == 0.1
+    assert compute_score("<answer>" + "9" * 5000 + "</answer>", GT) == 0.1
+    nested = "(" * 60 + "16" + ")" * 60 + " + 5 + 1"
+    assert evaluate_expression(nested) == 22
+
+
+def test_unicode_digits_rejected():
+    assert compute_score("<answer>١٦ + 5 + 3</answer>", {"target": 24, "numbers": [16, 5, 3]}) == 0.1
+
+
+# ----------------------------------------------------------------- solver & generation
+def test_solve_known_cases():
+    sol = solve([4, 7, 8, 8], 24)
+    assert sol is not None and compute_score(f"<answer>{sol}</answer>", {"target": 24, "numbers": [4, 7, 8, 8]}) == 1.0
+    assert solve([1, 1, 1], 100) is None
+    # needs a fractional intermediate: 8 / (3 - 8/3) = 24
+    sol = solve([3, 3, 8, 8], 24)
+    assert sol is not None and evaluate_expression(sol) == 24
+
+
+def test_generate_tasks_reproducible_and_in_range():
+    a = generate_tasks(30, seed=7, num_range=(2, 30), target_range=(10, 60))
+    b = generate_tasks(30, seed=7, num_range=(2, 30), target_range=(10, 60))
+    c = generate_tasks(30, seed=8, num_range=(2, 30), target_range=(10, 60))
+    assert a == b and a != c
+    for t in a:
+        assert 3 <= len(t.nums) <= 4 and all(2 <= x <= 30 for x in t.nums) and 10 <= t.target <= 60
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10**6), count=st.integers(3, 4))
+def test_generated_tasks_are_solvable(seed, count):
+    (task,) = generate_tasks(1, seed, min_count=count, max_count=count)
+    assert len(task.nums) == count
+    assert compute_score(f"<think>ok</think>\n<answer>{task.solution}</answer>", task.ground_truth) == 1.0
+    assert solve(task.nums, task.target) is not None
+
+
+@st.composite
+def expression_over(draw):
+    nums = draw(st.lists(st.integers(1, 30), min_size=2, max_size=4))
+    order = draw(st.permutations(nums))
+    items = [(str(n), Fraction(n)) for n in order]
+    while len(items) > 1:
+        i = draw(st.integers(0, len(items) - 2))
+        (ea, va), (eb, vb) = items[i], items[i + 1]
+        op = draw(st.sampled_from("+-*/"))
+        if op == "/" and vb == 0:
+            op = "+"
+        value = {"+": va + vb, "-": va - vb, "*": va * vb, "/": va / vb if vb else None}[op]
+        items[i : i + 2] = [(f"({ea} {op} {eb})", value)]
+    target = draw(st.integers(-50, 200))
+    return nums, items[0][0], items[0][1], target
+
+
+@settings(max_examples=200, deadline=None)
+@given(expression_over())
+def test_score_is_one_iff_exact_value_equals_target(case):
+    nums, expr, value, target = case
+    got = compute_score(f"<answer>{expr}</answer>", {"target": target, "numbers": nums})
+    assert got == (1.0 if value == target else 0.1)
+    # and the expression's own value is always accepted
+    if value.denominator == 1:
+        assert compute_score(f"<answer>{expr}</answer>", {"target": int(value), "numbers": nums}) == 1.0
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(max_size=10_000))
+def test_any_text_is_scored(text):
+    assert compute_score(text, GT) in (0, 0.1, 1.0)
+    assert compute_score("<answer>" + text.replace("\n", " ") + "</answer>", GT) in (0.1, 1.0)
+
+
+# ----------------------------------------------------------------- files
+def test_load_jsonl_and_parquet_roundtrip(tmp_path):
+    tasks = generate_tasks(5, seed=1)
+    save_tasks(tasks, tmp_path / "t.jsonl")
+    save_tasks(tasks, tmp_path / "t.parquet")
+    assert load_tasks(tmp_path / "t.jsonl") == tasks
+    assert load_tasks(tmp_path / "t.parquet") == tasks
+    # the public datasets' format: nums + target only
+    pq.write_table(pa.Table.from_pylist([{"target": 9, "nums": [2, 3, 4]}]), tmp_path / "pub.parquet")
+    assert load_tasks(tmp_path / "pub.parquet") == [CountdownTask([2, 3, 4], 9, None)]
+
+
+@pytest.mark.parametrize(
+    "line, needle",
+    [
+        ('{"nums": [1, 2, 3]}', "row 2: field 'target' is missing"),
+        ('{"nums": [1, 2, "x"], "target": 3}', "row 2: field 'nums' item 2 must be a positive integer"),
+        ('{"nums": 5, "target": 3}', "row 2: field 'nums' must be a list"),
+        ('{"nums": [1, 2, 3], "target": 2.5}', "row 2: field 'target' must be an integer"),
+        ('{"nums": [1, 2, 3], "target": true}', "row 2: field 'target' must be an integer"),
+        ('{"nums": [1, -2, 3], "target": 3}', "row 2: field 'nums' item 1"),
+        ("{not json", "row 2: not valid JSON"),
+    ],
+)
+def test_malformed_rows_are_named(tmp_path, line, needle):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"nums": [1, 2, 3], "target": 6}\n' + line + "\n")
+    with pytest.raises(TaskFormatError) as e:
+        load_tasks(path)
+    assert str(path) in str(e.value) and needle in str(e.value)
+
+
+def test_parquet_missing_column(tmp_path):
+    pq.write_table(pa.Table.from_pylist([{"numbers": [1, 2], "target": 3}]), tmp_path / "x.parquet")
+    with pytest.raises(TaskFormatError, match="field 'nums' is missing"):
+        load_tasks(tmp_path / "x.parquet")
+
+
+# ----------------------------------------------------------------- prompts
+def test_prompts():
+    task = CountdownTask([3, 5, 2], 16)
+    m1 = turn1_messages(task)
+    assert [m["role"] for m in m1] == ["system", "user"]
+    assert "[3, 5, 2]" in m1[1]["content"] and "16" in m1[1]["content"]
+    assert "<think>" in m1[0]["content"] + m1[1]["content"] and "<answer>" in m1[1]["content"]
+    answer = "<think>3*5=15, 15+2=17</think>\n<answer>3 * 5 + 2</answer>"
+    m2 = turn2_messages(task, answer)
+    assert m2[:2] == m1 and m2[2] == {"role": "assistant", "content": answer}
+    assert m2[3]["role"] == "user" and "<confidence>" in m2[3]["content"]
