@@ -1,0 +1,256 @@
+"""One configuration model for every knob of an RLCR run.
+
+Each field is documented where it is defined (the docstring under it). Load with
+:meth:`RLCRConfig.from_yaml`, which applies ``key=value`` overrides and turns any
+validation failure into a :class:`ConfigError` that names the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = ["RLCRConfig", "ConfigError", "load_config"]
+
+LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+ConfNormMode = Literal["answer", "answer_then_prompt"]
+KLType = Literal["k1", "k2", "k3"]
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field."""
+
+
+class RLCRConfig(BaseModel):
+    """Configuration of an RLCR run (SPEC §2–§7). Unknown fields are rejected."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+    # ------------------------------------------------------------------ run & storage
+    run_id: str | None = None
+    """Name of the run; artifacts go to ``<storage_uri>/runs/<run_id>/``. None: derived from the time."""
+    storage_uri: str = "./runs-store"
+    """Where checkpoints, rollouts, metrics and probe reports go: a local directory or ``s3://bucket/prefix``."""
+    s3_endpoint_url: str | None = None
+    """Endpoint of an S3-compatible server (MinIO, moto); None uses AWS. Credentials come from the AWS environment."""
+    seed: int = 0
+    """Master seed: task sampling, engine sampling and the update's shuffling derive from it."""
+    iterations: int = Field(1, ge=1)
+    """Number of RL iterations (rollout → update → eval → commit) to run."""
+
+    # ------------------------------------------------------------------ model
+    model: str = "smollm2-135m-instruct"
+    """Initial policy: a Hugging Face checkpoint directory or URI (local path or ``s3://``)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights dtype for generation and training (``auto``: bfloat16 on GPU, float32 on CPU)."""
+
+    # ------------------------------------------------------------------ tasks
+    train_tasks: str | None = None
+    """JSONL/Parquet file of training tasks (fields ``nums``, ``target``); None: generate them."""
+    eval_tasks: str | None = None
+    """JSONL/Parquet file of held-out evaluation tasks; None: generate them with ``eval_seed``."""
+    num_train_tasks: int = Field(1000, ge=1)
+    """How many training tasks to generate when ``train_tasks`` is None."""
+    num_eval_tasks: int = Field(64, ge=1)
+    """How many held-out tasks to generate when ``eval_tasks`` is None."""
+    eval_seed: int = 1_000_003
+    """Seed of the generated evaluation set (kept apart from ``seed`` so it is fixed across runs)."""
+    task_min_count: int = Field(3, ge=2, le=6)
+    """Fewest numbers in a generated task."""
+    task_max_count: int = Field(4, ge=2, le=6)
+    """Most numbers in a generated task."""
+    task_num_range: tuple[int, int] = (1, 20)
+    """Inclusive range of the numbers of generated tasks."""
+    task_target_range: tuple[int, int] = (1, 100)
+    """Inclusive range of the targets of generated tasks."""
+
+    # ------------------------------------------------------------------ rollout (SPEC §2)
+    prompts_per_iteration: int = Field(8, ge=1)
+    """P: Countdown prompts sampled per iteration."""
+    num_generations_answer: int = Field(8, ge=2)
+    """G_a: answers sampled per prompt (turn 1). The answer group size for normalisation."""
+    num_generations_confidence: int = Field(4, ge=2)
+    """G_c: confidences sampled per answer (turn 2), each conditioned on that exact answer. Must be >= 2."""
+    temperature: float = Field(0.7, gt=0.0, le=2.0)
+    """Sampling temperature for both turns (RLCR reference: 0.7)."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling threshold for both turns."""
+    max_prompt_tokens: int = Field(512, ge=16)
+    """Longest rendered prompt (turn-2 context included) accepted; longer prompts are an error."""
+    max_answer_tokens: int = Field(256, ge=8)
+    """Most tokens generated for a turn-1 answer (reasoning + equation)."""
+    max_confidence_tokens: int = Field(64, ge=4)
+    """Most tokens generated for a turn-2 confidence (analysis + confidence)."""
+
+    # ------------------------------------------------------------------ rewards & advantages (SPEC §4, §6)
+    format_score: float = Field(0.1, ge=0.0, le=1.0)
+    """``compute_score`` value for an extracted but wrong equation (accuracy reward is still 0)."""
+    lambda_ans: float = Field(1.0, ge=0.0)
+    """λ_ans: weight of answer advantages when spread onto answer tokens."""
+    lambda_conf: float = Field(1.0, ge=0.0)
+    """λ_conf: weight of confidence advantages when spread onto confidence tokens."""
+    adv_eps: float = Field(1e-6, gt=0.0)
+    """ε in ``(r − mean) / (std + ε)``."""
+    scale_by_std: bool = True
+    """Divide centred rewards by the group std (False: Dr. GRPO style, centring only; RLCR reference)."""
+    conf_norm_mode: ConfNormMode = "answer"
+    """``answer``: normalise each answer's G_c confidences alone; ``answer_then_prompt``: centre per answer,
+    divide by the std of all centred confidence rewards of the prompt (avoids ±1 blow-up for small G_c)."""
+
+    # ------------------------------------------------------------------ loss (SPEC §7)
+    clip_low: float = Field(0.2, ge=0.0, lt=1.0)
+    """ε_low: lower PPO clip, ratio ≥ 1 − ε_low."""
+    clip_high: float = Field(0.2, gt=0.0, le=10.0)
+    """ε_high: upper PPO clip, ratio ≤ 1 + ε_high (DAPO's clip-higher uses 0.28)."""
+    clip_c: float | None = Field(3.0, gt=1.0)
+    """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens; None disables it."""
+    kl_coef: float = Field(0.0, ge=0.0)
+    """β: weight of the per-token KL to the frozen reference model (0: no reference model is loaded)."""
+    kl_type: KLType = "k3"
+    """KL estimator: k1 = logπ − logπ_ref, k2 = ½(logπ − logπ_ref)², k3 = e^d − d − 1 with d = logπ_ref − logπ."""
+    entropy_coef: float = Field(0.0, ge=0.0)
+    """Weight of the entropy bonus (subtracted from the loss)."""
+    loss_agg: LossAgg = "token-mean"
+    """How per-token losses are reduced: token-mean over the global batch (default), or a per-sequence mode."""
+
+    # ------------------------------------------------------------------ update (Ray Train)
+    learning_rate: float = Field(2e-6, gt=0.0, le=1.0)
+    """AdamW learning rate (RLCR reference: 1e-6 … 5e-6)."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW weight decay."""
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """Learning-rate schedule over the optimizer steps of one update (after warm-up)."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up steps at the start of each update."""
+    grad_clip: float = Field(1.0, gt=0.0)
+    """Max global gradient norm."""
+    epochs_per_iteration: int = Field(1, ge=1)
+    """Passes over one iteration's rollouts."""
+    mini_batches_per_epoch: int = Field(1, ge=1)
+    """Optimizer steps per epoch: the rollouts are split into this many mini-batches (1: one on-policy step)."""
+    micro_batch_tokens: int = Field(8192, ge=64)
+    """Token budget (padded context + completion) of one forward/backward micro-batch."""
+    old_logp_source: Literal["rollout", "recompute"] = "recompute"
+    """π_old: ``rollout`` uses vLLM's sampling log-probs; ``recompute`` runs the trainer's model once before
+    the first step (on-policy exact: same numerics as the update, so the first step's ratio is exactly 1)."""
+    num_workers: int = Field(1, ge=1)
+    """Ray Train workers (DDP ranks)."""
+    use_gpu: bool = False
+    """Train on GPUs (NCCL) instead of CPUs (gloo)."""
+    fsdp: bool = False
+    """Shard the model with FSDP instead of DDP (GPU only)."""
+
+    # ------------------------------------------------------------------ vLLM engine
+    engine_gpu_memory_utilization: float = Field(0.3, gt=0.0, le=0.95)
+    """Share of device memory the engine reserves. On CPU it is the share of the NUMA node's RAM: keep it low."""
+    engine_max_model_len: int = Field(1024, ge=64)
+    """Engine context length (prompt + completion)."""
+    engine_tensor_parallel_size: int = Field(1, ge=1)
+    """vLLM tensor parallelism per actor."""
+    engine_enforce_eager: bool = True
+    """Skip torch.compile / CUDA graphs: on CPU this halves engine start-up at no generation cost."""
+    rollout_actors: int = Field(1, ge=1)
+    """Size of the Ray Data actor pool of each generation stage (each actor owns one engine)."""
+    rollout_batch_size: int = Field(64, ge=1)
+    """Rows per ``map_batches`` call of the generation stages."""
+
+    # ------------------------------------------------------------------ evaluation & probe
+    eval_every: int = Field(1, ge=0)
+    """Evaluate on the held-out set every this many iterations (0: never)."""
+    probe_samples: int = Field(50, ge=1)
+    """N: forced-answer samples per truncation point in the faithfulness probe."""
+    probe_truncation: Literal["sentences", "fractions"] = "sentences"
+    """Truncation points: every sentence boundary plus 0% and 100%, or fixed fractions 0, 0.1, …, 1."""
+    probe_cron: str = "0 3 * * *"
+    """Schedule (cron, UTC) of the nightly probe deployment."""
+
+    @model_validator(mode="after")
+    def _check_ranges(self) -> "RLCRConfig":
+        if self.task_min_count > self.task_max_count:
+            raise ValueError("task_min_count must be <= task_max_count")
+        for name in ("task_num_range", "task_target_range"):
+            lo, hi = getattr(self, name)
+            if lo > hi:
+                raise ValueError(f"{name} must be (low, high) with low <= high, got {(lo, hi)}")
+        if self.task_num_range[0] < 1:
+            raise ValueError("task_num_range must hold positive numbers")
+        if self.fsdp and not self.use_gpu:
+            raise ValueError("fsdp requires use_gpu")
+        return self
+
+    # ------------------------------------------------------------------ helpers
+    def config_hash(self) -> str:
+        """Stable short hash of the settings (recorded in each iteration's manifest)."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "config") -> "RLCRConfig":
+        try:
+            return cls.model_validate(dict(data))
+        except ValidationError as e:
+            raise ConfigError(_describe(e, source)) from None
+
+    @classmethod
+    def from_yaml(
+        cls, path: str | Path | None = None, overrides: Mapping[str, Any] | Sequence[str] | None = None
+    ) -> "RLCRConfig":
+        """Load a YAML file (or defaults if None) and apply overrides (``{"k": v}`` or ``["k=v", …]``)."""
+        data: dict[str, Any] = {}
+        source = "config"
+        if path is not None:
+            source = str(path)
+            try:
+                text = Path(path).read_text(encoding="utf-8")
+            except FileNotFoundError:
+                raise ConfigError(f"{path}: config file not found") from None
+            try:
+                loaded = yaml.safe_load(text)
+            except yaml.YAMLError as e:
+                raise ConfigError(f"{path}: not valid YAML ({e})") from None
+            if loaded is None:
+                loaded = {}
+            if not isinstance(loaded, dict):
+                raise ConfigError(f"{path}: expected a mapping of field: value, got {type(loaded).__name__}")
+            data.update(loaded)
+        data.update(_parse_overrides(overrides))
+        return cls.from_dict(data, source=source)
+
+
+def _parse_overrides(overrides: Mapping[str, Any] | Sequence[str] | None) -> dict[str, Any]:
+    if overrides is None:
+        return {}
+    if isinstance(overrides, Mapping):
+        return dict(overrides)
+    out: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected field=value")
+        key, raw = item.split("=", 1)
+        out[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
+    return out
+
+
+def _describe(error: ValidationError, source: str) -> str:
+    lines = []
+    for err in error.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(config)"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"{source}: unknown field '{loc}'")
+        else:
+            got = err.get("input")
+            got_text = "" if isinstance(got, dict) else f" (got {got!r})"
+            lines.append(f"{source}: field '{loc}': {err['msg']}{got_text}")
+    return "; ".join(lines)
+
+
+def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | Sequence[str] | None = None) -> RLCRConfig:
+    """Shorthand for :meth:`RLCRConfig.from_yaml`."""
+    return RLCRConfig.from_yaml(path, overrides)

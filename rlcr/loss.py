@@ -1,0 +1,238 @@
+"""Masked GRPO policy loss (SPEC §7) and memory-aware completion log-probs.
+
+Each KL estimator and each aggregation mode is a small registered function
+holding its formula. Pure PyTorch.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+__all__ = [
+    "policy_loss",
+    "token_logprobs",
+    "kl_penalty",
+    "aggregate",
+    "KL_ESTIMATORS",
+    "AGGREGATIONS",
+]
+
+# ----------------------------------------------------------------------------- log-probs
+
+
+def token_logprobs(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    return_entropy: bool = False,
+    chunk_rows: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log π(label) and (optionally) the entropy per position.
+
+    ``logits``: ``[..., V]`` (any dtype), ``labels``: ``[...]``. Rows are processed
+    ``chunk_rows`` at a time, each chunk upcast to float32 on its own, so at most
+    one chunk's full-vocab float32 copy exists outside autograd's saved tensors.
+    ``log π(y) = z_y − logsumexp(z)``; ``H = logsumexp(z) − Σ softmax(z)·z``.
+    """
+    shape = labels.shape
+    flat_logits = logits.reshape(-1, logits.shape[-1])
+    flat_labels = labels.reshape(-1)
+    logps, ents = [], []
+    for start in range(0, flat_logits.shape[0], chunk_rows):
+        z = flat_logits[start:start + chunk_rows].float()
+        y = flat_labels[start:start + chunk_rows]
+        lse = torch.logsumexp(z, dim=-1)
+        logps.append(z.gather(-1, y[:, None]).squeeze(-1) - lse)
+        if return_entropy:
+            p = torch.softmax(z, dim=-1)
+            ents.append(lse - (p * z).sum(-1))
+    logp = torch.cat(logps).reshape(shape) if logps else flat_logits.new_zeros(shape, dtype=torch.float32)
+    ent = None
+    if return_entropy:
+        ent = torch.cat(ents).reshape(shape) if ents else torch.zeros(shape)
+    return logp, ent
+
+
+# ----------------------------------------------------------------------------- KL to reference
+
+
+def _kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k1 = logπ − logπ_ref."""
+    return logp - ref_logp
+
+
+def _kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k2 = ½ (logπ − logπ_ref)²."""
+    return 0.5 * (logp - ref_logp) ** 2
+
+
+def _kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k3 = exp(d) − d − 1, d = logπ_ref − logπ clamped to ±20 (unbiased, non-negative)."""
+    d = (ref_logp - logp).clamp(-20.0, 20.0)
+    return torch.exp(d) - d - 1.0
+
+
+KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "k1": _kl_k1,
+    "k2": _kl_k2,
+    "k3": _kl_k3,
+}
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kl_type: str = "k3") -> torch.Tensor:
+    """Per-token KL estimate between the policy and the reference model."""
+    try:
+        return KL_ESTIMATORS[kl_type](logp, ref_logp)
+    except KeyError:
+        raise ValueError(f"kl_type: unknown estimator {kl_type!r} (one of {sorted(KL_ESTIMATORS)})") from None
+
+
+# ----------------------------------------------------------------------------- aggregation
+
+
+def _agg_token_mean(loss, mask, *, global_tokens, global_sequences, max_response_len):
+    """Σ ℓ·M / Σ M, the denominator being the global masked-token count when given."""
+    denom = global_tokens if global_tokens is not None else mask.sum().clamp(min=1.0)
+    return (loss * mask).sum() / denom
+
+
+def _agg_seq_mean_token_mean(loss, mask, *, global_tokens, global_sequences, max_response_len):
+    """mean over sequences of (Σ_t ℓ·M / Σ_t M) — original GRPO. Empty sequences add 0."""
+    per_seq = (loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+    n = global_sequences if global_sequences is not None else loss.shape[0]
+    return per_seq.sum() / max(n, 1)
+
+
+def _agg_seq_mean_token_sum(loss, mask, *, global_tokens, global_sequences, max_response_len):
+    """mean over sequences of Σ_t ℓ·M."""
+    n = global_sequences if global_sequences is not None else loss.shape[0]
+    return (loss * mask).sum() / max(n, 1)
+
+
+def _agg_seq_mean_token_sum_norm(loss, mask, *, global_tokens, global_sequences, max_response_len):
+    """Σ ℓ·M / (num_sequences · max_response_len) — Dr. GRPO."""
+    n = global_sequences if global_sequences is not None else loss.shape[0]
+    t_max = max_response_len if max_response_len is not None else loss.shape[-1]
+    return (loss * mask).sum() / (max(n, 1) * t_max)
+
+
+AGGREGATIONS = {
+    "token-mean": _agg_token_mean,
+    "seq-mean-token-mean": _agg_seq_mean_token_mean,
+    "seq-mean-token-sum": _agg_seq_mean_token_sum,
+    "seq-mean-token-sum-norm": _agg_seq_mean_token_sum_norm,
+}
+
+
+def aggregate(loss, mask, agg="token-mean", *, global_tokens=None, global_sequences=None, max_response_len=None):
+    """Reduce per-token losses ``[B, T]`` under ``mask`` with one of :data:`AGGREGATIONS`."""
+    try:
+        fn = AGGREGATIONS[agg]
+    except KeyError:
+        raise ValueError(f"loss_agg: unknown mode {agg!r} (one of {sorted(AGGREGATIONS)})") from None
+    return fn(
+        loss, mask, global_tokens=global_tokens, global_sequences=global_sequences, max_response_len=max_response_len
+    )
+
+
+# ----------------------------------------------------------------------------- policy loss
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    n = mask.sum()
+    return float((x * mask).sum() / n) if n > 0 else 0.0
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    clip_c: float | None = 3.0,
+    agg: str = "token-mean",
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_type: str = "k3",
+    global_tokens: float | None = None,
+    max_response_len: int | None = None,
+    global_sequences: int | None = None,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
+    is_confidence: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Dual-clip PPO/GRPO loss over masked tokens (SPEC §7).
+
+    Per token, ρ = exp(logπ − logπ_old) and
+        ℓ = max(−A·ρ, −A·clip(ρ, 1−ε_low, 1+ε_high));  where A < 0: ℓ = min(ℓ, −A·c)
+    plus β·KL(π‖π_ref) per token when ``ref_logp`` is given and β > 0, minus
+    ``entropy_coef``·H when ``entropy`` is given. Reduced with ``agg``.
+
+    ``logp``/``old_logp``/``mask``: ``[B, T]``; ``advantages``: ``[B]`` or ``[B, T]``.
+    With ``agg="token-mean"`` and ``global_tokens`` (the masked-token count of the
+    whole global batch), summing the losses of micro-batches/workers gives the
+    loss of the whole batch. ``is_confidence`` (``[B]`` bool) adds per-type metrics.
+    """
+    if logp.shape != old_logp.shape or logp.shape != mask.shape:
+        raise ValueError(f"shape mismatch: logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, mask {tuple(mask.shape)}")
+    if clip_c is not None and clip_c <= 1.0:
+        raise ValueError(f"clip_c must be > 1 (or None), got {clip_c}")
+    mask = mask.to(logp.dtype)
+    adv = advantages.to(logp.dtype)
+    if adv.ndim == 1:
+        adv = adv[:, None].expand_as(logp)
+
+    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    loss_unclipped = -adv * ratio
+    loss_clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    pg = torch.maximum(loss_unclipped, loss_clipped)
+    if clip_c is not None:
+        pg = torch.where(adv < 0, torch.minimum(pg, -adv * clip_c), pg)
+    per_token = pg
+
+    kl = None
+    if ref_logp is not None and kl_coef > 0:
+        kl = kl_penalty(logp, ref_logp, kl_type)
+        per_token = per_token + kl_coef * kl
+    if entropy is not None and entropy_coef > 0:
+        per_token = per_token - entropy_coef * entropy
+
+    loss = aggregate(
+        per_token, mask, agg,
+        global_tokens=global_tokens, global_sequences=global_sequences, max_response_len=max_response_len,
+    )
+
+    with torch.no_grad():
+        pos, neg = (adv > 0).to(mask.dtype), (adv < 0).to(mask.dtype)
+        clipped_high = (ratio > 1.0 + clip_high).to(mask.dtype) * pos
+        clipped_low = (ratio < 1.0 - clip_low).to(mask.dtype) * neg
+        dual = (ratio > clip_c).to(mask.dtype) * neg if clip_c is not None else torch.zeros_like(mask)
+        metrics: dict[str, float] = {
+            "tokens": float(mask.sum()),
+            "pg_loss": _masked_mean(pg, mask),
+            "clipfrac_high": _masked_mean(clipped_high, mask),
+            "clipfrac_low": _masked_mean(clipped_low, mask),
+            "clipfrac_dual": _masked_mean(dual, mask),
+            "approx_kl": _masked_mean(-log_ratio, mask),
+            "ratio_mean": _masked_mean(ratio, mask),
+        }
+        if kl is not None:
+            metrics["ref_kl"] = _masked_mean(kl, mask)
+        if entropy is not None:
+            metrics["entropy"] = _masked_mean(entropy, mask)
+        if is_confidence is not None:
+            is_conf = torch.as_tensor(is_confidence, dtype=torch.bool, device=mask.device)
+            for name, sel in (("answer", ~is_conf), ("confidence", is_conf)):
+                m = mask * sel[:, None].to(mask.dtype)
+                metrics[f"{name}/tokens"] = float(m.sum())
+                metrics[f"{name}/pg_loss"] = _masked_mean(pg, m)
+                metrics[f"{name}/clipfrac"] = _masked_mean(clipped_high + clipped_low, m)
+                metrics[f"{name}/approx_kl"] = _masked_mean(-log_ratio, m)
+                if entropy is not None:
+                    metrics[f"{name}/entropy"] = _masked_mean(entropy, m)
+    return loss, metrics

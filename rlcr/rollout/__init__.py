@@ -1,0 +1,1 @@
+"""Rollouts: records (pure) and the Ray Data + vLLM generation stages."""

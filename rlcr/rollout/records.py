@@ -1,0 +1,273 @@
+"""Rollout records: one row per generated sample, answers and confidences alike (SPEC §2).
+
+The tree P prompts → G_a answers → G_c confidences is flattened into rows that
+carry their position in it (``prompt_id``, ``answer_id``, ``confidence_id``), the
+tokens the policy saw and produced, and the reward and advantage. The schema is a
+pyarrow schema: rollouts are written as Parquet and read back without loss.
+Pure Python + pyarrow.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import pyarrow as pa
+import torch
+
+from rlcr.advantages import answer_advantages, confidence_advantages
+from rlcr.rewards import accuracy_reward, brier_reward, parse_confidence
+from rlcr.tasks.countdown import CountdownTask, compute_score
+
+__all__ = [
+    "ROLLOUT_SCHEMA",
+    "Generation",
+    "RolloutValidationError",
+    "answer_row",
+    "confidence_row",
+    "build_rollout_rows",
+    "assign_advantages",
+    "rows_to_table",
+    "table_to_rows",
+    "validate_rollouts",
+]
+
+ANSWER, CONFIDENCE = "answer", "confidence"
+
+ROLLOUT_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("iteration", pa.int32(), nullable=False),
+        pa.field("prompt_id", pa.int64(), nullable=False),
+        pa.field("answer_id", pa.int32(), nullable=False),
+        pa.field("confidence_id", pa.int32(), nullable=True),  # null for answers
+        pa.field("sample_type", pa.string(), nullable=False),  # answer | confidence
+        pa.field("nums", pa.list_(pa.int64()), nullable=False),
+        pa.field("target", pa.int64(), nullable=False),
+        pa.field("context_text", pa.string(), nullable=False),  # rendered prompt
+        pa.field("context_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("completion_text", pa.string(), nullable=False),
+        pa.field("completion_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("completion_logprobs", pa.list_(pa.float32()), nullable=True),  # sampling log-probs
+        pa.field("finish_reason", pa.string(), nullable=False),  # stop | length | …
+        pa.field("truncated", pa.bool_(), nullable=False),
+        pa.field("score", pa.float64(), nullable=True),  # compute_score (answers)
+        pa.field("correct", pa.float64(), nullable=False),  # acc of the answer (own or parent's)
+        pa.field("confidence", pa.float64(), nullable=True),  # parsed c (confidences)
+        pa.field("reward", pa.float64(), nullable=False),
+        pa.field("advantage", pa.float64(), nullable=True),  # filled by assign_advantages
+    ]
+)
+
+
+class RolloutValidationError(ValueError):
+    """The rollout rows do not form a complete, consistent P × G_a × G_c tree."""
+
+
+@dataclass
+class Generation:
+    """One sampled completion and the context it was sampled from."""
+
+    context_text: str
+    context_ids: list[int]
+    completion_text: str
+    completion_ids: list[int]
+    completion_logprobs: list[float] | None = None
+    finish_reason: str = "stop"
+
+
+def _base(run_id: str, iteration: int, prompt_id: int, task: CountdownTask, gen: Generation) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "iteration": iteration,
+        "prompt_id": prompt_id,
+        "nums": list(task.nums),
+        "target": task.target,
+        "context_text": gen.context_text,
+        "context_ids": list(gen.context_ids),
+        "completion_text": gen.completion_text,
+        "completion_ids": list(gen.completion_ids),
+        "completion_logprobs": None if gen.completion_logprobs is None else list(gen.completion_logprobs),
+        "finish_reason": gen.finish_reason or "stop",
+        "truncated": gen.finish_reason == "length",
+        "advantage": None,
+    }
+
+
+def answer_row(
+    run_id: str, iteration: int, prompt_id: int, answer_id: int, task: CountdownTask, gen: Generation,
+    *, format_score: float = 0.1,
+) -> dict[str, Any]:
+    """Row of a turn-1 answer, scored: ``reward`` = accuracy reward ∈ {0, 1} (SPEC §4)."""
+    row = _base(run_id, iteration, prompt_id, task, gen)
+    acc = accuracy_reward(gen.completion_text, task)
+    row.update(
+        answer_id=answer_id, confidence_id=None, sample_type=ANSWER,
+        score=float(compute_score(gen.completion_text, task.ground_truth, format_score=format_score)),
+        correct=acc, confidence=None, reward=acc,
+    )
+    return row
+
+
+def confidence_row(
+    run_id: str, iteration: int, prompt_id: int, answer_id: int, confidence_id: int,
+    task: CountdownTask, gen: Generation, parent_correct: float,
+) -> dict[str, Any]:
+    """Row of a turn-2 confidence, scored: ``reward`` = 1 − (acc − c)², 0 if unparseable (SPEC §4)."""
+    row = _base(run_id, iteration, prompt_id, task, gen)
+    row.update(
+        answer_id=answer_id, confidence_id=confidence_id, sample_type=CONFIDENCE, score=None,
+        correct=float(parent_correct), confidence=parse_confidence(gen.completion_text),
+        reward=brier_reward(gen.completion_text, parent_correct),
+    )
+    return row
+
+
+def build_rollout_rows(
+    run_id: str,
+    iteration: int,
+    tasks: Sequence[CountdownTask],
+    answers: Sequence[Sequence[Generation]],
+    confidences: Sequence[Sequence[Sequence[Generation]]],
+    *,
+    prompt_ids: Sequence[int] | None = None,
+    format_score: float = 0.1,
+) -> list[dict[str, Any]]:
+    """Flatten and score a rollout tree: ``answers[j][k]``, ``confidences[j][k][h]``.
+
+    Returns the P·G_a answer rows followed by the P·G_a·G_c confidence rows.
+    """
+    if not (len(tasks) == len(answers) == len(confidences)):
+        raise ValueError(f"tree sizes disagree: {len(tasks)} tasks, {len(answers)} answer groups, {len(confidences)} confidence groups")
+    prompt_ids = list(range(len(tasks))) if prompt_ids is None else list(prompt_ids)
+    answer_rows, conf_rows = [], []
+    for j, (task, group, conf_groups) in enumerate(zip(tasks, answers, confidences)):
+        if len(conf_groups) != len(group):
+            raise ValueError(f"prompt {j}: {len(group)} answers but {len(conf_groups)} confidence groups")
+        for k, gen in enumerate(group):
+            row = answer_row(run_id, iteration, prompt_ids[j], k, task, gen, format_score=format_score)
+            answer_rows.append(row)
+            for h, cgen in enumerate(conf_groups[k]):
+                conf_rows.append(confidence_row(run_id, iteration, prompt_ids[j], k, h, task, cgen, row["correct"]))
+    return answer_rows + conf_rows
+
+
+def _dense(rows: list[dict[str, Any]], key) -> tuple[list[tuple], list[dict[str, Any]]]:
+    ordered = sorted(rows, key=key)
+    return [key(r) for r in ordered], ordered
+
+
+def assign_advantages(
+    rows: list[dict[str, Any]],
+    *,
+    eps: float = 1e-6,
+    scale_by_std: bool = True,
+    conf_mode: str = "answer",
+) -> list[dict[str, Any]]:
+    """Fill ``advantage`` of every row (SPEC §6), in place; returns ``rows``.
+
+    Answers are normalised per prompt over its G_a answers, confidences per
+    answer over its G_c confidences (or ``answer_then_prompt``). The tree must be
+    complete (see :func:`validate_rollouts`).
+    """
+    p, g_a, g_c = validate_rollouts(rows, check_context=False)
+    ans = sorted((r for r in rows if r["sample_type"] == ANSWER), key=lambda r: (r["prompt_id"], r["answer_id"]))
+    conf = sorted(
+        (r for r in rows if r["sample_type"] == CONFIDENCE),
+        key=lambda r: (r["prompt_id"], r["answer_id"], r["confidence_id"]),
+    )
+    a_adv = answer_advantages(
+        torch.tensor([r["reward"] for r in ans], dtype=torch.float64).reshape(p, g_a), eps=eps, scale_by_std=scale_by_std
+    )
+    c_adv = confidence_advantages(
+        torch.tensor([r["reward"] for r in conf], dtype=torch.float64).reshape(p, g_a, g_c),
+        eps=eps, scale_by_std=scale_by_std, mode=conf_mode,
+    )
+    for r, a in zip(ans, a_adv.flatten().tolist()):
+        r["advantage"] = a
+    for r, a in zip(conf, c_adv.flatten().tolist()):
+        r["advantage"] = a
+    return rows
+
+
+def rows_to_table(rows: Iterable[dict[str, Any]]) -> pa.Table:
+    """Rows → pyarrow Table with :data:`ROLLOUT_SCHEMA` (missing optional fields become null)."""
+    rows = list(rows)
+    return pa.Table.from_pylist([{f.name: r.get(f.name) for f in ROLLOUT_SCHEMA} for r in rows], schema=ROLLOUT_SCHEMA)
+
+
+def table_to_rows(table: pa.Table) -> list[dict[str, Any]]:
+    """pyarrow Table (e.g. read from Parquet) → rows; checks the schema's columns are present."""
+    missing = [f.name for f in ROLLOUT_SCHEMA if f.name not in table.column_names]
+    if missing:
+        raise RolloutValidationError(f"rollout table lacks columns {missing}")
+    return table.select([f.name for f in ROLLOUT_SCHEMA]).cast(ROLLOUT_SCHEMA).to_pylist()
+
+
+def validate_rollouts(
+    rows: Sequence[dict[str, Any]],
+    *,
+    num_prompts: int | None = None,
+    g_a: int | None = None,
+    g_c: int | None = None,
+    check_context: bool = True,
+) -> tuple[int, int, int]:
+    """Check the rows form a complete tree; return ``(P, G_a, G_c)``.
+
+    Every confidence's parent answer exists; there are P·G_a answers and
+    P·G_a·G_c confidences with no duplicates; each confidence's context contains
+    its parent answer's text; rewards are finite. Raises RolloutValidationError.
+    """
+    answers: dict[tuple[int, int], dict[str, Any]] = {}
+    conf_count: Counter = Counter()
+    seen_conf: set[tuple[int, int, int]] = set()
+    for i, r in enumerate(rows):
+        st = r.get("sample_type")
+        if st == ANSWER:
+            key = (r["prompt_id"], r["answer_id"])
+            if key in answers:
+                raise RolloutValidationError(f"row {i}: duplicate answer prompt_id={key[0]} answer_id={key[1]}")
+            if r.get("confidence_id") is not None:
+                raise RolloutValidationError(f"row {i}: answer row has a confidence_id")
+            answers[key] = r
+        elif st != CONFIDENCE:
+            raise RolloutValidationError(f"row {i}: sample_type must be 'answer' or 'confidence', got {st!r}")
+        reward = r.get("reward")
+        if reward is None or reward != reward or reward in (float("inf"), float("-inf")):
+            raise RolloutValidationError(f"row {i}: reward must be finite, got {reward!r}")
+    for i, r in enumerate(rows):
+        if r["sample_type"] != CONFIDENCE:
+            continue
+        key = (r["prompt_id"], r["answer_id"])
+        ckey = key + (r.get("confidence_id"),)
+        if ckey[2] is None:
+            raise RolloutValidationError(f"row {i}: confidence row without confidence_id")
+        if ckey in seen_conf:
+            raise RolloutValidationError(f"row {i}: duplicate confidence {ckey}")
+        seen_conf.add(ckey)
+        parent = answers.get(key)
+        if parent is None:
+            raise RolloutValidationError(f"row {i}: confidence's parent answer prompt_id={key[0]} answer_id={key[1]} is missing")
+        if check_context and parent["completion_text"] not in r["context_text"]:
+            raise RolloutValidationError(
+                f"row {i}: confidence context does not contain its parent answer (prompt_id={key[0]} answer_id={key[1]})"
+            )
+        if float(r["correct"]) != float(parent["correct"]):
+            raise RolloutValidationError(f"row {i}: confidence label differs from its parent answer's accuracy")
+        conf_count[key] += 1
+    per_prompt = Counter(p for p, _ in answers)
+    prompts = sorted(per_prompt)
+    if not prompts:
+        raise RolloutValidationError("no answer rows")
+    sizes_a = set(per_prompt.values())
+    if len(sizes_a) != 1:
+        raise RolloutValidationError(f"prompts have different numbers of answers: {dict(per_prompt)}")
+    sizes_c = {conf_count.get(k, 0) for k in answers}
+    if len(sizes_c) != 1:
+        raise RolloutValidationError(f"answers have different numbers of confidences: {sorted(sizes_c)}")
+    shape = (len(prompts), sizes_a.pop(), sizes_c.pop())
+    for name, want, got in (("P", num_prompts, shape[0]), ("G_a", g_a, shape[1]), ("G_c", g_c, shape[2])):
+        if want is not None and want != got:
+            raise RolloutValidationError(f"expected {name}={want}, found {got}")
+    return shape
