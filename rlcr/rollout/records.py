@@ -50,6 +50,7 @@ ROLLOUT_SCHEMA = pa.schema(
         pa.field("completion_text", pa.string(), nullable=False),
         pa.field("completion_ids", pa.list_(pa.int32()), nullable=False),
         pa.field("completion_logprobs", pa.list_(pa.float32()), nullable=True),  # sampling log-probs
+        pa.field("loss_mask", pa.list_(pa.int8()), nullable=True),  # SPEC §5 span mask over completion_ids
         pa.field("finish_reason", pa.string(), nullable=False),  # stop | length | …
         pa.field("truncated", pa.bool_(), nullable=False),
         pa.field("score", pa.float64(), nullable=True),  # compute_score (answers)
@@ -75,6 +76,7 @@ class Generation:
     completion_ids: list[int]
     completion_logprobs: list[float] | None = None
     finish_reason: str = "stop"
+    loss_mask: list[int] | None = None
 
 
 def _base(run_id: str, iteration: int, prompt_id: int, task: CountdownTask, gen: Generation) -> dict[str, Any]:
@@ -89,6 +91,7 @@ def _base(run_id: str, iteration: int, prompt_id: int, task: CountdownTask, gen:
         "completion_text": gen.completion_text,
         "completion_ids": list(gen.completion_ids),
         "completion_logprobs": None if gen.completion_logprobs is None else list(gen.completion_logprobs),
+        "loss_mask": None if gen.loss_mask is None else list(gen.loss_mask),
         "finish_reason": gen.finish_reason or "stop",
         "truncated": gen.finish_reason == "length",
         "advantage": None,
