@@ -148,8 +148,11 @@ class RLCRConfig(BaseModel):
     """Shard the model with FSDP instead of DDP (GPU only)."""
 
     # ------------------------------------------------------------------ vLLM engine
-    engine_gpu_memory_utilization: float = Field(0.3, gt=0.0, le=0.95)
+    engine_gpu_memory_utilization: float = Field(0.5, gt=0.0, le=0.95)
     """Share of device memory the engine reserves. On CPU it is the share of the NUMA node's RAM: keep it low."""
+    engine_kv_cache_gib: float | None = Field(None, gt=0.0)
+    """KV-cache size in GiB, overriding the memory share (``kv_cache_memory_bytes``). None: 1 GiB on CPU (enough for
+    small models and saves RAM for the trainer), the memory share on GPU."""
     engine_max_model_len: int = Field(1024, ge=64)
     """Engine context length (prompt + completion)."""
     engine_tensor_parallel_size: int = Field(1, ge=1)

@@ -19,7 +19,7 @@ from typing import Any
 
 import fsspec
 
-__all__ = ["Store", "COMPLETE_MARKER", "fetch_checkpoint", "StorageError"]
+__all__ = ["Store", "COMPLETE_MARKER", "fetch_checkpoint", "StorageError", "iteration_prefix"]
 
 COMPLETE_MARKER = "_COMPLETE"
 
@@ -234,3 +234,8 @@ def fetch_checkpoint(uri: str, *, endpoint_url: str | None = None, cache_dir: st
         return local
     parent, name = uri.rstrip("/").rsplit("/", 1)
     return Store(parent, endpoint_url=endpoint_url).get_dir(name, local)
+
+
+def iteration_prefix(run_id: str, iteration: int) -> str:
+    """Store-relative folder of one iteration: ``runs/<run_id>/iter-<k>`` (k zero-padded to 4)."""
+    return f"runs/{run_id}/iter-{iteration:04d}"

@@ -42,3 +42,14 @@ def smollm2_tokenizer(smollm2_dir):
 def any_tokenizer(request):
     """Each real tokenizer in turn: SmolLM2's and the one the tests train."""
     return request.getfixturevalue(f"{request.param}_tokenizer")
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray for the whole session (4 logical CPUs on the 2-core box: the engines mostly wait)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
+                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}})
+    yield ray

@@ -1,0 +1,159 @@
+"""One iteration's rollouts on Ray Data: both vLLM stages, scoring, advantages, Parquet (SPEC §2).
+
+``run_rollouts`` builds the dataset pipeline, collects the tree on the driver
+(advantages need whole groups), assigns advantages, validates the tree and writes
+``<storage>/runs/<run_id>/iter-<k>/rollouts/rollouts.parquet``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from rlcr.config import RLCRConfig
+from rlcr.rollout.records import assign_advantages, rows_to_table, validate_rollouts
+from rlcr.rollout.stages import AnswerStage, ConfidenceStage, expand_to_turn2, score_answers, score_confidences
+from rlcr.storage import iteration_prefix
+from rlcr.tasks.countdown import CountdownTask
+
+__all__ = [
+    "RolloutResult", "build_rollout_dataset", "to_records", "run_rollouts", "rollout_seed", "rollout_stats",
+    "check_prompt_lengths",
+]
+
+
+@dataclass
+class RolloutResult:
+    rows: list[dict[str, Any]]
+    uri: str | None
+    timings: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+def rollout_seed(cfg: RLCRConfig, iteration: int) -> int:
+    """Engine seed of an iteration: distinct per iteration, fixed by the run's seed."""
+    return (cfg.seed * 1_000_003 + iteration * 7919) % (2**31 - 1)
+
+
+def build_rollout_dataset(cfg: RLCRConfig, tasks: Sequence[tuple[int, CountdownTask]], policy_uri: str, iteration: int):
+    """The lazy Ray Dataset of one iteration's rollout tree (answer and confidence rows)."""
+    import ray.data
+
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True  # same request order → reproducible samples
+    seed = rollout_seed(cfg, iteration)
+    engine_args = dict(cfg=cfg.model_dump(mode="json"), policy_uri=policy_uri, seed=seed)
+    gpus = 1 if cfg.use_gpu else 0
+    stage_opts = dict(
+        compute=ray.data.ActorPoolStrategy(size=cfg.rollout_actors),
+        batch_format="pandas",
+        num_gpus=gpus * cfg.engine_tensor_parallel_size,
+        num_cpus=0.5,
+    )
+    cheap = dict(batch_format="pandas", num_cpus=0.1)
+    items = [{"prompt_id": pid, "nums": list(t.nums), "target": int(t.target)} for pid, t in tasks]
+    ds = ray.data.from_items(items, override_num_blocks=max(1, math.ceil(len(items) / cfg.rollout_batch_size)))
+    ds = ds.map_batches(AnswerStage, fn_constructor_kwargs=engine_args, batch_size=cfg.rollout_batch_size, **stage_opts)
+    ds = ds.map_batches(score_answers, fn_kwargs={"format_score": cfg.format_score}, **cheap)
+    ds = ds.map_batches(expand_to_turn2, **cheap)
+    conf_batch = max(1, cfg.rollout_batch_size // cfg.num_generations_confidence)
+    ds = ds.map_batches(ConfidenceStage, fn_constructor_kwargs=engine_args, batch_size=conf_batch, **stage_opts)
+    ds = ds.map_batches(score_confidences, **cheap)
+    return ds
+
+
+def _clean(value):
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def to_records(raw_rows: Sequence[dict[str, Any]], run_id: str, iteration: int) -> list[dict[str, Any]]:
+    """Pipeline rows → rollout records (sentinels → nulls, numpy → Python, ``_`` timing columns dropped)."""
+    out = []
+    for raw in raw_rows:
+        r = {k: _clean(v) for k, v in raw.items() if k != "turn2_messages" and not k.startswith("_")}
+        r["run_id"], r["iteration"] = run_id, iteration
+        if r["confidence_id"] is not None and r["confidence_id"] < 0:
+            r["confidence_id"] = None
+        for key in ("score", "confidence"):
+            if r.get(key) is not None and isinstance(r[key], float) and math.isnan(r[key]):
+                r[key] = None
+        out.append(r)
+    return out
+
+
+def rollout_stats(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Per-sample-type reward mean/std, lengths, format and parse rates."""
+    stats: dict[str, float] = {}
+    for kind in ("answer", "confidence"):
+        sel = [r for r in rows if r["sample_type"] == kind]
+        if not sel:
+            continue
+        rewards = np.array([r["reward"] for r in sel], dtype=float)
+        lengths = np.array([len(r["completion_ids"]) for r in sel], dtype=float)
+        stats[f"{kind}/reward_mean"] = float(rewards.mean())
+        stats[f"{kind}/reward_std"] = float(rewards.std())
+        stats[f"{kind}/length_mean"] = float(lengths.mean())
+        stats[f"{kind}/truncated_frac"] = float(np.mean([r["truncated"] for r in sel]))
+        stats[f"{kind}/count"] = float(len(sel))
+        if kind == "answer":
+            stats["answer/format_rate"] = float(np.mean([(r.get("score") or 0) > 0 for r in sel]))
+            stats["answer/accuracy"] = float(rewards.mean())
+        else:
+            stats["confidence/parse_rate"] = float(np.mean([r.get("confidence") is not None for r in sel]))
+            conf = [r["confidence"] for r in sel if r.get("confidence") is not None]
+            stats["confidence/mean"] = float(np.mean(conf)) if conf else float("nan")
+    return stats
+
+
+def check_prompt_lengths(cfg: RLCRConfig, tasks: Sequence[tuple[int, CountdownTask]], policy_uri: str) -> None:
+    """Fail before any Ray work if a turn-1 prompt is longer than ``max_prompt_tokens``."""
+    from transformers import AutoTokenizer
+
+    from rlcr.storage import fetch_checkpoint
+    from rlcr.tasks.countdown import turn1_messages
+
+    tokenizer = AutoTokenizer.from_pretrained(fetch_checkpoint(policy_uri, endpoint_url=cfg.s3_endpoint_url))
+    for pid, task in tasks:
+        text = tokenizer.apply_chat_template(turn1_messages(task), add_generation_prompt=True, tokenize=False)
+        n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if n > cfg.max_prompt_tokens:
+            raise ValueError(f"prompt_id={pid}: rendered prompt has {n} tokens > max_prompt_tokens={cfg.max_prompt_tokens}")
+
+
+def run_rollouts(
+    cfg: RLCRConfig,
+    tasks: Sequence[tuple[int, CountdownTask]],
+    *,
+    policy_uri: str,
+    run_id: str,
+    iteration: int,
+    store=None,
+) -> RolloutResult:
+    """Generate, score and normalise one iteration's rollouts; write them as Parquet if ``store`` is given."""
+    check_prompt_lengths(cfg, tasks, policy_uri)
+    t0 = time.perf_counter()
+    ds = build_rollout_dataset(cfg, tasks, policy_uri, iteration)
+    raw = ds.take_all()
+    t_pipeline = time.perf_counter() - t0
+    stage_times = {
+        f"rollout/{k.lstrip('_')}": float(sum(r.get(k, 0.0) or 0.0 for r in raw))
+        for k in ("_answer_init_s", "_answer_generate_s", "_confidence_init_s", "_confidence_generate_s")
+    }
+    rows = to_records(raw, run_id, iteration)
+    validate_rollouts(rows, num_prompts=len(tasks), g_a=cfg.num_generations_answer, g_c=cfg.num_generations_confidence)
+    assign_advantages(rows, eps=cfg.adv_eps, scale_by_std=cfg.scale_by_std, conf_mode=cfg.conf_norm_mode)
+    rows.sort(key=lambda r: (r["sample_type"] != "answer", r["prompt_id"], r["answer_id"], r["confidence_id"] or 0))
+    uri = None
+    t1 = time.perf_counter()
+    if store is not None:
+        uri = store.write_parquet(f"{iteration_prefix(run_id, iteration)}/rollouts/rollouts.parquet", rows_to_table(rows))
+    timings = {"rollout/pipeline_s": t_pipeline, **stage_times, "rollout/write_s": time.perf_counter() - t1}
+    return RolloutResult(rows=rows, uri=uri, timings=timings, stats=rollout_stats(rows))

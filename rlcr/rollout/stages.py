@@ -1,0 +1,203 @@
+"""The two generation stages and the steps between them, as Ray Data batch functions (SPEC §2).
+
+    prompts ─ AnswerStage ─ score_answers ─ expand_to_turn2 ─ ConfidenceStage ─ score_confidences
+
+``AnswerStage`` and ``ConfidenceStage`` are callable classes for
+``Dataset.map_batches(Cls, compute=ActorPoolStrategy(size=n), …)``: each actor
+fetches the policy checkpoint once (local path or ``s3://``) and owns a
+``vllm.LLM``. Batches are pandas DataFrames. ``ConfidenceStage`` passes its input
+answer rows through and appends the G_c confidence rows of each answer, so the
+stage's output is the whole rollout tree.
+
+In-pipeline sentinels (Arrow needs one type per column across batches):
+``confidence_id = -1`` on answer rows, ``confidence``/``score`` = NaN where not
+applicable; :func:`rlcr.rollout.pipeline.to_records` turns them into nulls.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any
+
+import pandas as pd
+
+from rlcr.config import RLCRConfig
+from rlcr.masks import completion_mask
+from rlcr.rewards import accuracy_reward, brier_reward, parse_confidence
+from rlcr.tasks.countdown import CountdownTask, compute_score, turn1_messages, turn2_messages
+
+__all__ = [
+    "AnswerStage",
+    "ConfidenceStage",
+    "score_answers",
+    "expand_to_turn2",
+    "score_confidences",
+    "ANSWER_STOP",
+    "CONFIDENCE_STOP",
+]
+
+# Generation ends at the closing tag of the turn (kept in the text): nothing after it is scored.
+ANSWER_STOP = ("</answer>",)
+CONFIDENCE_STOP = ("</confidence>",)
+
+
+def _task(row) -> CountdownTask:
+    return CountdownTask([int(x) for x in row["nums"]], int(row["target"]))
+
+
+class _EngineStage:
+    """Shared part of both stages: config, checkpoint fetch, tokenizer, engine."""
+
+    stage_name = "stage"
+    stage_salt = 0
+
+    def __init__(self, cfg: dict[str, Any], policy_uri: str, seed: int):
+        from transformers import AutoTokenizer
+
+        from rlcr.rollout.engine import create_engine
+        from rlcr.storage import fetch_checkpoint
+
+        t0 = time.perf_counter()
+        self.cfg = RLCRConfig.model_validate(cfg)
+        local = fetch_checkpoint(policy_uri, endpoint_url=self.cfg.s3_endpoint_url)
+        self.tokenizer = AutoTokenizer.from_pretrained(local)
+        self.llm = create_engine(local, self.cfg, seed=seed * 2 + self.stage_salt)
+        self.init_s = time.perf_counter() - t0
+        self.batches = 0
+
+    def render(self, messages: list[dict[str, str]], where: str) -> tuple[str, list[int]]:
+        """Chat template → (context text, context token ids); too-long prompts are an error."""
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) > self.cfg.max_prompt_tokens:
+            raise ValueError(
+                f"{where}: rendered prompt has {len(ids)} tokens > max_prompt_tokens={self.cfg.max_prompt_tokens}"
+            )
+        return text, ids
+
+    def _generate(self, prompts, n: int, max_tokens: int, stop):
+        from rlcr.rollout.engine import sample
+
+        t0 = time.perf_counter()
+        out = sample(
+            self.llm, prompts, n=n, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+            max_tokens=max_tokens, stop=stop,
+        )
+        self.last_generate_s = time.perf_counter() - t0
+        return out
+
+    def _timing(self, df: pd.DataFrame) -> pd.DataFrame:
+        """Per-batch timing columns (``_``-prefixed; dropped from the records, summed into the timings)."""
+        first = self.batches == 0
+        self.batches += 1
+        df[f"_{self.stage_name}_init_s"] = [self.init_s if first and i == 0 else 0.0 for i in range(len(df))]
+        df[f"_{self.stage_name}_generate_s"] = [self.last_generate_s if i == 0 else 0.0 for i in range(len(df))]
+        return df
+
+    def _completion_fields(self, s, sample_type: str) -> dict[str, Any]:
+        return {
+            "completion_text": s.completion_text,
+            "completion_ids": s.completion_ids,
+            "completion_logprobs": s.completion_logprobs,
+            "finish_reason": s.finish_reason,
+            "truncated": s.finish_reason == "length",
+            "loss_mask": completion_mask(self.tokenizer, s.completion_ids, s.completion_text, sample_type),
+        }
+
+
+class AnswerStage(_EngineStage):
+    """Turn 1: G_a answers per prompt. Input columns: prompt_id, nums, target."""
+
+    stage_name = "answer"
+    stage_salt = 0
+
+    def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
+        contexts = [self.render(turn1_messages(_task(r)), f"prompt_id={r['prompt_id']}") for _, r in batch.iterrows()]
+        samples = self._generate([ids for _, ids in contexts], self.cfg.num_generations_answer,
+                                 self.cfg.max_answer_tokens, ANSWER_STOP)
+        rows = []
+        for (_, r), (text, ids), group in zip(batch.iterrows(), contexts, samples):
+            for k, s in enumerate(group):
+                rows.append({
+                    "prompt_id": int(r["prompt_id"]), "answer_id": k, "confidence_id": -1,
+                    "sample_type": "answer", "nums": [int(x) for x in r["nums"]], "target": int(r["target"]),
+                    "context_text": text, "context_ids": ids, **self._completion_fields(s, "answer"),
+                })
+        return self._timing(pd.DataFrame(rows))
+
+
+def score_answers(batch: pd.DataFrame, format_score: float = 0.1) -> pd.DataFrame:
+    """acc_reward ∈ {0, 1} from :func:`compute_score` (SPEC §4); keeps the raw score too."""
+    batch = batch.copy()
+    tasks = [_task(r) for _, r in batch.iterrows()]
+    texts = list(batch["completion_text"])
+    batch["score"] = [float(compute_score(t, task.ground_truth, format_score=format_score)) for t, task in zip(texts, tasks)]
+    batch["correct"] = [accuracy_reward(t, task) for t, task in zip(texts, tasks)]
+    batch["reward"] = batch["correct"]
+    batch["confidence"] = math.nan
+    return batch
+
+
+def expand_to_turn2(batch: pd.DataFrame) -> pd.DataFrame:
+    """Attach each answer's turn-2 conversation: turn 1 + that exact answer + the confidence query."""
+    batch = batch.copy()
+    batch["turn2_messages"] = [
+        json.dumps(turn2_messages(_task(r), r["completion_text"])) for _, r in batch.iterrows()
+    ]
+    return batch
+
+
+class ConfidenceStage(_EngineStage):
+    """Turn 2: G_c confidences per answer, each conditioned on that exact answer.
+
+    Input: scored answer rows with ``turn2_messages``. Output: those answer rows
+    followed by their confidence rows.
+    """
+
+    stage_name = "confidence"
+    stage_salt = 1
+
+    def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
+        contexts = [
+            self.render(json.loads(r["turn2_messages"]), f"prompt_id={r['prompt_id']} answer_id={r['answer_id']}")
+            for _, r in batch.iterrows()
+        ]
+        samples = self._generate([ids for _, ids in contexts], self.cfg.num_generations_confidence,
+                                 self.cfg.max_confidence_tokens, CONFIDENCE_STOP)
+        answers = batch.drop(columns=["turn2_messages"])
+        rows = []
+        for (_, r), (text, ids), group in zip(answers.iterrows(), contexts, samples):
+            for h, s in enumerate(group):
+                rows.append({
+                    "prompt_id": int(r["prompt_id"]), "answer_id": int(r["answer_id"]), "confidence_id": h,
+                    "sample_type": "confidence", "nums": [int(x) for x in r["nums"]], "target": int(r["target"]),
+                    "context_text": text, "context_ids": ids, **self._completion_fields(s, "confidence"),
+                    "score": math.nan, "correct": float(r["correct"]), "reward": 0.0, "confidence": math.nan,
+                })
+        conf = self._timing(pd.DataFrame(rows))
+        return pd.concat([_listify(answers), conf], ignore_index=True).fillna(
+            {c: 0.0 for c in ("_answer_init_s", "_answer_generate_s", "_confidence_init_s", "_confidence_generate_s")}
+        )
+
+
+def _listify(df: pd.DataFrame) -> pd.DataFrame:
+    """numpy arrays inside list columns (as Ray hands them over) → Python lists."""
+    df = df.copy()
+    for col in ("nums", "context_ids", "completion_ids", "completion_logprobs", "loss_mask"):
+        if col in df:
+            df[col] = [list(x) if x is not None else None for x in df[col]]
+    return df
+
+
+def score_confidences(batch: pd.DataFrame) -> pd.DataFrame:
+    """conf_reward = 1 − (acc − c)², 0 if unparseable (SPEC §4); answer rows pass through."""
+    batch = batch.copy()
+    is_conf = batch["sample_type"] == "confidence"
+    texts = batch.loc[is_conf, "completion_text"]
+    labels = batch.loc[is_conf, "correct"]
+    parsed = [parse_confidence(t) for t in texts]
+    batch.loc[is_conf, "confidence"] = [math.nan if c is None else c for c in parsed]
+    batch.loc[is_conf, "reward"] = [brier_reward(t, int(y)) for t, y in zip(texts, labels)]
+    return batch

@@ -1,0 +1,126 @@
+"""Two-stage rollouts on a local Ray with real vLLM (CPU) and the tiny model (SPEC §2–§4)."""
+
+import json
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from rlcr.config import RLCRConfig
+from rlcr.rollout.pipeline import run_rollouts
+from rlcr.rollout.records import table_to_rows, validate_rollouts
+from rlcr.rollout.stages import expand_to_turn2, score_answers, score_confidences
+from rlcr.storage import Store
+from rlcr.tasks.countdown import CountdownTask, generate_tasks, turn2_messages
+
+P, GA, GC = 3, 3, 2
+
+
+def tiny_cfg(model_dir, store_dir, **kw):
+    return RLCRConfig(
+        model=str(model_dir), storage_uri=str(store_dir), num_generations_answer=GA, num_generations_confidence=GC,
+        temperature=1.0, max_answer_tokens=20, max_confidence_tokens=10, rollout_batch_size=8,
+        engine_max_model_len=512, engine_kv_cache_gib=0.25, seed=3, **kw,
+    )
+
+
+@pytest.fixture(scope="module")
+def rollout_runs(ray_local, tiny_model_dir, tmp_path_factory):
+    """The same iteration rolled out twice with the same seed (two separate sets of engines)."""
+    store = Store(str(tmp_path_factory.mktemp("store")))
+    cfg = tiny_cfg(tiny_model_dir, store.uri)
+    tasks = list(enumerate(generate_tasks(P, seed=11)))
+    first = run_rollouts(cfg, tasks, policy_uri=str(tiny_model_dir), run_id="t", iteration=0, store=store)
+    second = run_rollouts(cfg, tasks, policy_uri=str(tiny_model_dir), run_id="t2", iteration=0, store=store)
+    return cfg, store, tasks, first, second
+
+
+def test_counts_and_tree(rollout_runs):
+    _, _, _, res, _ = rollout_runs
+    rows = res.rows
+    assert validate_rollouts(rows, num_prompts=P, g_a=GA, g_c=GC) == (P, GA, GC)
+    assert sum(r["sample_type"] == "answer" for r in rows) == P * GA
+    assert sum(r["sample_type"] == "confidence" for r in rows) == P * GA * GC
+    for r in rows:
+        assert len(r["completion_ids"]) == len(r["completion_logprobs"]) == len(r["loss_mask"]) > 0
+        assert r["advantage"] is not None and math.isfinite(r["advantage"])
+        assert r["truncated"] == (r["finish_reason"] == "length")
+
+
+def test_every_confidence_is_conditioned_on_exactly_its_answer(rollout_runs, tiny_tokenizer):
+    _, _, tasks, res, _ = rollout_runs
+    answers = {(r["prompt_id"], r["answer_id"]): r for r in res.rows if r["sample_type"] == "answer"}
+    task_of = dict(tasks)
+    for r in res.rows:
+        if r["sample_type"] != "confidence":
+            continue
+        parent = answers[(r["prompt_id"], r["answer_id"])]
+        want = tiny_tokenizer.apply_chat_template(
+            turn2_messages(task_of[r["prompt_id"]], parent["completion_text"]), add_generation_prompt=True, tokenize=False)
+        assert r["context_text"] == want
+        assert r["context_ids"] == tiny_tokenizer(want, add_special_tokens=False)["input_ids"]
+        others = [a["completion_text"] for k, a in answers.items() if k != (r["prompt_id"], r["answer_id"])]
+        assert all(o not in r["context_text"] for o in others if o.strip() and o != parent["completion_text"])
+        assert r["correct"] == parent["reward"]
+
+
+def test_same_seed_same_rollouts(rollout_runs):
+    _, _, _, a, b = rollout_runs
+    key = lambda r: (r["sample_type"], r["prompt_id"], r["answer_id"], r["confidence_id"] or 0)
+    ra, rb = sorted(a.rows, key=key), sorted(b.rows, key=key)
+    assert [r["completion_ids"] for r in ra] == [r["completion_ids"] for r in rb]
+    assert [r["reward"] for r in ra] == [r["reward"] for r in rb]
+
+
+def test_sampling_logprobs_match_transformers(rollout_runs, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    _, _, _, res, _ = rollout_runs
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    for r in res.rows[:: max(1, len(res.rows) // 6)]:
+        ids = torch.tensor([r["context_ids"] + r["completion_ids"]])
+        with torch.no_grad():
+            logits = model(ids).logits[0]
+        n = len(r["completion_ids"])
+        logp = torch.log_softmax(logits[-n - 1:-1].float(), -1).gather(-1, torch.tensor(r["completion_ids"])[:, None]).squeeze(-1)
+        assert torch.allclose(logp, torch.tensor(r["completion_logprobs"]), atol=2e-3), (logp, r["completion_logprobs"])
+
+
+def test_parquet_round_trip(rollout_runs):
+    _, store, _, res, _ = rollout_runs
+    assert res.uri.endswith("runs/t/iter-0000/rollouts/rollouts.parquet")
+    back = table_to_rows(store.read_parquet(store.rel(res.uri)))
+    assert validate_rollouts(back, num_prompts=P, g_a=GA, g_c=GC) == (P, GA, GC)
+    for a, b in zip(res.rows, back):
+        for k in ("prompt_id", "answer_id", "confidence_id", "sample_type", "completion_ids", "loss_mask", "reward", "context_text"):
+            assert a[k] == b[k]
+        assert b["completion_logprobs"] == pytest.approx(a["completion_logprobs"], abs=1e-6)
+
+
+def test_scoring_steps_on_batches():
+    batch = pd.DataFrame([
+        {"prompt_id": 0, "answer_id": 0, "confidence_id": -1, "sample_type": "answer", "nums": [3, 5, 16], "target": 24,
+         "completion_text": "<think>x</think>\n<answer>16 + 5 + 3</answer>"},
+        {"prompt_id": 0, "answer_id": 1, "confidence_id": -1, "sample_type": "answer", "nums": [3, 5, 16], "target": 24,
+         "completion_text": "<answer>16 - 5 + 3</answer>"},
+    ])
+    scored = score_answers(batch)
+    assert scored["reward"].tolist() == [1.0, 0.0] and scored["score"].tolist() == [1.0, 0.1]
+    expanded = expand_to_turn2(scored)
+    msgs = json.loads(expanded["turn2_messages"][1])
+    assert msgs == turn2_messages(CountdownTask([3, 5, 16], 24), "<answer>16 - 5 + 3</answer>")
+    conf = pd.DataFrame([
+        {"sample_type": "confidence", "completion_text": "<confidence>0.9</confidence>", "correct": 1.0, "reward": 0.0, "confidence": math.nan},
+        {"sample_type": "confidence", "completion_text": "<confidence>nan</confidence>", "correct": 0.0, "reward": 0.0, "confidence": math.nan},
+        {"sample_type": "answer", "completion_text": "x", "correct": 1.0, "reward": 1.0, "confidence": math.nan},
+    ])
+    out = score_confidences(conf)
+    assert out["reward"].tolist() == pytest.approx([1 - 0.01, 0.0, 1.0])
+    assert out["confidence"][0] == 0.9 and math.isnan(out["confidence"][1])
+
+
+def test_prompt_too_long_is_a_clear_error(ray_local, tiny_model_dir, tmp_path):
+    cfg = tiny_cfg(tiny_model_dir, tmp_path, max_prompt_tokens=16)
+    with pytest.raises(Exception, match="max_prompt_tokens=16"):
+        run_rollouts(cfg, [(0, CountdownTask([1, 2, 3], 6))], policy_uri=str(tiny_model_dir), run_id="x", iteration=0)
