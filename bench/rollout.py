@@ -106,7 +106,7 @@ def main() -> None:
     sched = tm["rollout/pipeline_s"] - pipe_gen - max(tm["rollout/answer_init_s"], tm["rollout/confidence_init_s"])
     print(f"  breakdown: engine start+load {max(tm['rollout/answer_init_s'], tm['rollout/confidence_init_s']):.1f}s (overlapped), "
           f"generation {pipe_gen:.1f}s, Ray scheduling+scoring+transfer {sched:.1f}s, "
-          f"records+advantages+parquet {other:.1f}s (parquet write {tm['rollout/write_s']:.2f}s)")
+          f"records+advantages+parquet {other:.1f}s (advantages+parquet {tm['rollout/finalize_s']:.2f}s)")
     print(f"  end-to-end tokens/s incl. engine start: pipeline {pipe_tokens / wall:.1f}, "
           f"direct {direct_tokens / (direct_gen + direct_init):.1f}")
     print(f"pipeline/direct generation tokens/s: {pipe_tps / direct_tps:.2f}")

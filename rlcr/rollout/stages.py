@@ -48,12 +48,19 @@ def _task(row) -> CountdownTask:
 
 
 class _EngineStage:
-    """Shared part of both stages: config, checkpoint fetch, tokenizer, engine."""
+    """Shared part of both stages: config, tokenizer, and the engine.
+
+    Without ``engines`` the stage owns its ``vllm.LLM`` (created in the actor from
+    ``policy_uri``). With ``engines`` (names of :class:`~rlcr.rollout.engine.RolloutEngine`
+    actors) it sends its requests to one of those long-lived engines instead.
+    ``n`` overrides the number of samples per input (evaluation uses 1).
+    """
 
     stage_name = "stage"
     stage_salt = 0
 
-    def __init__(self, cfg: dict[str, Any], policy_uri: str, seed: int):
+    def __init__(self, cfg: dict[str, Any], policy_uri: str, seed: int,
+                 engines: list[str] | None = None, n: int | None = None):
         from transformers import AutoTokenizer
 
         from rlcr.rollout.engine import create_engine
@@ -61,9 +68,17 @@ class _EngineStage:
 
         t0 = time.perf_counter()
         self.cfg = RLCRConfig.model_validate(cfg)
+        self.policy_uri, self.seed, self.n = policy_uri, seed, n
         local = fetch_checkpoint(policy_uri, endpoint_url=self.cfg.s3_endpoint_url)
         self.tokenizer = AutoTokenizer.from_pretrained(local)
-        self.llm = create_engine(local, self.cfg, seed=seed * 2 + self.stage_salt)
+        self.llm = self.engine = None
+        if engines:
+            import ray
+
+            index = int(ray.get_runtime_context().get_actor_id()[-8:], 16) % len(engines)
+            self.engine = ray.get_actor(engines[index])
+        else:
+            self.llm = create_engine(local, self.cfg, seed=seed)
         self.init_s = time.perf_counter() - t0
         self.batches = 0
 
@@ -77,14 +92,18 @@ class _EngineStage:
             )
         return text, ids
 
-    def _generate(self, prompts, n: int, max_tokens: int, stop):
-        from rlcr.rollout.engine import sample
+    def _generate(self, prompts, n: int, max_tokens: int, stop, first_key: tuple[int, ...]):
+        from rlcr.rollout.engine import batch_seed, seeded_sample
 
+        seed = batch_seed(self.seed, self.stage_salt, *first_key)
+        kwargs = dict(n=self.n or n, temperature=self.cfg.temperature, top_p=self.cfg.top_p, max_tokens=max_tokens, stop=stop)
         t0 = time.perf_counter()
-        out = sample(
-            self.llm, prompts, n=n, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
-            max_tokens=max_tokens, stop=stop,
-        )
+        if self.engine is not None:
+            import ray
+
+            out = ray.get(self.engine.generate.remote(prompts, policy_uri=self.policy_uri, seed=seed, **kwargs))
+        else:
+            out = seeded_sample(self.llm, prompts, seed=seed, **kwargs)
         self.last_generate_s = time.perf_counter() - t0
         return out
 
@@ -116,7 +135,7 @@ class AnswerStage(_EngineStage):
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
         contexts = [self.render(turn1_messages(_task(r)), f"prompt_id={r['prompt_id']}") for _, r in batch.iterrows()]
         samples = self._generate([ids for _, ids in contexts], self.cfg.num_generations_answer,
-                                 self.cfg.max_answer_tokens, ANSWER_STOP)
+                                 self.cfg.max_answer_tokens, ANSWER_STOP, (int(batch["prompt_id"].iloc[0]),))
         rows = []
         for (_, r), (text, ids), group in zip(batch.iterrows(), contexts, samples):
             for k, s in enumerate(group):
@@ -164,8 +183,9 @@ class ConfidenceStage(_EngineStage):
             self.render(json.loads(r["turn2_messages"]), f"prompt_id={r['prompt_id']} answer_id={r['answer_id']}")
             for _, r in batch.iterrows()
         ]
+        first = (int(batch["prompt_id"].iloc[0]), int(batch["answer_id"].iloc[0]))
         samples = self._generate([ids for _, ids in contexts], self.cfg.num_generations_confidence,
-                                 self.cfg.max_confidence_tokens, CONFIDENCE_STOP)
+                                 self.cfg.max_confidence_tokens, CONFIDENCE_STOP, first)
         answers = batch.drop(columns=["turn2_messages"])
         rows = []
         for (_, r), (text, ids), group in zip(answers.iterrows(), contexts, samples):
