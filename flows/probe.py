@@ -1,0 +1,126 @@
+"""Prefect flow ``rlcr-probe``: probe the newest committed checkpoint of a run (deployment ``rlcr-probe/nightly``).
+
+    resolve the run's newest committed checkpoint → probe (SPEC §8) → report.json + report.html → artifact
+
+The report goes to ``<storage>/runs/<run_id>/probes/<timestamp>/`` and a Prefect
+markdown artifact links it. The probe's vLLM engine runs in the flow's own
+process (one engine): the process that executes the flow run needs the
+accelerator. The ``nightly`` deployment runs on ``cfg.probe_cron`` (UTC,
+default 03:00), or the cron given to :func:`probe_deployment`.
+
+Run it once without a server:
+
+    python -m flows.probe --config configs/tiny.yaml --run-id demo --num-tasks 8
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NONE as NO_CACHE
+from prefect.schedules import Cron
+
+from flows.train import resolve_config
+from rlcr.probe.probe import NoCommittedIteration, newest_run, probe_checkpoint
+from rlcr.probe.report import report_markdown, write_report
+from rlcr.runs import RunStore, task_sets
+from rlcr.storage import Store
+
+__all__ = ["rlcr_probe", "probe_deployment", "newest_checkpoint"]
+
+
+def newest_checkpoint(cfg, run_id: str) -> tuple[int, str]:
+    """(iteration, checkpoint URI) of the run's newest committed iteration; a clear error if there is none."""
+    last = RunStore.open(cfg, run_id).last_committed()
+    if last is None or not last.get("checkpoint_uri"):
+        raise NoCommittedIteration(
+            f"run {run_id!r} has no committed iteration under {cfg.storage_uri}/runs/{run_id}: nothing to probe "
+            "(train it first, or pass another run_id)")
+    return int(last["iteration"]), last["checkpoint_uri"]
+
+
+@task(name="probe", cache_policy=NO_CACHE)
+def probe_task(cfg, checkpoint_uri: str, tasks, samples: int | None) -> dict[str, Any]:
+    """Turn 1, turn 2 and the forced answers at every truncation point; metrics."""
+    return probe_checkpoint(cfg, checkpoint_uri, tasks, samples=samples)
+
+
+@task(name="write-report", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
+def write_report_task(cfg, run_id: str, report: dict[str, Any]) -> dict[str, str]:
+    """report.html, then report.json (its presence marks the report complete)."""
+    return write_report(Store(cfg.storage_uri, endpoint_url=cfg.s3_endpoint_url), run_id, report)
+
+
+@flow(name="rlcr-probe", log_prints=True)
+def rlcr_probe(
+    config: str | None = None,
+    overrides: dict[str, Any] | list[str] | None = None,
+    run_id: str | None = None,
+    num_tasks: int | None = None,
+    samples: int | None = None,
+) -> dict[str, Any]:
+    """Probe the newest committed checkpoint of ``run_id`` on the first ``num_tasks`` held-out tasks.
+
+    ``run_id``: default the config's ``run_id``, else the run in storage committed most
+    recently. ``num_tasks``: default all held-out tasks. ``samples``: N forced
+    answers per truncation point (default ``cfg.probe_samples``).
+    """
+    log = get_run_logger()
+    cfg = resolve_config(config, overrides, None)
+    run_id = run_id or cfg.run_id or newest_run(Store(cfg.storage_uri, endpoint_url=cfg.s3_endpoint_url))
+    if not run_id:
+        raise NoCommittedIteration(f"no run with a committed iteration under {cfg.storage_uri}: nothing to probe")
+    iteration, checkpoint = newest_checkpoint(cfg, run_id)
+    _, held_out = task_sets(cfg)
+    tasks = held_out[:num_tasks] if num_tasks else held_out
+    log.info("probing run %s iteration %d (%s) on %d tasks", run_id, iteration, checkpoint, len(tasks))
+    report = probe_task(cfg, checkpoint, tasks, samples)
+    report.update(iteration=iteration, config_hash=cfg.config_hash())
+    uris = write_report_task(cfg, run_id, report)
+    report["run_id"] = run_id
+    create_markdown_artifact(
+        key=f"rlcr-probe-{run_id}".lower().replace("_", "-").replace(".", "-"),
+        markdown=report_markdown(report, uris),
+        description=f"rlcr probe of {run_id} iteration {iteration}",
+    )
+    m = report["metrics"]
+    log.info("probe report %s: accuracy %.3f, AOC %s, ECE %s", uris["html"], m["accuracy"], m["aoc"],
+             m["calibration"]["verbalized"]["ece"])
+    return {"run_id": run_id, "iteration": iteration, "checkpoint_uri": checkpoint, "report": uris,
+            "metrics": {k: m[k] for k in ("n_tasks", "accuracy", "aoc", "mc_full_mean", "confidence_parse_rate")}}
+
+
+def probe_deployment(config: str | None = None, cron: str | None = None, run_id: str | None = None):
+    """The ``nightly`` deployment: cron (UTC) from the argument, else the config's ``probe_cron``."""
+    cfg = resolve_config(config, None, None)
+    params: dict[str, Any] = {}
+    if config:
+        params["config"] = config
+    if run_id:
+        params["run_id"] = run_id
+    return rlcr_probe.to_deployment(
+        name="nightly",
+        schedule=Cron(cron or cfg.probe_cron, timezone="UTC"),
+        parameters=params,
+        description="Nightly faithfulness probe + calibration report of a run's newest committed checkpoint",
+    )
+
+
+def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Run the rlcr-probe flow without a Prefect server.")
+    ap.add_argument("--config")
+    ap.add_argument("--run-id")
+    ap.add_argument("--num-tasks", type=int)
+    ap.add_argument("--samples", type=int)
+    ap.add_argument("overrides", nargs="*", help="field=value")
+    a = ap.parse_args()
+    print(rlcr_probe(config=a.config, overrides=a.overrides, run_id=a.run_id, num_tasks=a.num_tasks,
+                     samples=a.samples))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,289 @@
+"""The faithfulness probe (SPEC §8): does the answer depend on the chain of thought?
+
+For each held-out task:
+
+1. turn 1: one response (``<think>`` reasoning + ``<answer>``), sampled like a
+   training rollout (same chat-template prompt, temperature, stop ``</answer>``);
+2. turn 2: one verbalized confidence for that exact response (the training turn-2 prompt);
+3. truncation points of the reasoning (:mod:`rlcr.probe.truncation`);
+4. at each point a forced answer: prefix = rendered prompt + ``<think>`` +
+   truncated reasoning + ``</think>\\n<answer>``, N completions in one request
+   (n = N), stop ``</answer>``. Each is scored with the training scorer on
+   ``"<answer>" + completion`` (seed ``001``: the scored string is the forced
+   opening tag plus the sample; a completion without ``</answer>`` scores 0);
+   correct iff ``compute_score`` returns ``score``; confidence(point) = correct / N.
+
+Then the metrics: :mod:`rlcr.probe.metrics` (curves, AOC, verbalized-vs-MC gap)
+and :func:`rlcr.metrics.calibration_metrics` (SPEC §9, shared with training's evaluation).
+
+The model is behind a :data:`Sampler` (token-id prompts → texts), so the probe
+logic runs with vLLM (:func:`vllm_sampler`) or, in tests, with any stand-in.
+Identical prefixes (e.g. 0% and 100% of an empty reasoning) are sampled once.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Sequence
+
+from rlcr.metrics import calibration_metrics
+from rlcr.probe.metrics import aoc, curve_aoc, mean_curve, verbalized_gap
+from rlcr.probe.truncation import DEFAULT_FRACTIONS, reasoning_of, truncation_points
+from rlcr.rewards import brier_reward, parse_confidence
+from rlcr.tasks.countdown import CountdownTask, compute_score, turn1_messages, turn2_messages
+
+__all__ = [
+    "ProbeSettings", "Sampler", "run_probe", "probe_checkpoint", "vllm_sampler", "forced_prefix",
+    "score_forced", "token_ends", "newest_run", "NoCommittedIteration",
+]
+
+ANSWER_STOP = ("</answer>",)
+CONFIDENCE_STOP = ("</confidence>",)
+FORCED_OPEN = "<answer>"
+# Salts of the three generate calls (turn 1, turn 2, forced answers) under the probe seed.
+SALT_TURN1, SALT_TURN2, SALT_FORCED = 1, 2, 3
+
+# (prompts as token ids, n, max_tokens, stop, seed) → n texts per prompt
+Sampler = Callable[..., list[list[str]]]
+
+
+class NoCommittedIteration(RuntimeError):
+    """The run has no committed iteration, so there is no checkpoint to probe."""
+
+
+@dataclass
+class ProbeSettings:
+    """What the probe samples and how (defaults follow SPEC §8 and the training config)."""
+
+    samples: int = 50
+    """N: forced-answer samples per truncation point (one request with n = N)."""
+    truncation: str = "sentences"
+    """``sentences`` (every sentence boundary + 0% + 100%) or ``fractions`` (0, 0.1, …, 1)."""
+    fractions: tuple[float, ...] = DEFAULT_FRACTIONS
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_answer_tokens: int = 256
+    """Turn-1 budget (reasoning + answer)."""
+    max_confidence_tokens: int = 64
+    forced_answer_tokens: int = 32
+    """Budget of one forced answer (an equation and ``</answer>``)."""
+    format_score: float = 0.1
+    seed: int = 0
+
+    @classmethod
+    def from_config(cls, cfg, samples: int | None = None) -> "ProbeSettings":
+        return cls(
+            samples=samples or cfg.probe_samples, truncation=cfg.probe_truncation, temperature=cfg.temperature,
+            top_p=cfg.top_p, max_answer_tokens=cfg.max_answer_tokens, max_confidence_tokens=cfg.max_confidence_tokens,
+            format_score=cfg.format_score, seed=cfg.seed,
+        )
+
+
+# ----------------------------------------------------------------------------- pieces
+
+
+def render(tokenizer, messages: list[dict[str, str]]) -> str:
+    """Chat template with the generation prompt, as text (the training stages render the same way)."""
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def forced_prefix(prompt_text: str, truncated_reasoning: str) -> str:
+    """Prompt + ``<think>`` + truncated reasoning + ``</think>\\n<answer>`` (SPEC §8 step 3)."""
+    return f"{prompt_text}<think>{truncated_reasoning}</think>\n{FORCED_OPEN}"
+
+
+def score_forced(completion: str, task: CountdownTask, format_score: float = 0.1) -> float:
+    """``compute_score`` of a forced answer: the forced ``<answer>`` tag + the sampled completion."""
+    return compute_score(FORCED_OPEN + completion, task.ground_truth, format_score=format_score, score=1.0)
+
+
+def token_ends(tokenizer, text: str) -> list[int]:
+    """Character offset where each token of ``text`` ends (non-decreasing), from the tokenizer's offsets."""
+    if not text:
+        return []
+    try:
+        offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        ends = [int(e) for _, e in offsets]
+    except (NotImplementedError, KeyError):  # slow tokenizers: decode growing prefixes
+        ids = encode(tokenizer, text)
+        ends = [len(tokenizer.decode(ids[: i + 1])) for i in range(len(ids))]
+    out, hi = [], 0
+    for e in ends:
+        hi = min(max(hi, e), len(text))
+        out.append(hi)
+    return out
+
+
+def vllm_sampler(llm, settings: ProbeSettings) -> Sampler:
+    """A :data:`Sampler` over an in-process ``vllm.LLM`` (seeded per call, SPEC §10)."""
+    from rlcr.rollout.engine import seeded_sample
+
+    def sample(prompts, *, n, max_tokens, stop, seed):
+        out = seeded_sample(llm, prompts, seed=seed, n=n, temperature=settings.temperature, top_p=settings.top_p,
+                            max_tokens=max_tokens, stop=stop)
+        return [[s.completion_text for s in group] for group in out]
+
+    return sample
+
+
+def _seed(settings: ProbeSettings, salt: int) -> int:
+    from rlcr.rollout.engine import batch_seed  # pure helper; no vLLM import
+
+    return batch_seed(settings.seed, salt)
+
+
+# ----------------------------------------------------------------------------- the probe
+
+
+def run_probe(
+    tasks: Sequence[CountdownTask],
+    tokenizer,
+    sampler: Sampler,
+    settings: ProbeSettings,
+    *,
+    responses: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Probe ``tasks``; returns ``{"settings", "tasks": [per-task records], "metrics"}``.
+
+    ``responses``: turn-1 responses to probe instead of sampling them (e.g. the
+    same reasoning traces across checkpoints).
+    """
+    if settings.samples < 1:
+        raise ValueError("samples must be >= 1")
+    if responses is not None and len(responses) != len(tasks):
+        raise ValueError(f"{len(responses)} responses for {len(tasks)} tasks")
+    t0 = time.perf_counter()
+    prompts = [render(tokenizer, turn1_messages(t)) for t in tasks]
+
+    # 1. turn 1: the response (reasoning + answer)
+    if responses is None:
+        responses = [g[0] for g in sampler([encode(tokenizer, p) for p in prompts], n=1,
+                                           max_tokens=settings.max_answer_tokens, stop=ANSWER_STOP,
+                                           seed=_seed(settings, SALT_TURN1))]
+    scores = [compute_score(r, t.ground_truth, format_score=settings.format_score, score=1.0)
+              for r, t in zip(responses, tasks)]
+    correct = [1.0 if s == 1.0 else 0.0 for s in scores]
+
+    # 2. turn 2: the verbalized confidence for that exact response
+    conf_prompts = [encode(tokenizer, render(tokenizer, turn2_messages(t, r))) for t, r in zip(tasks, responses)]
+    conf_texts = [g[0] for g in sampler(conf_prompts, n=1, max_tokens=settings.max_confidence_tokens,
+                                        stop=CONFIDENCE_STOP, seed=_seed(settings, SALT_TURN2))] if tasks else []
+
+    # 3. truncation points of each reasoning
+    reasonings = [reasoning_of(r) for r in responses]
+    points = [truncation_points(z or "", settings.truncation, token_ends=token_ends(tokenizer, z or ""),
+                                fractions=settings.fractions) for z in reasonings]
+
+    # 4. forced answers: one request of n = N per distinct prefix
+    prefixes: dict[str, int] = {}
+    for p, pts in zip(prompts, points):
+        for pt in pts:
+            prefixes.setdefault(forced_prefix(p, pt.text), len(prefixes))
+    outs = sampler([encode(tokenizer, text) for text in prefixes], n=settings.samples,
+                   max_tokens=settings.forced_answer_tokens, stop=ANSWER_STOP,
+                   seed=_seed(settings, SALT_FORCED)) if prefixes else []
+
+    records = []
+    for i, (task, prompt, response, reasoning, pts) in enumerate(zip(tasks, prompts, responses, reasonings, points)):
+        point_rows = []
+        for pt in pts:
+            completions = outs[prefixes[forced_prefix(prompt, pt.text)]]
+            s = [score_forced(c, task, settings.format_score) for c in completions]
+            n_correct = sum(v == 1.0 for v in s)
+            point_rows.append({
+                "fraction": pt.fraction, "tokens": pt.tokens, "total_tokens": pt.total_tokens, "chars": pt.chars,
+                "n": len(s), "correct": n_correct, "formatted": sum(v > 0 for v in s),
+                "confidence": n_correct / len(s), "example": completions[0] if completions else "",
+            })
+        verbal = parse_confidence(conf_texts[i])
+        xs, ys = [p["fraction"] for p in point_rows], [p["confidence"] for p in point_rows]
+        records.append({
+            "index": i, "nums": list(task.nums), "target": task.target, "response": response,
+            "reasoning": reasoning, "answer_score": float(scores[i]), "answer_correct": correct[i],
+            "confidence_text": conf_texts[i], "verbalized_confidence": verbal,
+            "confidence_reward": brier_reward(conf_texts[i], int(correct[i])),
+            "points": point_rows, "mc_zero": ys[0], "mc_full": ys[-1], "aoc": curve_aoc(xs, ys),
+            "gap": None if verbal is None else verbal - ys[-1],
+        })
+    return {
+        "settings": asdict(settings),
+        "tasks": records,
+        "metrics": summarize(records),
+        "timings": {"probe_s": time.perf_counter() - t0, "forced_requests": len(prefixes)},
+    }
+
+
+def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Report-level metrics from the per-task records (SPEC §8, §9)."""
+    n = len(records)
+    curves = [([p["fraction"] for p in r["points"]], [p["confidence"] for p in r["points"]]) for r in records]
+    verbal = [r["verbalized_confidence"] for r in records]
+    labels = [r["answer_correct"] for r in records]
+    parsed = [(c, y) for c, y in zip(verbal, labels) if c is not None]
+    mean = (lambda xs: sum(xs) / len(xs) if xs else math.nan)
+    return {
+        "n_tasks": n,
+        "accuracy": mean(labels),
+        "format_rate": mean([float(r["answer_score"] > 0) for r in records]),
+        "reasoning_rate": mean([float(bool((r["reasoning"] or "").strip())) for r in records]),
+        "confidence_parse_rate": mean([float(c is not None) for c in verbal]),
+        "points_per_task": mean([len(r["points"]) for r in records]),
+        "mc_zero_mean": mean([r["mc_zero"] for r in records]),
+        "mc_full_mean": mean([r["mc_full"] for r in records]),
+        **aoc(curves),
+        "mean_curve": mean_curve(curves),
+        "verbalized_gap": verbalized_gap(verbal, [r["mc_full"] for r in records]),
+        "calibration": {
+            # verbalized (turn-2) confidence vs the response's correctness: the training eval's metric
+            "verbalized": calibration_metrics([c for c, _ in parsed], [y for _, y in parsed]),
+            # the Monte-Carlo success rate at 100% reasoning as an implicit confidence for the same response
+            "mc_full": calibration_metrics([r["mc_full"] for r in records], labels),
+        },
+    }
+
+
+def probe_checkpoint(
+    cfg,
+    checkpoint_uri: str,
+    tasks: Sequence[CountdownTask],
+    *,
+    samples: int | None = None,
+    responses: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Probe a checkpoint (local path or sealed ``s3://`` directory) with one in-process vLLM engine."""
+    from transformers import AutoTokenizer
+
+    from rlcr.rollout.engine import create_engine
+    from rlcr.storage import fetch_checkpoint
+
+    settings = ProbeSettings.from_config(cfg, samples)
+    local = fetch_checkpoint(checkpoint_uri, endpoint_url=cfg.s3_endpoint_url)
+    tokenizer = AutoTokenizer.from_pretrained(local)
+    t0 = time.perf_counter()
+    llm = create_engine(local, cfg, seed=cfg.seed)
+    engine_s = time.perf_counter() - t0
+    try:
+        report = run_probe(tasks, tokenizer, vllm_sampler(llm, settings), settings, responses=responses)
+    finally:
+        del llm
+    report["checkpoint_uri"] = checkpoint_uri
+    report["timings"]["engine_s"] = engine_s
+    return report
+
+
+def newest_run(store) -> str | None:
+    """The run under ``store`` whose newest committed iteration was committed last (None if none)."""
+    from rlcr.runs import RunStore
+
+    best, best_t = None, -math.inf
+    for run_id in store.ls("runs"):
+        last = RunStore(store, run_id).last_committed()
+        if last is not None and last.get("committed_at", 0.0) > best_t:
+            best, best_t = run_id, last.get("committed_at", 0.0)
+    return best

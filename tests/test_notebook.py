@@ -1,0 +1,129 @@
+"""notebooks/explore.ipynb executes (nbclient) against a run written through the real code paths:
+rollout records → Parquet, metrics.json, baseline.json, sealed checkpoints + manifests, and a probe
+report from the tiny model with vLLM; once from a local store and once from S3 (moto server)."""
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from rlcr.config import RLCRConfig
+from rlcr.evaluate import summarize_eval
+from rlcr.probe.probe import probe_checkpoint
+from rlcr.probe.report import latest_report, write_report
+from rlcr.rollout.pipeline import rollout_stats
+from rlcr.rollout.records import Generation, assign_advantages, build_rollout_rows, rows_to_table
+from rlcr.runs import RunStore
+from rlcr.storage import Store
+from rlcr.tasks.countdown import generate_tasks
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "explore.ipynb"
+RUN = "nb-run"
+
+
+def generations(texts):
+    return [Generation(context_text="ctx", context_ids=[1, 2], completion_text=t, completion_ids=[3] * (i + 1),
+                       completion_logprobs=[-0.5] * (i + 1)) for i, t in enumerate(texts)]
+
+
+def iteration_rows(tasks, iteration, conf_right, conf_wrong):
+    """A 2-answer × 2-confidence rollout tree per task: one right and one wrong answer."""
+    answers, confidences = [], []
+    for t in tasks:
+        answers.append(generations([f"<think>Try {t.solution}.</think>\n<answer>{t.solution}</answer>",
+                                    "<think>Guess.</think>\n<answer>1 + 1</answer>"]))
+        confidences.append([generations([f"<confidence>{conf_right}</confidence>", "<confidence>0.5</confidence>"]),
+                            generations([f"<confidence>{conf_wrong}</confidence>", "no idea"])])
+    rows = build_rollout_rows(RUN, iteration, tasks, answers, confidences)
+    return assign_advantages(rows)
+
+
+@pytest.fixture(scope="module")
+def run_store(tiny_model_dir, tmp_path_factory):
+    """A two-iteration run with rollouts, metrics, baseline, checkpoints and a real probe report."""
+    store = Store(str(tmp_path_factory.mktemp("nb-store")))
+    cfg = RLCRConfig(model=str(tiny_model_dir), storage_uri=store.uri, temperature=1.0, max_answer_tokens=24,
+                     max_confidence_tokens=12, engine_max_model_len=512, engine_kv_cache_gib=0.25, seed=5)
+    run = RunStore(store, RUN)
+    tasks = generate_tasks(3, seed=21)
+    store.write_json(f"{run.prefix}/baseline.json",
+                     {"policy_uri": str(tiny_model_dir), "eval": summarize_eval(iteration_rows(tasks, 0, 0.5, 0.5))})
+    for k, (right, wrong) in enumerate([(0.6, 0.5), (0.9, 0.2)], start=1):
+        rows = iteration_rows(tasks, k, right, wrong)
+        it = run.iteration_dir(k)
+        rollouts_uri = store.write_parquet(f"{it}/rollouts/rollouts.parquet", rows_to_table(rows))
+        ckpt = store.put_dir(tiny_model_dir, f"{it}/checkpoint")
+        metrics = {"rollout": rollout_stats(rows), "update": {"loss": 0.1 / k, "grad_norm": 1.0},
+                   "eval": summarize_eval(rows), "timings": {"rollouts_s": 1.0}}
+        store.write_json(f"{it}/metrics.json", metrics)
+        run.commit(k, {"checkpoint_uri": ckpt, "rollouts_uri": rollouts_uri, "metrics_uri": store.url(f"{it}/metrics.json"),
+                       "config_hash": cfg.config_hash()})
+    ckpt = run.last_committed()["checkpoint_uri"]
+    report = probe_checkpoint(cfg, ckpt, generate_tasks(2, seed=9), samples=3)
+    report["iteration"] = 2
+    write_report(store, RUN, report)
+    return store
+
+
+def execute(params: dict, cwd: Path):
+    import nbclient
+    import nbformat
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    first.source = "\n".join(f"{k} = {v!r}" for k, v in params.items())
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(cwd)}}).execute()
+    return nb
+
+
+def outputs(nb):
+    images = texts = ""
+    n_images = 0
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            assert out.output_type != "error", out
+            data = out.get("data", {})
+            n_images += "image/png" in data
+            texts += out.get("text", "") + data.get("text/plain", "") + data.get("text/html", "")
+    return n_images, texts
+
+
+def test_notebook_runs_on_a_local_run(run_store, tmp_path):
+    ts, _ = latest_report(run_store, RUN)
+    nb = execute({"STORAGE_URI": run_store.uri, "RUN_ID": RUN, "S3_ENDPOINT_URL": None}, tmp_path)
+    n_images, text = outputs(nb)
+    assert n_images == 3  # training curves, rollouts, probe
+    assert f"run '{RUN}'" in text and "2 committed iteration(s)" in text
+    assert "iteration 2: 18 samples" in text  # 3 prompts × 2 answers × (1 + 2 confidences)
+    assert f"report {ts}: iteration 2" in text and "report.html" in text
+    # RUN_ID = None: the run committed most recently
+    nb = execute({"STORAGE_URI": run_store.uri, "RUN_ID": None, "S3_ENDPOINT_URL": None}, tmp_path)
+    assert f"run '{RUN}'" in outputs(nb)[1]
+
+
+def test_notebook_runs_on_s3(run_store, tmp_path, monkeypatch):
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)  # the kernel inherits them
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        client = boto3.client("s3", endpoint_url=endpoint)
+        client.create_bucket(Bucket="rlcr-nb")
+        root = Path(run_store.uri)
+        for path in root.rglob("*"):
+            if path.is_file() and "checkpoint" not in path.parts:
+                client.upload_file(str(path), "rlcr-nb", f"store/{path.relative_to(root).as_posix()}")
+        nb = execute({"STORAGE_URI": "s3://rlcr-nb/store", "RUN_ID": RUN, "S3_ENDPOINT_URL": endpoint}, tmp_path)
+        n_images, text = outputs(nb)
+        assert n_images == 3 and "s3://rlcr-nb/store/runs/nb-run" in text and "report.html" in text
+    finally:
+        server.stop()
