@@ -1,0 +1,30 @@
+"""The masked GRPO update (SPEC §7): batching and the update in-process, Ray Train on top.
+
+* :mod:`rlcr.train.batching` — rows → samples → mini-batches → token-budget micro-batches;
+* :mod:`rlcr.train.update` — log-probs at masked tokens, loss, optimizer steps, checkpoints (no Ray);
+* :mod:`rlcr.train.trainer` — ``TorchTrainer`` and :func:`run_update` (imports Ray lazily).
+"""
+
+from rlcr.train.batching import MicroBatch, Sample, collate, pack_micro_batches, prepare_samples
+from rlcr.train.update import CompletionLogProbs, NonFiniteError, save_checkpoint, train_update
+
+
+def run_update(*args, **kwargs):
+    """See :func:`rlcr.train.trainer.run_update` (imported lazily: it pulls in Ray)."""
+    from rlcr.train.trainer import run_update as _run
+
+    return _run(*args, **kwargs)
+
+
+__all__ = [
+    "MicroBatch",
+    "Sample",
+    "collate",
+    "pack_micro_batches",
+    "prepare_samples",
+    "CompletionLogProbs",
+    "NonFiniteError",
+    "save_checkpoint",
+    "train_update",
+    "run_update",
+]

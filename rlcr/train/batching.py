@@ -1,0 +1,255 @@
+"""Rollout rows → samples → mini-batches → token-budget micro-batches (SPEC §2, §5, §7).
+
+Pure Python + PyTorch, no Ray: the update loop, the tests and the benchmark call
+these directly.
+
+Row order is made global and deterministic first (sorted by the rollout tree
+key), so that the partition of one iteration's rows into mini-batches does not
+depend on the number of workers: a worker only decides which rows *of each
+mini-batch* it processes. No row is ever dropped or duplicated, so the sum of
+the workers' losses is the loss of the whole mini-batch.
+
+A micro-batch is right-padded ``[context | completion | pad]`` rows; the
+completion tensors (mask, advantages, π_old) are completion-aligned ``[B, L]``.
+Log-probs are only computed at the *selected* positions: the tokens the loss
+mask covers (SPEC §5), plus, when a micro-batch has none, one dummy position so
+every parameter is still in the autograd graph (DDP needs that).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from rlcr.masks import completion_mask
+
+__all__ = [
+    "Sample",
+    "MicroBatch",
+    "prepare_samples",
+    "plan_mini_batches",
+    "shard_rows",
+    "pack_micro_batches",
+    "collate",
+    "dummy_sample",
+    "type_stats",
+]
+
+
+@dataclass
+class Sample:
+    """One answer or confidence sample, ready for the update."""
+
+    index: int  # position in the global (sorted) order
+    context_ids: list[int]
+    completion_ids: list[int]
+    loss_mask: list[int]
+    advantage: float
+    reward: float = 0.0
+    is_confidence: bool = False
+    rollout_logprobs: list[float] | None = None  # vLLM's sampling log-probs (π_old for "rollout")
+
+    @property
+    def length(self) -> int:
+        return len(self.context_ids) + len(self.completion_ids)
+
+    @property
+    def masked_tokens(self) -> int:
+        return int(sum(self.loss_mask))
+
+
+def _as_list(x) -> list | None:
+    if x is None:
+        return None
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    return list(x)
+
+
+def _row_key(r: dict[str, Any]) -> tuple:
+    cid = r.get("confidence_id")
+    return (
+        int(r.get("iteration") or 0),
+        int(r.get("prompt_id") or 0),
+        int(r.get("answer_id") or 0),
+        0 if r.get("sample_type") == "answer" else 1,
+        -1 if cid is None else int(cid),
+    )
+
+
+def prepare_samples(rows: Iterable[dict[str, Any]], tokenizer=None, *, check_finite: bool = True) -> list[Sample]:
+    """Rollout rows (``ROLLOUT_SCHEMA``) → samples in a global, worker-independent order.
+
+    A null ``loss_mask`` is computed with :func:`rlcr.masks.completion_mask` (needs
+    ``tokenizer``). Raises ValueError on a missing/non-finite advantage or
+    inconsistent lengths (``check_finite=False`` skips the advantage check; only
+    tests that inject NaN on purpose use it).
+    """
+    rows = sorted(rows, key=_row_key)
+    out: list[Sample] = []
+    for i, r in enumerate(rows):
+        where = f"rollout row (prompt_id={r.get('prompt_id')}, answer_id={r.get('answer_id')}, " \
+                f"confidence_id={r.get('confidence_id')}, {r.get('sample_type')})"
+        st = r.get("sample_type")
+        if st not in ("answer", "confidence"):
+            raise ValueError(f"{where}: sample_type must be 'answer' or 'confidence'")
+        ctx = [int(t) for t in _as_list(r["context_ids"])]
+        comp = [int(t) for t in _as_list(r["completion_ids"])]
+        mask = _as_list(r.get("loss_mask"))
+        if mask is None:
+            if tokenizer is None:
+                raise ValueError(f"{where}: loss_mask is null and no tokenizer was given to compute it")
+            mask = completion_mask(tokenizer, comp, r["completion_text"], st)
+        mask = [int(m) for m in mask]
+        if len(mask) != len(comp):
+            raise ValueError(f"{where}: loss_mask has {len(mask)} entries for {len(comp)} completion tokens")
+        if any(m not in (0, 1) for m in mask):
+            raise ValueError(f"{where}: loss_mask must hold only 0/1")
+        if not ctx and comp:
+            raise ValueError(f"{where}: empty context (the first completion token has no predicting position)")
+        lps = _as_list(r.get("completion_logprobs"))
+        if lps is not None:
+            lps = [float(x) for x in lps]
+            if len(lps) != len(comp):
+                raise ValueError(f"{where}: completion_logprobs has {len(lps)} entries for {len(comp)} tokens")
+        adv = r.get("advantage")
+        if adv is None:
+            raise ValueError(f"{where}: advantage is missing (run rlcr.rollout.records.assign_advantages first)")
+        adv = float(adv)
+        if check_finite and not math.isfinite(adv):
+            raise ValueError(f"{where}: non-finite advantage {adv}")
+        out.append(Sample(
+            index=i, context_ids=ctx, completion_ids=comp, loss_mask=mask, advantage=adv,
+            reward=float(r.get("reward") or 0.0), is_confidence=(st == "confidence"), rollout_logprobs=lps,
+        ))
+    return out
+
+
+def plan_mini_batches(n: int, *, epochs: int, mini_batches: int, seed: int) -> list[list[list[int]]]:
+    """``plan[epoch][k]`` = global row indices of mini-batch k: a seeded permutation per
+    epoch split into ``mini_batches`` near-equal parts (some empty when n is small).
+    Identical on every worker."""
+    plan = []
+    for epoch in range(epochs):
+        g = torch.Generator().manual_seed(int(seed) * 1_000_003 + epoch)
+        perm = torch.randperm(n, generator=g).tolist()
+        bounds = [round(k * n / mini_batches) for k in range(mini_batches + 1)]
+        plan.append([sorted(perm[bounds[k]:bounds[k + 1]]) for k in range(mini_batches)])
+    return plan
+
+
+def shard_rows(indices: Sequence[int], samples: Sequence[Sample], rank: int, world_size: int) -> list[int]:
+    """The rows of one mini-batch this rank processes: sorted by length (longest
+    first), dealt round-robin so the workers' token loads are balanced. A rank may
+    get none (it then still takes part in every collective, with zero loss)."""
+    order = sorted(indices, key=lambda i: (-samples[i].length, i))
+    return order[rank::world_size]
+
+
+def pack_micro_batches(samples: Sequence[Sample], token_budget: int) -> list[list[Sample]]:
+    """Greedy packing by padded size: a micro-batch's ``rows × max_length`` stays within
+    ``token_budget`` (a single longer row gets a micro-batch of its own)."""
+    ordered = sorted(samples, key=lambda s: (-s.length, s.index))
+    out: list[list[Sample]] = []
+    cur: list[Sample] = []
+    for s in ordered:
+        width = max([s.length] + [c.length for c in cur])
+        if cur and width * (len(cur) + 1) > token_budget:
+            out.append(cur)
+            cur = []
+        cur.append(s)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def dummy_sample(pad_id: int) -> Sample:
+    """A one-token sample with an all-zero mask: the micro-batch of a rank with no rows."""
+    return Sample(index=-1, context_ids=[pad_id], completion_ids=[pad_id], loss_mask=[0], advantage=0.0)
+
+
+@dataclass
+class MicroBatch:
+    """Padded tensors of one micro-batch (``B`` rows, ``T`` padded length, ``L`` longest completion)."""
+
+    input_ids: torch.Tensor  # [B, T] long, right-padded
+    loss_mask: torch.Tensor  # [B, L] float, completion-aligned
+    advantages: torch.Tensor  # [B] float (sequence advantage; token advantage = λ·A·M)
+    is_confidence: torch.Tensor  # [B] bool
+    sel_row: torch.Tensor  # [N] row of each selected completion token
+    sel_col: torch.Tensor  # [N] its column in the completion ([B, L] layout)
+    sel_pos: torch.Tensor  # [N] the sequence position whose logits predict it (ctx_len + col − 1)
+    sel_label: torch.Tensor  # [N] the token id
+    indices: list[int] = field(default_factory=list)  # sample indices (−1 for a dummy)
+    rollout_logprobs: torch.Tensor | None = None  # [B, L] or None when any row lacks them
+
+    @property
+    def masked_tokens(self) -> int:
+        return int(self.loss_mask.sum().item())
+
+    @property
+    def padded_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    def to(self, device) -> "MicroBatch":
+        moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
+        return MicroBatch(**moved)
+
+
+def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
+    """Right-pad samples into a :class:`MicroBatch`; select the masked completion tokens."""
+    b = len(samples)
+    t = max(s.length for s in samples)
+    l_max = max(1, max(len(s.completion_ids) for s in samples))
+    input_ids = torch.full((b, t), int(pad_id), dtype=torch.long)
+    mask = torch.zeros(b, l_max)
+    have_lp = all(s.rollout_logprobs is not None for s in samples)
+    old = torch.zeros(b, l_max) if have_lp else None
+    rows, cols, poss, labels = [], [], [], []
+    for i, s in enumerate(samples):
+        c, n = len(s.context_ids), len(s.completion_ids)
+        input_ids[i, :c] = torch.tensor(s.context_ids, dtype=torch.long)
+        if n:
+            input_ids[i, c:c + n] = torch.tensor(s.completion_ids, dtype=torch.long)
+            mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
+            if old is not None:
+                old[i, :n] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
+        for j, m in enumerate(s.loss_mask):
+            if m:
+                rows.append(i), cols.append(j), poss.append(c + j - 1), labels.append(s.completion_ids[j])
+    if not rows:  # keep every parameter in the graph: one selected token with mask 0
+        s = samples[0]
+        rows, cols, poss, labels = [0], [0], [len(s.context_ids) - 1], [s.completion_ids[0] if s.completion_ids else pad_id]
+    return MicroBatch(
+        input_ids=input_ids,
+        loss_mask=mask,
+        advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32),
+        is_confidence=torch.tensor([s.is_confidence for s in samples], dtype=torch.bool),
+        sel_row=torch.tensor(rows, dtype=torch.long),
+        sel_col=torch.tensor(cols, dtype=torch.long),
+        sel_pos=torch.tensor(poss, dtype=torch.long),
+        sel_label=torch.tensor(labels, dtype=torch.long),
+        indices=[s.index for s in samples],
+        rollout_logprobs=old,
+    )
+
+
+def type_stats(samples: Sequence[Sample]) -> dict[str, float]:
+    """Per sample type: count, reward mean/std, advantage mean, completion length mean, masked tokens (SPEC §7)."""
+    out: dict[str, float] = {}
+    for name, want in (("answer", False), ("confidence", True)):
+        sel = [s for s in samples if s.is_confidence == want]
+        n = len(sel)
+        out[f"{name}/samples"] = float(n)
+        if not n:
+            continue
+        r = torch.tensor([s.reward for s in sel], dtype=torch.float64)
+        out[f"{name}/reward_mean"] = float(r.mean())
+        out[f"{name}/reward_std"] = float(r.std(unbiased=False))
+        out[f"{name}/advantage_mean"] = float(sum(s.advantage for s in sel) / n)
+        out[f"{name}/completion_len_mean"] = float(sum(len(s.completion_ids) for s in sel) / n)
+        out[f"{name}/masked_tokens"] = float(sum(s.masked_tokens for s in sel))
+    return out
