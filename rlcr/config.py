@@ -117,8 +117,13 @@ class RLCRConfig(BaseModel):
     """Weight of the entropy bonus (subtracted from the loss)."""
     loss_agg: LossAgg = "token-mean"
     """How per-token losses are reduced: token-mean over the global batch (default), or a per-sequence mode."""
+    max_response_len: int | None = Field(None, ge=1)
+    """Dr. GRPO normaliser of ``seq-mean-token-sum-norm``; None: max(max_answer_tokens, max_confidence_tokens)."""
 
     # ------------------------------------------------------------------ update (Ray Train)
+    objective: Literal["grpo", "sft"] = "grpo"
+    """What the update optimises: the masked GRPO loss (SPEC §7), or token-mean NLL of the completions
+    (``sft``: the format warm-start, ``rlcr sft``)."""
     learning_rate: float = Field(2e-6, gt=0.0, le=1.0)
     """AdamW learning rate (RLCR reference: 1e-6 … 5e-6)."""
     weight_decay: float = Field(0.0, ge=0.0)

@@ -4,6 +4,11 @@ import os
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The S3 tests talk to a moto server on 127.0.0.1; any credentials do. Set before Ray starts so
+# Ray workers (engines, trainers) inherit them.
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
 import pytest
 

@@ -284,7 +284,7 @@ def ray_updates(ray_local, tiny_model_dir, tmp_path_factory):
 def test_one_and_two_workers_give_the_same_update(ray_updates, tiny_model_dir):
     (one, root1), (two, root2) = ray_updates[1], ray_updates[2]
     for res, root in ((one, root1), (two, root2)):
-        assert res.checkpoint_uri == str(root / "runs" / "r" / "iter-1" / "checkpoint")
+        assert res.checkpoint_uri == str(root / "runs" / "r" / "iter-0001" / "checkpoint")
         assert res.metrics["optimizer_steps"] == 8 and res.metrics["skipped_steps"] == 0
     assert two.metrics["world_size"] == 2
     assert any(h["global_sequences"] == 1 for h in two.metrics["history"])  # a rank had zero rows

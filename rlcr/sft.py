@@ -1,0 +1,151 @@
+"""Format warm-start: supervised fine-tuning on solver traces (the RLCR paper's SFT+RLCR cold start).
+
+Out of the box SmolLM2-135M-Instruct writes the ``<answer>`` format 0% of the
+time on Countdown (SPEC §10), so RL alone has no signal. This module writes
+supervised examples for both turns from the exact solver and trains on them with
+the same Ray Train update machinery (objective ``sft``: token-mean NLL over the
+completion):
+
+* turn 1 — a step-by-step ``<think>`` trace of a solver solution and the equation;
+* turn 2 — after an answer, an ``<analysis>`` that re-checks it and a
+  ``<confidence>``. Half of the turn-2 examples are conditioned on a *wrong*
+  answer (a perturbed trace, present only as context: its tokens carry no loss,
+  so the model never learns to produce it) and state a low confidence; correct
+  ones state a high one. The stated values are spread (not all 0.9 / 0.1) so the
+  G_c confidences of an answer differ and RL's confidence advantages have signal.
+"""
+
+from __future__ import annotations
+
+import random
+from fractions import Fraction
+from typing import Any
+
+from rlcr.tasks.countdown import (
+    CountdownTask,
+    _parse,
+    _tokenize,
+    compute_score,
+    generate_tasks,
+    turn1_messages,
+    turn2_messages,
+)
+
+__all__ = ["solution_steps", "answer_trace", "confidence_trace", "sft_examples"]
+
+
+def _fmt(v: Fraction) -> str:
+    return str(v.numerator) if v.denominator == 1 else f"{v.numerator}/{v.denominator}"
+
+
+def solution_steps(expression: str) -> list[str]:
+    """The binary operations of ``expression`` in evaluation order, as ``a op b = c`` strings."""
+    postfix, _ = _parse(_tokenize(expression))
+    stack: list[Fraction] = []
+    steps = []
+    for tok in postfix:
+        if isinstance(tok, int):
+            stack.append(Fraction(tok))
+            continue
+        b, a = stack.pop(), stack.pop()
+        c = {"+": a + b, "-": a - b, "*": a * b, "/": a / b}[tok]
+        steps.append(f"{_fmt(a)} {tok} {_fmt(b)} = {_fmt(c)}")
+        stack.append(c)
+    return steps
+
+
+def answer_trace(task: CountdownTask, expression: str) -> str:
+    """Turn-1 target: reasoning over the solution's steps, then the equation."""
+    steps = solution_steps(expression)
+    body = " ".join(f"{s}." for s in steps)
+    return (f"<think>I need {task.target} from {list(task.nums)}. {body} "
+            f"That uses each number once.</think>\n<answer>{expression}</answer>")
+
+
+def _wrong_expression(task: CountdownTask, rng: random.Random) -> str | None:
+    """A plausible wrong answer: the solution with one operator changed (same numbers, other value)."""
+    expr = task.solution
+    ops = [i for i, ch in enumerate(expr) if ch in "+-*/"]
+    rng.shuffle(ops)
+    for i in ops:
+        for new in rng.sample("+-*/", 4):
+            cand = expr[:i] + new + expr[i + 1:]
+            if new != expr[i] and compute_score(f"<answer>{cand}</answer>", task.ground_truth) == 0.1:
+                return cand
+    return None
+
+
+def confidence_trace(task: CountdownTask, expression: str, correct: bool, rng: random.Random) -> str:
+    """Turn-2 target: re-check the answer's value, then a confidence that leans the right way."""
+    try:
+        steps = solution_steps(expression)
+        value = steps[-1].rsplit("= ", 1)[1] if steps else "?"
+    except Exception:
+        value = "?"
+    verdict = "matches" if correct else "does not match"
+    c = rng.choice([0.6, 0.7, 0.8, 0.9, 0.95]) if correct else rng.choice([0.05, 0.1, 0.2, 0.3, 0.4])
+    return (f"<analysis>The equation gives {value}, which {verdict} the target {task.target}.</analysis>\n"
+            f"<confidence>{c}</confidence>")
+
+
+def sft_examples(n_tasks: int, seed: int, **task_kwargs) -> list[dict[str, Any]]:
+    """Chat examples ``{"messages": [...], "completion": str, "sample_type": ...}`` for both turns."""
+    rng = random.Random(seed)
+    out = []
+    for task in generate_tasks(n_tasks, seed, **task_kwargs):
+        answer = answer_trace(task, task.solution)
+        out.append({"messages": turn1_messages(task), "completion": answer, "sample_type": "answer", "task": task})
+        wrong = _wrong_expression(task, rng) if rng.random() < 0.5 else None
+        shown, correct = (answer_trace(task, wrong), False) if wrong else (answer, True)
+        out.append({"messages": turn2_messages(task, shown), "sample_type": "confidence", "task": task,
+                    "completion": confidence_trace(task, wrong or task.solution, correct, rng)})
+    return out
+
+
+def sft_rows(cfg, tokenizer, n_tasks: int, seed: int) -> list[dict[str, Any]]:
+    """The examples as update rows (ROLLOUT_SCHEMA fields the trainer reads): the whole target
+    completion (and its end-of-turn token) carries loss, advantage 1."""
+    rows = []
+    gen = dict(min_count=cfg.task_min_count, max_count=cfg.task_max_count,
+               num_range=tuple(cfg.task_num_range), target_range=tuple(cfg.task_target_range))
+    for i, ex in enumerate(sft_examples(n_tasks, seed, **gen)):
+        context = tokenizer.apply_chat_template(ex["messages"], add_generation_prompt=True, tokenize=False)
+        ctx_ids = tokenizer(context, add_special_tokens=False)["input_ids"]
+        ids = tokenizer(ex["completion"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        task = ex["task"]
+        rows.append({
+            "run_id": "sft", "iteration": 0, "prompt_id": i // 2, "answer_id": 0,
+            "confidence_id": 0 if ex["sample_type"] == "confidence" else None, "sample_type": ex["sample_type"],
+            "nums": list(task.nums), "target": task.target, "context_text": context, "context_ids": ctx_ids,
+            "completion_text": ex["completion"], "completion_ids": ids, "completion_logprobs": None,
+            "loss_mask": [1] * len(ids), "finish_reason": "stop", "truncated": False, "score": None,
+            "correct": 1.0, "confidence": None, "reward": 1.0, "advantage": 1.0,
+        })
+    return rows
+
+
+def run_sft(cfg, *, n_tasks: int = 600, epochs: int = 2, out: str | None = None,
+            learning_rate: float = 5e-5, run_id: str | None = None) -> tuple[str, dict[str, Any]]:
+    """Warm-start ``cfg.model`` on solver traces with the Ray Train update; returns (checkpoint URI, metrics).
+
+    The checkpoint goes to ``<storage>/runs/<run_id>/iter-0000/checkpoint`` (``run_id`` default
+    ``sft-<seed>``), sealed like every checkpoint; pass it to ``train`` as ``model=<uri>``.
+    """
+    from transformers import AutoTokenizer
+
+    from flows.train import ensure_ray
+    from rlcr.models import resolve_model
+    from rlcr.storage import fetch_checkpoint
+    from rlcr.train import run_update
+
+    base = resolve_model(cfg.model)
+    tokenizer = AutoTokenizer.from_pretrained(fetch_checkpoint(base, endpoint_url=cfg.s3_endpoint_url))
+    rows = sft_rows(cfg, tokenizer, n_tasks, seed=cfg.seed + 17)
+    sft_cfg = cfg.model_copy(update={
+        "objective": "sft", "learning_rate": learning_rate, "epochs_per_iteration": epochs,
+        "mini_batches_per_epoch": max(1, len(rows) // 32), "lr_schedule": "cosine",
+        "warmup_steps": 2, "kl_coef": 0.0, "storage_uri": out or cfg.storage_uri,
+    })
+    ensure_ray()
+    result = run_update(sft_cfg, rows, policy_uri=base, run_id=run_id or f"sft-{cfg.seed}", iteration=0)
+    return result.checkpoint_uri, result.metrics

@@ -1,0 +1,161 @@
+"""The `rlcr` Prefect flow end to end: S3 (moto server on 127.0.0.1), local Ray, real vLLM, tiny model.
+
+One run is driven through failure, resume and an S3 outage:
+  A. iterations=2, update of iteration 2 fails  → iteration 1 committed, 2 not
+  B. same run_id                                → resumes at 2, exactly 2 committed, artifacts created
+  C. iterations=3, S3 endpoint stops mid-run    → the flow fails clearly, 1 and 2 stay committed
+"""
+
+import json
+import socket
+
+import boto3
+import pytest
+
+import flow_hooks
+
+BUCKET = "rlcr-test"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class S3Server:
+    """A real S3 endpoint (moto) that the test can stop and start again; its data survives restarts."""
+
+    def __init__(self):
+        from moto.server import ThreadedMotoServer
+
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._cls = ThreadedMotoServer
+        self.server = None
+
+    def start(self):
+        self.server = self._cls(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self.server.start()
+
+    def stop(self):
+        if self.server is not None:  # idempotent: a retried task calls the hook again
+            self.server.stop()
+            self.server = None
+
+    def client(self):
+        return boto3.client("s3", endpoint_url=self.endpoint)
+
+    def keys(self, prefix=""):
+        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+        return sorted(o["Key"] for p in pages for o in p.get("Contents", []))
+
+
+@pytest.fixture(scope="module")
+def s3():
+    server = S3Server()
+    server.start()
+    server.client().create_bucket(Bucket=BUCKET)
+    yield server
+    if server.server is not None:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def prefect_harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+@pytest.fixture
+def stage_hook(monkeypatch):
+    monkeypatch.setenv("RLCR_STAGE_HOOK", "flow_hooks:hook")
+    flow_hooks.ACTIONS.clear()
+    flow_hooks.SEEN.clear()
+    yield flow_hooks
+    flow_hooks.ACTIONS.clear()
+
+
+def overrides(tiny_model_dir, s3):
+    return {
+        "model": str(tiny_model_dir), "storage_uri": f"s3://{BUCKET}/exp", "s3_endpoint_url": s3.endpoint,
+        "prompts_per_iteration": 2, "num_generations_answer": 3, "num_generations_confidence": 2,
+        "num_train_tasks": 16, "num_eval_tasks": 4, "temperature": 1.0, "max_answer_tokens": 16,
+        "max_confidence_tokens": 8, "engine_max_model_len": 512, "engine_kv_cache_gib": 0.25,
+        "learning_rate": 1e-4, "retries": 1, "retry_delay_s": 0.5,
+    }
+
+
+def test_train_flow_fail_resume_and_s3_outage(ray_local, prefect_harness, tiny_model_dir, s3, stage_hook):
+    from flows.train import rlcr_train
+
+    run = "flowrun"
+    prefix = f"exp/runs/{run}/"
+    # A: iteration 2's update fails (every retry)
+    stage_hook.ACTIONS[("update", 2)] = RuntimeError("injected update failure")
+    with pytest.raises(RuntimeError, match="injected update failure"):
+        rlcr_train(overrides=overrides(tiny_model_dir, s3), run_id=run, iterations=2)
+    keys = s3.keys(prefix)
+    assert f"{prefix}iter-0001/manifest.json" in keys
+    assert f"{prefix}iter-0001/checkpoint/_COMPLETE" in keys
+    assert f"{prefix}iter-0001/checkpoint/model.safetensors" in keys
+    assert f"{prefix}iter-0002/manifest.json" not in keys
+    assert f"{prefix}iter-0002/rollouts/rollouts.parquet" in keys  # an uncommitted attempt, ignored on resume
+    assert stage_hook.SEEN.count(("update", 2)) == 2  # first try + 1 retry
+
+    # B: resume with the same run_id
+    stage_hook.ACTIONS.clear()
+    stage_hook.SEEN.clear()
+    summary = rlcr_train(overrides=overrides(tiny_model_dir, s3), run_id=run, iterations=2)
+    assert summary["iterations"] == [2]
+    assert ("rollouts", 1) not in stage_hook.SEEN and ("rollouts", 2) in stage_hook.SEEN
+    keys = s3.keys(prefix)
+    manifests = [k for k in keys if k.endswith("manifest.json")]
+    assert manifests == [f"{prefix}iter-0001/manifest.json", f"{prefix}iter-0002/manifest.json"]
+    body = lambda k: s3.client().get_object(Bucket=BUCKET, Key=k)["Body"].read()
+    m1, m2 = (json.loads(body(k)) for k in manifests)
+    assert m2["policy_in"] == m1["checkpoint_uri"] and m2["checkpoint_uri"].startswith(f"s3://{BUCKET}/{prefix}iter-0002/")
+    for m in (m1, m2):
+        it = f"{prefix}iter-{m['iteration']:04d}/"
+        assert {f"{it}checkpoint/_COMPLETE", f"{it}rollouts/rollouts.parquet", f"{it}metrics.json"} <= set(keys)
+        metrics = json.loads(body(f"{it}metrics.json"))
+        assert {"rollout", "update", "eval", "timings"} <= set(metrics)
+        assert 0.0 <= metrics["eval"]["accuracy"] <= 1.0
+    from prefect.artifacts import Artifact
+
+    for k in (1, 2):
+        art = Artifact.get(key=f"rlcr-{run}-iter-{k}")
+        assert art is not None and "held-out ECE" in art.data and "checkpoint" in art.data
+
+    # C: the S3 endpoint goes away during iteration 3; committed iterations are not lost
+    stage_hook.ACTIONS[("update", 3)] = s3.stop
+    with pytest.raises(Exception) as err:
+        rlcr_train(overrides=overrides(tiny_model_dir, s3), run_id=run, iterations=3)
+    assert s3.endpoint in str(err.value) or "Could not connect" in str(err.value) or "failed" in str(err.value)
+    s3.start()
+    keys = s3.keys(prefix)
+    assert [k for k in keys if k.endswith("manifest.json")] == manifests
+    assert f"{prefix}iter-0003/checkpoint/_COMPLETE" not in keys
+
+
+def test_invalid_config_fails_before_any_work(prefect_harness, tmp_path):
+    from flows.train import rlcr_train
+    from rlcr.config import ConfigError
+
+    with pytest.raises(ConfigError, match="num_generations_confidence"):
+        rlcr_train(overrides={"num_generations_confidence": 1, "storage_uri": str(tmp_path / "store")}, run_id="bad")
+    assert not (tmp_path / "store").exists()
+
+
+def test_resume_refuses_a_changed_config(prefect_harness, tmp_path):
+    from flows.train import rlcr_train
+    from rlcr.runs import RunConfigMismatch
+    from rlcr.config import RLCRConfig
+    from rlcr.runs import RunStore
+
+    cfg = RLCRConfig(storage_uri=str(tmp_path), model="unused")
+    RunStore.open(cfg, "r").check_config(cfg)
+    with pytest.raises(RunConfigMismatch, match="lambda_conf"):
+        rlcr_train(overrides={"storage_uri": str(tmp_path), "model": "unused", "lambda_conf": 0.5}, run_id="r")
