@@ -186,7 +186,7 @@ def probe(
 def demo(
     config: str = typer.Option("configs/demo.yaml", help="YAML config of the demo run."),
     run_id: str = typer.Option("demo", help="Run name (an existing demo run is resumed)."),
-    sft_tasks: int = typer.Option(160, help="Solver tasks for the warm-start."),
+    sft_tasks: int = typer.Option(40, help="Solver tasks for the warm-start."),
     probe_tasks: int = typer.Option(8, help="Held-out tasks in the final probe."),
     probe_samples: int = typer.Option(16, help="Forced answers per truncation point in the final probe."),
 ):

@@ -26,6 +26,7 @@ from rlcr.tasks.countdown import (
     _parse,
     _tokenize,
     compute_score,
+    evaluate_expression,
     generate_tasks,
     turn1_messages,
     turn2_messages,
@@ -48,7 +49,7 @@ def solution_steps(expression: str) -> list[str]:
             stack.append(Fraction(tok))
             continue
         b, a = stack.pop(), stack.pop()
-        c = {"+": a + b, "-": a - b, "*": a * b, "/": a / b}[tok]
+        c = a + b if tok == "+" else a - b if tok == "-" else a * b if tok == "*" else a / b
         steps.append(f"{_fmt(a)} {tok} {_fmt(b)} = {_fmt(c)}")
         stack.append(c)
     return steps
@@ -70,7 +71,8 @@ def _wrong_expression(task: CountdownTask, rng: random.Random) -> str | None:
     for i in ops:
         for new in rng.sample("+-*/", 4):
             cand = expr[:i] + new + expr[i + 1:]
-            if new != expr[i] and compute_score(f"<answer>{cand}</answer>", task.ground_truth) == 0.1:
+            if (new != expr[i] and evaluate_expression(cand) is not None
+                    and compute_score(f"<answer>{cand}</answer>", task.ground_truth) == 0.1):
                 return cand
     return None
 
@@ -125,7 +127,7 @@ def sft_rows(cfg, tokenizer, n_tasks: int, seed: int) -> list[dict[str, Any]]:
 
 
 def run_sft(cfg, *, n_tasks: int = 600, epochs: int = 2, out: str | None = None,
-            learning_rate: float = 5e-5, run_id: str | None = None) -> tuple[str, dict[str, Any]]:
+            learning_rate: float = 1e-4, run_id: str | None = None) -> tuple[str, dict[str, Any]]:
     """Warm-start ``cfg.model`` on solver traces with the Ray Train update; returns (checkpoint URI, metrics).
 
     The checkpoint goes to ``<storage>/runs/<run_id>/iter-0000/checkpoint`` (``run_id`` default
@@ -143,7 +145,7 @@ def run_sft(cfg, *, n_tasks: int = 600, epochs: int = 2, out: str | None = None,
     rows = sft_rows(cfg, tokenizer, n_tasks, seed=cfg.seed + 17)
     sft_cfg = cfg.model_copy(update={
         "objective": "sft", "learning_rate": learning_rate, "epochs_per_iteration": epochs,
-        "mini_batches_per_epoch": max(1, len(rows) // 32), "lr_schedule": "cosine",
+        "mini_batches_per_epoch": max(1, len(rows) // 8), "lr_schedule": "cosine",
         "warmup_steps": 2, "kl_coef": 0.0, "storage_uri": out or cfg.storage_uri,
     })
     ensure_ray()

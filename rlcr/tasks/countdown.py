@@ -441,25 +441,21 @@ def compute_score(
 # --------------------------------------------------------------------------- prompts
 
 SYSTEM_PROMPT = (
-    "You are a careful assistant that solves arithmetic puzzles. "
-    "First reason step by step inside <think> </think>, "
-    "then give only the final equation inside <answer> </answer>."
+    "Solve the arithmetic puzzle. Think step by step inside <think> </think>, "
+    "then write only the equation inside <answer> </answer>."
 )
 
 CONFIDENCE_QUERY = (
-    "How likely is it that your answer above is correct? "
-    "You may first write a short analysis inside <analysis> </analysis>. "
-    "Then give a probability between 0 and 1 inside <confidence> </confidence>, "
-    "for example <confidence>0.7</confidence>."
+    "How likely is your answer above to be correct? Optionally check it inside <analysis> </analysis>, "
+    "then give a probability between 0 and 1 inside <confidence> </confidence>."
 )
 
 
 def _task_text(task: CountdownTask) -> str:
     return (
-        f"Using the numbers {list(task.nums)}, create an equation that equals {task.target}. "
-        "Use each number exactly once and only the operations +, -, * and / with parentheses. "
-        "Show your reasoning in <think> </think> and put the equation alone in <answer> </answer>, "
-        "for example <answer>(1 + 2) * 3</answer>."
+        f"Numbers: {list(task.nums)}. Target: {task.target}. "
+        "Use each number exactly once with +, -, *, / and parentheses. "
+        "Reason in <think> </think>, then give the equation in <answer> </answer>, e.g. <answer>(1 + 2) * 3</answer>."
     )
 
 

@@ -227,8 +227,14 @@ def micro_batch_loss(
     if getattr(cfg, "objective", "grpo") == "sft":
         # Supervised warm-start: token-mean negative log-likelihood over the global batch.
         nll = -(logp * mask).sum() / global_tokens
-        tokens = float(mask.sum())
-        return nll, {"tokens": tokens, "pg_loss": float(nll.detach()) * global_tokens / max(tokens, 1.0)}, logp.detach()
+        with torch.no_grad():
+            metrics = {"tokens": float(mask.sum())}
+            metrics["pg_loss"] = float(-(logp * mask).sum()) / max(metrics["tokens"], 1.0)
+            conf = mb.is_confidence.to(device)[:, None].to(mask.dtype)
+            for name, sel in (("answer", mask * (1 - conf)), ("confidence", mask * conf)):
+                metrics[f"{name}/tokens"] = float(sel.sum())
+                metrics[f"{name}/pg_loss"] = float(-(logp * sel).sum()) / max(metrics[f"{name}/tokens"], 1.0)
+        return nll, metrics, logp.detach()
     old = logp.detach() if old_logp is None else old_logp.to(device) * mask
     ref = ref_logp.to(device) * mask if ref_logp is not None else None
     token_adv = spread_to_tokens(
