@@ -26,6 +26,8 @@ console = Console()
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# A busy 2-core machine can take a while to start Prefect's ephemeral API server.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
 
 
 def _f(v: Any, digits: int = 3) -> str:
@@ -187,6 +189,7 @@ def demo(
     config: str = typer.Option("configs/demo.yaml", help="YAML config of the demo run."),
     run_id: str = typer.Option("demo", help="Run name (an existing demo run is resumed)."),
     sft_tasks: int = typer.Option(40, help="Solver tasks for the warm-start."),
+    sft_epochs: int = typer.Option(2, help="Passes over the warm-start traces."),
     probe_tasks: int = typer.Option(8, help="Held-out tasks in the final probe."),
     probe_samples: int = typer.Option(16, help="Forced answers per truncation point in the final probe."),
 ):
@@ -217,8 +220,14 @@ def demo(
     times["eval base"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    with console.status(f"3/5 format warm-start: SFT on {sft_tasks} solver traces (Ray Train)"):
-        sft_uri, sft_metrics = run_sft(cfg, n_tasks=sft_tasks, epochs=2, run_id=f"{run_id}-sft")
+    from rlcr.storage import Store
+
+    store, sft_rel = Store(cfg.storage_uri), f"runs/{run_id}-sft/iter-0000/checkpoint"
+    if store.is_complete(sft_rel):  # a re-run reuses its warm-start
+        sft_uri = store.url(sft_rel)
+    else:
+        with console.status(f"3/5 format warm-start: SFT on {sft_tasks} solver traces (Ray Train)"):
+            sft_uri, _ = run_sft(cfg, n_tasks=sft_tasks, epochs=sft_epochs, run_id=f"{run_id}-sft")
     times["sft"] = time.perf_counter() - t0
     console.print(f"warm-started checkpoint: {sft_uri}")
 

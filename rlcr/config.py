@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 __all__ = ["RLCRConfig", "ConfigError", "load_config"]
 
@@ -187,6 +187,17 @@ class RLCRConfig(BaseModel):
     """Truncation points: every sentence boundary plus 0% and 100%, or fixed fractions 0, 0.1, …, 1."""
     probe_cron: str = "0 3 * * *"
     """Schedule (cron, UTC) of the nightly probe deployment."""
+
+    @field_validator("storage_uri", "train_tasks", "eval_tasks", "model")
+    @classmethod
+    def _absolute_local_paths(cls, value: str | None, info) -> str | None:
+        """Local paths become absolute: Ray workers run in other working directories."""
+        if value is None or "://" in value:
+            return value
+        path = Path(value).expanduser()
+        if info.field_name == "model" and not path.exists():
+            return value  # a model name such as smollm2-135m-instruct
+        return str(path.resolve())
 
     @model_validator(mode="after")
     def _check_ranges(self) -> "RLCRConfig":
