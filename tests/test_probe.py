@@ -176,7 +176,7 @@ class ScriptedSampler:
         self.calls.append({"texts": texts, "n": n, "stop": stop, "seed": seed})
         out = []
         for text in texts:
-            target = int(re.search(r"equals (\d+)\.", text).group(1))
+            target = int(re.search(r"Target: (\d+)\.", text).group(1))
             task = TASK_A if target == 16 else TASK_B
             if text.endswith("</think>\n<answer>"):
                 k = text.rsplit("<think>", 1)[1].count(". ")

@@ -317,10 +317,12 @@ def test_checkpoint_is_sealed_and_loads_in_transformers_and_vllm(ray_updates, ti
     ids = tiny_tokenizer("<think>", return_tensors="pt")["input_ids"]
     hf_next = int(lm(ids).logits[0, -1].argmax())
 
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    llm = LLM(model=str(ckpt), dtype="float32", enforce_eager=True, max_model_len=512, seed=0)
+    from rlcr.config import RLCRConfig
+    from rlcr.rollout.engine import create_engine
+
+    llm = create_engine(ckpt, RLCRConfig(dtype="float32", engine_max_model_len=512, engine_kv_cache_gib=0.25), seed=0)
     try:
         out = llm.generate({"prompt_token_ids": ids[0].tolist()}, SamplingParams(temperature=0.0, max_tokens=4))
         gen = out[0].outputs[0].token_ids

