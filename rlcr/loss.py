@@ -6,6 +6,7 @@ holding its formula. Pure PyTorch.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import torch
@@ -27,6 +28,7 @@ def token_logprobs(
     labels: torch.Tensor,
     *,
     return_entropy: bool = False,
+    entropy_grad: bool = True,
     chunk_rows: int = 1024,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(label) and (optionally) the entropy per position.
@@ -35,6 +37,7 @@ def token_logprobs(
     ``chunk_rows`` at a time, each chunk upcast to float32 on its own, so at most
     one chunk's full-vocab float32 copy exists outside autograd's saved tensors.
     ``log π(y) = z_y − logsumexp(z)``; ``H = logsumexp(z) − Σ softmax(z)·z``.
+    ``entropy_grad=False`` keeps the entropy out of autograd (a metric only).
     """
     shape = labels.shape
     flat_logits = logits.reshape(-1, logits.shape[-1])
@@ -45,13 +48,13 @@ def token_logprobs(
         y = flat_labels[start:start + chunk_rows]
         lse = torch.logsumexp(z, dim=-1)
         logps.append(z.gather(-1, y[:, None]).squeeze(-1) - lse)
-        if return_entropy:
-            p = torch.softmax(z, dim=-1)
-            ents.append(lse - (p * z).sum(-1))
+        if return_entropy:  # H = lse − Σ softmax·z, sharing the logsumexp
+            with contextlib.nullcontext() if entropy_grad else torch.no_grad():
+                ents.append(lse - (torch.exp(z - lse[:, None]) * z).sum(-1))
     logp = torch.cat(logps).reshape(shape) if logps else flat_logits.new_zeros(shape, dtype=torch.float32)
     ent = None
     if return_entropy:
-        ent = torch.cat(ents).reshape(shape) if ents else torch.zeros(shape)
+        ent = torch.cat(ents).reshape(shape) if ents else flat_logits.new_zeros(shape, dtype=torch.float32)
     return logp, ent
 
 

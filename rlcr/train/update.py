@@ -93,24 +93,8 @@ class CompletionLogProbs(nn.Module):
         logits = self.lm.get_output_embeddings()(hidden[sel_row, sel_pos])
         if entropy == "none":
             return token_logprobs(logits, sel_label, chunk_rows=self.chunk_rows)
-        return _logp_and_entropy(logits, sel_label, self.chunk_rows, entropy_grad=entropy == "grad")
-
-
-def _logp_and_entropy(logits, labels, chunk_rows: int, *, entropy_grad: bool):
-    """:func:`rlcr.loss.token_logprobs` with the entropy sharing its logsumexp
-    (H = lse − Σ softmax·z); the entropy is a no-grad metric unless ``entropy_grad``."""
-    logps, ents = [], []
-    for start in range(0, logits.shape[0], chunk_rows):
-        z = logits[start:start + chunk_rows].float()
-        y = labels[start:start + chunk_rows]
-        lse = torch.logsumexp(z, dim=-1)
-        logps.append(z.gather(-1, y[:, None]).squeeze(-1) - lse)
-        with contextlib.nullcontext() if entropy_grad else torch.no_grad():
-            ents.append(lse - (torch.exp(z - lse[:, None]) * z).sum(-1))
-    if not logps:
-        empty = logits.new_zeros(labels.shape, dtype=torch.float32)
-        return empty, empty
-    return torch.cat(logps), torch.cat(ents)
+        return token_logprobs(logits, sel_label, return_entropy=True, entropy_grad=entropy == "grad",
+                              chunk_rows=self.chunk_rows)
 
 
 def _scatter(values: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
