@@ -36,6 +36,8 @@ def main() -> None:
     ap.add_argument("--gc", type=int, default=2)
     ap.add_argument("--answer-tokens", type=int, default=96)
     ap.add_argument("--confidence-tokens", type=int, default=32)
+    ap.add_argument("--engines", default="pool", choices=["pool", "owned"],
+                    help="pipeline engines: the flow's shared EnginePool, or one owned engine per stage actor")
     args = ap.parse_args()
 
     import ray
@@ -84,7 +86,16 @@ def main() -> None:
     # ---------------------------------------------------------------- pipeline
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     t0 = time.perf_counter()
-    res = run_rollouts(cfg, tasks, policy_uri=model, run_id="bench", iteration=0, store=Store(cfg.storage_uri))
+    if args.engines == "pool":  # what the flow does: one long-lived engine serves both stages
+        from rlcr.rollout.engine import EnginePool
+
+        with EnginePool(cfg, model) as pool:
+            pool_init = time.perf_counter() - t0
+            res = run_rollouts(cfg, tasks, policy_uri=model, run_id="bench", iteration=0,
+                               store=Store(cfg.storage_uri), engines=pool)
+        res.timings["rollout/answer_init_s"] += pool_init
+    else:  # each stage actor owns an engine (two engines share the machine)
+        res = run_rollouts(cfg, tasks, policy_uri=model, run_id="bench", iteration=0, store=Store(cfg.storage_uri))
     wall = time.perf_counter() - t0
     ray.shutdown()
     tm = res.timings
@@ -95,7 +106,7 @@ def main() -> None:
 
     direct_tps = direct_tokens / direct_gen
     pipe_tps = pipe_tokens / pipe_gen
-    print(f"model={args.model} P={args.prompts} G_a={args.ga} G_c={args.gc} "
+    print(f"model={args.model} engines={args.engines} P={args.prompts} G_a={args.ga} G_c={args.gc} "
           f"rows={len(res.rows)} cpus={os.cpu_count()}")
     print(f"{'':28s}{'direct':>12s}{'pipeline':>12s}")
     print(f"{'engine init (s)':28s}{direct_init:12.1f}{init:12.1f}   (pipeline: 2 engines, started concurrently)")

@@ -170,6 +170,12 @@ def seeded_sample(llm, prompts, *, seed: int, **kwargs) -> list[list[Sample]]:
     return sample(llm, prompts, **kwargs)
 
 
+def engine_runtime_env() -> dict:
+    """Ray sets OMP_NUM_THREADS from an actor's logical CPUs (1 for a fractional actor), which
+    would leave a CPU engine one thread; give it the node's cores (vLLM binds them itself)."""
+    return {"env_vars": {"OMP_NUM_THREADS": str(os.cpu_count() or 1)}}
+
+
 class RolloutEngine:
     """A long-lived vLLM engine in its own Ray actor, shared by both stages and reused across iterations.
 
@@ -238,7 +244,8 @@ class EnginePool:
         gpus = cfg.engine_tensor_parallel_size if cfg.use_gpu else 0
         self.names = [f"{prefix}-{i}" for i in range(cfg.rollout_actors)]
         self.actors = [
-            remote.options(name=n, num_cpus=0.5, num_gpus=gpus, max_concurrency=1).remote(cfg.model_dump(mode="json"), policy_uri)
+            remote.options(name=n, num_cpus=0.5, num_gpus=gpus, max_concurrency=1,
+                           runtime_env=engine_runtime_env()).remote(cfg.model_dump(mode="json"), policy_uri)
             for n in self.names
         ]
         ray.get([a.current.remote() for a in self.actors])

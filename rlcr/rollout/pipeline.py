@@ -71,6 +71,10 @@ def build_rollout_dataset(
         num_gpus=gpus,
         num_cpus=0.5 if not engines else 0.1,
     )
+    if not engines:  # a stage actor that owns its engine needs the node's cores, not Ray's 1 thread
+        from rlcr.rollout.engine import engine_runtime_env
+
+        stage_opts["runtime_env"] = engine_runtime_env()
     cheap = dict(batch_format="pandas", num_cpus=0.1)
     items = [{"prompt_id": pid, "nums": list(t.nums), "target": int(t.target)} for pid, t in tasks]
     ds = ray.data.from_items(items, override_num_blocks=max(1, math.ceil(len(items) / cfg.rollout_batch_size)))
