@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 __all__ = ["SMOLLM2", "smollm2_gguf_path", "default_cache_dir", "prepare_smollm2", "resolve_model"]
@@ -54,17 +52,11 @@ def prepare_smollm2(dest: str | Path | None = None, *, force: bool = False) -> P
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
-    try:
+    from rlcr.storage import atomic_directory
+
+    with atomic_directory(dest) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        if force and dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return dest
 
 

@@ -9,6 +9,7 @@ seen half-written (checkpoints) are uploaded file by file and then sealed with a
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -19,9 +20,28 @@ from typing import Any
 
 import fsspec
 
-__all__ = ["Store", "COMPLETE_MARKER", "fetch_checkpoint", "StorageError", "iteration_prefix"]
+__all__ = ["Store", "COMPLETE_MARKER", "fetch_checkpoint", "StorageError", "iteration_prefix", "atomic_directory"]
 
 COMPLETE_MARKER = "_COMPLETE"
+
+
+@contextlib.contextmanager
+def atomic_directory(dest: str | Path):
+    """Yield a temp sibling of ``dest`` to fill; on success it replaces ``dest`` in one rename.
+
+    On failure it is removed, so ``dest`` is never seen half-written.
+    """
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        yield tmp
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 class StorageError(RuntimeError):
@@ -156,21 +176,12 @@ class Store:
         local_dir = Path(local_dir)
         files = sorted(p for p in local_dir.rglob("*") if p.is_file())
         if self.is_local:
-            dest = Path(self._abs(rel))
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-            try:
+            with atomic_directory(self._abs(rel)) as tmp:
                 for p in files:
                     target = tmp / p.relative_to(local_dir)
                     target.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(p, target)
                 (tmp / COMPLETE_MARKER).write_text("ok")
-                if dest.exists():
-                    shutil.rmtree(dest)
-                os.replace(tmp, dest)
-            finally:
-                if tmp.exists():
-                    shutil.rmtree(tmp, ignore_errors=True)
             return self.url(rel)
 
         def run():
@@ -190,28 +201,18 @@ class Store:
         """Download a sealed directory into ``local_dir`` (atomically); raises if it is not sealed."""
         if not self.is_complete(rel):
             raise StorageError(f"{self.url(rel)} is not a complete (sealed) directory")
-        local_dir = Path(local_dir)
-        local_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{local_dir.name}.", dir=local_dir.parent))
-        try:
-            base = self._abs(rel)
-            def run():
-                for entry in self.fs.find(base):
-                    name = entry[len(base):].lstrip("/")
-                    target = tmp / name
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    self.fs.get_file(entry, str(target))
+        base = self._abs(rel)
+        with atomic_directory(local_dir) as tmp:
             if self.is_local:
                 shutil.copytree(base, tmp, dirs_exist_ok=True)
             else:
+                def run():
+                    for entry in self.fs.find(base):
+                        target = tmp / entry[len(base):].lstrip("/")
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        self.fs.get_file(entry, str(target))
                 self._wrap("downloading", rel, run)
-            if local_dir.exists():
-                shutil.rmtree(local_dir)
-            os.replace(tmp, local_dir)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-        return local_dir
+        return Path(local_dir)
 
 
 def fetch_checkpoint(uri: str, *, endpoint_url: str | None = None, cache_dir: str | Path | None = None) -> Path:

@@ -9,9 +9,6 @@ downloaded. ``build_tiny_model(dir)`` writes a normal Hugging Face checkpoint
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from rlcr.tasks.countdown import CONFIDENCE_QUERY, SYSTEM_PROMPT, generate_tasks, turn1_messages
@@ -95,13 +92,9 @@ def build_tiny_model(dest: str | Path, *, seed: int = 0, layers: int = 2, hidden
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
-    try:
+    from rlcr.storage import atomic_directory
+
+    with atomic_directory(dest) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        os.replace(tmp, dest)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return dest

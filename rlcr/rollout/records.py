@@ -156,11 +156,6 @@ def build_rollout_rows(
     return answer_rows + conf_rows
 
 
-def _dense(rows: list[dict[str, Any]], key) -> tuple[list[tuple], list[dict[str, Any]]]:
-    ordered = sorted(rows, key=key)
-    return [key(r) for r in ordered], ordered
-
-
 def assign_advantages(
     rows: list[dict[str, Any]],
     *,
