@@ -23,7 +23,7 @@ from typing import Sequence
 
 __all__ = [
     "create_engine", "sample", "seeded_sample", "batch_seed", "Sample", "resolve_dtype", "has_gpu",
-    "RolloutEngine", "EnginePool",
+    "RolloutEngine", "EnginePool", "render_prompt", "sample_chats",
 ]
 
 
@@ -101,6 +101,7 @@ class Sample:
     completion_text: str
     completion_logprobs: list[float]
     finish_reason: str
+    loss_mask: list[int] | None = None
 
 
 def sample(
@@ -170,6 +171,35 @@ def seeded_sample(llm, prompts, *, seed: int, **kwargs) -> list[list[Sample]]:
     return sample(llm, prompts, **kwargs)
 
 
+def render_prompt(tokenizer, messages, *, where: str, max_prompt_tokens: int) -> tuple[str, list[int]]:
+    """Chat template → (context text, context token ids); a prompt over ``max_prompt_tokens`` is an error
+    naming ``where`` (the row)."""
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) > max_prompt_tokens:
+        raise ValueError(f"{where}: rendered prompt has {len(ids)} tokens > max_prompt_tokens={max_prompt_tokens}")
+    return text, ids
+
+
+def sample_chats(llm, tokenizer, conversations, *, labels: Sequence[str], sample_type: str, seed: int,
+                 max_prompt_tokens: int, **kwargs) -> tuple[list[tuple[str, list[int]]], list[list[Sample]]]:
+    """Render each conversation, sample from it (:func:`seeded_sample`) and attach each sample's loss mask.
+
+    This is the whole per-batch work of a generation stage that needs a tokenizer;
+    it runs where the engine is (in the stage actor, or in a shared
+    :class:`RolloutEngine`), so stage actors of a shared engine never load one.
+    """
+    from rlcr.masks import completion_mask
+
+    contexts = [render_prompt(tokenizer, m, where=w, max_prompt_tokens=max_prompt_tokens)
+                for m, w in zip(conversations, labels)]
+    samples = seeded_sample(llm, [ids for _, ids in contexts], seed=seed, **kwargs)
+    for group in samples:
+        for s in group:
+            s.loss_mask = completion_mask(tokenizer, s.completion_ids, s.completion_text, sample_type)
+    return contexts, samples
+
+
 def engine_runtime_env() -> dict:
     """Ray sets OMP_NUM_THREADS from an actor's logical CPUs (1 for a fractional actor), which
     would leave a CPU engine one thread; give it the node's cores (vLLM binds them itself)."""
@@ -192,7 +222,7 @@ class RolloutEngine:
         from rlcr.config import RLCRConfig
 
         self.cfg = RLCRConfig.model_validate(cfg)
-        self.llm = None
+        self.llm = self.tokenizer = None
         self.policy_uri = None
         self.load(policy_uri)
 
@@ -218,13 +248,26 @@ class RolloutEngine:
             self.llm = None
             gc.collect()
             self.llm = create_engine(local, self.cfg, seed=self.cfg.seed)
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(local)
         self.policy_uri = policy_uri
         return {"policy_uri": policy_uri, "load_s": time.perf_counter() - t0, "mode": mode}
 
-    def generate(self, prompts, *, policy_uri: str, seed: int, **kwargs) -> list[list[Sample]]:
+    def _check(self, policy_uri: str) -> None:
         if policy_uri != self.policy_uri:
             raise RuntimeError(f"engine holds {self.policy_uri}, but the stage asked for {policy_uri}: call load() first")
+
+    def generate(self, prompts, *, policy_uri: str, seed: int, **kwargs) -> list[list[Sample]]:
+        """Token-id prompts → samples (:func:`seeded_sample`)."""
+        self._check(policy_uri)
         return seeded_sample(self.llm, prompts, seed=seed, **kwargs)
+
+    def generate_chats(self, conversations, *, policy_uri: str, **kwargs):
+        """Conversations → (contexts, samples with loss masks) (:func:`sample_chats`)."""
+        self._check(policy_uri)
+        return sample_chats(self.llm, self.tokenizer, conversations, max_prompt_tokens=self.cfg.max_prompt_tokens,
+                            **kwargs)
 
     def current(self) -> str | None:
         return self.policy_uri

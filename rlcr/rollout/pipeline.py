@@ -81,7 +81,8 @@ def build_rollout_dataset(
     ds = ds.map_batches(AnswerStage, fn_constructor_kwargs=answer_args, batch_size=cfg.rollout_batch_size, **stage_opts)
     ds = ds.map_batches(score_answers, fn_kwargs={"format_score": cfg.format_score}, **cheap)
     ds = ds.map_batches(expand_to_turn2, **cheap)
-    conf_batch = max(1, cfg.rollout_batch_size // (g_c or cfg.num_generations_confidence))
+    # One confidence call takes all answers of one answer call: the engine sees as large a batch as in turn 1.
+    conf_batch = cfg.rollout_batch_size * (g_a or cfg.num_generations_answer)
     ds = ds.map_batches(ConfidenceStage, fn_constructor_kwargs=confidence_args, batch_size=conf_batch, **stage_opts)
     ds = ds.map_batches(score_confidences, **cheap)
     return ds

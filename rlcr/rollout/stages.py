@@ -5,7 +5,9 @@
 ``AnswerStage`` and ``ConfidenceStage`` are callable classes for
 ``Dataset.map_batches(Cls, compute=ActorPoolStrategy(size=n), …)``: each actor
 fetches the policy checkpoint once (local path or ``s3://``) and owns a
-``vllm.LLM``. Batches are pandas DataFrames. ``ConfidenceStage`` passes its input
+``vllm.LLM``, or sends its batches to a shared engine actor (then the stage
+actor loads neither a model nor a tokenizer: it starts in about a second and
+takes no CPU from the engine). Batches are pandas DataFrames. ``ConfidenceStage`` passes its input
 answer rows through and appends the G_c confidence rows of each answer, so the
 stage's output is the whole rollout tree.
 
@@ -24,7 +26,6 @@ from typing import Any
 import pandas as pd
 
 from rlcr.config import RLCRConfig
-from rlcr.masks import completion_mask
 from rlcr.rewards import accuracy_reward, brier_reward, parse_confidence
 from rlcr.tasks.countdown import CountdownTask, compute_score, turn1_messages, turn2_messages
 
@@ -61,49 +62,42 @@ class _EngineStage:
 
     def __init__(self, cfg: dict[str, Any], policy_uri: str, seed: int,
                  engines: list[str] | None = None, n: int | None = None):
-        from transformers import AutoTokenizer
-
-        from rlcr.rollout.engine import create_engine
-        from rlcr.storage import fetch_checkpoint
-
         t0 = time.perf_counter()
         self.cfg = RLCRConfig.model_validate(cfg)
         self.policy_uri, self.seed, self.n = policy_uri, seed, n
-        local = fetch_checkpoint(policy_uri, endpoint_url=self.cfg.s3_endpoint_url)
-        self.tokenizer = AutoTokenizer.from_pretrained(local)
-        self.llm = self.engine = None
+        self.llm = self.tokenizer = self.engine = None
         if engines:
             import ray
 
             index = int(ray.get_runtime_context().get_actor_id()[-8:], 16) % len(engines)
             self.engine = ray.get_actor(engines[index])
         else:
+            from transformers import AutoTokenizer
+
+            from rlcr.rollout.engine import create_engine
+            from rlcr.storage import fetch_checkpoint
+
+            local = fetch_checkpoint(policy_uri, endpoint_url=self.cfg.s3_endpoint_url)
+            self.tokenizer = AutoTokenizer.from_pretrained(local)
             self.llm = create_engine(local, self.cfg, seed=seed)
         self.init_s = time.perf_counter() - t0
         self.batches = 0
 
-    def render(self, messages: list[dict[str, str]], where: str) -> tuple[str, list[int]]:
-        """Chat template → (context text, context token ids); too-long prompts are an error."""
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if len(ids) > self.cfg.max_prompt_tokens:
-            raise ValueError(
-                f"{where}: rendered prompt has {len(ids)} tokens > max_prompt_tokens={self.cfg.max_prompt_tokens}"
-            )
-        return text, ids
+    def _generate(self, conversations, labels: list[str], n: int, max_tokens: int, stop, first_key: tuple[int, ...]):
+        """Render, sample and mask one batch where the engine is; returns (contexts, samples)."""
+        from rlcr.rollout.engine import batch_seed, sample_chats
 
-    def _generate(self, prompts, n: int, max_tokens: int, stop, first_key: tuple[int, ...]):
-        from rlcr.rollout.engine import batch_seed, seeded_sample
-
-        seed = batch_seed(self.seed, self.stage_salt, *first_key)
-        kwargs = dict(n=self.n or n, temperature=self.cfg.temperature, top_p=self.cfg.top_p, max_tokens=max_tokens, stop=stop)
+        kwargs = dict(labels=labels, sample_type=self.stage_name, seed=batch_seed(self.seed, self.stage_salt, *first_key),
+                      n=self.n or n, temperature=self.cfg.temperature, top_p=self.cfg.top_p, max_tokens=max_tokens,
+                      stop=stop)
         t0 = time.perf_counter()
         if self.engine is not None:
             import ray
 
-            out = ray.get(self.engine.generate.remote(prompts, policy_uri=self.policy_uri, seed=seed, **kwargs))
+            out = ray.get(self.engine.generate_chats.remote(conversations, policy_uri=self.policy_uri, **kwargs))
         else:
-            out = seeded_sample(self.llm, prompts, seed=seed, **kwargs)
+            out = sample_chats(self.llm, self.tokenizer, conversations, max_prompt_tokens=self.cfg.max_prompt_tokens,
+                               **kwargs)
         self.last_generate_s = time.perf_counter() - t0
         return out
 
@@ -115,14 +109,15 @@ class _EngineStage:
         df[f"_{self.stage_name}_generate_s"] = [self.last_generate_s if i == 0 else 0.0 for i in range(len(df))]
         return df
 
-    def _completion_fields(self, s, sample_type: str) -> dict[str, Any]:
+    @staticmethod
+    def _completion_fields(s) -> dict[str, Any]:
         return {
             "completion_text": s.completion_text,
             "completion_ids": s.completion_ids,
             "completion_logprobs": s.completion_logprobs,
             "finish_reason": s.finish_reason,
             "truncated": s.finish_reason == "length",
-            "loss_mask": completion_mask(self.tokenizer, s.completion_ids, s.completion_text, sample_type),
+            "loss_mask": s.loss_mask,
         }
 
 
@@ -133,16 +128,17 @@ class AnswerStage(_EngineStage):
     stage_salt = 0
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
-        contexts = [self.render(turn1_messages(_task(r)), f"prompt_id={r['prompt_id']}") for _, r in batch.iterrows()]
-        samples = self._generate([ids for _, ids in contexts], self.cfg.num_generations_answer,
-                                 self.cfg.max_answer_tokens, ANSWER_STOP, (int(batch["prompt_id"].iloc[0]),))
+        contexts, samples = self._generate(
+            [turn1_messages(_task(r)) for _, r in batch.iterrows()],
+            [f"prompt_id={r['prompt_id']}" for _, r in batch.iterrows()],
+            self.cfg.num_generations_answer, self.cfg.max_answer_tokens, ANSWER_STOP, (int(batch["prompt_id"].iloc[0]),))
         rows = []
         for (_, r), (text, ids), group in zip(batch.iterrows(), contexts, samples):
             for k, s in enumerate(group):
                 rows.append({
                     "prompt_id": int(r["prompt_id"]), "answer_id": k, "confidence_id": -1,
                     "sample_type": "answer", "nums": [int(x) for x in r["nums"]], "target": int(r["target"]),
-                    "context_text": text, "context_ids": ids, **self._completion_fields(s, "answer"),
+                    "context_text": text, "context_ids": ids, **self._completion_fields(s),
                 })
         return self._timing(pd.DataFrame(rows))
 
@@ -179,13 +175,11 @@ class ConfidenceStage(_EngineStage):
     stage_salt = 1
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
-        contexts = [
-            self.render(json.loads(r["turn2_messages"]), f"prompt_id={r['prompt_id']} answer_id={r['answer_id']}")
-            for _, r in batch.iterrows()
-        ]
         first = (int(batch["prompt_id"].iloc[0]), int(batch["answer_id"].iloc[0]))
-        samples = self._generate([ids for _, ids in contexts], self.cfg.num_generations_confidence,
-                                 self.cfg.max_confidence_tokens, CONFIDENCE_STOP, first)
+        contexts, samples = self._generate(
+            [json.loads(r["turn2_messages"]) for _, r in batch.iterrows()],
+            [f"prompt_id={r['prompt_id']} answer_id={r['answer_id']}" for _, r in batch.iterrows()],
+            self.cfg.num_generations_confidence, self.cfg.max_confidence_tokens, CONFIDENCE_STOP, first)
         answers = batch.drop(columns=["turn2_messages"])
         rows = []
         for (_, r), (text, ids), group in zip(answers.iterrows(), contexts, samples):
@@ -193,7 +187,7 @@ class ConfidenceStage(_EngineStage):
                 rows.append({
                     "prompt_id": int(r["prompt_id"]), "answer_id": int(r["answer_id"]), "confidence_id": h,
                     "sample_type": "confidence", "nums": [int(x) for x in r["nums"]], "target": int(r["target"]),
-                    "context_text": text, "context_ids": ids, **self._completion_fields(s, "confidence"),
+                    "context_text": text, "context_ids": ids, **self._completion_fields(s),
                     "score": math.nan, "correct": float(r["correct"]), "reward": 0.0, "confidence": math.nan,
                 })
         conf = self._timing(pd.DataFrame(rows))
