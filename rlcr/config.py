@@ -140,8 +140,13 @@ class RLCRConfig(BaseModel):
     """Passes over one iteration's rollouts."""
     mini_batches_per_epoch: int = Field(1, ge=1)
     """Optimizer steps per epoch: the rollouts are split into this many mini-batches (1: one on-policy step)."""
-    micro_batch_tokens: int = Field(8192, ge=64)
-    """Token budget (padded context + completion) of one forward/backward micro-batch."""
+    micro_batch_tokens: int = Field(2048, ge=64)
+    """Token budget of one forward/backward micro-batch: padded rows × length, or, with
+    ``share_prefixes``, the nodes of one prefix tree (attention is quadratic in it: ~1–2k on CPU)."""
+    share_prefixes: bool = True
+    """Pack samples that share a token prefix (a prompt's G_a answers, an answer's G_c confidences and
+    their turn-1 prefix) into one prefix tree with a tree attention mask, so each shared prefix is
+    computed once (exact: same log-probs as unpacked rows). ``False``: right-padded rows."""
     old_logp_source: Literal["rollout", "recompute"] = "recompute"
     """π_old: ``rollout`` uses vLLM's sampling log-probs; ``recompute`` runs the trainer's model once before
     the first step (on-policy exact: same numerics as the update, so the first step's ratio is exactly 1)."""

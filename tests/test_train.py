@@ -17,7 +17,16 @@ import torch
 from rlcr.config import RLCRConfig
 from rlcr.loss import policy_loss, token_logprobs
 from rlcr.storage import COMPLETE_MARKER, Store
-from rlcr.train.batching import collate, pack_micro_batches, plan_mini_batches, prepare_samples, shard_rows
+from rlcr.train.batching import (
+    collate,
+    collate_prefix_tree,
+    pack_micro_batches,
+    pack_prefix_trees,
+    plan_mini_batches,
+    prefix_tree,
+    prepare_samples,
+    shard_rows,
+)
 from rlcr.train.update import CompletionLogProbs, NonFiniteError, save_checkpoint, train_update
 
 
@@ -92,6 +101,56 @@ def test_packing_respects_budget_and_keeps_every_row_once(tiny_tokenizer):
     # every selected position predicts exactly its label, and only masked tokens are selected
     assert torch.equal(mb.input_ids[mb.sel_row, mb.sel_pos + 1], mb.sel_label)
     assert mb.loss_mask[mb.sel_row, mb.sel_col].eq(1).all() and len(mb.sel_row) == mb.masked_tokens
+
+
+def test_prefix_tree_stores_each_shared_prefix_once(tiny_tokenizer):
+    samples = prepare_samples(make_rows(n_prompts=2, g_a=3, g_c=2), tiny_tokenizer)
+    samples.append(samples[0])  # an exact duplicate shares its whole path
+    seqs = [s.tokens for s in samples]
+    tokens, depth, end, paths = prefix_tree(seqs)
+    distinct_prefixes = {tuple(q[: t + 1]) for q in seqs for t in range(len(q))}
+    assert len(tokens) == len(distinct_prefixes) < sum(map(len, seqs))
+    assert paths[-1] == paths[0]
+    for seq, path in zip(seqs, paths):
+        assert [tokens[k] for k in path] == seq and [depth[k] for k in path] == list(range(len(seq)))
+        for t, k in enumerate(path):  # the nodes k may see are exactly the path up to it
+            assert [j for j in range(len(tokens)) if j <= k < end[j]] == path[: t + 1]
+    # packing: every sample once, each tree within the budget (or a single sample)
+    trees = pack_prefix_trees(samples, 60)
+    assert sorted(s.index for g in trees for s in g) == sorted(s.index for s in samples)
+    assert len(trees) > 1
+    for g in trees:
+        assert len(g) == 1 or len(prefix_tree([s.tokens for s in g])[0]) <= 60
+    mb = collate_prefix_tree(trees[0], pad_id=0)
+    assert mb.loss_mask[mb.sel_row, mb.sel_col].eq(1).all() and len(mb.sel_row) == mb.masked_tokens
+
+
+def test_prefix_tree_gives_the_log_probs_and_gradients_of_unpacked_rows(tiny_model_dir, tiny_tokenizer):
+    """Tree attention + depth positions reproduce each sample's own sequence exactly (forward and backward)."""
+    lm = load_lm(tiny_model_dir)
+    policy = CompletionLogProbs(lm)
+    samples = prepare_samples(make_rows(n_prompts=2, g_a=3, g_c=2), tiny_tokenizer)
+    padded, tree = collate(samples, pad_id=0), collate_prefix_tree(samples, pad_id=0)
+    assert tree.input_ids.shape[0] == 1 and tree.padded_tokens < sum(s.length for s in samples) < padded.padded_tokens
+
+    def loss_and_grads(mb):
+        lm.zero_grad()
+        lp, _ = policy(**mb.model_inputs())
+        full = torch.zeros(mb.loss_mask.shape).index_put((mb.sel_row, mb.sel_col), lp)
+        loss, _ = policy_loss(full, full.detach(), mb.advantages, mb.loss_mask)
+        loss.backward()
+        return full.detach(), [p.grad.clone() for p in lm.parameters()]
+
+    lp_pad, g_pad = loss_and_grads(padded)
+    lp_tree, g_tree = loss_and_grads(tree)
+    assert torch.equal(padded.loss_mask, tree.loss_mask)
+    torch.testing.assert_close(lp_tree, lp_pad, rtol=0, atol=2e-5)
+    for a, b in zip(g_tree, g_pad):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    # and the same as an independent full forward of one confidence sample
+    s = next(x for x in samples if x.is_confidence)
+    row = samples.index(s)
+    assert abs(float(lp_tree[row].sum()) - seq_logprob(lm, s.context_ids, s.completion_ids)) < 1e-4
 
 
 def test_prepare_samples_validates_and_computes_null_masks(tiny_tokenizer):

@@ -9,8 +9,16 @@ depend on the number of workers: a worker only decides which rows *of each
 mini-batch* it processes. No row is ever dropped or duplicated, so the sum of
 the workers' losses is the loss of the whole mini-batch.
 
-A micro-batch is right-padded ``[context | completion | pad]`` rows; the
-completion tensors (mask, advantages, π_old) are completion-aligned ``[B, L]``.
+A micro-batch is either right-padded ``[context | completion | pad]`` rows
+(:func:`pack_micro_batches` + :func:`collate`), or, with ``share_prefixes``, one
+*prefix tree* (:func:`pack_prefix_trees` + :func:`collate_prefix_tree`): every
+token prefix its samples share — the prompt of G_a answers, the turn-2 context of
+G_c confidences, the turn-1 prompt + answer inside that context — is one node
+sequence computed once; a tree attention mask lets each token see exactly its
+own ancestors and position ids are depths, so each sample's log-probs are those
+of its own unpacked sequence. On RLCR rollouts this halves to thirds the tokens
+the model processes. Either way the completion tensors (mask, advantages, π_old)
+are completion-aligned ``[B, L]`` per sample.
 Log-probs are only computed at the *selected* positions: the tokens the loss
 mask covers (SPEC §5), plus, when a micro-batch has none, one dummy position so
 every parameter is still in the autograd graph (DDP needs that).
@@ -34,6 +42,9 @@ __all__ = [
     "shard_rows",
     "pack_micro_batches",
     "collate",
+    "pack_prefix_trees",
+    "collate_prefix_tree",
+    "prefix_tree",
     "dummy_sample",
     "type_stats",
 ]
@@ -55,6 +66,10 @@ class Sample:
     @property
     def length(self) -> int:
         return len(self.context_ids) + len(self.completion_ids)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.context_ids + self.completion_ids
 
     @property
     def masked_tokens(self) -> int:
@@ -175,16 +190,27 @@ def dummy_sample(pad_id: int) -> Sample:
 class MicroBatch:
     """Padded tensors of one micro-batch (``B`` rows, ``T`` padded length, ``L`` longest completion)."""
 
-    input_ids: torch.Tensor  # [B, T] long, right-padded
+    input_ids: torch.Tensor  # [R, T] long: R right-padded rows (R = B), or one prefix tree (R = 1)
     loss_mask: torch.Tensor  # [B, L] float, completion-aligned
     advantages: torch.Tensor  # [B] float (sequence advantage; token advantage = λ·A·M)
     is_confidence: torch.Tensor  # [B] bool
-    sel_row: torch.Tensor  # [N] row of each selected completion token
+    sel_row: torch.Tensor  # [N] sample (row of the [B, L] tensors) of each selected completion token
     sel_col: torch.Tensor  # [N] its column in the completion ([B, L] layout)
-    sel_pos: torch.Tensor  # [N] the sequence position whose logits predict it (ctx_len + col − 1)
+    sel_pos: torch.Tensor  # [N] the input position whose logits predict it (padded: ctx_len + col − 1)
     sel_label: torch.Tensor  # [N] the token id
     indices: list[int] = field(default_factory=list)  # sample indices (−1 for a dummy)
     rollout_logprobs: torch.Tensor | None = None  # [B, L] or None when any row lacks them
+    sel_seq: torch.Tensor | None = None  # [N] input row holding sel_pos (None: = sel_row)
+    position_ids: torch.Tensor | None = None  # [R, T] (prefix tree: token depths); None: 0..T−1
+    attention_mask: torch.Tensor | None = None  # [R, 1, T, T] bool, True = may attend; None: causal
+
+    def model_inputs(self) -> dict[str, torch.Tensor | None]:
+        """Keyword arguments of :class:`rlcr.train.update.CompletionLogProbs`."""
+        return {
+            "input_ids": self.input_ids, "sel_seq": self.sel_row if self.sel_seq is None else self.sel_seq,
+            "sel_pos": self.sel_pos, "sel_label": self.sel_label, "position_ids": self.position_ids,
+            "attention_mask": self.attention_mask,
+        }
 
     @property
     def masked_tokens(self) -> int:
@@ -234,6 +260,122 @@ def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
         sel_label=torch.tensor(labels, dtype=torch.long),
         indices=[s.index for s in samples],
         rollout_logprobs=old,
+    )
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _tree_order(samples: Sequence[Sample]) -> list[Sample]:
+    """Lexicographic by token sequence: samples sharing a prefix become neighbours."""
+    return sorted(samples, key=lambda s: (s.tokens, s.index))
+
+
+def prefix_tree(seqs: Sequence[Sequence[int]]) -> tuple[list[int], list[int], list[int], list[list[int]]]:
+    """Token sequences → their prefix tree, flattened in depth-first pre-order.
+
+    Returns ``(tokens, depth, end, paths)``: node ``k`` holds ``tokens[k]`` at
+    sequence position ``depth[k]``; its subtree is nodes ``k .. end[k]−1``, so node
+    ``j`` is an ancestor-or-self of ``k`` iff ``j ≤ k < end[j]``; ``paths[i][t]`` is
+    the node of token ``t`` of ``seqs[i]``. Shared prefixes are stored once
+    (identical sequences share one path).
+    """
+    order = sorted(range(len(seqs)), key=lambda i: list(seqs[i]))
+    tokens: list[int] = []
+    depth: list[int] = []
+    parent: list[int] = []
+    paths: list[list[int]] = [[] for _ in seqs]
+    prev: Sequence[int] = ()
+    prev_path: list[int] = []
+    for i in order:
+        seq = seqs[i]
+        keep = _common_prefix(prev, seq)
+        path = prev_path[:keep]
+        for t in range(keep, len(seq)):
+            parent.append(path[-1] if path else -1)
+            path.append(len(tokens))
+            tokens.append(int(seq[t]))
+            depth.append(t)
+        paths[i], prev, prev_path = path, seq, path
+    end = [k + 1 for k in range(len(tokens))]
+    for k in range(len(tokens) - 1, -1, -1):  # children come after their parent in pre-order
+        if parent[k] >= 0:
+            end[parent[k]] = max(end[parent[k]], end[k])
+    return tokens, depth, end, paths
+
+
+def pack_prefix_trees(samples: Sequence[Sample], token_budget: int) -> list[list[Sample]]:
+    """Greedy packing into prefix trees of at most ``token_budget`` nodes each (a single
+    longer sample gets a tree of its own). Samples are taken in token order, so the
+    ones sharing a prefix land in the same tree."""
+    out: list[list[Sample]] = []
+    cur: list[Sample] = []
+    nodes = 0
+    prev: list[int] = []
+    for s in _tree_order(samples):
+        seq = s.tokens
+        new = len(seq) - _common_prefix(prev, seq)
+        if cur and nodes + new > token_budget:
+            out.append(cur)
+            cur, nodes, new = [], 0, len(seq)
+        cur.append(s)
+        nodes += new
+        prev = seq
+    if cur:
+        out.append(cur)
+    return out
+
+
+def collate_prefix_tree(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
+    """One prefix tree of ``samples`` as a single input row with a tree attention mask.
+
+    The completion-aligned tensors keep one row per sample, in the given order;
+    a selected token's logits come from the tree node of the token before it.
+    """
+    tokens, depth, end, paths = prefix_tree([s.tokens for s in samples])
+    n_nodes = len(tokens)
+    k = torch.arange(n_nodes)
+    end_t = torch.tensor(end)
+    visible = (k[None, :] <= k[:, None]) & (k[:, None] < end_t[None, :])  # [query, key]: key is an ancestor
+    b = len(samples)
+    l_max = max(1, max(len(s.completion_ids) for s in samples))
+    mask = torch.zeros(b, l_max)
+    have_lp = all(s.rollout_logprobs is not None for s in samples)
+    old = torch.zeros(b, l_max) if have_lp else None
+    rows, cols, poss, labels = [], [], [], []
+    for i, (s, path) in enumerate(zip(samples, paths)):
+        c, n = len(s.context_ids), len(s.completion_ids)
+        if n:
+            mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
+            if old is not None:
+                old[i, :n] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
+        for j, m in enumerate(s.loss_mask):
+            if m:
+                rows.append(i), cols.append(j), poss.append(path[c + j - 1]), labels.append(s.completion_ids[j])
+    if not rows:
+        s, path = samples[0], paths[0]
+        rows, cols = [0], [0]
+        poss = [path[len(s.context_ids) - 1]]
+        labels = [s.completion_ids[0] if s.completion_ids else pad_id]
+    return MicroBatch(
+        input_ids=torch.tensor([tokens], dtype=torch.long),
+        loss_mask=mask,
+        advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32),
+        is_confidence=torch.tensor([s.is_confidence for s in samples], dtype=torch.bool),
+        sel_row=torch.tensor(rows, dtype=torch.long),
+        sel_col=torch.tensor(cols, dtype=torch.long),
+        sel_pos=torch.tensor(poss, dtype=torch.long),
+        sel_label=torch.tensor(labels, dtype=torch.long),
+        indices=[s.index for s in samples],
+        rollout_logprobs=old,
+        sel_seq=torch.zeros(len(rows), dtype=torch.long),
+        position_ids=torch.tensor([depth], dtype=torch.long),
+        attention_mask=visible[None, None],
     )
 
 

@@ -44,8 +44,10 @@ from rlcr.train.batching import (
     MicroBatch,
     Sample,
     collate,
+    collate_prefix_tree,
     dummy_sample,
     pack_micro_batches,
+    pack_prefix_trees,
     plan_mini_batches,
     shard_rows,
     type_stats,
@@ -74,10 +76,11 @@ class NonFiniteError(RuntimeError):
 class CompletionLogProbs(nn.Module):
     """A causal LM whose forward returns log π of selected tokens only.
 
-    ``forward(input_ids [B,T], sel_row [N], sel_pos [N], sel_label [N])`` runs the
-    backbone once, applies the output head to the N hidden states that predict
-    the selected tokens (not to all B·T positions) and returns ``(logp [N],
-    entropy [N] | None)``. Wrapping the whole computation in one module lets DDP
+    ``forward(input_ids [R,T], sel_seq [N], sel_pos [N], sel_label [N], position_ids,
+    attention_mask)`` runs the backbone once (optionally on a packed prefix tree:
+    depth position ids and a ``[R,1,T,T]`` tree mask), applies the output head to
+    the N hidden states that predict the selected tokens (not to all R·T
+    positions) and returns ``(logp [N], entropy [N] | None)``. Wrapping the whole computation in one module lets DDP
     see one forward per micro-batch. Logits are taken as they are (temperature 1),
     like vLLM's default raw sampling log-probs.
     """
@@ -87,10 +90,12 @@ class CompletionLogProbs(nn.Module):
         self.lm = lm
         self.chunk_rows = chunk_rows
 
-    def forward(self, input_ids, sel_row, sel_pos, sel_label, *, entropy: str = "none"):
+    def forward(self, input_ids, sel_seq, sel_pos, sel_label, *, position_ids=None, attention_mask=None,
+                entropy: str = "none"):
         backbone = self.lm.base_model
-        hidden = backbone(input_ids=input_ids, use_cache=False).last_hidden_state
-        logits = self.lm.get_output_embeddings()(hidden[sel_row, sel_pos])
+        hidden = backbone(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                          use_cache=False).last_hidden_state
+        logits = self.lm.get_output_embeddings()(hidden[sel_seq, sel_pos])
         if entropy == "none":
             return token_logprobs(logits, sel_label, chunk_rows=self.chunk_rows)
         return token_logprobs(logits, sel_label, return_entropy=True, entropy_grad=entropy == "grad",
@@ -204,7 +209,7 @@ def micro_batch_loss(
     device = mb.input_ids.device
     ent_mode = "grad" if cfg.entropy_coef > 0 else "metric"
     with _autocast(device):
-        logp_sel, ent_sel = policy(mb.input_ids, mb.sel_row, mb.sel_pos, mb.sel_label, entropy=ent_mode)
+        logp_sel, ent_sel = policy(**mb.model_inputs(), entropy=ent_mode)
     logp = _scatter(logp_sel, mb)
     entropy = _scatter(ent_sel, mb) if ent_sel is not None else None
     mask = mb.loss_mask
@@ -238,13 +243,14 @@ def micro_batch_loss(
 
 
 @torch.no_grad()
-def _logprob_cache(module: nn.Module, groups: list[list[Sample]], pad_id: int, device) -> dict[int, torch.Tensor]:
+def _logprob_cache(module: nn.Module, groups: list[list[Sample]], pad_id: int, device,
+                   collate_fn=collate) -> dict[int, torch.Tensor]:
     """sample index → completion-aligned log-probs (masked positions), one forward per group."""
     cache: dict[int, torch.Tensor] = {}
     for group in groups:
-        mb = collate(group, pad_id).to(device)
+        mb = collate_fn(group, pad_id).to(device)
         with _autocast(device):
-            logp_sel, _ = module(mb.input_ids, mb.sel_row, mb.sel_pos, mb.sel_label)
+            logp_sel, _ = module(**mb.model_inputs())
         full = (_scatter(logp_sel, mb) * mb.loss_mask).cpu()
         for row, s in enumerate(group):
             if s.index >= 0:
@@ -259,6 +265,13 @@ def _stack(cache: dict[int, torch.Tensor], mb: MicroBatch) -> torch.Tensor:
             v = cache[idx]
             out[row, : v.numel()] = v
     return out
+
+
+def packing(cfg):
+    """``(pack, collate)`` functions of the config: prefix trees (``share_prefixes``) or padded rows."""
+    if getattr(cfg, "share_prefixes", False):
+        return pack_prefix_trees, collate_prefix_tree
+    return pack_micro_batches, collate
 
 
 def _pad_groups(groups: list[list[Sample]], pad_id: int, device) -> list[list[Sample]]:
@@ -302,7 +315,8 @@ def train_update(
 
     plan = plan_mini_batches(len(samples), epochs=epochs, mini_batches=per_epoch, seed=seed)
     local = [[[samples[i] for i in shard_rows(mb, samples, rank, world_size)] for mb in ep] for ep in plan]
-    packed = [[pack_micro_batches(rows, cfg.micro_batch_tokens) for rows in ep] for ep in local]
+    pack, collate_fn = packing(cfg)
+    packed = [[pack(rows, cfg.micro_batch_tokens) for rows in ep] for ep in local]
 
     # π_old / π_ref: one no-grad pass before the first step, packed like epoch 0's micro-batches
     # (identical shapes → identical numerics → the first step's ratio is exactly 1).
@@ -311,13 +325,13 @@ def train_update(
     seen = {s.index for g in first for s in g}
     later = [s for ep in local[1:] for rows in ep for s in rows if s.index not in seen]
     later = list({s.index: s for s in later}.values())
-    groups = first + pack_micro_batches(later, cfg.micro_batch_tokens)
+    groups = first + pack(later, cfg.micro_batch_tokens)
     old_cache = ref_cache = None
     sft = getattr(cfg, "objective", "grpo") == "sft"
     if cfg.old_logp_source == "recompute" and total_steps > 1 and not sft:
-        old_cache = _logprob_cache(policy, _pad_groups(groups, pad_id, device), pad_id, device)
+        old_cache = _logprob_cache(policy, _pad_groups(groups, pad_id, device), pad_id, device, collate_fn)
     if ref is not None and cfg.kl_coef > 0:
-        ref_cache = _logprob_cache(ref, groups, pad_id, device)
+        ref_cache = _logprob_cache(ref, groups, pad_id, device, collate_fn)
     prepass_s = time.perf_counter() - t0
 
     steps: list[dict[str, float]] = []
@@ -340,7 +354,7 @@ def train_update(
             weights = {"tokens": 0.0, "answer/tokens": 0.0, "confidence/tokens": 0.0}
             loss_sum, local_ok, padded = 0.0, True, 0
             for j, group in enumerate(groups_k):
-                mb = collate(group, pad_id).to(device)
+                mb = collate_fn(group, pad_id).to(device)
                 padded += mb.padded_tokens if group[0].index >= 0 else 0
                 if sft:
                     old = None
