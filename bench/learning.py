@@ -5,7 +5,7 @@ the SFT warm-start (reused from `make demo` when present), evaluating on the
 held-out set after every iteration, then prints held-out accuracy, Brier, ECE and
 AUROC per iteration and writes a PNG of the curves next to the run.
 
-    python bench/learning.py [--iterations 20] [--run-id learning] [--config configs/demo.yaml]
+    python bench/learning.py [--iterations 20] [--run-id learning] [--config configs/demo.yaml] [--sft URI]
 
 The goal: ECE and Brier go down without accuracy dropping. Last line:
 ``learning ECE first→last: <ece0> -> <eceN>``.
@@ -30,6 +30,7 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--run-id", default="learning")
     ap.add_argument("--sft-tasks", type=int, default=160)
+    ap.add_argument("--sft", default=None, help="URI of an existing warm-start checkpoint (e.g. the demo's) to start from")
     ap.add_argument("overrides", nargs="*", help="field=value")
     a = ap.parse_args()
 
@@ -49,7 +50,12 @@ def main() -> None:
     sft_run = f"{a.run_id}-sft"
     store = Store(cfg.storage_uri)
     rel = f"runs/{sft_run}/iter-0000/checkpoint"
-    sft_uri = store.url(rel) if store.is_complete(rel) else run_sft(cfg, n_tasks=a.sft_tasks, run_id=sft_run)[0]
+    if a.sft:
+        sft_uri = a.sft
+    elif store.is_complete(rel):
+        sft_uri = store.url(rel)
+    else:
+        sft_uri = run_sft(cfg, n_tasks=a.sft_tasks, run_id=sft_run)[0]
     overrides = [*a.overrides, f"model={sft_uri}", "eval_every=1"]
     rlcr_train(config=a.config, overrides=overrides, run_id=a.run_id, iterations=a.iterations)
     elapsed = time.perf_counter() - t0

@@ -36,9 +36,21 @@ def _f(v: Any, digits: int = 3) -> str:
     return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
 
 
+def _quiet_ray_data() -> None:
+    """The CLI shows its own rich progress: no Ray Data progress bars or per-dataset INFO lines."""
+    import logging
+
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)  # "progress bars disabled"
+
+
 def _config(config: Optional[str], overrides: list[str]):
     from rlcr.config import ConfigError, load_config
 
+    _quiet_ray_data()
     try:
         return load_config(config, overrides)
     except ConfigError as e:
