@@ -225,32 +225,34 @@ class MicroBatch:
         return MicroBatch(**moved)
 
 
-def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
-    """Right-pad samples into a :class:`MicroBatch`; select the masked completion tokens."""
+def _micro_batch(samples: Sequence[Sample], positions: Sequence[Sequence[int]], pad_id: int,
+                 **inputs) -> MicroBatch:
+    """The completion-aligned ``[B, L]`` side of a micro-batch and its selected tokens.
+
+    ``positions[i][t]``: the input position of token ``t`` of sample ``i``'s
+    ``context + completion``; completion token ``j`` is predicted by the logits at
+    ``positions[i][ctx_len + j − 1]``. ``inputs``: the input-side fields.
+    """
     b = len(samples)
-    t = max(s.length for s in samples)
     l_max = max(1, max(len(s.completion_ids) for s in samples))
-    input_ids = torch.full((b, t), int(pad_id), dtype=torch.long)
     mask = torch.zeros(b, l_max)
     have_lp = all(s.rollout_logprobs is not None for s in samples)
     old = torch.zeros(b, l_max) if have_lp else None
     rows, cols, poss, labels = [], [], [], []
-    for i, s in enumerate(samples):
+    for i, (s, pos) in enumerate(zip(samples, positions)):
         c, n = len(s.context_ids), len(s.completion_ids)
-        input_ids[i, :c] = torch.tensor(s.context_ids, dtype=torch.long)
         if n:
-            input_ids[i, c:c + n] = torch.tensor(s.completion_ids, dtype=torch.long)
             mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
             if old is not None:
                 old[i, :n] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
         for j, m in enumerate(s.loss_mask):
             if m:
-                rows.append(i), cols.append(j), poss.append(c + j - 1), labels.append(s.completion_ids[j])
+                rows.append(i), cols.append(j), poss.append(pos[c + j - 1]), labels.append(s.completion_ids[j])
     if not rows:  # keep every parameter in the graph: one selected token with mask 0
         s = samples[0]
-        rows, cols, poss, labels = [0], [0], [len(s.context_ids) - 1], [s.completion_ids[0] if s.completion_ids else pad_id]
+        rows, cols = [0], [0]
+        poss, labels = [positions[0][len(s.context_ids) - 1]], [s.completion_ids[0] if s.completion_ids else pad_id]
     return MicroBatch(
-        input_ids=input_ids,
         loss_mask=mask,
         advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32),
         is_confidence=torch.tensor([s.is_confidence for s in samples], dtype=torch.bool),
@@ -260,7 +262,16 @@ def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
         sel_label=torch.tensor(labels, dtype=torch.long),
         indices=[s.index for s in samples],
         rollout_logprobs=old,
+        **inputs,
     )
+
+
+def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
+    """Right-pad samples into a :class:`MicroBatch`; select the masked completion tokens."""
+    input_ids = torch.full((len(samples), max(s.length for s in samples)), int(pad_id), dtype=torch.long)
+    for i, s in enumerate(samples):
+        input_ids[i, : s.length] = torch.tensor(s.tokens, dtype=torch.long)
+    return _micro_batch(samples, [range(s.length) for s in samples], pad_id, input_ids=input_ids)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -338,45 +349,12 @@ def collate_prefix_tree(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
     a selected token's logits come from the tree node of the token before it.
     """
     tokens, depth, end, paths = prefix_tree([s.tokens for s in samples])
-    n_nodes = len(tokens)
-    k = torch.arange(n_nodes)
-    end_t = torch.tensor(end)
-    visible = (k[None, :] <= k[:, None]) & (k[:, None] < end_t[None, :])  # [query, key]: key is an ancestor
-    b = len(samples)
-    l_max = max(1, max(len(s.completion_ids) for s in samples))
-    mask = torch.zeros(b, l_max)
-    have_lp = all(s.rollout_logprobs is not None for s in samples)
-    old = torch.zeros(b, l_max) if have_lp else None
-    rows, cols, poss, labels = [], [], [], []
-    for i, (s, path) in enumerate(zip(samples, paths)):
-        c, n = len(s.context_ids), len(s.completion_ids)
-        if n:
-            mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
-            if old is not None:
-                old[i, :n] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
-        for j, m in enumerate(s.loss_mask):
-            if m:
-                rows.append(i), cols.append(j), poss.append(path[c + j - 1]), labels.append(s.completion_ids[j])
-    if not rows:
-        s, path = samples[0], paths[0]
-        rows, cols = [0], [0]
-        poss = [path[len(s.context_ids) - 1]]
-        labels = [s.completion_ids[0] if s.completion_ids else pad_id]
-    return MicroBatch(
-        input_ids=torch.tensor([tokens], dtype=torch.long),
-        loss_mask=mask,
-        advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32),
-        is_confidence=torch.tensor([s.is_confidence for s in samples], dtype=torch.bool),
-        sel_row=torch.tensor(rows, dtype=torch.long),
-        sel_col=torch.tensor(cols, dtype=torch.long),
-        sel_pos=torch.tensor(poss, dtype=torch.long),
-        sel_label=torch.tensor(labels, dtype=torch.long),
-        indices=[s.index for s in samples],
-        rollout_logprobs=old,
-        sel_seq=torch.zeros(len(rows), dtype=torch.long),
-        position_ids=torch.tensor([depth], dtype=torch.long),
-        attention_mask=visible[None, None],
-    )
+    k = torch.arange(len(tokens))
+    visible = (k[None, :] <= k[:, None]) & (k[:, None] < torch.tensor(end)[None, :])  # [query, key]: an ancestor
+    mb = _micro_batch(samples, paths, pad_id, input_ids=torch.tensor([tokens], dtype=torch.long),
+                      position_ids=torch.tensor([depth], dtype=torch.long), attention_mask=visible[None, None])
+    mb.sel_seq = torch.zeros_like(mb.sel_pos)
+    return mb
 
 
 def type_stats(samples: Sequence[Sample]) -> dict[str, float]:
