@@ -158,3 +158,15 @@ def test_prompt_too_long_is_a_clear_error(ray_local, tiny_model_dir, tmp_path):
     cfg = tiny_cfg(tiny_model_dir, tmp_path, max_prompt_tokens=16)
     with pytest.raises(Exception, match="max_prompt_tokens=16"):
         run_rollouts(cfg, [(0, CountdownTask([1, 2, 3], 6))], policy_uri=str(tiny_model_dir), run_id="x", iteration=0)
+
+
+def test_turn2_prompt_too_long_names_its_row(tiny_tokenizer):
+    """Turn-2 contexts are rendered where the engine is; an overlong one names prompt and answer."""
+    from rlcr.rollout.engine import render_prompt
+    from rlcr.tasks.countdown import turn2_messages
+
+    msgs = turn2_messages(CountdownTask([1, 2, 3], 6), "<think>" + "1+2 " * 200 + "</think><answer>1+2+3</answer>")
+    text, ids = render_prompt(tiny_tokenizer, msgs, where="prompt_id=3 answer_id=1", max_prompt_tokens=100_000)
+    assert ids == tiny_tokenizer(text, add_special_tokens=False)["input_ids"] and "1+2+3" in text
+    with pytest.raises(ValueError, match=r"prompt_id=3 answer_id=1: rendered prompt has \d+ tokens > max_prompt_tokens=64"):
+        render_prompt(tiny_tokenizer, msgs, where="prompt_id=3 answer_id=1", max_prompt_tokens=64)
