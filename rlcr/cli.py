@@ -37,12 +37,10 @@ def _f(v: Any, digits: int = 3) -> str:
 
 
 def _quiet_ray_data() -> None:
-    """The CLI shows its own rich progress: no Ray Data progress bars or per-dataset INFO lines."""
+    """The CLI shows its own rich progress: no per-dataset Ray Data INFO lines (its progress bars follow
+    ``rollout_progress``, off by default)."""
     import logging
 
-    import ray.data
-
-    ray.data.DataContext.get_current().enable_progress_bars = False
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)  # "progress bars disabled"
 

@@ -178,6 +178,10 @@ class RLCRConfig(BaseModel):
     """Prompts per answer-stage ``map_batches`` call (each call generates ``rollout_batch_size·G_a``
     sequences); a confidence-stage call takes the ``rollout_batch_size·G_a`` answers of one answer call.
     Larger batches keep the engine busier; the measured pipeline/direct ratio drops when calls are small."""
+    rollout_progress: bool = False
+    """Ray Data's own progress bars while rollouts and evaluations run (off a terminal: a status block in the log
+    every few seconds, which buries a flow's log). Off by default; the CLI shows its own progress. Their cost to
+    generation is measured side by side in ``bench/rollout.py`` (``pipeline+bars``): within noise on 2 cores."""
 
     # ------------------------------------------------------------------ orchestration
     retries: int = Field(2, ge=0)

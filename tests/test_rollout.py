@@ -121,6 +121,20 @@ def test_shared_engines_take_new_weights(rollout_runs, engine_pool, tiny_model_d
         engine_pool.load(str(tiny_model_dir))
 
 
+def test_ray_data_progress_bars_follow_the_config(ray_local, tiny_model_dir, tmp_path):
+    """Off by default (they compete with a CPU engine for cores); ``rollout_progress=true`` turns them on."""
+    import ray.data
+
+    from rlcr.rollout.pipeline import build_rollout_dataset
+
+    tasks = list(enumerate(generate_tasks(2, seed=1)))
+    ctx = ray.data.DataContext.get_current()
+    for flag in (True, False):  # building is lazy: nothing runs
+        build_rollout_dataset(tiny_cfg(tiny_model_dir, tmp_path, rollout_progress=flag), tasks, str(tiny_model_dir), 0)
+        assert ctx.enable_progress_bars is flag
+    assert RLCRConfig(model="m").rollout_progress is False
+
+
 def test_parquet_round_trip(rollout_runs):
     _, store, _, res, _ = rollout_runs
     assert res.uri.endswith("runs/t/iter-0000/rollouts/rollouts.parquet")

@@ -59,6 +59,7 @@ def build_rollout_dataset(
 
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # same request order → reproducible samples
+    ctx.enable_progress_bars = cfg.rollout_progress
     seed = rollout_seed(cfg, iteration) + salt
     common = dict(cfg=cfg.model_dump(mode="json"), policy_uri=policy_uri, seed=seed, engines=engines)
     answer_args = dict(common, n=g_a)
