@@ -130,16 +130,18 @@ def main() -> None:
         pool = EnginePool(cfg, model)
         pool_init = time.perf_counter() - t0
     with_bars = cfg.model_copy(update={"rollout_progress": True})
-    for r in range(args.rounds):
-        seed = rollout_seed(cfg, r)
-        sides["direct"].append(generate_direct(seed))
+    try:
+        for r in range(args.rounds):
+            seed = rollout_seed(cfg, r)
+            sides["direct"].append(generate_direct(seed))
+            if pool is not None:
+                sides["actor"].append(generate_on_actor(pool.actors[0], seed))
+            sides["pipeline"].append(generate_pipeline(cfg, r, "bench", pool))
+            if pool is not None:  # the same round with Ray Data's progress bars on
+                sides["pipeline+bars"].append(generate_pipeline(with_bars, r, "bench-bars", pool))
+    finally:
         if pool is not None:
-            sides["actor"].append(generate_on_actor(pool.actors[0], seed))
-        sides["pipeline"].append(generate_pipeline(cfg, r, "bench", pool))
-        if pool is not None:  # the same round with Ray Data's progress bars on
-            sides["pipeline+bars"].append(generate_pipeline(with_bars, r, "bench-bars", pool))
-    if pool is not None:
-        pool.shutdown()
+            pool.shutdown()
     ray.shutdown()
     del llm
     gc.collect()
@@ -173,6 +175,7 @@ def main() -> None:
     print(f"steady state (rounds {steady.start}..{args.rounds - 1}), generation tokens/s relative to direct: "
           + ", ".join(f"{n} {rate(n) / rate('direct'):.2f}" for n in names[1:]))
     print(f"pipeline/direct generation tokens/s: {rate('pipeline') / rate('direct'):.2f}")
+
 
 if __name__ == "__main__":
     main()

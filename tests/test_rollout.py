@@ -122,7 +122,7 @@ def test_shared_engines_take_new_weights(rollout_runs, engine_pool, tiny_model_d
 
 
 def test_ray_data_progress_bars_follow_the_config(ray_local, tiny_model_dir, tmp_path):
-    """Off by default (they compete with a CPU engine for cores); ``rollout_progress=true`` turns them on."""
+    """Off by default (off a terminal they flood a flow's log); ``rollout_progress=true`` turns them on."""
     import ray.data
 
     from rlcr.rollout.pipeline import build_rollout_dataset
