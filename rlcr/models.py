@@ -8,18 +8,14 @@ checkpoint (SPEC §10) that vLLM, the trainer and the probe all load.
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
+
+from rlcr.storage import atomic_directory, default_cache_dir
 
 __all__ = ["SMOLLM2", "smollm2_gguf_path", "default_cache_dir", "prepare_smollm2", "resolve_model"]
 
 SMOLLM2 = "smollm2-135m-instruct"
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def default_cache_dir() -> Path:
-    """``$RLCR_CACHE`` or ``~/.cache/rlcr``."""
-    return Path(os.environ.get("RLCR_CACHE", Path.home() / ".cache" / "rlcr"))
 
 
 def smollm2_gguf_path() -> Path:
@@ -52,8 +48,6 @@ def prepare_smollm2(dest: str | Path | None = None, *, force: bool = False) -> P
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    from rlcr.storage import atomic_directory
-
     with atomic_directory(dest) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)

@@ -1,0 +1,199 @@
+"""The artifact store: content-aware checkpoint cache, confined paths, exclusive and versioned writes,
+temporaries of killed writers, durable local writes. Local directories and a real S3 endpoint (moto)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rlcr.storage import (
+    COMPLETE_MARKER,
+    AlreadyExists,
+    StorageError,
+    Store,
+    VersionConflict,
+    fetch_checkpoint,
+    iteration_prefix,
+    sweep_temporaries,
+    validate_run_id,
+)
+from s3server import BUCKET, S3Server
+
+
+@pytest.fixture(scope="module")
+def s3():
+    server = S3Server()
+    server.start()
+    server.client().create_bucket(Bucket=BUCKET)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request, tmp_path):
+    if request.param == "local":
+        return Store(str(tmp_path / "store"))
+    s3 = request.getfixturevalue("s3")
+    return Store(f"s3://{BUCKET}/{tmp_path.name}", endpoint_url=s3.endpoint)
+
+
+def checkpoint_dir(path, weights: str):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text("{}")
+    (path / "model.safetensors").write_text(weights)
+    return path
+
+
+def test_rewritten_checkpoint_is_fetched_again_not_served_from_cache(s3, tmp_path):
+    """Same URI written twice (an iteration re-run, a repeated `rlcr sft`): the second fetch sees the new weights."""
+    store = Store(f"s3://{BUCKET}/stale", endpoint_url=s3.endpoint)
+    uri = store.put_dir(checkpoint_dir(tmp_path / "a", "old weights"), "runs/r/iter-0001/checkpoint")
+    cache = tmp_path / "cache"
+    first = fetch_checkpoint(uri, endpoint_url=s3.endpoint, cache_dir=cache)
+    assert (first / "model.safetensors").read_text() == "old weights"
+    store.put_dir(checkpoint_dir(tmp_path / "b", "new weights"), "runs/r/iter-0001/checkpoint")
+    second = fetch_checkpoint(uri, endpoint_url=s3.endpoint, cache_dir=cache)
+    assert (second / "model.safetensors").read_text() == "new weights"
+    assert first != second and (first / "model.safetensors").read_text() == "old weights"  # never modified in place
+    assert fetch_checkpoint(uri, endpoint_url=s3.endpoint, cache_dir=cache) == second  # cached while unchanged
+
+
+def test_seal_lists_files_and_a_fresh_content_id(store, tmp_path):
+    src = checkpoint_dir(tmp_path / "src", "w")
+    store.put_dir(src, "ck")
+    first = store.content_id("ck")
+    seal = json.loads(store.read_bytes(f"ck/{COMPLETE_MARKER}"))
+    assert seal["files"] == {"config.json": 2, "model.safetensors": 1}
+    store.put_dir(src, "ck")
+    assert store.content_id("ck") != first
+
+
+def test_download_refuses_a_key_that_escapes_its_destination(s3, tmp_path):
+    store = Store(f"s3://{BUCKET}/escape", endpoint_url=s3.endpoint)
+    uri = store.put_dir(checkpoint_dir(tmp_path / "src", "w"), "ck")
+    s3.client().put_object(Bucket=BUCKET, Key="escape/ck/../../../evil.txt", Body=b"pwned")
+    cache = tmp_path / "a" / "b" / "cache"
+    with pytest.raises(StorageError, match="outside"):
+        fetch_checkpoint(uri, endpoint_url=s3.endpoint, cache_dir=cache)
+    assert not [p for p in tmp_path.rglob("evil.txt")]
+    assert not cache.exists() or not any(cache.iterdir())  # nothing half-written left behind
+
+
+def test_download_checks_the_files_the_seal_lists(s3, tmp_path):
+    store = Store(f"s3://{BUCKET}/partial", endpoint_url=s3.endpoint)
+    uri = store.put_dir(checkpoint_dir(tmp_path / "src", "weights"), "ck")
+    s3.client().delete_object(Bucket=BUCKET, Key="partial/ck/model.safetensors")
+    with pytest.raises(StorageError, match="model.safetensors"):
+        fetch_checkpoint(uri, endpoint_url=s3.endpoint, cache_dir=tmp_path / "cache")
+
+
+@pytest.mark.parametrize("run_id", ["../../x", "a/b", "..", ".hidden", "", "x" * 129, "trailing.", "tab\tid", "new\nline"])
+def test_invalid_run_ids_are_refused(run_id):
+    with pytest.raises(ValueError, match="invalid run id"):
+        validate_run_id(run_id)
+    with pytest.raises(ValueError, match="invalid run id"):
+        iteration_prefix(run_id, 1)
+
+
+@pytest.mark.parametrize("run_id", ["demo", "lr=1e-5", "exp 1", "run-20261123-120000-ab12cd", "A.b_c+d,e@f"])
+def test_valid_run_ids(run_id):
+    assert validate_run_id(run_id) == run_id
+
+
+def test_store_paths_cannot_climb_out(store):
+    with pytest.raises(StorageError, match="not allowed"):
+        store.write_bytes("runs/../../outside.json", b"x")
+    with pytest.raises(StorageError):
+        store.rel(store.uri + "-sibling/x")
+
+
+def test_exclusive_write_refuses_an_existing_object(store):
+    store.write_bytes("runs/r/manifest.json", b"first", exclusive=True)
+    with pytest.raises(AlreadyExists):
+        store.write_bytes("runs/r/manifest.json", b"second", exclusive=True)
+    assert store.read_bytes("runs/r/manifest.json") == b"first"
+
+
+def test_versioned_write_is_a_compare_and_swap(store):
+    store.write_bytes("lease.json", b"one", exclusive=True)
+    data, v1 = store.read_versioned("lease.json")
+    assert data == b"one"
+    store.write_if_version("lease.json", b"two", v1)
+    with pytest.raises(VersionConflict):
+        store.write_if_version("lease.json", b"three", v1)  # someone else's write happened in between
+    data, v2 = store.read_versioned("lease.json")
+    assert data == b"two" and v2 != v1
+    assert not store.delete_if_version("lease.json", v1)
+    assert store.delete_if_version("lease.json", v2) and not store.exists("lease.json")
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_temporaries_of_dead_writers_are_swept(tmp_path):
+    dead, live = _dead_pid(), os.getpid()
+    litter = tmp_path / "runs" / "r" / "iter-0001" / f".checkpoint.tmp-{dead}-abc"
+    litter.mkdir(parents=True)
+    (litter / "model.safetensors").write_bytes(b"0" * 1000)
+    stray = tmp_path / "runs" / "r" / f".metrics.json.tmp-{dead}-xyz"
+    stray.write_text("{")
+    mine = tmp_path / "runs" / "r" / f".checkpoint.tmp-{live}-def"
+    mine.mkdir()
+    keep = tmp_path / "runs" / "r" / ".hidden-by-user"
+    keep.mkdir()
+    removed = Store(str(tmp_path)).sweep_temporaries("runs/r")
+    assert sorted(removed) == sorted([litter, stray])
+    assert not litter.exists() and not stray.exists() and mine.exists() and keep.exists()
+    assert sweep_temporaries(tmp_path / "missing") == []
+
+
+def test_a_killed_upload_leaves_only_sweepable_litter(tmp_path):
+    """SIGKILL a process in the middle of copying a checkpoint: nothing at the destination, litter swept."""
+    src = checkpoint_dir(tmp_path / "src", "w" * 10)
+    for i in range(200):
+        (src / f"shard-{i}.bin").write_bytes(os.urandom(20_000))
+    code = f"""
+import os, signal, shutil
+import rlcr.storage as s
+real = shutil.copy2
+n = [0]
+def copy(a, b, **k):
+    n[0] += 1
+    if n[0] == 50:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(a, b, **k)
+s.shutil.copy2 = copy
+s.Store({str(tmp_path / 'store')!r}).put_dir({str(src)!r}, "runs/r/iter-0001/checkpoint")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True)
+    assert proc.returncode == -9
+    parent = tmp_path / "store" / "runs" / "r" / "iter-0001"
+    assert not (parent / "checkpoint").exists()
+    assert [p.name for p in parent.iterdir() if ".tmp-" in p.name]  # litter of the killed writer
+    Store(str(tmp_path / "store")).sweep_temporaries("runs/r")
+    assert list(parent.iterdir()) == []
+
+
+def test_local_writes_are_fsynced(tmp_path, monkeypatch):
+    """A manifest and a sealed directory are fsynced (file and directory) before the call returns."""
+    synced = []
+    real = os.fsync
+
+    def recording_fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    store = Store(str(tmp_path / "store"))
+    store.write_json("runs/r/iter-0001/manifest.json", {"k": 1}, exclusive=True)
+    assert any("manifest.json" in p for p in synced)
+    assert str(tmp_path / "store" / "runs" / "r" / "iter-0001") in synced
+    synced.clear()
+    store.put_dir(checkpoint_dir(tmp_path / "src", "w"), "runs/r/iter-0001/checkpoint")
+    assert any(p.endswith("model.safetensors") for p in synced) and any(p.endswith(COMPLETE_MARKER) for p in synced)
+    assert str(tmp_path / "store" / "runs" / "r" / "iter-0001") in synced
