@@ -1,30 +1,66 @@
-"""Run bookkeeping: task sets, per-iteration prompts, manifests, commit and resume.
+"""Run bookkeeping: manifests, commit and resume, and the run's writer lease.
 
 A run lives under ``<storage>/runs/<run_id>/``. Iteration k (from 1) writes its
 artifacts under ``iter-<kkkk>/`` and is *committed* by writing
-``iter-<kkkk>/manifest.json`` last. Anything without a manifest is an
-uncommitted attempt: a re-run overwrites it, and readers ignore it.
+``iter-<kkkk>/manifest.json`` last, create-only: an iteration is committed once and
+never overwritten. Anything without a manifest is an uncommitted attempt: a re-run
+overwrites it, and readers ignore it.
+
+One writer per run: a flow holds ``runs/<run_id>/lease.json`` (:class:`RunLease`,
+created with a conditional put) for as long as it runs and renews it every
+``heartbeat_s``; a second writer fails at once with a message naming the holder. A
+lease whose heartbeat is older than ``timeout_s`` (default :data:`LEASE_TIMEOUT_S`)
+belongs to a dead writer and is taken over (compare-and-swap on its version).
 """
 
 from __future__ import annotations
 
+import getpass
+import json
+import logging
+import os
+import secrets
+import socket
+import threading
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from rlcr.config import RLCRConfig
-from rlcr.storage import Store, iteration_prefix
+from rlcr.config import RLCRConfig, result_changing_diff
+from rlcr.storage import AlreadyExists, Store, StorageError, VersionConflict, iteration_prefix, validate_run_id
 from rlcr.tasks.sets import prompts_for_iteration, task_sets
 
-__all__ = ["RunStore", "RunConfigMismatch", "task_sets", "prompts_for_iteration", "new_run_id"]
+__all__ = ["RunStore", "RunConfigMismatch", "RunLease", "RunLocked", "LeaseLost", "AlreadyCommitted",
+           "task_sets", "prompts_for_iteration", "new_run_id", "LEASE_TIMEOUT_S", "LEASE_HEARTBEAT_S"]
+
+log = logging.getLogger(__name__)
+
+LEASE_TIMEOUT_S = 60.0
+"""A run's lease whose last heartbeat is older than this (seconds) is taken to belong to a dead writer."""
+LEASE_HEARTBEAT_S = 10.0
+"""How often the holder renews its lease (seconds)."""
 
 
 class RunConfigMismatch(ValueError):
     """Resuming a run with settings that differ from the ones it started with."""
 
 
+class RunLocked(RuntimeError):
+    """Another live writer holds the run's lease; the message names it."""
+
+
+class LeaseLost(RuntimeError):
+    """This writer's lease was taken over (it stalled past the timeout): it must not commit."""
+
+
+class AlreadyCommitted(RuntimeError):
+    """An iteration that is already committed cannot be committed again."""
+
+
 def new_run_id() -> str:
-    return time.strftime("run-%Y%m%d-%H%M%S")
+    """A fresh run id: UTC time to the second plus a random suffix (unique across calls and machines)."""
+    return time.strftime("run-%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(4)
 
 
 @dataclass
@@ -33,6 +69,9 @@ class RunStore:
 
     store: Store
     run_id: str
+
+    def __post_init__(self) -> None:
+        validate_run_id(self.run_id)
 
     @classmethod
     def open(cls, cfg: RLCRConfig, run_id: str) -> "RunStore":
@@ -45,10 +84,41 @@ class RunStore:
     def iteration_dir(self, iteration: int) -> str:
         return iteration_prefix(self.run_id, iteration)
 
+    # every path of a run, in one place
+    @property
+    def config_rel(self) -> str:
+        return f"{self.prefix}/config.json"
+
+    @property
+    def lease_rel(self) -> str:
+        return f"{self.prefix}/lease.json"
+
+    @property
+    def baseline_rel(self) -> str:
+        """Held-out evaluation of the initial policy (before iteration 1)."""
+        return f"{self.prefix}/baseline.json"
+
+    def manifest_rel(self, iteration: int) -> str:
+        return f"{self.iteration_dir(iteration)}/manifest.json"
+
+    def metrics_rel(self, iteration: int) -> str:
+        return f"{self.iteration_dir(iteration)}/metrics.json"
+
+    def checkpoint_rel(self, iteration: int) -> str:
+        """The policy after iteration k (k = 0: a warm-start run's SFT checkpoint)."""
+        return f"{self.iteration_dir(iteration)}/checkpoint"
+
+    def sweep_temporaries(self) -> list:
+        """Remove what killed writers of this run left behind (local stores; S3 writes no temporaries)."""
+        removed = self.store.sweep_temporaries(self.prefix)
+        for p in removed:
+            log.warning("removed %s, left by a killed writer", p)
+        return removed
+
     # ---------------------------------------------------------------- config
     def check_config(self, cfg: RLCRConfig) -> None:
         """Record the run's config on first use; on resume refuse a config with other settings."""
-        rel = f"{self.prefix}/config.json"
+        rel = self.config_rel
         current = cfg.model_dump(mode="json")
         if not self.store.exists(rel):
             self.store.write_json(rel, {"config": current, "config_hash": cfg.config_hash()})
@@ -56,9 +126,7 @@ class RunStore:
         saved = self.store.read_json(rel)
         if saved["config_hash"] == cfg.config_hash():
             return
-        ignored = {"iterations"}  # extending a run is a resume, not a change
-        diff = sorted(k for k in set(saved["config"]) | set(current)
-                      if k not in ignored and saved["config"].get(k) != current.get(k))
+        diff = result_changing_diff(saved["config"], cfg)
         if diff:
             details = ", ".join(f"{k}: {saved['config'].get(k)!r} → {current.get(k)!r}" for k in diff)
             raise RunConfigMismatch(f"run {self.run_id!r} was started with other settings ({details}); "
@@ -66,8 +134,10 @@ class RunStore:
 
     # ---------------------------------------------------------------- manifests
     def manifest(self, iteration: int) -> dict[str, Any] | None:
-        rel = f"{self.iteration_dir(iteration)}/manifest.json"
-        return self.store.read_json(rel) if self.store.exists(rel) else None
+        try:
+            return self.store.read_json(self.manifest_rel(iteration))
+        except FileNotFoundError:
+            return None
 
     def committed(self) -> list[dict[str, Any]]:
         """Manifests of the committed iterations 1..k, in order (stops at the first gap)."""
@@ -82,12 +152,169 @@ class RunStore:
         done = self.committed()
         return done[-1] if done else None
 
-    def commit(self, iteration: int, manifest: dict[str, Any]) -> str:
-        """Write the manifest last: after this, the iteration exists."""
+    def commit(self, iteration: int, manifest: dict[str, Any], *, lease: "RunLease | None" = None) -> str:
+        """Write the manifest last, create-only and durably: after this, the iteration exists.
+
+        Refused (nothing written) when the checkpoint is not sealed, when iteration k−1 is not
+        committed, when ``lease`` is no longer held, or when iteration k is already committed.
+        """
         ckpt = manifest.get("checkpoint_uri")
         if ckpt and not self.store.is_complete(self.store.rel(ckpt)):
             raise RuntimeError(f"refusing to commit iteration {iteration}: checkpoint {ckpt} is not sealed")
+        if iteration > 1 and self.manifest(iteration - 1) is None:
+            raise RuntimeError(f"refusing to commit iteration {iteration} of run {self.run_id!r}: "
+                               f"iteration {iteration - 1} is not committed")
+        if lease is not None:
+            lease.check()
         manifest = {**manifest, "run_id": self.run_id, "iteration": iteration, "committed_at": time.time()}
-        rel = f"{self.iteration_dir(iteration)}/manifest.json"
-        self.store.write_json(rel, manifest)
+        rel = self.manifest_rel(iteration)
+        try:
+            self.store.write_json(rel, manifest, exclusive=True)
+        except AlreadyExists:
+            raise AlreadyCommitted(f"iteration {iteration} of run {self.run_id!r} is already committed "
+                                   f"({self.store.url(rel)}); refusing to overwrite it") from None
         return self.store.url(rel)
+
+
+def _now() -> float:
+    return time.time()
+
+
+class RunLease:
+    """The exclusive writer lease of one run (see the module docstring).
+
+    ``with RunLease(run, owner="flow run 1234"):`` acquires on entry (raising
+    :class:`RunLocked` naming the live holder), renews the heartbeat from a daemon
+    thread, and releases on exit. :meth:`check` raises :class:`LeaseLost` if the lease
+    was taken over meanwhile (e.g. this process stalled past ``timeout_s``).
+    """
+
+    def __init__(self, run: RunStore, *, owner: str | None = None, timeout_s: float = LEASE_TIMEOUT_S,
+                 heartbeat_s: float = LEASE_HEARTBEAT_S):
+        if heartbeat_s <= 0 or timeout_s <= heartbeat_s:
+            raise ValueError(f"lease timeout ({timeout_s} s) must exceed the heartbeat interval ({heartbeat_s} s) > 0")
+        self.run, self.store, self.rel = run, run.store, run.lease_rel
+        self.timeout_s, self.heartbeat_s = timeout_s, heartbeat_s
+        self.token = uuid.uuid4().hex
+        self.owner = owner or "rlcr"
+        self.version: str | None = None
+        self.lost: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ document
+    def _doc(self, acquired_at: float) -> bytes:
+        return json.dumps({
+            "run_id": self.run.run_id, "owner": self.owner, "token": self.token,
+            "host": socket.gethostname(), "pid": os.getpid(), "user": _user(),
+            "acquired_at": acquired_at, "heartbeat_at": _now(), "timeout_s": self.timeout_s,
+        }, indent=1).encode()
+
+    @staticmethod
+    def describe(holder: dict[str, Any]) -> str:
+        age = _now() - float(holder.get("heartbeat_at", 0))
+        return (f"{holder.get('owner')} ({holder.get('user')}@{holder.get('host')}, pid {holder.get('pid')}), "
+                f"last heartbeat {age:.0f} s ago")
+
+    # ------------------------------------------------------------------ acquire / renew / release
+    def acquire(self) -> "RunLease":
+        self._acquired_at = _now()
+        data = self._doc(self._acquired_at)
+        try:
+            self.store.write_bytes(self.rel, data, exclusive=True)
+        except AlreadyExists:
+            self._take_over_if_stale(data)
+        _, self.version = self.store.read_versioned(self.rel)
+        holder = json.loads(_)
+        if holder.get("token") != self.token:  # lost a race right after acquiring
+            raise RunLocked(self._locked_message(holder))
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._heartbeat_loop, name=f"lease-{self.run.run_id}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _locked_message(self, holder: dict[str, Any]) -> str:
+        return (f"run {self.run.run_id!r} is being written by {self.describe(holder)}; only one writer per run. "
+                f"Wait for it to finish, use another run id, or — if that writer is dead — retry after "
+                f"{self.timeout_s:.0f} s without a heartbeat, when its lease ({self.store.url(self.rel)}) is taken over")
+
+    def _take_over_if_stale(self, data: bytes) -> None:
+        try:
+            raw, version = self.store.read_versioned(self.rel)
+        except FileNotFoundError:  # released in between: try once more from scratch
+            self.store.write_bytes(self.rel, data, exclusive=True)
+            return
+        try:
+            holder = json.loads(raw)
+        except ValueError:
+            holder = {"owner": "unreadable lease", "heartbeat_at": 0}
+        age = _now() - float(holder.get("heartbeat_at", 0))
+        if age <= float(holder.get("timeout_s", self.timeout_s)):
+            raise RunLocked(self._locked_message(holder))
+        try:
+            self.store.write_if_version(self.rel, data, version)
+        except VersionConflict:
+            raise RunLocked(f"run {self.run.run_id!r}: another writer took over the stale lease first") from None
+        log.warning("run %s: took over the lease of %s", self.run.run_id, self.describe(holder))
+
+    def renew(self) -> None:
+        """Write a fresh heartbeat if the lease is still ours (else mark it lost)."""
+        with self._lock:
+            if self.lost or self.version is None:
+                return
+            try:
+                self.store.write_if_version(self.rel, self._doc(self._acquired_at), self.version)
+                _, self.version = self.store.read_versioned(self.rel)
+                self._last_ok = _now()
+            except (VersionConflict, FileNotFoundError):
+                self.lost = "the lease was taken over by another writer"
+            except StorageError as e:  # storage unreachable: keep trying until the timeout
+                if _now() - getattr(self, "_last_ok", self._acquired_at) > self.timeout_s:
+                    self.lost = f"the heartbeat could not be written for {self.timeout_s:.0f} s ({e})"
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            self.renew()
+            if self.lost:
+                log.error("run %s: %s", self.run.run_id, self.lost)
+                return
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` unless this writer still holds the lease (reads it: one GET)."""
+        if self.lost is None:
+            try:
+                raw, _ = self.store.read_versioned(self.rel)
+                if json.loads(raw).get("token") != self.token:
+                    self.lost = "the lease was taken over by another writer"
+            except FileNotFoundError:
+                self.lost = "the lease was removed"
+        if self.lost:
+            raise LeaseLost(f"run {self.run.run_id!r}: {self.lost}; this writer stops without committing")
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        with self._lock:
+            if self.version is not None and not self.lost:
+                try:
+                    self.store.delete_if_version(self.rel, self.version)
+                except StorageError as e:
+                    log.warning("run %s: could not release the lease (%s); it expires after %.0f s",
+                                self.run.run_id, e, self.timeout_s)
+            self.version = None
+
+    def __enter__(self) -> "RunLease":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:
+        return "?"

@@ -1,0 +1,81 @@
+"""Run bookkeeping: unique run ids, one writer per run (lease), create-only commits — local and S3 (moto)."""
+
+import time
+
+import pytest
+
+from rlcr.runs import AlreadyCommitted, LeaseLost, RunLease, RunLocked, RunStore, new_run_id
+from rlcr.storage import Store, validate_run_id
+from s3server import BUCKET, S3Server
+
+
+@pytest.fixture(scope="module")
+def s3():
+    server = S3Server()
+    server.start()
+    server.client().create_bucket(Bucket=BUCKET)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["local", "s3"])
+def run(request, tmp_path):
+    if request.param == "local":
+        store = Store(str(tmp_path / "store"))
+    else:
+        s3 = request.getfixturevalue("s3")
+        store = Store(f"s3://{BUCKET}/{tmp_path.name}", endpoint_url=s3.endpoint)
+    return RunStore(store, "exp 1")
+
+
+def test_generated_run_ids_are_unique_and_valid():
+    ids = [new_run_id() for _ in range(1000)]
+    assert len(set(ids)) == 1000
+    assert all(validate_run_id(i) for i in ids)
+
+
+def test_run_store_refuses_an_escaping_run_id(tmp_path):
+    with pytest.raises(ValueError, match="invalid run id"):
+        RunStore(Store(str(tmp_path)), "../../x")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_second_writer_fails_at_once_naming_the_holder(run):
+    with RunLease(run, owner="flow run A"):
+        t0 = time.monotonic()
+        with pytest.raises(RunLocked, match="flow run A") as err:
+            RunLease(run, owner="flow run B").acquire()
+        assert time.monotonic() - t0 < 5
+        assert "pid" in str(err.value) and "heartbeat" in str(err.value)
+    # released: the next writer gets it
+    with RunLease(run, owner="flow run C") as lease:
+        lease.check()
+
+
+def test_heartbeat_keeps_a_live_lease_and_a_dead_one_is_taken_over(run):
+    live = RunLease(run, owner="live", timeout_s=1.0, heartbeat_s=0.2).acquire()
+    time.sleep(1.5)  # longer than the timeout: only the heartbeat keeps it
+    with pytest.raises(RunLocked, match="live"):
+        RunLease(run, owner="other", timeout_s=1.0, heartbeat_s=0.2).acquire()
+    live._stop.set()  # the holder dies: no more heartbeats, no release
+    live._thread.join()
+    time.sleep(1.3)
+    heir = RunLease(run, owner="heir", timeout_s=1.0, heartbeat_s=0.2).acquire()
+    with pytest.raises(LeaseLost, match="taken over"):
+        live.check()
+    with pytest.raises(LeaseLost):
+        run.commit(1, {}, lease=live)  # the old writer can no longer commit
+    assert run.manifest(1) is None
+    run.commit(1, {}, lease=heir)
+    heir.release()
+    assert not run.store.exists(run.lease_rel)
+
+
+def test_commit_is_create_only_and_in_order(run):
+    with pytest.raises(RuntimeError, match="iteration 1 is not committed"):
+        run.commit(2, {"x": 1})
+    run.commit(1, {"x": "first"})
+    with pytest.raises(AlreadyCommitted, match="already committed"):
+        run.commit(1, {"x": "second"})
+    assert run.manifest(1)["x"] == "first"
+    assert [m["iteration"] for m in run.committed()] == [1]
