@@ -2,7 +2,11 @@
 
 Each field is documented where it is defined (the docstring under it). Load with
 :meth:`RLCRConfig.from_yaml`, which applies ``key=value`` overrides and turns any
-validation failure into a :class:`ConfigError` that names the field.
+validation failure into a :class:`ConfigError` that names the field. Every float
+field must be finite (NaN and ±inf are refused).
+
+On resume, :func:`result_changing_diff` tells which settings differ from the run's
+saved ones *and* can change its results; the others are :data:`OPERATIONAL_FIELDS`.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any, Literal, Mapping, Sequence
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-__all__ = ["RLCRConfig", "ConfigError", "load_config"]
+__all__ = ["RLCRConfig", "ConfigError", "load_config", "result_changing_diff", "OPERATIONAL_FIELDS"]
 
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 ConfNormMode = Literal["answer", "answer_then_prompt"]
@@ -29,19 +33,24 @@ class ConfigError(ValueError):
 class RLCRConfig(BaseModel):
     """Configuration of an RLCR run (SPEC §2–§7). Unknown fields are rejected."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True,
+                              allow_inf_nan=False)
 
     # ------------------------------------------------------------------ run & storage
     run_id: str | None = None
-    """Name of the run; artifacts go to ``<storage_uri>/runs/<run_id>/``. None: derived from the time."""
+    """Name of the run; artifacts go to ``<storage_uri>/runs/<run_id>/``. None: derived from the time.
+    Operational: may differ on resume."""
     storage_uri: str = "./runs-store"
-    """Where checkpoints, rollouts, metrics and probe reports go: a local directory or ``s3://bucket/prefix``."""
+    """Where checkpoints, rollouts, metrics and probe reports go: a local directory or ``s3://bucket/prefix``.
+    Operational: may differ on resume (a moved store)."""
     s3_endpoint_url: str | None = None
-    """Endpoint of an S3-compatible server (MinIO, moto); None uses AWS. Credentials come from the AWS environment."""
+    """Endpoint of an S3-compatible server (MinIO, moto); None uses AWS. Credentials come from the AWS environment.
+    Operational: may differ on resume."""
     seed: int = 0
     """Master seed: task sampling, engine sampling and the update's shuffling derive from it."""
     iterations: int = Field(1, ge=1)
-    """Number of RL iterations (rollout → update → eval → commit) to run."""
+    """Number of RL iterations (rollout → update → eval → commit) to run. Operational: raising it on resume
+    extends the run (iteration k does not depend on the total)."""
 
     # ------------------------------------------------------------------ model
     model: str = "smollm2-135m-instruct"
@@ -51,15 +60,19 @@ class RLCRConfig(BaseModel):
 
     # ------------------------------------------------------------------ tasks
     train_tasks: str | None = None
-    """JSONL/Parquet file of training tasks (fields ``nums``, ``target``); None: generate them."""
+    """JSONL/Parquet file of training tasks (fields ``nums``, ``target``); None: generate them. Rows that repeat
+    an earlier row's numbers (as a multiset) and target are dropped, with a warning."""
     eval_tasks: str | None = None
-    """JSONL/Parquet file of held-out evaluation tasks; None: generate them with ``eval_seed``."""
+    """JSONL/Parquet file of held-out evaluation tasks; None: generate them with ``eval_seed``. Rows that are
+    training tasks (same numbers as a multiset and target) or repeats are dropped, with a warning."""
     num_train_tasks: int = Field(1000, ge=1)
-    """How many training tasks to generate when ``train_tasks`` is None."""
+    """How many training tasks to draw when ``train_tasks`` is None; repeated draws of the same task are kept
+    once, so the pool can hold fewer distinct tasks in a small task space."""
     num_eval_tasks: int = Field(64, ge=1)
-    """How many held-out tasks to generate when ``eval_tasks`` is None."""
+    """How many held-out tasks to generate when ``eval_tasks`` is None: distinct, and none a training task."""
     eval_seed: int = 1_000_003
-    """Seed of the generated evaluation set (kept apart from ``seed`` so it is fixed across runs)."""
+    """Seed of the generated evaluation set (kept apart from ``seed``; candidates that are training tasks are
+    skipped, so the set is fixed across runs with the same training pool)."""
     task_min_count: int = Field(3, ge=2, le=6)
     """Fewest numbers in a generated task."""
     task_max_count: int = Field(4, ge=2, le=6)
@@ -71,7 +84,7 @@ class RLCRConfig(BaseModel):
 
     # ------------------------------------------------------------------ rollout (SPEC §2)
     prompts_per_iteration: int = Field(8, ge=1)
-    """P: Countdown prompts sampled per iteration."""
+    """P: Countdown prompts sampled per iteration: P distinct training tasks (at most the training pool)."""
     num_generations_answer: int = Field(8, ge=2)
     """G_a: answers sampled per prompt (turn 1). The answer group size for normalisation."""
     num_generations_confidence: int = Field(4, ge=2)
@@ -129,7 +142,7 @@ class RLCRConfig(BaseModel):
     weight_decay: float = Field(0.0, ge=0.0)
     """AdamW weight decay."""
     adam_betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW betas."""
+    """AdamW betas, each in [0, 1)."""
     lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
     """Learning-rate schedule over the optimizer steps of one update (after warm-up)."""
     warmup_steps: int = Field(0, ge=0)
@@ -181,23 +194,26 @@ class RLCRConfig(BaseModel):
     rollout_progress: bool = False
     """Ray Data's own progress bars while rollouts and evaluations run (off a terminal: a status block in the log
     every few seconds, which buries a flow's log). Off by default; the CLI shows its own progress. Their cost to
-    generation is measured side by side in ``bench/rollout.py`` (``pipeline+bars``): within noise on 2 cores."""
+    generation is measured side by side in ``bench/rollout.py`` (``pipeline+bars``): within noise on 2 cores.
+    Operational."""
 
     # ------------------------------------------------------------------ orchestration
     retries: int = Field(2, ge=0)
-    """Prefect retries of each iteration task on failure (transient errors: S3, Ray actors)."""
+    """Prefect retries of each iteration task on failure (transient errors: S3, Ray actors). Operational."""
     retry_delay_s: float = Field(5.0, ge=0.0)
-    """Backoff factor of the retries: delays are retry_delay_s · 2^attempt seconds."""
+    """Backoff factor of the retries: delays are retry_delay_s · 2^attempt seconds. Operational."""
 
     # ------------------------------------------------------------------ evaluation & probe
     eval_every: int = Field(1, ge=0)
-    """Evaluate on the held-out set every this many iterations (0: never)."""
+    """Evaluate on the held-out set every this many iterations (0: never). Operational: evaluation does not
+    change training (every generate call re-seeds its engine), only which iterations carry eval metrics."""
     probe_samples: int = Field(50, ge=1)
-    """N: forced-answer samples per truncation point in the faithfulness probe."""
+    """N: forced-answer samples per truncation point in the faithfulness probe. Operational for training."""
     probe_truncation: Literal["sentences", "fractions"] = "sentences"
-    """Truncation points: every sentence boundary plus 0% and 100%, or fixed fractions 0, 0.1, …, 1."""
+    """Truncation points: every sentence boundary plus 0% and 100%, or fixed fractions 0, 0.1, …, 1.
+    Operational for training."""
     probe_cron: str = "0 3 * * *"
-    """Schedule (cron, UTC) of the nightly probe deployment."""
+    """Schedule (cron, UTC) of the nightly probe deployment. Operational."""
 
     @field_validator("storage_uri", "train_tasks", "eval_tasks", "model")
     @classmethod
@@ -209,6 +225,14 @@ class RLCRConfig(BaseModel):
         if info.field_name == "model" and not path.exists():
             return value  # a model name such as smollm2-135m-instruct
         return str(path.resolve())
+
+    @field_validator("adam_betas")
+    @classmethod
+    def _betas_in_unit_interval(cls, value: tuple[float, float]) -> tuple[float, float]:
+        for k, beta in enumerate(value):
+            if not 0.0 <= beta < 1.0:
+                raise ValueError(f"AdamW beta {k + 1} must be in [0, 1), got {beta!r}")
+        return value
 
     @model_validator(mode="after")
     def _check_ranges(self) -> "RLCRConfig":
@@ -222,6 +246,9 @@ class RLCRConfig(BaseModel):
             raise ValueError("task_num_range must hold positive numbers")
         if self.fsdp and not self.use_gpu:
             raise ValueError("fsdp requires use_gpu")
+        if self.train_tasks is None and self.prompts_per_iteration > self.num_train_tasks:
+            raise ValueError(f"prompts_per_iteration ({self.prompts_per_iteration}) must be <= num_train_tasks "
+                             f"({self.num_train_tasks}): an iteration's prompts are distinct training tasks")
         return self
 
     # ------------------------------------------------------------------ helpers
@@ -273,15 +300,21 @@ def _parse_overrides(overrides: Mapping[str, Any] | Sequence[str] | None) -> dic
         if "=" not in item:
             raise ConfigError(f"override {item!r}: expected field=value")
         key, raw = item.split("=", 1)
-        out[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
+        try:
+            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as e:
+            reason = " ".join(str(getattr(e, "problem", None) or e).split())
+            raise ConfigError(f"override {item!r}: the value of '{key.strip()}' is not valid YAML ({reason})") from None
     return out
 
 
 def _describe(error: ValidationError, source: str) -> str:
     lines = []
     for err in error.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(config)"
-        if err["type"] == "extra_forbidden":
+        loc = ".".join(str(p) for p in err["loc"])
+        if not loc:  # a check across fields: its message names them
+            lines.append(f"{source}: {err['msg']}")
+        elif err["type"] == "extra_forbidden":
             lines.append(f"{source}: unknown field '{loc}'")
         else:
             got = err.get("input")
@@ -293,3 +326,41 @@ def _describe(error: ValidationError, source: str) -> str:
 def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | Sequence[str] | None = None) -> RLCRConfig:
     """Shorthand for :meth:`RLCRConfig.from_yaml`."""
     return RLCRConfig.from_yaml(path, overrides)
+
+
+# Fields that cannot change a run's results (rollouts, updates, checkpoints, evaluation numbers): where it
+# runs and is stored, how long, how failures are retried, what is displayed, how often it is evaluated
+# (every generate call re-seeds its engine, so an evaluation between iterations leaves the rollouts
+# unchanged) and the probe's settings (the probe reads checkpoints; it does not train). A resume may change
+# them. Every other field is result-changing, conservatively so: e.g. ``rollout_batch_size`` (the engine is
+# seeded per batch), ``micro_batch_tokens``/``num_workers`` (floating-point reduction order) and the
+# ``engine_*`` settings (scheduling and kernels) change the numbers even where they do not change the method.
+OPERATIONAL_FIELDS: frozenset[str] = frozenset({
+    "run_id", "storage_uri", "s3_endpoint_url", "iterations",
+    "retries", "retry_delay_s", "rollout_progress", "eval_every",
+    "probe_samples", "probe_truncation", "probe_cron",
+})
+
+
+def result_changing_diff(saved: Mapping[str, Any], current: RLCRConfig) -> list[str]:
+    """Sorted names of the fields whose value in ``current`` differs from ``saved`` and can change results.
+
+    ``saved`` is a run's recorded config, ``RLCRConfig.model_dump(mode="json")`` (a ``{"config": …,
+    "config_hash": …}`` record is unwrapped). Values are compared in that JSON form. Fields in
+    :data:`OPERATIONAL_FIELDS` are ignored. A field missing from ``saved`` (added after the run started)
+    counts as unchanged when ``current`` holds its default, which reproduces the older behaviour; a key
+    of ``saved`` that is no field any more is ignored (the current code cannot honour it either way).
+    """
+    if "config" in saved and "config_hash" in saved and isinstance(saved["config"], Mapping):
+        saved = saved["config"]
+    now = current.model_dump(mode="json")
+    diff = []
+    for name, field in type(current).model_fields.items():
+        if name in OPERATIONAL_FIELDS:
+            continue
+        if name in saved:
+            if saved[name] != now[name]:
+                diff.append(name)
+        elif getattr(current, name) != field.get_default(call_default_factory=True):
+            diff.append(name)
+    return sorted(diff)

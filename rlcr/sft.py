@@ -31,6 +31,7 @@ from rlcr.tasks.countdown import (
     turn1_messages,
     turn2_messages,
 )
+from rlcr.tasks.sets import sft_tasks
 
 __all__ = ["solution_steps", "answer_trace", "confidence_trace", "sft_examples"]
 
@@ -90,11 +91,15 @@ def confidence_trace(task: CountdownTask, expression: str, correct: bool, rng: r
             f"<confidence>{c}</confidence>")
 
 
-def sft_examples(n_tasks: int, seed: int, **task_kwargs) -> list[dict[str, Any]]:
-    """Chat examples ``{"messages": [...], "completion": str, "sample_type": ...}`` for both turns."""
+def sft_examples(n_tasks: int, seed: int, *, tasks: list[CountdownTask] | None = None,
+                 **task_kwargs) -> list[dict[str, Any]]:
+    """Chat examples ``{"messages": [...], "completion": str, "sample_type": ...}`` for both turns.
+
+    On ``tasks`` (each with a correct ``solution``; a run passes :func:`rlcr.tasks.sets.sft_tasks`, drawn from
+    its training pool) or, without them, on ``n_tasks`` tasks generated from ``seed``."""
     rng = random.Random(seed)
     out = []
-    for task in generate_tasks(n_tasks, seed, **task_kwargs):
+    for task in (generate_tasks(n_tasks, seed, **task_kwargs) if tasks is None else tasks):
         answer = answer_trace(task, task.solution)
         out.append({"messages": turn1_messages(task), "completion": answer, "sample_type": "answer", "task": task})
         wrong = _wrong_expression(task, rng) if rng.random() < 0.5 else None
@@ -108,9 +113,8 @@ def sft_rows(cfg, tokenizer, n_tasks: int, seed: int) -> list[dict[str, Any]]:
     """The examples as update rows (ROLLOUT_SCHEMA fields the trainer reads): the whole target
     completion (and its end-of-turn token) carries loss, advantage 1."""
     rows = []
-    gen = dict(min_count=cfg.task_min_count, max_count=cfg.task_max_count,
-               num_range=tuple(cfg.task_num_range), target_range=tuple(cfg.task_target_range))
-    for i, ex in enumerate(sft_examples(n_tasks, seed, **gen)):
+    # the run's training tasks (never a held-out one); ``seed`` drives the wrong answers and confidences
+    for i, ex in enumerate(sft_examples(n_tasks, seed, tasks=sft_tasks(cfg, n_tasks))):
         context = tokenizer.apply_chat_template(ex["messages"], add_generation_prompt=True, tokenize=False)
         ctx_ids = tokenizer(context, add_special_tokens=False)["input_ids"]
         ids = tokenizer(ex["completion"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]

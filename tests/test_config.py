@@ -1,8 +1,10 @@
 """The one config model: YAML loading, overrides, and errors that name the field."""
 
+import typing
+
 import pytest
 
-from rlcr.config import ConfigError, RLCRConfig
+from rlcr.config import OPERATIONAL_FIELDS, ConfigError, RLCRConfig, load_config, result_changing_diff
 
 
 def test_defaults_are_valid_and_documented():
@@ -54,3 +56,83 @@ def test_bad_files(tmp_path):
         RLCRConfig.from_yaml(p)
     with pytest.raises(ConfigError, match="field=value"):
         RLCRConfig.from_yaml(None, ["seed"])
+
+
+def _holds_float(annotation) -> bool:
+    return annotation is float or any(_holds_float(a) for a in typing.get_args(annotation))
+
+
+FLOAT_FIELDS = [name for name, f in RLCRConfig.model_fields.items() if _holds_float(f.annotation)]
+
+
+def test_float_fields_are_found():
+    assert {"lambda_conf", "grad_clip", "adam_betas", "clip_c", "engine_kv_cache_gib", "retry_delay_s"} <= set(FLOAT_FIELDS)
+
+
+@pytest.mark.parametrize("bad", [".nan", ".inf", "-.inf"])
+@pytest.mark.parametrize("field", FLOAT_FIELDS)
+def test_non_finite_floats_are_refused(field, bad):
+    value = f"[{bad}, 0.5]" if typing.get_origin(RLCRConfig.model_fields[field].annotation) is tuple else bad
+    with pytest.raises(ConfigError) as e:
+        RLCRConfig.from_yaml(None, [f"{field}={value}"])
+    assert f"'{field}" in str(e.value)
+    with pytest.raises(ConfigError) as e:  # YAML files and dicts too
+        RLCRConfig.from_dict({field: [float(bad.replace(".", ""))] * 2 if "[" in value else float(bad.replace(".", ""))})
+    assert f"'{field}" in str(e.value)
+
+
+@pytest.mark.parametrize("betas", ["[0.9, 1.0]", "[-0.1, 0.999]", "[1.5, 0.9]"])
+def test_adam_betas_in_unit_interval(betas):
+    with pytest.raises(ConfigError, match="adam_betas"):
+        RLCRConfig.from_yaml(None, [f"adam_betas={betas}"])
+    assert RLCRConfig.from_yaml(None, ["adam_betas=[0.0, 0.95]"]).adam_betas == (0.0, 0.95)
+
+
+@pytest.mark.parametrize("override", ["seed=[", "model={a: 1", "lambda_conf=: x: y"])
+def test_unparseable_override_is_a_config_error(override):
+    with pytest.raises(ConfigError) as e:
+        RLCRConfig.from_yaml(None, [override])
+    assert repr(override) in str(e.value) and "not valid YAML" in str(e.value)
+    with pytest.raises(ConfigError):
+        load_config(None, [override])
+
+
+def test_more_prompts_than_training_tasks_is_refused():
+    with pytest.raises(ConfigError) as e:
+        RLCRConfig.from_yaml(None, ["num_train_tasks=6", "prompts_per_iteration=7"])
+    assert "prompts_per_iteration" in str(e.value) and "num_train_tasks" in str(e.value)
+    # with a task file the count is checked against its distinct tasks (rlcr.tasks.sets.task_sets)
+    assert RLCRConfig(num_train_tasks=6, prompts_per_iteration=7, train_tasks="t.jsonl").prompts_per_iteration == 7
+
+
+# ----------------------------------------------------------------- resume: which differences matter
+def test_result_changing_diff_ignores_operational_fields():
+    base = RLCRConfig(seed=3, num_train_tasks=50)
+    saved = base.model_dump(mode="json")
+    assert result_changing_diff(saved, base) == []
+    operational = base.model_copy(update={"iterations": 9, "retries": 0, "retry_delay_s": 0.5, "rollout_progress": True,
+                                          "probe_cron": "0 4 * * *", "probe_samples": 3, "eval_every": 2,
+                                          "run_id": "other", "storage_uri": "/elsewhere",
+                                          "s3_endpoint_url": "http://minio:9000"})
+    assert result_changing_diff(saved, operational) == []
+    changed = base.model_copy(update={"seed": 4, "rollout_batch_size": 8, "adam_betas": (0.8, 0.99), "iterations": 2})
+    assert result_changing_diff(saved, changed) == ["adam_betas", "rollout_batch_size", "seed"]
+    # the record RunStore writes ({"config": ..., "config_hash": ...}) is accepted as is
+    assert result_changing_diff({"config": saved, "config_hash": base.config_hash()}, changed) == [
+        "adam_betas", "rollout_batch_size", "seed"]
+
+
+def test_result_changing_diff_and_fields_newer_than_the_run():
+    cfg = RLCRConfig(lambda_conf=0.5)
+    saved = cfg.model_dump(mode="json")
+    del saved["share_prefixes"], saved["engine_kv_cache_gib"]  # a run recorded before these fields existed
+    saved["a_removed_field"] = 1
+    assert result_changing_diff(saved, cfg) == []  # missing fields hold their defaults now
+    assert result_changing_diff(saved, cfg.model_copy(update={"share_prefixes": False})) == ["share_prefixes"]
+    assert result_changing_diff(saved, cfg.model_copy(update={"engine_kv_cache_gib": 2.0})) == ["engine_kv_cache_gib"]
+    assert result_changing_diff(saved, cfg.model_copy(update={"lambda_conf": 1.0})) == ["lambda_conf"]
+
+
+def test_operational_fields_are_fields():
+    assert OPERATIONAL_FIELDS <= set(RLCRConfig.model_fields)
+    assert not {"seed", "rollout_batch_size", "model", "learning_rate", "eval_seed"} & OPERATIONAL_FIELDS

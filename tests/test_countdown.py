@@ -141,6 +141,18 @@ def test_generated_tasks_are_solvable(seed, count):
     assert solve(task.nums, task.target) is not None
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 30), min_size=2, max_size=4), st.integers(-20, 120))
+def test_generation_shortcuts_agree_with_the_full_search(nums, target):
+    """Generation lists reachable values without expressions and solves one target with early exit:
+    same values, same expression as the full search (so generated tasks are unchanged)."""
+    from rlcr.tasks.countdown import _reachable, _values
+
+    reachable = _reachable(nums)
+    assert {Fraction(n, d) for n, d in _values(nums)} == set(reachable)
+    assert solve(nums, target) == reachable.get(Fraction(target))
+
+
 @st.composite
 def expression_over(draw):
     nums = draw(st.lists(st.integers(1, 30), min_size=2, max_size=4))
@@ -198,6 +210,9 @@ def test_load_jsonl_and_parquet_roundtrip(tmp_path):
         ('{"nums": [1, 2, 3], "target": true}', "row 2: field 'target' must be an integer"),
         ('{"nums": [1, -2, 3], "target": 3}', "row 2: field 'nums' item 1"),
         ("{not json", "row 2: not valid JSON"),
+        ('{"nums": [1, 2, 3], "target": ' + "9" * 5000 + "}", "row 2: not readable"),  # int-string limit
+        ('{"nums": [' + "1" * 4400 + ', 2, 3], "target": 3}', "row 2: not readable"),
+        ('{"nums": ' + "[" * 100_000 + "]" * 100_000 + ', "target": 3}', "row 2"),
     ],
 )
 def test_malformed_rows_are_named(tmp_path, line, needle):
@@ -206,6 +221,26 @@ def test_malformed_rows_are_named(tmp_path, line, needle):
     with pytest.raises(TaskFormatError) as e:
         load_tasks(path)
     assert str(path) in str(e.value) and needle in str(e.value)
+
+
+def test_identity_is_the_multiset_of_numbers_and_the_target():
+    assert CountdownTask([3, 1, 2], 6, "1 + 2 + 3").identity == CountdownTask([1, 2, 3], 6).identity
+    assert CountdownTask([1, 2, 3], 6).identity != CountdownTask([1, 2, 3], 7).identity
+    assert CountdownTask([1, 1, 2], 4).identity != CountdownTask([1, 2, 2], 4).identity
+
+
+def test_generated_tasks_are_a_prefix_of_the_candidate_stream():
+    from itertools import islice
+
+    from rlcr.tasks.countdown import task_candidates
+
+    gen = dict(min_count=3, max_count=3, num_range=(1, 4), target_range=(20, 40))  # most draws reach no target
+    draws = list(islice(task_candidates(5, **gen), 400))
+    stream = [t for t in draws if t is not None]
+    assert None in draws[:len(draws) // 2] and len(stream) >= 20
+    assert generate_tasks(20, 5, **gen) == stream[:20]
+    with pytest.raises(ValueError, match="num_range"):
+        task_candidates(0, num_range=(0, 3))  # checked before the first item
 
 
 def test_parquet_missing_column(tmp_path):

@@ -1,37 +1,227 @@
-"""Task sets of a run: the training pool, the held-out set, and the prompts of each iteration."""
+"""Task sets of a run: the training pool, the held-out set, the SFT warm-start tasks and the prompts of each iteration.
+
+A task's identity is the multiset of its numbers and its target (:attr:`CountdownTask.identity`): two
+rows with the same identity are the same problem, whatever the order of the numbers or the reference
+solution. By construction:
+
+* the training pool holds each identity once (the first occurrence is kept; dropped duplicates of a
+  task file are reported with a logged warning);
+* the held-out set holds each identity once and shares none with the training pool, hence none with
+  the SFT warm-start tasks either, which are drawn from the training pool (:func:`sft_tasks`);
+* an iteration's P prompts are P distinct training tasks, and over iterations every training task is
+  used once per epoch (:func:`prompts_for_iteration`).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import logging
 import random
+from typing import Iterable, Sequence
 
 from rlcr.config import RLCRConfig
-from rlcr.tasks.countdown import CountdownTask, generate_tasks, load_tasks
+from rlcr.tasks.countdown import CountdownTask, compute_score, generate_tasks, load_tasks, solve, task_candidates
 
-__all__ = ["task_sets", "prompts_for_iteration"]
+__all__ = ["task_sets", "training_pool", "held_out_set", "sft_tasks", "prompts_for_iteration"]
+
+log = logging.getLogger(__name__)
+
+# Generating the held-out set gives up after this many draws per held-out task (plus a constant):
+# a task space that small is nearly covered by the training pool.
+HELD_OUT_ATTEMPTS_PER_TASK = 100
+HELD_OUT_ATTEMPTS_MIN = 1000
+
+
+def _generation(cfg: RLCRConfig) -> dict:
+    return dict(min_count=cfg.task_min_count, max_count=cfg.task_max_count,
+                num_range=tuple(cfg.task_num_range), target_range=tuple(cfg.task_target_range))
+
+
+def _distinct(tasks: Iterable[CountdownTask]) -> list[CountdownTask]:
+    """``tasks`` with each identity once (first occurrence kept, order kept)."""
+    seen: set = set()
+    out = []
+    for t in tasks:
+        if t.identity not in seen:
+            seen.add(t.identity)
+            out.append(t)
+    return out
+
+
+@functools.lru_cache(maxsize=4)
+def _generated(n: int, seed: int, min_count: int, max_count: int, num_range: tuple[int, int],
+               target_range: tuple[int, int]) -> tuple[CountdownTask, ...]:
+    """Generation is deterministic and costs seconds (the solver runs per draw): the SFT warm-start and
+    the run in one process share it."""
+    return tuple(generate_tasks(n, seed, min_count=min_count, max_count=max_count, num_range=num_range,
+                                target_range=target_range))
+
+
+def training_pool(cfg: RLCRConfig) -> list[CountdownTask]:
+    """The run's training tasks, each identity once: loaded from ``train_tasks`` or generated from ``seed``.
+
+    Repeats are dropped (first occurrence kept): from a file with a logged warning naming the count; a
+    generated pool of ``num_train_tasks`` draws keeps its distinct tasks (small task spaces repeat).
+    """
+    if cfg.train_tasks:
+        raw = load_tasks(cfg.train_tasks)
+        source = cfg.train_tasks
+    else:
+        raw = list(_generated(cfg.num_train_tasks, cfg.seed, **_generation(cfg)))
+        source = f"generated training tasks (seed {cfg.seed})"
+    train = _distinct(raw)
+    if not train:
+        raise ValueError(f"the training task set is empty ({source})")
+    dropped = len(raw) - len(train)
+    if dropped and cfg.train_tasks:
+        log.warning("%s: dropped %d of %d training rows that repeat an earlier row's numbers and target",
+                    source, dropped, len(raw))
+    elif dropped:
+        log.info("%s: %d of %d draws are distinct tasks", source, len(train), len(raw))
+    return train
+
+
+def held_out_set(cfg: RLCRConfig, train: Sequence[CountdownTask]) -> list[CountdownTask]:
+    """Held-out tasks, each identity once and none shared with ``train`` (the run's training pool).
+
+    From ``eval_tasks``: overlapping and repeated rows are dropped with a logged warning naming the
+    counts and the file; a file with nothing left is refused. Generated: candidates are drawn from the
+    ``eval_seed`` stream and those whose identity is a training task (or an earlier held-out task) are
+    skipped until ``num_eval_tasks`` are found. The set therefore depends on the training pool too.
+    """
+    taken = {t.identity for t in train}
+    if cfg.eval_tasks:
+        rows = load_tasks(cfg.eval_tasks)
+        out, seen, overlap = [], set(), 0
+        for t in rows:
+            if t.identity in taken:
+                overlap += 1
+            elif t.identity not in seen:
+                seen.add(t.identity)
+                out.append(t)
+        repeats = len(rows) - len(out) - overlap
+        if not out:
+            raise ValueError(f"{cfg.eval_tasks}: no held-out task left: of its {len(rows)} rows, {overlap} share "
+                             f"numbers and target with a training task and {repeats} repeat an earlier row")
+        if overlap:
+            log.warning("%s: dropped %d of %d held-out rows that share numbers and target with a training task "
+                        "(%d held-out tasks remain)", cfg.eval_tasks, overlap, len(rows), len(out))
+        if repeats:
+            log.warning("%s: dropped %d of %d held-out rows that repeat an earlier row's numbers and target",
+                        cfg.eval_tasks, repeats, len(rows))
+        return out
+
+    n = cfg.num_eval_tasks
+    limit = HELD_OUT_ATTEMPTS_PER_TASK * n + HELD_OUT_ATTEMPTS_MIN
+    out, seen, overlap, repeats, attempts = [], set(), 0, 0, 0
+    for task in task_candidates(cfg.eval_seed, **_generation(cfg)):
+        attempts += 1
+        if task is not None:
+            if task.identity in taken:
+                overlap += 1
+            elif task.identity in seen:
+                repeats += 1
+            else:
+                seen.add(task.identity)
+                out.append(task)
+                if len(out) == n:
+                    break
+        if attempts >= limit:
+            raise ValueError(
+                f"could generate only {len(out)} of num_eval_tasks={n} held-out tasks apart from the {len(train)} "
+                f"training tasks in {attempts} draws ({overlap} were training tasks, {repeats} repeats): the task space is "
+                "too small for these ranges; widen task_num_range/task_target_range or lower num_train_tasks/"
+                "num_eval_tasks")
+    if overlap or repeats:
+        log.info("held-out set (eval_seed %d): skipped %d generated tasks that are training tasks and %d repeats",
+                 cfg.eval_seed, overlap, repeats)
+    return out
 
 
 def task_sets(cfg: RLCRConfig) -> tuple[list[CountdownTask], list[CountdownTask]]:
-    """Training and held-out evaluation tasks: loaded from files, or generated from seeds."""
-    gen = dict(min_count=cfg.task_min_count, max_count=cfg.task_max_count,
-               num_range=tuple(cfg.task_num_range), target_range=tuple(cfg.task_target_range))
-    train = load_tasks(cfg.train_tasks) if cfg.train_tasks else generate_tasks(cfg.num_train_tasks, cfg.seed, **gen)
-    held_out = load_tasks(cfg.eval_tasks) if cfg.eval_tasks else generate_tasks(cfg.num_eval_tasks, cfg.eval_seed, **gen)
-    if not train:
-        raise ValueError("the training task set is empty")
-    return train, held_out
+    """(training pool, held-out set): each identity once, and no held-out task is a training task.
 
-
-def prompts_for_iteration(cfg: RLCRConfig, train: list[CountdownTask], iteration: int) -> list[tuple[int, CountdownTask]]:
-    """P prompts for iteration k, drawn without replacement from an epoch-wise shuffle (seeded).
-
-    ``prompt_id`` is the task's index in the training set, so a prompt is traceable across iterations.
+    Raises ValueError when an iteration's ``prompts_per_iteration`` exceeds the distinct training tasks.
     """
-    p = cfg.prompts_per_iteration
+    train = training_pool(cfg)
+    if cfg.prompts_per_iteration > len(train):
+        source = cfg.train_tasks or f"num_train_tasks={cfg.num_train_tasks} generated"
+        raise ValueError(f"prompts_per_iteration={cfg.prompts_per_iteration} exceeds the {len(train)} distinct "
+                         f"training tasks ({source}): an iteration's prompts must be distinct tasks")
+    return train, held_out_set(cfg, train)
+
+
+def _verified_solution(task: CountdownTask) -> str | None:
+    if task.solution and compute_score(f"<answer>{task.solution}</answer>", task.ground_truth) == 1.0:
+        return task.solution
+    return solve(task.nums, task.target)
+
+
+def sft_tasks(cfg: RLCRConfig, n: int, train: Sequence[CountdownTask] | None = None) -> list[CountdownTask]:
+    """``n`` distinct training tasks for the SFT warm-start, each with a checked reference solution.
+
+    Drawn from the run's training pool (``train``, default :func:`training_pool`), so the warm-start
+    never sees a held-out task; the choice is seeded by ``cfg.seed``. A task without a correct
+    ``solution`` (public datasets carry none) gets one from the solver; unsolvable tasks are passed over.
+    Raises ValueError when the pool has fewer than ``n`` distinct (solvable) tasks.
+    """
+    pool = _distinct(training_pool(cfg) if train is None else train)
+    if n < 0:
+        raise ValueError(f"the SFT task count must be >= 0, got {n}")
+    if n > len(pool):
+        raise ValueError(f"the SFT warm-start asks for {n} tasks but the training pool has only {len(pool)} "
+                         "distinct tasks; ask for fewer or raise num_train_tasks")
+    order = list(range(len(pool)))
+    random.Random(f"rlcr-sft-{cfg.seed}").shuffle(order)
+    out: list[CountdownTask] = []
+    for i in order:
+        if len(out) == n:
+            break
+        task = pool[i]
+        solution = _verified_solution(task)
+        if solution is not None:
+            out.append(task if solution == task.solution else dataclasses.replace(task, solution=solution))
+    if len(out) < n:
+        raise ValueError(f"the SFT warm-start asks for {n} tasks but only {len(out)} of the {len(pool)} distinct "
+                         "training tasks are solvable")
+    return out
+
+
+def _epoch_orders(seed: int, n: int, p: int, last_epoch: int) -> list[list[int]]:
+    """Orders of epochs 0..last_epoch: each a seeded shuffle of range(n), the head of each epoch
+    rearranged so that the iteration straddling an epoch boundary draws no task twice."""
+    orders: list[list[int]] = []
+    for epoch in range(last_epoch + 1):
+        order = list(range(n))
+        random.Random(seed * 7_919 + epoch).shuffle(order)
+        boundary = epoch * n
+        tail = boundary - boundary // p * p  # positions of the previous epoch in the straddling iteration
+        if epoch and tail:
+            taken = set(orders[-1][n - tail:])
+            head_len = p - tail  # <= n - tail, since n >= p
+            head = [i for i in order if i not in taken][:head_len]
+            in_head = set(head)
+            order = head + [i for i in order if i not in in_head]
+        orders.append(order)
+    return orders
+
+
+def prompts_for_iteration(cfg: RLCRConfig, train: Sequence[CountdownTask], iteration: int) -> list[tuple[int, CountdownTask]]:
+    """P = ``prompts_per_iteration`` distinct prompts for iteration k (k >= 1), deterministic in (seed, k).
+
+    The iterations read consecutive stretches of a stream of epochs, each epoch a seeded shuffle of the
+    training set, so every task is used once per epoch. Where an iteration straddles two epochs (N not a
+    multiple of P), the next epoch starts with tasks the iteration has not drawn yet, so no iteration
+    draws a task twice. ``prompt_id`` is the task's index in the training set, so a prompt is traceable
+    across iterations. ``train`` should be the pool of :func:`task_sets` (each identity once).
+    """
+    p, n = cfg.prompts_per_iteration, len(train)
+    if p > n:
+        raise ValueError(f"prompts_per_iteration={p} exceeds the {n} training tasks")
+    if iteration < 1:
+        raise ValueError(f"iterations count from 1, got {iteration}")
     start = (iteration - 1) * p
-    chosen: list[int] = []
-    while len(chosen) < p:
-        epoch, offset = divmod(start + len(chosen), len(train))
-        order = list(range(len(train)))
-        random.Random(cfg.seed * 7_919 + epoch).shuffle(order)
-        chosen.append(order[offset])
+    orders = _epoch_orders(cfg.seed, n, p, (start + p - 1) // n)
+    chosen = [orders[pos // n][pos % n] for pos in range(start, start + p)]
     return [(i, train[i]) for i in chosen]
