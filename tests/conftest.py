@@ -14,11 +14,36 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    """A tiny random Llama (head_dim 64) + byte-level BPE trained on Countdown text."""
+def tiny_model_dir(request, tmp_path_factory):
+    """A tiny random Llama (head_dim 64) + byte-level BPE trained on Countdown text.
+
+    Built deterministically from the sources in TINY_SOURCES: kept in pytest's cache (.pytest_cache,
+    ``--cache-clear`` drops it) under a key of those sources and the library versions, so a second run
+    skips the ~10–30 s build. Tests only read it."""
     from rlcr.tiny import build_tiny_model
 
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
+    if cache is None:
+        return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+    return build_tiny_model(cache.mkdir(f"rlcr-tiny-{_tiny_key()}") / "model")
+
+
+TINY_SOURCES = ("rlcr/tiny.py", "rlcr/tasks/countdown.py")  # the builder and the corpus it trains the BPE on
+
+
+def _tiny_key() -> str:
+    import hashlib
+    from pathlib import Path
+
+    import tokenizers
+    import torch
+    import transformers
+
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256(f"{torch.__version__} {transformers.__version__} {tokenizers.__version__}".encode())
+    for rel in TINY_SOURCES:
+        h.update((root / rel).read_bytes())
+    return h.hexdigest()[:16]
 
 
 @pytest.fixture(scope="session")
@@ -51,10 +76,41 @@ def any_tokenizer(request):
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """One local Ray for the whole session (4 logical CPUs on the 2-core box: the engines mostly wait)."""
+    """One local Ray for the whole session (4 logical CPUs on the 2-core box: the engines mostly wait;
+    the Ray Train tests use 1–2 of them), shut down at the end if this fixture started it."""
     import ray
 
-    if not ray.is_initialized():
+    started = not ray.is_initialized()
+    if started:
         ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
                  runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}})
     yield ray
+    if started:
+        ray.shutdown()
+
+
+# ----------------------------------------------------------------------------- the `slow` marker
+
+# Fixtures that start something heavy: Ray, vLLM engines, a Prefect API server, a moto S3 server,
+# the real SmolLM2 model; fixtures that depend on these are caught too (``item.fixturenames`` is the
+# closure). Tests that use any of them, and every test of SLOW_MODULES, are marked ``slow``:
+# ``make test-fast`` (``pytest -m "not slow"``) runs the rest in seconds; ``make test`` runs all.
+SLOW_FIXTURES = {
+    "ray_local",  # local Ray (Ray Data rollouts, Ray Train updates)
+    "engine", "engine_pool", "rollout_runs", "tiny_reports", "run_store",  # vLLM engines (run_store: a real probe)
+    "prefect_harness", "prefect_server",  # Prefect test API server / `prefect server start` subprocess
+    "s3",  # moto S3 server
+    "smollm2_dir", "smollm2_tokenizer",  # the real SmolLM2-135M (GGUF → safetensors conversion)
+}
+SLOW_MODULES = {"test_deployment.py", "test_notebook.py"}  # a served deployment; notebook execution (kernel)
+# Values of parametrized fixtures that fetch a heavy fixture by name (``request.getfixturevalue``), which
+# ``fixturenames`` cannot see: ``any_tokenizer[smollm2]``, ``store[s3]``/``run[s3]`` (the moto server).
+SLOW_PARAMS = {"smollm2", "s3"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if (item.path.name in SLOW_MODULES or SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+                or any(isinstance(v, str) and v in SLOW_PARAMS for v in params.values())):
+            item.add_marker(pytest.mark.slow)

@@ -129,10 +129,11 @@ def test_ray_data_progress_bars_follow_the_config(ray_local, tiny_model_dir, tmp
 
     tasks = list(enumerate(generate_tasks(2, seed=1)))
     ctx = ray.data.DataContext.get_current()
-    for flag in (True, False):  # building is lazy: nothing runs
-        build_rollout_dataset(tiny_cfg(tiny_model_dir, tmp_path, rollout_progress=flag), tasks, str(tiny_model_dir), 0)
-        assert ctx.enable_progress_bars is flag
-    assert RLCRConfig(model="m").rollout_progress is False
+    # building is lazy: nothing runs. A config that says nothing turns bars that were on off.
+    for kw, on in (({"rollout_progress": True}, True), ({}, False), ({"rollout_progress": True}, True),
+                   ({"rollout_progress": False}, False)):
+        build_rollout_dataset(tiny_cfg(tiny_model_dir, tmp_path, **kw), tasks, str(tiny_model_dir), 0)
+        assert ctx.enable_progress_bars is on, kw
 
 
 def test_parquet_round_trip(rollout_runs):

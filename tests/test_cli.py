@@ -1,0 +1,136 @@
+"""The CLI's progress off a terminal (``make demo > demo.log``, CI): plain, timestamped lines per stage."""
+
+import io
+import re
+
+import pytest
+from rich.console import Console
+
+from rlcr.cli import StageProgress, _step, committed_figures
+from rlcr.config import RLCRConfig
+from rlcr.runs import RunStore
+
+TS = r"\[\d\d:\d\d:\d\d\] "
+
+
+def log_console() -> tuple[Console, io.StringIO]:
+    buf = io.StringIO()
+    # a file, not a TTY: rich's bars and spinners print nothing here
+    return Console(file=buf, width=60, force_terminal=False), buf
+
+
+def lines(buf: io.StringIO) -> list[str]:
+    return buf.getvalue().splitlines()
+
+
+def test_stage_events_become_plain_lines_with_times_and_figures(tmp_path):
+    """The flow's event sequence for a fresh 1-iteration run (baseline evaluation first, an update
+    retried once), with the files the flow commits written where the flow writes them."""
+    cfg = RLCRConfig(storage_uri=str(tmp_path / "store"))
+    run = RunStore.open(cfg, "r")
+    out, buf = log_console()
+    assert not out.is_terminal
+    bar = StageProgress(1, 1, figures=committed_figures(cfg, "r"), out=out)
+    with bar:
+        bar("evaluate", 0)
+        run.store.write_json(f"{run.prefix}/baseline.json", {"eval": {"accuracy": 0.25, "ece": 0.1}})
+        for stage in ("rollouts", "advantages", "update", "update", "evaluate", "commit"):
+            bar(stage, 1)
+        it = run.iteration_dir(1)
+        run.store.write_json(f"{it}/metrics.json", {
+            "rollout": {"answer/reward_mean": 0.31, "confidence/reward_mean": -0.12}, "update": {"loss": 0.05},
+            "eval": {"accuracy": 0.5, "ece": 0.2}, "timings": {}})
+        run.commit(1, {"metrics_uri": run.store.url(f"{it}/metrics.json")})
+    got = lines(buf)
+    assert all(re.match(TS, line) for line in got), got
+    text = [line[11:] for line in got]  # without the "[hh:mm:ss] "
+    assert text[0] == "training: started (iterations 1..1)"
+    assert text[1] == "baseline evaluation: started (held-out evaluation)"
+    assert re.fullmatch(r"baseline evaluation: done in \d+\.\d s \(accuracy 0\.250, ECE 0\.100\)", text[2])
+    assert text[3] == "iteration 1 rollouts: started (generating answers → confidences)"
+    assert re.fullmatch(r"iteration 1 rollouts: done in \d+\.\d s", text[4])
+    assert re.fullmatch(r"iteration 1 update: failed after \d+\.\d s, retrying", text[8])
+    assert re.fullmatch(
+        r"iteration 1 commit: done in \d+\.\d s \(iteration 1/1 in \d+\.\d s; answer reward 0\.310, "
+        r"confidence reward -0\.120, loss 0\.050, held-out accuracy 0\.500, ECE 0\.200\)", text[-2])
+    assert re.fullmatch(r"training: done in \d+\.\d s", text[-1])
+    assert len(text) == 15  # started/done per stage, the retry, the title's start and end
+
+
+def test_a_failed_stage_and_a_broken_figure_source():
+    """The stage in progress when the flow raises is reported failed; a figure source that raises
+    is reported, never passed on to the flow's stage."""
+    def figures(stage, iteration):
+        raise OSError("storage unreachable")
+
+    out, buf = log_console()
+    bar = StageProgress(3, 2, figures=figures, out=out, title="4/5 RLCR")
+    with pytest.raises(RuntimeError):
+        with bar:
+            bar("rollouts", 2)
+            bar("advantages", 2)  # finishing rollouts asks for its figure: the source raises
+            raise RuntimeError("injected")
+    text = [line[11:] for line in lines(buf)]
+    assert text[0] == "4/5 RLCR: started (iterations 2..3)"
+    assert "(progress display error: OSError: storage unreachable)" in text
+    assert re.fullmatch(r"iteration 2 rollouts: done in \d+\.\d s", text[3])
+    assert re.fullmatch(r"iteration 2 advantages: failed after \d+\.\d s \(RuntimeError: injected\)", text[-2])
+    assert re.fullmatch(r"4/5 RLCR: failed after \d+\.\d s \(RuntimeError\)", text[-1])
+
+
+def test_end_events_give_done_lines_at_once_with_their_figures():
+    """A flow that reports stage ends (phase, elapsed time, figures) through ``on_event``."""
+    from types import SimpleNamespace as Event
+
+    out, buf = log_console()
+    bar = StageProgress(1, 1, out=out)
+    with bar:
+        bar.on_event(Event(stage="baseline", iteration=0, phase="start"))
+        bar.on_event(Event(stage="baseline", iteration=0, phase="end", elapsed_s=37.0,
+                           figures={"accuracy": 0.031, "ECE": 0.528}))
+        bar.on_event(Event(stage="rollouts", iteration=1, phase="start"))
+        bar.on_event(Event(stage="rollouts", iteration=1, phase="end", elapsed_s=27.1,
+                           figures={"answer reward": 0.31}))
+        assert lines(buf)[-1][11:] == "iteration 1 rollouts: done in 27.1 s (answer reward 0.310)"
+        bar.on_event(Event(stage="update", iteration=1, phase="start"))
+    text = [line[11:] for line in lines(buf)]
+    assert text[1:4] == ["baseline evaluation: started (held-out evaluation of the starting policy)",
+                         "baseline evaluation: done in 37.0 s (accuracy 0.031, ECE 0.528)",
+                         "iteration 1 rollouts: started (generating answers → confidences)"]
+    assert re.fullmatch(r"iteration 1 update: done in \d+\.\d s", text[-2])  # no end event: done at the flow's end
+    assert len(text) == 8
+
+
+def test_steps_print_start_and_done_off_a_terminal_only():
+    out, buf = log_console()
+    with _step("2/5 evaluating", out=out):
+        pass
+    with pytest.raises(KeyError), _step("5/5 probe", out=out):
+        raise KeyError("x")
+    assert [line[11:] for line in lines(buf)][0] == "2/5 evaluating: started"
+    assert re.fullmatch(TS + r"2/5 evaluating: done in \d+\.\d s", lines(buf)[1])
+    assert re.fullmatch(TS + r"5/5 probe: failed after \d+\.\d s \(KeyError\)", lines(buf)[3])
+
+    tty = Console(file=io.StringIO(), force_terminal=True, width=60)
+    with _step("2/5 evaluating", out=tty):
+        pass
+    bar = StageProgress(2, 1, out=tty)  # on a terminal: the rich bar, as before
+    with bar:
+        bar("rollouts", 1)
+        bar("commit", 1)
+        bar("rollouts", 2)
+    assert bar.progress.tasks[0].completed == 1 and "started" not in tty.file.getvalue()
+
+
+def test_a_cli_command_logs_plain_lines(smollm2_dir):
+    """``rlcr models prepare`` through typer, its stdout a pipe (as under ``make demo > demo.log``)."""
+    from typer.testing import CliRunner
+
+    from rlcr.cli import app
+
+    res = CliRunner().invoke(app, ["models", "prepare"])
+    assert res.exit_code == 0, res.output
+    out = res.output.splitlines()
+    assert re.fullmatch(TS + "converting GGUF → safetensors: started", out[0]), out
+    assert re.fullmatch(TS + r"converting GGUF → safetensors: done in \d+\.\d s", out[1]), out
+    assert "SmolLM2-135M-Instruct:" in res.output
