@@ -312,16 +312,6 @@ def test_nonfinite_step_is_skipped_and_never_checkpointed(tiny_model_dir, tiny_t
 # ----------------------------------------------------------------------------- Ray Train
 
 
-@pytest.fixture(scope="session")
-def ray_local():
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
 @pytest.fixture(scope="module")
 def ray_updates(ray_local, tiny_model_dir, tmp_path_factory):
     """The same rollouts updated with 1 and with 2 gloo workers (two TorchTrainer fits)."""
