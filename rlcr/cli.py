@@ -24,6 +24,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="RLCR: RL wit
 models_app = typer.Typer(no_args_is_help=True, help="Local models.")
 app.add_typer(models_app, name="models")
 console = Console()
+if not console.is_terminal and not os.environ.get("COLUMNS"):
+    console.width = 140  # a log file has no width: rich would squeeze the summary tables into 80 columns
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -168,7 +170,7 @@ class StageProgress:
             self._finish(now)
             if stage == "rollouts":
                 self.iteration_t0[iteration] = now
-            _plain(self.console, f"{self._name(stage, iteration)}: started ({self.LABELS.get(stage, stage)})")
+            _plain(self.console, f"{self._name(stage, iteration)}: started — {self.LABELS.get(stage, stage)}")
         self.current = (stage, iteration, now)
 
     def _finish(self, now: float, exc: Optional[BaseException] = None, event=None) -> None:

@@ -45,9 +45,9 @@ def test_stage_events_become_plain_lines_with_times_and_figures(tmp_path):
     assert all(re.match(TS, line) for line in got), got
     text = [line[11:] for line in got]  # without the "[hh:mm:ss] "
     assert text[0] == "training: started (iterations 1..1)"
-    assert text[1] == "baseline evaluation: started (held-out evaluation)"
+    assert text[1] == "baseline evaluation: started — held-out evaluation"
     assert re.fullmatch(r"baseline evaluation: done in \d+\.\d s \(accuracy 0\.250, ECE 0\.100\)", text[2])
-    assert text[3] == "iteration 1 rollouts: started (generating answers → confidences)"
+    assert text[3] == "iteration 1 rollouts: started — generating answers → confidences"
     assert re.fullmatch(r"iteration 1 rollouts: done in \d+\.\d s", text[4])
     assert re.fullmatch(r"iteration 1 update: failed after \d+\.\d s, retrying", text[8])
     assert re.fullmatch(
@@ -94,9 +94,9 @@ def test_end_events_give_done_lines_at_once_with_their_figures():
         assert lines(buf)[-1][11:] == "iteration 1 rollouts: done in 27.1 s (answer reward 0.310)"
         bar.on_event(Event(stage="update", iteration=1, phase="start"))
     text = [line[11:] for line in lines(buf)]
-    assert text[1:4] == ["baseline evaluation: started (held-out evaluation of the starting policy)",
+    assert text[1:4] == ["baseline evaluation: started — held-out evaluation of the starting policy",
                          "baseline evaluation: done in 37.0 s (accuracy 0.031, ECE 0.528)",
-                         "iteration 1 rollouts: started (generating answers → confidences)"]
+                         "iteration 1 rollouts: started — generating answers → confidences"]
     assert re.fullmatch(r"iteration 1 update: done in \d+\.\d s", text[-2])  # no end event: done at the flow's end
     assert len(text) == 8
 
