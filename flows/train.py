@@ -20,9 +20,10 @@ or through the deployment (``python -m flows.serve``, then
 
 from __future__ import annotations
 
-import importlib
+import contextlib
+import hashlib
 import math
-import os
+import re
 import time
 from typing import Any
 
@@ -31,15 +32,18 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE as NO_CACHE
 from prefect.tasks import exponential_backoff
 
-from rlcr.config import RLCRConfig, load_config
+from rlcr import events
+from rlcr.cluster import check_cluster_fits, ensure_ray
+from rlcr.config import ConfigError, RLCRConfig, load_config
 from rlcr.evaluate import evaluate_policy
 from rlcr.models import resolve_model
 from rlcr.rollout.engine import EnginePool
 from rlcr.rollout.pipeline import finalize_rollouts, generate_rollouts, rollout_seed
-from rlcr.runs import RunStore, new_run_id, prompts_for_iteration, task_sets
+from rlcr.runs import RunLease, RunStore, new_run_id, prompts_for_iteration, task_sets
+from rlcr.storage import validate_run_id
 from rlcr.train import run_update
 
-__all__ = ["rlcr_train", "ensure_ray", "resolve_config", "add_listener", "remove_listener"]
+__all__ = ["rlcr_train", "ensure_ray", "resolve_config", "add_listener", "remove_listener", "artifact_key"]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -58,41 +62,59 @@ def resolve_config(config: str | None, overrides: dict | list | None, iterations
     return cfg
 
 
-def ensure_ray() -> None:
-    """Connect to the cluster at ``RAY_ADDRESS``, or start a local Ray."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    ray.init(
-        address=os.environ.get("RAY_ADDRESS") or None,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}},
-    )
-
-
-_LISTENERS: list = []
+def resolve_run_id(cfg: RLCRConfig, run_id: str | None) -> str:
+    """The run id to use (argument, config, or a fresh one), validated; ConfigError if invalid."""
+    run_id = run_id or cfg.run_id or new_run_id()
+    try:
+        return validate_run_id(run_id)
+    except ValueError as e:
+        raise ConfigError(f"run_id: {e}") from None
 
 
 def add_listener(fn) -> None:
-    """Register ``fn(stage, iteration)``, called in-process before each stage (the CLI's progress bars)."""
-    _LISTENERS.append(fn)
+    """Call ``fn(stage, iteration)`` at the start of every stage attempt (see :mod:`rlcr.events` for more)."""
+    events.subscribe(_StartAdapter(fn))
 
 
 def remove_listener(fn) -> None:
-    if fn in _LISTENERS:
-        _LISTENERS.remove(fn)
+    events.unsubscribe(_StartAdapter(fn))
 
 
-def stage_hook(stage: str, iteration: int) -> None:
-    """Notify listeners, then call ``$RLCR_STAGE_HOOK`` (``module:function``): how tests inject failures."""
-    for fn in list(_LISTENERS):
-        fn(stage, iteration)
-    spec = os.environ.get("RLCR_STAGE_HOOK")
-    if spec:
-        module, name = spec.split(":")
-        getattr(importlib.import_module(module), name)(stage, iteration)
+class _StartAdapter:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, event: events.StageEvent) -> None:
+        if event.phase == "start":
+            self.fn(event.stage, event.iteration)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _StartAdapter) and other.fn == self.fn
+
+    def __hash__(self) -> int:
+        return hash(self.fn)
+
+
+def _started(stage: str, iteration: int) -> None:
+    events.emit(events.StageEvent(stage, iteration, "start"))
+
+
+@contextlib.contextmanager
+def timed_stage(stage: str, iteration: int, timings: dict[str, float]):
+    """Time a stage into ``timings[<stage>_s]`` and emit its ``end`` event with the figures the body sets."""
+    figures: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    yield figures
+    elapsed = time.perf_counter() - t0
+    timings[f"{stage}_s"] = elapsed
+    events.emit(events.StageEvent(stage, iteration, "end", elapsed, figures))
+
+
+def artifact_key(run_id: str, iteration: int) -> str:
+    """A Prefect artifact key (``[a-z0-9-]``) for any valid run id; a short hash keeps distinct ids distinct."""
+    slug = re.sub(r"[^a-z0-9]+", "-", run_id.lower()).strip("-")[:60] or "run"
+    digest = hashlib.sha256(run_id.encode()).hexdigest()[:6]
+    return f"rlcr-{slug}-{digest}-iter-{iteration}"
 
 
 def _opts(cfg: RLCRConfig) -> dict:
@@ -132,39 +154,46 @@ def metrics_markdown(run_id: str, iteration: int, metrics: dict[str, Any], uris:
 @task(name="rollouts")
 def rollouts_task(cfg, prompts, policy_uri, run_id, iteration, engines):
     """Answer stage then confidence stage on Ray Data; scored records."""
-    stage_hook("rollouts", iteration)
+    _started("rollouts", iteration)
     return generate_rollouts(cfg, prompts, policy_uri=policy_uri, run_id=run_id, iteration=iteration, engines=engines)
 
 
 @task(name="advantages")
 def advantages_task(cfg, rows, run, iteration):
     """Two-level advantages (SPEC §6) and the rollouts Parquet."""
-    stage_hook("advantages", iteration)
+    _started("advantages", iteration)
     return finalize_rollouts(cfg, rows, run_id=run.run_id, iteration=iteration, store=run.store)
 
 
 @task(name="update")
 def update_task(cfg, rows, policy_uri, run_id, iteration):
     """Masked GRPO update on Ray Train → new sealed checkpoint."""
-    stage_hook("update", iteration)
+    _started("update", iteration)
     return run_update(cfg, rows, policy_uri=policy_uri, run_id=run_id, iteration=iteration)
+
+
+@task(name="sync_weights")
+def sync_weights_task(engines, policy_uri, iteration):
+    """Hand the new policy to the long-lived engines (``engine_weight_sync``)."""
+    _started("sync_weights", iteration)
+    return engines.load(policy_uri)
 
 
 @task(name="evaluate")
 def evaluate_task(cfg, held_out, policy_uri, iteration, engines):
     """Held-out accuracy and calibration (SPEC §9) of the new policy."""
-    stage_hook("evaluate", iteration)
+    _started("evaluate" if iteration else "baseline", iteration)
     metrics, _ = evaluate_policy(cfg, held_out, policy_uri=policy_uri, iteration=iteration, engines=engines)
     return metrics
 
 
 @task(name="commit")
-def commit_task(run, iteration, manifest, metrics):
-    """Metrics first, the manifest last: only now does the iteration exist."""
-    stage_hook("commit", iteration)
-    metrics_rel = f"{run.iteration_dir(iteration)}/metrics.json"
-    run.store.write_json(metrics_rel, metrics)
-    return run.commit(iteration, {**manifest, "metrics_uri": run.store.url(metrics_rel)})
+def commit_task(run, iteration, manifest, metrics, lease):
+    """Metrics first, the manifest last (create-only, under the run's lease): only now does the iteration exist."""
+    _started("commit", iteration)
+    lease.check()
+    run.store.write_json(run.metrics_rel(iteration), metrics)
+    return run.commit(iteration, {**manifest, "metrics_uri": run.store.url(run.metrics_rel(iteration))}, lease=lease)
 
 
 # ----------------------------------------------------------------------------- flow
@@ -180,70 +209,82 @@ def rlcr_train(
     """Train (or resume) run ``run_id`` until ``iterations`` iterations are committed.
 
     ``config``: a YAML file (defaults if None); ``overrides``: ``{"field": value}`` or
-    ``["field=value", …]``; ``iterations`` overrides the config's.
+    ``["field=value", …]``; ``iterations`` overrides the config's. One writer per run:
+    a second flow on the same ``run_id`` fails at once (``RunLocked``, naming the holder).
     """
     log = get_run_logger()
     cfg = resolve_config(config, overrides, iterations)
-    run_id = run_id or cfg.run_id or new_run_id()
+    run_id = resolve_run_id(cfg, run_id)
     run = RunStore.open(cfg, run_id)
-    run.check_config(cfg)
-    train_tasks, held_out = task_sets(cfg)
-    done = run.committed()
-    policy = done[-1]["checkpoint_uri"] if done else resolve_model(cfg.model)
-    start = len(done) + 1
-    summary: dict[str, Any] = {"run_id": run_id, "storage": run.store.url(run.prefix), "iterations": []}
-    if start > cfg.iterations:
-        log.info("run %s already has %d committed iterations", run_id, len(done))
-        summary["iterations"] = [m["iteration"] for m in done]
-        return summary
-    log.info("run %s: iterations %d..%d from %s", run_id, start, cfg.iterations, policy)
+    from prefect.context import get_run_context
 
-    ensure_ray()
-    opts = _opts(cfg)
-    with EnginePool(cfg, policy) as engines:
-        if start == 1 and cfg.eval_every and not run.store.exists(f"{run.prefix}/baseline.json"):
-            baseline = evaluate_task.with_options(**opts)(cfg, held_out, policy, 0, engines)
-            run.store.write_json(f"{run.prefix}/baseline.json", {"policy_uri": policy, "eval": baseline})
-        for k in range(start, cfg.iterations + 1):
-            t = {}
-            t0 = time.perf_counter()
-            prompts = prompts_for_iteration(cfg, train_tasks, k)
-            rows, gen_timings = rollouts_task.with_options(**opts)(cfg, prompts, policy, run_id, k, engines)
-            t["rollouts_s"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            rollout = advantages_task.with_options(**opts)(cfg, rows, run, k)
-            t["advantages_s"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            update = update_task.with_options(**opts)(cfg, rollout.rows, policy, run_id, k)
-            t["update_s"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            engines.load(update.checkpoint_uri)
-            t["weight_sync_s"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            ev = {}
-            if cfg.eval_every and (k % cfg.eval_every == 0 or k == cfg.iterations):
-                ev = evaluate_task.with_options(**opts)(cfg, held_out, update.checkpoint_uri, k, engines)
-            t["evaluate_s"] = time.perf_counter() - t0
-            metrics = {"rollout": rollout.stats, "update": update.metrics, "eval": ev,
-                       "timings": {**t, **gen_timings}}
-            manifest = {
-                "policy_in": policy, "checkpoint_uri": update.checkpoint_uri, "rollouts_uri": rollout.uri,
-                "config_hash": cfg.config_hash(),
-                "seeds": {"run": cfg.seed, "rollout": rollout_seed(cfg, k), "eval": cfg.eval_seed},
-            }
-            manifest_uri = commit_task.with_options(**opts)(run, k, manifest, metrics)
-            create_markdown_artifact(
-                key=f"rlcr-{run_id}-iter-{k}".lower().replace("_", "-").replace(".", "-"),
-                markdown=metrics_markdown(run_id, k, metrics, {"checkpoint": update.checkpoint_uri,
-                                                               "rollouts": rollout.uri, "manifest": manifest_uri}),
-                description=f"rlcr {run_id} iteration {k}",
-            )
-            log.info("iteration %d committed: accuracy %s, ECE %s", k, _fmt(ev.get("accuracy", math.nan)),
-                     _fmt(ev.get("ece", math.nan)))
-            summary["iterations"].append(k)
-            policy = update.checkpoint_uri
-    summary["final_checkpoint"] = policy
-    return summary
+    with RunLease(run, owner=f"prefect flow run {get_run_context().flow_run.id}") as lease:
+        run.check_config(cfg)
+        run.sweep_temporaries()
+        train_tasks, held_out = task_sets(cfg)
+        done = run.committed()
+        policy = done[-1]["checkpoint_uri"] if done else resolve_model(cfg.model)
+        start = len(done) + 1
+        summary: dict[str, Any] = {"run_id": run_id, "storage": run.store.url(run.prefix), "iterations": []}
+        if start > cfg.iterations:
+            log.info("run %s already has %d committed iterations", run_id, len(done))
+            summary["iterations"] = [m["iteration"] for m in done]
+            return summary
+        log.info("run %s: iterations %d..%d from %s", run_id, start, cfg.iterations, policy)
+
+        ensure_ray()
+        check_cluster_fits(cfg)
+        opts = _opts(cfg)
+        with EnginePool(cfg, policy) as engines:
+            if start == 1 and cfg.eval_every and not run.store.exists(run.baseline_rel):
+                baseline = evaluate_task.with_options(**opts)(cfg, held_out, policy, 0, engines)
+                run.store.write_json(run.baseline_rel, {"policy_uri": policy, "eval": baseline})
+            for k in range(start, cfg.iterations + 1):
+                t: dict[str, float] = {}
+                prompts = prompts_for_iteration(cfg, train_tasks, k)
+                with timed_stage("rollouts", k, t) as fig:
+                    rows, gen_timings = rollouts_task.with_options(**opts)(cfg, prompts, policy, run_id, k, engines)
+                    fig["samples"] = len(rows)
+                with timed_stage("advantages", k, t) as fig:
+                    rollout = advantages_task.with_options(**opts)(cfg, rows, run, k)
+                    fig.update({"answer reward": rollout.stats.get("answer/reward_mean"),
+                                "confidence reward": rollout.stats.get("confidence/reward_mean")})
+                with timed_stage("update", k, t) as fig:
+                    update = update_task.with_options(**opts)(cfg, rollout.rows, policy, run_id, k)
+                    fig["loss"] = update.metrics.get("loss")
+                checkpoint_id = run.store.content_id(run.store.rel(update.checkpoint_uri))
+                with timed_stage("sync_weights", k, t) as fig:
+                    synced = sync_weights_task.with_options(**opts)(engines, update.checkpoint_uri, k)
+                    fig["mode"] = synced[0].get("mode") if synced else None
+                ev: dict[str, Any] = {}
+                if cfg.eval_every and (k % cfg.eval_every == 0 or k == cfg.iterations):
+                    with timed_stage("evaluate", k, t) as fig:
+                        ev = evaluate_task.with_options(**opts)(cfg, held_out, update.checkpoint_uri, k, engines)
+                        fig.update({"accuracy": ev.get("accuracy"), "ECE": ev.get("ece")})
+                metrics = {"rollout": rollout.stats, "update": update.metrics, "eval": ev,
+                           "engines": {"policy_uri": update.checkpoint_uri,
+                                       "content_ids": [s.get("content_id") for s in synced]},
+                           "timings": {**t, **gen_timings}}
+                manifest = {
+                    "policy_in": policy, "checkpoint_uri": update.checkpoint_uri,
+                    "checkpoint_content_id": checkpoint_id, "rollouts_uri": rollout.uri,
+                    "config_hash": cfg.config_hash(),
+                    "seeds": {"run": cfg.seed, "rollout": rollout_seed(cfg, k), "eval": cfg.eval_seed},
+                }
+                with timed_stage("commit", k, t):
+                    manifest_uri = commit_task.with_options(**opts)(run, k, manifest, metrics, lease)
+                create_markdown_artifact(
+                    key=artifact_key(run_id, k),
+                    markdown=metrics_markdown(run_id, k, metrics, {"checkpoint": update.checkpoint_uri,
+                                                                   "rollouts": rollout.uri, "manifest": manifest_uri}),
+                    description=f"rlcr {run_id} iteration {k}",
+                )
+                log.info("iteration %d committed: accuracy %s, ECE %s", k, _fmt(ev.get("accuracy", math.nan)),
+                         _fmt(ev.get("ece", math.nan)))
+                summary["iterations"].append(k)
+                policy = update.checkpoint_uri
+        summary["final_checkpoint"] = policy
+        return summary
 
 
 def main() -> None:

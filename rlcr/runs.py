@@ -10,7 +10,8 @@ One writer per run: a flow holds ``runs/<run_id>/lease.json`` (:class:`RunLease`
 created with a conditional put) for as long as it runs and renews it every
 ``heartbeat_s``; a second writer fails at once with a message naming the holder. A
 lease whose heartbeat is older than ``timeout_s`` (default :data:`LEASE_TIMEOUT_S`)
-belongs to a dead writer and is taken over (compare-and-swap on its version).
+belongs to a dead writer and is taken over (compare-and-swap on its version); so is, at
+once, a lease whose holder ran on this machine and whose process is gone (a killed local run).
 """
 
 from __future__ import annotations
@@ -207,7 +208,7 @@ class RunLease:
     def _doc(self, acquired_at: float) -> bytes:
         return json.dumps({
             "run_id": self.run.run_id, "owner": self.owner, "token": self.token,
-            "host": socket.gethostname(), "pid": os.getpid(), "user": _user(),
+            "host": socket.gethostname(), "machine": _machine_id(), "pid": os.getpid(), "user": _user(),
             "acquired_at": acquired_at, "heartbeat_at": _now(), "timeout_s": self.timeout_s,
         }, indent=1).encode()
 
@@ -250,7 +251,8 @@ class RunLease:
         except ValueError:
             holder = {"owner": "unreadable lease", "heartbeat_at": 0}
         age = _now() - float(holder.get("heartbeat_at", 0))
-        if age <= float(holder.get("timeout_s", self.timeout_s)):
+        dead_here = holder.get("machine") == _machine_id() and not _pid_alive(int(holder.get("pid", -1)))
+        if age <= float(holder.get("timeout_s", self.timeout_s)) and not dead_here:
             raise RunLocked(self._locked_message(holder))
         try:
             self.store.write_if_version(self.rel, data, version)
@@ -311,6 +313,27 @@ class RunLease:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _machine_id() -> str:
+    """This machine (host name + boot id): a lease whose holder ran here and whose pid is gone is free at once."""
+    try:
+        boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+    except OSError:
+        boot = "?"
+    return f"{socket.gethostname()}/{boot}"
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _user() -> str:

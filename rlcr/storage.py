@@ -36,7 +36,7 @@ import fsspec
 __all__ = [
     "Store", "COMPLETE_MARKER", "fetch_checkpoint", "StorageError", "AlreadyExists", "VersionConflict",
     "iteration_prefix", "atomic_directory", "sweep_temporaries", "default_cache_dir", "validate_run_id",
-    "safe_join",
+    "safe_join", "checkpoint_content_id",
 ]
 
 COMPLETE_MARKER = "_COMPLETE"
@@ -498,6 +498,21 @@ class Store:
                     if not p.is_file() or p.stat().st_size != size:
                         raise StorageError(f"{self.url(rel)}: {name} is missing or has the wrong size")
         return Path(local_dir)
+
+
+def checkpoint_content_id(local_dir: str | Path) -> str:
+    """Content id of a local checkpoint directory: its seal's, or (unsealed, e.g. a prepared base model)
+    a digest of its files' names, sizes and modification times."""
+    local_dir = Path(local_dir)
+    marker = local_dir / COMPLETE_MARKER
+    if marker.exists():
+        return parse_seal(marker.read_bytes())["content_id"]
+    h = hashlib.sha256()
+    for p in sorted(local_dir.rglob("*")):
+        if p.is_file():
+            st = p.stat()
+            h.update(f"{p.relative_to(local_dir)}:{st.st_size}:{st.st_mtime_ns};".encode())
+    return "unsealed-" + h.hexdigest()[:16]
 
 
 def fetch_checkpoint(uri: str, *, endpoint_url: str | None = None, cache_dir: str | Path | None = None) -> Path:

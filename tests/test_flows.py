@@ -33,11 +33,15 @@ def prefect_harness():
 
 
 @pytest.fixture
-def stage_hook(monkeypatch):
-    monkeypatch.setenv("RLCR_STAGE_HOOK", "flow_hooks:hook")
+def stage_hook():
+    """``flow_hooks.hook`` subscribed to the flow's stage events: tests inject failures per (stage, iteration)."""
+    from flows.train import add_listener, remove_listener
+
     flow_hooks.ACTIONS.clear()
     flow_hooks.SEEN.clear()
+    add_listener(flow_hooks.hook)
     yield flow_hooks
+    remove_listener(flow_hooks.hook)
     flow_hooks.ACTIONS.clear()
 
 
@@ -52,9 +56,10 @@ def overrides(tiny_model_dir, s3):
 
 
 def test_train_flow_fail_resume_and_s3_outage(ray_local, prefect_harness, tiny_model_dir, s3, stage_hook):
-    from flows.train import rlcr_train
+    from flows.train import artifact_key, rlcr_train
+    from rlcr.storage import StorageError
 
-    run = "flowrun"
+    run = "lr=1e-4 exp_1"  # any valid run id works end to end (S3 keys, Prefect artifact keys)
     prefix = f"exp/runs/{run}/"
     # A: iteration 2's update fails (every retry)
     stage_hook.ACTIONS[("update", 2)] = RuntimeError("injected update failure")
@@ -89,14 +94,14 @@ def test_train_flow_fail_resume_and_s3_outage(ray_local, prefect_harness, tiny_m
     from prefect.artifacts import Artifact
 
     for k in (1, 2):
-        art = Artifact.get(key=f"rlcr-{run}-iter-{k}")
+        art = Artifact.get(key=artifact_key(run, k))
         assert art is not None and "held-out ECE" in art.data and "checkpoint" in art.data
 
     # C: the S3 endpoint goes away during iteration 3; committed iterations are not lost
     stage_hook.ACTIONS[("update", 3)] = s3.stop
     with pytest.raises(Exception) as err:
         rlcr_train(overrides=overrides(tiny_model_dir, s3), run_id=run, iterations=3)
-    assert s3.endpoint in str(err.value) or "Could not connect" in str(err.value) or "failed" in str(err.value)
+    assert f"127.0.0.1:{s3.port}" in str(err.value), err.value  # the error names the unreachable endpoint
     s3.start()
     keys = s3.keys(prefix)
     assert [k for k in keys if k.endswith("manifest.json")] == manifests
@@ -122,3 +127,57 @@ def test_resume_refuses_a_changed_config(prefect_harness, tmp_path):
     RunStore.open(cfg, "r").check_config(cfg)
     with pytest.raises(RunConfigMismatch, match="lambda_conf"):
         rlcr_train(overrides={"storage_uri": str(tmp_path), "model": "unused", "lambda_conf": 0.5}, run_id="r")
+
+
+def test_artifact_keys_follow_prefects_rule_and_stay_distinct():
+    import re
+
+    from flows.train import artifact_key
+
+    ids = ["lr=1e-5", "lr-1e-5", "exp 1", "Exp_1", "a.b", "run-20261123-120000-ab12cd"]
+    keys = [artifact_key(i, 3) for i in ids]
+    assert all(re.fullmatch(r"[a-z0-9-]+", k) for k in keys)
+    assert len(set(keys)) == len(keys)
+
+
+@pytest.mark.parametrize("bad", ["../../x", "a/b", ".."])
+def test_escaping_run_id_fails_before_any_work(prefect_harness, tmp_path, bad):
+    from flows.train import rlcr_train
+    from rlcr.config import ConfigError
+
+    store = tmp_path / "deep" / "store"
+    with pytest.raises(ConfigError, match="invalid run id"):
+        rlcr_train(overrides={"storage_uri": str(store), "model": "unused"}, run_id=bad)
+    assert not any(tmp_path.rglob("*.json")) and not store.exists()
+
+
+def test_second_writer_on_a_run_fails_within_seconds(prefect_harness, tmp_path):
+    import time
+
+    from flows.train import rlcr_train
+    from rlcr.config import RLCRConfig
+    from rlcr.runs import RunLease, RunLocked, RunStore
+
+    cfg = RLCRConfig(storage_uri=str(tmp_path), model="unused")
+    run = RunStore.open(cfg, "shared")
+    with RunLease(run, owner="the first flow"):
+        t0 = time.monotonic()
+        with pytest.raises(RunLocked, match="the first flow"):
+            rlcr_train(overrides={"storage_uri": str(tmp_path), "model": "unused"}, run_id="shared")
+        assert time.monotonic() - t0 < 30
+    assert not run.store.exists(run.config_rel)  # the second writer wrote nothing
+
+
+def test_a_run_that_cannot_fit_the_cluster_fails_fast(ray_local, prefect_harness, tiny_model_dir, tmp_path):
+    """Engines are kept during the update: 2 engines + 4 trainer workers do not fit 4 CPUs; fail, don't wait."""
+    import time
+
+    from flows.train import rlcr_train
+    from rlcr.cluster import ResourceError
+
+    t0 = time.monotonic()
+    with pytest.raises(ResourceError, match=r"update phase needs 5 CPU but the cluster has 4") as err:
+        rlcr_train(overrides={"storage_uri": str(tmp_path), "model": str(tiny_model_dir), "num_workers": 4,
+                              "rollout_actors": 2, "num_train_tasks": 16, "num_eval_tasks": 4}, run_id="big")
+    assert "num_workers" in str(err.value)
+    assert time.monotonic() - t0 < 60

@@ -79,3 +79,23 @@ def test_commit_is_create_only_and_in_order(run):
         run.commit(1, {"x": "second"})
     assert run.manifest(1)["x"] == "first"
     assert [m["iteration"] for m in run.committed()] == [1]
+
+
+def test_a_killed_holder_on_this_machine_is_taken_over_at_once(run):
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    holder = RunLease(run, owner="killed flow").acquire()
+    holder._stop.set()
+    holder._thread.join()
+    # rewrite the lease as if that dead process had held it (same machine, its pid gone, heartbeat fresh)
+    import json
+
+    raw, version = run.store.read_versioned(run.lease_rel)
+    doc = json.loads(raw)
+    doc["pid"] = proc.pid
+    run.store.write_if_version(run.lease_rel, json.dumps(doc).encode(), version)
+    with RunLease(run, owner="resumed flow") as heir:  # no wait for the timeout
+        heir.check()

@@ -1,0 +1,79 @@
+"""A real crash: SIGKILL the flow's process during an update and during a commit, then resume.
+
+Each run is a separate Python process (the flow, its Prefect client and its Ray driver)
+that joins the test session's Ray cluster and Prefect server; the kill is a SIGKILL,
+not an exception. After the two kills and a final resume, exactly iterations 1 and 2
+are committed, each once, no temporaries are left, and each manifest's checkpoint is
+the one the engines evaluated (same content id).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlcr.config import RLCRConfig
+from rlcr.runs import RunStore
+
+HERE = Path(__file__).parent
+
+
+def run_flow(env, overrides, run_id, iterations, *kill):
+    args = [sys.executable, str(HERE / "kill_flow.py"), json.dumps(overrides), run_id, str(iterations),
+            *map(str, kill)]
+    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=900, cwd=HERE.parent)
+
+
+@pytest.fixture(scope="module")
+def prefect_harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+def test_sigkill_during_update_and_commit_then_resume(ray_local, prefect_harness, tiny_model_dir, tmp_path):
+    import ray
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address,
+           "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(HERE.parent)}
+    store = tmp_path / "store"
+    overrides = {
+        "model": str(tiny_model_dir), "storage_uri": str(store), "prompts_per_iteration": 2,
+        "num_generations_answer": 2, "num_generations_confidence": 2, "num_train_tasks": 16, "num_eval_tasks": 4,
+        "temperature": 1.0, "max_answer_tokens": 16, "max_confidence_tokens": 8, "engine_max_model_len": 512,
+        "engine_kv_cache_gib": 0.25, "learning_rate": 1e-4, "retries": 0, "eval_every": 1,
+    }
+    run = RunStore.open(RLCRConfig(**overrides), "killed")
+
+    a = run_flow(env, overrides, "killed", 2, "update", 2, 3.0)  # killed 3 s into iteration 2's update
+    assert a.returncode == -9, a.stdout + a.stderr
+    assert "KILL update@2" in a.stdout + a.stderr
+    assert [m["iteration"] for m in run.committed()] == [1]
+
+    b = run_flow(env, overrides, "killed", 2, "commit", 2, 0)  # resumes at 2, killed as it commits
+    assert b.returncode == -9, b.stdout + b.stderr
+    assert "KILL commit@2" in b.stdout + b.stderr
+    assert [m["iteration"] for m in run.committed()] == [1]
+    m1_before = run.manifest(1)
+
+    c = run_flow(env, overrides, "killed", 2)  # resumes at 2 and finishes
+    assert c.returncode == 0, c.stdout + c.stderr
+    summary = json.loads(c.stdout.split("SUMMARY", 1)[1])
+    assert summary["iterations"] == [2]
+    manifests = run.committed()
+    assert [m["iteration"] for m in manifests] == [1, 2]
+    assert run.manifest(1) == m1_before  # never rewritten
+    assert not run.store.exists(run.manifest_rel(3))
+    for m in manifests:
+        metrics = run.store.read_json(run.metrics_rel(m["iteration"]))
+        assert metrics["engines"]["content_ids"] == [m["checkpoint_content_id"]]  # evaluated = committed
+        assert run.store.content_id(run.store.rel(m["checkpoint_uri"])) == m["checkpoint_content_id"]
+    assert manifests[1]["policy_in"] == manifests[0]["checkpoint_uri"]
+    leftovers = [p for p in store.rglob("*") if ".tmp-" in p.name]
+    assert leftovers == []
+    assert not run.store.exists(run.lease_rel)  # released by the run that finished
