@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from rlcr.storage import atomic_directory, default_cache_dir
+from rlcr.storage import atomic_directory, default_cache_dir, sweep_temporaries
 
 __all__ = ["SMOLLM2", "smollm2_gguf_path", "default_cache_dir", "prepare_smollm2", "resolve_model"]
 
@@ -48,6 +48,7 @@ def prepare_smollm2(dest: str | Path | None = None, *, force: bool = False) -> P
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    sweep_temporaries(dest.parent, max_depth=0)  # conversions killed half-way
     with atomic_directory(dest) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)

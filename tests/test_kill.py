@@ -46,7 +46,7 @@ def test_sigkill_during_update_and_commit_then_resume(ray_local, prefect_harness
         "model": str(tiny_model_dir), "storage_uri": str(store), "prompts_per_iteration": 2,
         "num_generations_answer": 2, "num_generations_confidence": 2, "num_train_tasks": 16, "num_eval_tasks": 4,
         "temperature": 1.0, "max_answer_tokens": 16, "max_confidence_tokens": 8, "engine_max_model_len": 512,
-        "engine_kv_cache_gib": 0.25, "learning_rate": 1e-4, "retries": 0, "eval_every": 1,
+        "engine_kv_cache_gib": 0.25, "learning_rate": 1e-4, "retries": 0, "eval_every": 2,
     }
     run = RunStore.open(RLCRConfig(**overrides), "killed")
 
