@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 test: setup
 	$(PY) -m pytest -q
 
-# The pure units only, in seconds: deselects tests marked `slow` (Ray, vLLM, Prefect, S3/moto and other
+# The pure units only, in about a minute: deselects tests marked `slow` (Ray, vLLM, Prefect, S3/moto and other
 # servers, the real SmolLM2 model, notebook execution; see tests/conftest.py). `make test` and CI run all.
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
