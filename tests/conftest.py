@@ -94,7 +94,7 @@ def ray_local():
 # Fixtures that start something heavy: Ray, vLLM engines, a Prefect API server, a moto S3 server,
 # the real SmolLM2 model; fixtures that depend on these are caught too (``item.fixturenames`` is the
 # closure). Tests that use any of them, and every test of SLOW_MODULES, are marked ``slow``:
-# ``make test-fast`` (``pytest -m "not slow"``) runs the rest in seconds; ``make test`` runs all.
+# ``make test-fast`` (``pytest -m "not slow"``) runs the rest in about a minute; ``make test`` runs all.
 SLOW_FIXTURES = {
     "ray_local",  # local Ray (Ray Data rollouts, Ray Train updates)
     "engine", "engine_pool", "rollout_runs", "tiny_reports", "run_store",  # vLLM engines (run_store: a real probe)
