@@ -89,17 +89,18 @@ def _step(label: str, out: Optional[Console] = None) -> Iterator[None]:
 
 
 class StageProgress:
-    """Progress of the training flow, fed by its stage events (``flows.train.add_listener``); use as
-    ``with bar: rlcr_train(...)``.
+    """Progress of the training flow, fed by its stage events; use as
+    ``with events.subscribed(bar.on_event), bar: rlcr_train(...)``.
 
     On a terminal: a rich progress bar. Off one (``make demo > demo.log``, CI), where rich's bars print
     nothing: one plain, flushed line per stage start and per stage finish, with the elapsed time and,
-    where the run has committed it, the stage's headline figure. ``flows.train.add_listener`` only
-    announces the *start* of a stage (``bar(stage, iteration)``), so a stage is done when the next one
-    starts or when the flow returns; the same stage announced again means Prefect retried it.
-    ``figures(stage, iteration)`` gives a finished stage's headline figure or None
-    (:func:`committed_figures` reads them from the run's committed files). A flow that also reports
-    the end of a stage can feed :meth:`on_event` instead. A display never fails the flow it watches.
+    where known, the stage's headline figures. :meth:`on_event` takes :class:`rlcr.events.StageEvent`
+    (start; end with elapsed time and figures); ``bar(stage, iteration)`` takes start events alone
+    (``flows.train.add_listener``). A stage without an end event is done when the next one starts or
+    when the flow returns; the same stage started again means Prefect retried it. When an end event
+    carries no figures, ``figures(stage, iteration)`` may supply them (:func:`committed_figures` reads
+    the baseline evaluation and a committed iteration's metrics from the run's files). A display
+    never fails the flow it watches.
     """
 
     LABELS = {"baseline": "held-out evaluation of the starting policy",
@@ -281,7 +282,8 @@ def train(
     overrides: list[str] = typer.Argument(None, help="field=value overrides."),
 ):
     """Run (or resume) the `rlcr` training flow locally (ephemeral Prefect, local or $RAY_ADDRESS Ray)."""
-    from flows.train import add_listener, remove_listener, rlcr_train
+    from flows.train import rlcr_train
+    from rlcr import events
     from rlcr.runs import RunStore, new_run_id
 
     cfg = _config(config, overrides or [])
@@ -290,12 +292,8 @@ def train(
     run_id = run_id or cfg.run_id or new_run_id()
     done = len(RunStore.open(cfg, run_id).committed())
     bar = StageProgress(cfg.iterations, done + 1, figures=committed_figures(cfg, run_id))
-    add_listener(bar)
-    try:
-        with bar:
-            rlcr_train(config=config, overrides=list(overrides or []), run_id=run_id, iterations=cfg.iterations)
-    finally:
-        remove_listener(bar)
+    with events.subscribed(bar.on_event), bar:
+        rlcr_train(config=config, overrides=list(overrides or []), run_id=run_id, iterations=cfg.iterations)
     console.print(summary_table(run_id, cfg))
 
 
@@ -372,7 +370,8 @@ def demo(
 ):
     """The main job: SmolLM2 → format warm-start → RLCR iterations → probe, with a summary."""
     from flows.probe import rlcr_probe
-    from flows.train import add_listener, ensure_ray, remove_listener, rlcr_train
+    from flows.train import ensure_ray, rlcr_train
+    from rlcr import events
     from rlcr.evaluate import evaluate_policy
     from rlcr.models import resolve_model
     from rlcr.rollout.engine import EnginePool
@@ -413,12 +412,8 @@ def demo(
     train_cfg = cfg.model_copy(update={"model": sft_uri})
     done = len(RunStore.open(train_cfg, run_id).committed())
     bar = StageProgress(train_cfg.iterations, done + 1, figures=committed_figures(train_cfg, run_id), title="4/5 RLCR")
-    add_listener(bar)
-    try:
-        with bar:
-            rlcr_train(config=config, overrides=overrides, run_id=run_id)
-    finally:
-        remove_listener(bar)
+    with events.subscribed(bar.on_event), bar:
+        rlcr_train(config=config, overrides=overrides, run_id=run_id)
     times["rlcr"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()

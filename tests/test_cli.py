@@ -79,26 +79,29 @@ def test_a_failed_stage_and_a_broken_figure_source():
 
 
 def test_end_events_give_done_lines_at_once_with_their_figures():
-    """A flow that reports stage ends (phase, elapsed time, figures) through ``on_event``."""
-    from types import SimpleNamespace as Event
+    """The flow's stage events (``rlcr.events``) as the CLI subscribes to them: the baseline has no end
+    event (done when iteration 1 starts), the other stages end with their elapsed time and figures."""
+    from rlcr import events
+    from rlcr.events import StageEvent
 
     out, buf = log_console()
     bar = StageProgress(1, 1, out=out)
-    with bar:
-        bar.on_event(Event(stage="baseline", iteration=0, phase="start"))
-        bar.on_event(Event(stage="baseline", iteration=0, phase="end", elapsed_s=37.0,
-                           figures={"accuracy": 0.031, "ECE": 0.528}))
-        bar.on_event(Event(stage="rollouts", iteration=1, phase="start"))
-        bar.on_event(Event(stage="rollouts", iteration=1, phase="end", elapsed_s=27.1,
-                           figures={"answer reward": 0.31}))
-        assert lines(buf)[-1][11:] == "iteration 1 rollouts: done in 27.1 s (answer reward 0.310)"
-        bar.on_event(Event(stage="update", iteration=1, phase="start"))
+    with events.subscribed(bar.on_event), bar:
+        events.emit(StageEvent("baseline", 0, "start"))
+        events.emit(StageEvent("rollouts", 1, "start"))
+        events.emit(StageEvent("rollouts", 1, "end", 27.1, {"samples": 24}))
+        events.emit(StageEvent("advantages", 1, "start"))
+        events.emit(StageEvent("advantages", 1, "end", 0.4, {"answer reward": 0.31, "confidence reward": None}))
+        assert lines(buf)[-1][11:] == "iteration 1 advantages: done in 0.4 s (answer reward 0.310)"
+        events.emit(StageEvent("update", 1, "start"))
+    events.emit(StageEvent("update", 1, "start"))  # unsubscribed: not shown
     text = [line[11:] for line in lines(buf)]
-    assert text[1:4] == ["baseline evaluation: started — held-out evaluation of the starting policy",
-                         "baseline evaluation: done in 37.0 s (accuracy 0.031, ECE 0.528)",
-                         "iteration 1 rollouts: started — generating answers → confidences"]
+    assert text[1] == "baseline evaluation: started — held-out evaluation of the starting policy"
+    assert re.fullmatch(r"baseline evaluation: done in \d+\.\d s", text[2])
+    assert text[3:5] == ["iteration 1 rollouts: started — generating answers → confidences",
+                         "iteration 1 rollouts: done in 27.1 s (samples 24)"]
     assert re.fullmatch(r"iteration 1 update: done in \d+\.\d s", text[-2])  # no end event: done at the flow's end
-    assert len(text) == 8
+    assert len(text) == 10
 
 
 def test_steps_print_start_and_done_off_a_terminal_only():
