@@ -7,11 +7,10 @@ from typing import Any, Sequence
 from rlcr.config import RLCRConfig
 from rlcr.metrics import calibration_metrics
 from rlcr.rollout.pipeline import build_rollout_dataset, check_prompt_lengths, to_records
+from rlcr.seeds import EVAL_SALT
 from rlcr.tasks.countdown import CountdownTask
 
 __all__ = ["evaluate_policy", "summarize_eval"]
-
-EVAL_SALT = 7_777_777
 
 
 def summarize_eval(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from rlcr import seeds
 from rlcr.config import RLCRConfig
 from rlcr.rollout.records import assign_advantages, rows_to_table, validate_rollouts
 from rlcr.rollout.stages import AnswerStage, ConfidenceStage, expand_to_turn2, score_answers, score_confidences
@@ -35,8 +36,8 @@ class RolloutResult:
 
 
 def rollout_seed(cfg: RLCRConfig, iteration: int) -> int:
-    """Engine seed of an iteration: distinct per iteration, fixed by the run's seed."""
-    return (cfg.seed * 1_000_003 + iteration * 7919) % (2**31 - 1)
+    """Engine seed of an iteration: :func:`rlcr.seeds.rollout_seed` of the run's seed."""
+    return seeds.rollout_seed(cfg.seed, iteration)
 
 
 def build_rollout_dataset(
@@ -53,14 +54,15 @@ def build_rollout_dataset(
     """The lazy Ray Dataset of one iteration's rollout tree (answer and confidence rows).
 
     ``engines``: names of long-lived engine actors to use instead of one engine per
-    stage actor. ``g_a``/``g_c`` override the group sizes (evaluation: 1 and 1).
+    stage actor. ``g_a``/``g_c`` override the group sizes (evaluation: 1 and 1); ``salt`` is added to
+    the iteration's seed (evaluation: :data:`rlcr.seeds.EVAL_SALT`).
     """
     import ray.data
 
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # same request order → reproducible samples
     ctx.enable_progress_bars = cfg.rollout_progress
-    seed = rollout_seed(cfg, iteration) + salt
+    seed = seeds.rollout_seed(cfg.seed, iteration, salt=salt)
     common = dict(cfg=cfg.model_dump(mode="json"), policy_uri=policy_uri, seed=seed, engines=engines)
     answer_args = dict(common, n=g_a)
     confidence_args = dict(common, n=g_c)
@@ -140,15 +142,13 @@ def check_prompt_lengths(cfg: RLCRConfig, tasks: Sequence[tuple[int, CountdownTa
     """Fail before any Ray work if a turn-1 prompt is longer than ``max_prompt_tokens``."""
     from transformers import AutoTokenizer
 
+    from rlcr.rollout.engine import render_prompt
     from rlcr.storage import fetch_checkpoint
     from rlcr.tasks.countdown import turn1_messages
 
     tokenizer = AutoTokenizer.from_pretrained(fetch_checkpoint(policy_uri, endpoint_url=cfg.s3_endpoint_url))
     for pid, task in tasks:
-        text = tokenizer.apply_chat_template(turn1_messages(task), add_generation_prompt=True, tokenize=False)
-        n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
-        if n > cfg.max_prompt_tokens:
-            raise ValueError(f"prompt_id={pid}: rendered prompt has {n} tokens > max_prompt_tokens={cfg.max_prompt_tokens}")
+        render_prompt(tokenizer, turn1_messages(task), where=f"prompt_id={pid}", max_prompt_tokens=cfg.max_prompt_tokens)
 
 
 def generate_rollouts(

@@ -33,6 +33,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from rlcr.masks import completion_mask
+from rlcr.seeds import mini_batch_seed
 
 __all__ = [
     "Sample",
@@ -145,11 +146,11 @@ def prepare_samples(rows: Iterable[dict[str, Any]], tokenizer=None, *, check_fin
 
 def plan_mini_batches(n: int, *, epochs: int, mini_batches: int, seed: int) -> list[list[list[int]]]:
     """``plan[epoch][k]`` = global row indices of mini-batch k: a seeded permutation per
-    epoch split into ``mini_batches`` near-equal parts (some empty when n is small).
-    Identical on every worker."""
+    epoch (seeded by :func:`rlcr.seeds.mini_batch_seed`) split into ``mini_batches`` near-equal
+    parts (some empty when n is small). Identical on every worker."""
     plan = []
     for epoch in range(epochs):
-        g = torch.Generator().manual_seed(int(seed) * 1_000_003 + epoch)
+        g = torch.Generator().manual_seed(mini_batch_seed(seed, epoch))
         perm = torch.randperm(n, generator=g).tolist()
         bounds = [round(k * n / mini_batches) for k in range(mini_batches + 1)]
         plan.append([sorted(perm[bounds[k]:bounds[k + 1]]) for k in range(mini_batches)])
