@@ -112,21 +112,20 @@ def sft_examples(n_tasks: int, seed: int, *, tasks: list[CountdownTask] | None =
 def sft_rows(cfg, tokenizer, n_tasks: int, seed: int) -> list[dict[str, Any]]:
     """The examples as update rows (ROLLOUT_SCHEMA fields the trainer reads): the whole target
     completion (and its end-of-turn token) carries loss, advantage 1."""
+    from rlcr.rollout.engine import render_prompt
+    from rlcr.rollout.records import rollout_row
+
     rows = []
     # the run's training tasks (never a held-out one); ``seed`` drives the wrong answers and confidences
     for i, ex in enumerate(sft_examples(n_tasks, seed, tasks=sft_tasks(cfg, n_tasks))):
-        context = tokenizer.apply_chat_template(ex["messages"], add_generation_prompt=True, tokenize=False)
-        ctx_ids = tokenizer(context, add_special_tokens=False)["input_ids"]
+        context, ctx_ids = render_prompt(tokenizer, ex["messages"])
         ids = tokenizer(ex["completion"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        task = ex["task"]
-        rows.append({
-            "run_id": "sft", "iteration": 0, "prompt_id": i // 2, "answer_id": 0,
-            "confidence_id": 0 if ex["sample_type"] == "confidence" else None, "sample_type": ex["sample_type"],
-            "nums": list(task.nums), "target": task.target, "context_text": context, "context_ids": ctx_ids,
-            "completion_text": ex["completion"], "completion_ids": ids, "completion_logprobs": None,
-            "loss_mask": [1] * len(ids), "finish_reason": "stop", "truncated": False, "score": None,
-            "correct": 1.0, "confidence": None, "reward": 1.0, "advantage": 1.0,
-        })
+        rows.append(rollout_row(
+            ex["sample_type"], task=ex["task"], run_id="sft", iteration=0, prompt_id=i // 2, answer_id=0,
+            confidence_id=0 if ex["sample_type"] == "confidence" else None, context_text=context, context_ids=ctx_ids,
+            completion_text=ex["completion"], completion_ids=ids, loss_mask=[1] * len(ids),
+            correct=1.0, reward=1.0, advantage=1.0,
+        ))
     return rows
 
 

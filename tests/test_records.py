@@ -6,10 +6,12 @@ import torch
 
 from rlcr.advantages import answer_advantages, confidence_advantages
 from rlcr.rollout.records import (
-    Generation,
+    ROLLOUT_SCHEMA,
     RolloutValidationError,
+    answer_scores,
     assign_advantages,
-    build_rollout_rows,
+    confidence_scores,
+    rollout_row,
     rows_to_table,
     table_to_rows,
     validate_rollouts,
@@ -22,26 +24,30 @@ ANSWERS = [["16 + 5 + 3", "16 - 5 + 3", "oops", "3 + 5 + 16"], ["2 * 3 * 4", "4 
 CONFS = ["0.9", "0.2", "nan", "1", "0.5"]
 
 
-def tree():
+def tree(run_id="run", iteration=0):
+    """A scored P × G_a × G_c tree, built and scored as the rollout stages do: answers, then confidences."""
     answers, confs = [], []
     for j, task in enumerate(TASKS):
-        group, cgroup = [], []
         for k in range(GA):
             text = f"<think>try</think>\n<answer>{ANSWERS[j][k]}</answer>"
-            group.append(Generation("ctx", [1, 2, 3], text, [7] * (k + 1), [-0.5] * (k + 1), "stop" if k else "length"))
+            ans = rollout_row("answer", task=task, run_id=run_id, iteration=iteration, prompt_id=j, answer_id=k,
+                              context_text="ctx", context_ids=[1, 2, 3], completion_text=text,
+                              completion_ids=[7] * (k + 1), completion_logprobs=[-0.5] * (k + 1),
+                              finish_reason="stop" if k else "length", **answer_scores(text, task))
+            answers.append(ans)
             ctx = "\n".join(m["content"] for m in turn2_messages(task, text))
-            cgroup.append([
-                Generation(ctx, [1, 2], f"<confidence>{CONFS[(j + k + h) % len(CONFS)]}</confidence>", [9, 9], None, "stop")
-                for h in range(GC)
-            ])
-        answers.append(group)
-        confs.append(cgroup)
-    return answers, confs
+            for h in range(GC):
+                ctext = f"<confidence>{CONFS[(j + k + h) % len(CONFS)]}</confidence>"
+                confs.append(rollout_row(
+                    "confidence", task=task, run_id=run_id, iteration=iteration, prompt_id=j, answer_id=k,
+                    confidence_id=h, context_text=ctx, context_ids=[1, 2], completion_text=ctext, completion_ids=[9, 9],
+                    correct=ans["correct"], **confidence_scores(ctext, ans["correct"])))
+    return answers + confs
 
 
 def test_build_counts_and_rewards():
-    answers, confs = tree()
-    rows = build_rollout_rows("run", 2, TASKS, answers, confs)
+    rows = tree("run", 2)
+    assert all(list(r) == ROLLOUT_SCHEMA.names for r in rows)  # every field, in the schema's order
     assert validate_rollouts(rows, num_prompts=P, g_a=GA, g_c=GC) == (P, GA, GC)
     ans = [r for r in rows if r["sample_type"] == "answer"]
     conf = [r for r in rows if r["sample_type"] == "confidence"]
@@ -57,8 +63,7 @@ def test_build_counts_and_rewards():
 
 
 def test_advantages_match_the_formulas():
-    answers, confs = tree()
-    rows = assign_advantages(build_rollout_rows("run", 0, TASKS, answers, confs), conf_mode="answer_then_prompt")
+    rows = assign_advantages(tree(), conf_mode="answer_then_prompt")
     ans = sorted((r for r in rows if r["sample_type"] == "answer"), key=lambda r: (r["prompt_id"], r["answer_id"]))
     conf = sorted((r for r in rows if r["sample_type"] == "confidence"),
                   key=lambda r: (r["prompt_id"], r["answer_id"], r["confidence_id"]))
@@ -70,8 +75,7 @@ def test_advantages_match_the_formulas():
 
 
 def test_parquet_round_trip(tmp_path):
-    answers, confs = tree()
-    rows = assign_advantages(build_rollout_rows("run", 1, TASKS, answers, confs))
+    rows = assign_advantages(tree("run", 1))
     pq.write_table(rows_to_table(rows), tmp_path / "r.parquet")
     back = table_to_rows(pq.read_table(tmp_path / "r.parquet"))
     assert len(back) == len(rows)
@@ -88,8 +92,7 @@ def test_parquet_round_trip(tmp_path):
 
 
 def test_validation_errors():
-    answers, confs = tree()
-    rows = build_rollout_rows("run", 0, TASKS, answers, confs)
+    rows = tree()
     orphan = [r for r in rows if not (r["sample_type"] == "answer" and r["prompt_id"] == 1 and r["answer_id"] == 2)]
     with pytest.raises(RolloutValidationError, match="parent answer prompt_id=1 answer_id=2 is missing"):
         validate_rollouts(orphan)

@@ -32,6 +32,8 @@ from rlcr.metrics import calibration_metrics
 from rlcr.probe.metrics import aoc, curve_aoc, mean_curve, verbalized_gap
 from rlcr.probe.truncation import DEFAULT_FRACTIONS, reasoning_of, truncation_points
 from rlcr.rewards import brier_reward, parse_confidence
+from rlcr.rollout.engine import render_prompt  # pure helper; no vLLM import
+from rlcr.seeds import PROBE_FORCED_SALT, PROBE_TURN1_SALT, PROBE_TURN2_SALT, mix
 from rlcr.tasks.countdown import CountdownTask, compute_score, turn1_messages, turn2_messages
 
 __all__ = [
@@ -42,9 +44,6 @@ __all__ = [
 ANSWER_STOP = ("</answer>",)
 CONFIDENCE_STOP = ("</confidence>",)
 FORCED_OPEN = "<answer>"
-# Salts of the three generate calls (turn 1, turn 2, forced answers) under the probe seed.
-SALT_TURN1, SALT_TURN2, SALT_FORCED = 1, 2, 3
-
 # (prompts as token ids, n, max_tokens, stop, seed) → n texts per prompt
 Sampler = Callable[..., list[list[str]]]
 
@@ -82,11 +81,6 @@ class ProbeSettings:
 
 
 # ----------------------------------------------------------------------------- pieces
-
-
-def render(tokenizer, messages: list[dict[str, str]]) -> str:
-    """Chat template with the generation prompt, as text (the training stages render the same way)."""
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
 def encode(tokenizer, text: str) -> list[int]:
@@ -132,12 +126,6 @@ def vllm_sampler(llm, settings: ProbeSettings) -> Sampler:
     return sample
 
 
-def _seed(settings: ProbeSettings, salt: int) -> int:
-    from rlcr.rollout.engine import batch_seed  # pure helper; no vLLM import
-
-    return batch_seed(settings.seed, salt)
-
-
 # ----------------------------------------------------------------------------- the probe
 
 
@@ -159,21 +147,22 @@ def run_probe(
     if responses is not None and len(responses) != len(tasks):
         raise ValueError(f"{len(responses)} responses for {len(tasks)} tasks")
     t0 = time.perf_counter()
-    prompts = [render(tokenizer, turn1_messages(t)) for t in tasks]
+    rendered = [render_prompt(tokenizer, turn1_messages(t)) for t in tasks]
+    prompts = [text for text, _ in rendered]
 
     # 1. turn 1: the response (reasoning + answer)
     if responses is None:
-        responses = [g[0] for g in sampler([encode(tokenizer, p) for p in prompts], n=1,
+        responses = [g[0] for g in sampler([ids for _, ids in rendered], n=1,
                                            max_tokens=settings.max_answer_tokens, stop=ANSWER_STOP,
-                                           seed=_seed(settings, SALT_TURN1))]
+                                           seed=mix(settings.seed, PROBE_TURN1_SALT))]
     scores = [compute_score(r, t.ground_truth, format_score=settings.format_score, score=1.0)
               for r, t in zip(responses, tasks)]
     correct = [1.0 if s == 1.0 else 0.0 for s in scores]
 
     # 2. turn 2: the verbalized confidence for that exact response
-    conf_prompts = [encode(tokenizer, render(tokenizer, turn2_messages(t, r))) for t, r in zip(tasks, responses)]
+    conf_prompts = [render_prompt(tokenizer, turn2_messages(t, r))[1] for t, r in zip(tasks, responses)]
     conf_texts = [g[0] for g in sampler(conf_prompts, n=1, max_tokens=settings.max_confidence_tokens,
-                                        stop=CONFIDENCE_STOP, seed=_seed(settings, SALT_TURN2))] if tasks else []
+                                        stop=CONFIDENCE_STOP, seed=mix(settings.seed, PROBE_TURN2_SALT))] if tasks else []
 
     # 3. truncation points of each reasoning
     reasonings = [reasoning_of(r) for r in responses]
@@ -187,7 +176,7 @@ def run_probe(
             prefixes.setdefault(forced_prefix(p, pt.text), len(prefixes))
     outs = sampler([encode(tokenizer, text) for text in prefixes], n=settings.samples,
                    max_tokens=settings.forced_answer_tokens, stop=ANSWER_STOP,
-                   seed=_seed(settings, SALT_FORCED)) if prefixes else []
+                   seed=mix(settings.seed, PROBE_FORCED_SALT)) if prefixes else []
 
     records = []
     for i, (task, prompt, response, reasoning, pts) in enumerate(zip(tasks, prompts, responses, reasonings, points)):

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Sequence
 
 __all__ = [
-    "create_engine", "sample", "seeded_sample", "batch_seed", "Sample", "resolve_dtype", "has_gpu",
+    "create_engine", "sample", "seeded_sample", "Sample", "resolve_dtype", "has_gpu",
     "RolloutEngine", "EnginePool", "render_prompt", "sample_chats",
 ]
 
@@ -145,21 +145,14 @@ def sample(
     return result
 
 
-def batch_seed(seed: int, *keys: int) -> int:
-    """Seed of one generate call, derived from the iteration seed and the batch's first row.
-
-    Sampling noise comes from torch's global generator of the (in-process)
-    engine; re-seeding it before every call makes each batch's samples depend
-    only on (seed, batch contents), not on which actor ran it or what ran before.
-    """
-    h = seed
-    for k in keys:
-        h = (h * 1_000_003 + int(k) + 1) % (2**31 - 1)
-    return h
-
-
 def seeded_sample(llm, prompts, *, seed: int, **kwargs) -> list[list[Sample]]:
-    """:func:`sample` after re-seeding the global RNGs the in-process engine samples from."""
+    """:func:`sample` after re-seeding the global RNGs the in-process engine samples from.
+
+    Sampling noise comes from torch's global generator of the (in-process) engine;
+    re-seeding it before every call (with a per-call seed, :func:`rlcr.seeds.mix`)
+    makes each call's samples depend only on (seed, requests), not on which actor
+    ran it or what ran before.
+    """
     import random
 
     import numpy as np
@@ -171,12 +164,17 @@ def seeded_sample(llm, prompts, *, seed: int, **kwargs) -> list[list[Sample]]:
     return sample(llm, prompts, **kwargs)
 
 
-def render_prompt(tokenizer, messages, *, where: str, max_prompt_tokens: int) -> tuple[str, list[int]]:
-    """Chat template → (context text, context token ids); a prompt over ``max_prompt_tokens`` is an error
-    naming ``where`` (the row)."""
+def render_prompt(tokenizer, messages, *, where: str = "prompt",
+                  max_prompt_tokens: int | None = None) -> tuple[str, list[int]]:
+    """Chat template with the generation prompt → (context text, context token ids): the one place a
+    conversation becomes a prompt (rollout stages, prompt-length check, warm-start rows, probe).
+
+    The ids are the text's tokens without added special tokens (the template holds them), so
+    ``context_ids`` is exactly what the engine is given. A prompt over ``max_prompt_tokens``
+    (None: no limit) is an error naming ``where`` (the row)."""
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    if len(ids) > max_prompt_tokens:
+    if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
         raise ValueError(f"{where}: rendered prompt has {len(ids)} tokens > max_prompt_tokens={max_prompt_tokens}")
     return text, ids
 
@@ -257,11 +255,6 @@ class RolloutEngine:
     def _check(self, policy_uri: str) -> None:
         if policy_uri != self.policy_uri:
             raise RuntimeError(f"engine holds {self.policy_uri}, but the stage asked for {policy_uri}: call load() first")
-
-    def generate(self, prompts, *, policy_uri: str, seed: int, **kwargs) -> list[list[Sample]]:
-        """Token-id prompts → samples (:func:`seeded_sample`)."""
-        self._check(policy_uri)
-        return seeded_sample(self.llm, prompts, seed=seed, **kwargs)
 
     def generate_chats(self, conversations, *, policy_uri: str, **kwargs):
         """Conversations → (contexts, samples with loss masks) (:func:`sample_chats`)."""

@@ -10,7 +10,6 @@ Pure Python + pyarrow.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import pyarrow as pa
@@ -22,11 +21,10 @@ from rlcr.tasks.countdown import CountdownTask, compute_score
 
 __all__ = [
     "ROLLOUT_SCHEMA",
-    "Generation",
     "RolloutValidationError",
-    "answer_row",
-    "confidence_row",
-    "build_rollout_rows",
+    "rollout_row",
+    "answer_scores",
+    "confidence_scores",
     "assign_advantages",
     "rows_to_table",
     "table_to_rows",
@@ -66,94 +64,76 @@ class RolloutValidationError(ValueError):
     """The rollout rows do not form a complete, consistent P × G_a × G_c tree."""
 
 
-@dataclass
-class Generation:
-    """One sampled completion and the context it was sampled from."""
+def rollout_row(
+    sample_type: str,
+    *,
+    task: CountdownTask,
+    prompt_id: int,
+    answer_id: int,
+    confidence_id: int | None = None,
+    context_text: str,
+    context_ids: Sequence[int],
+    completion_text: str,
+    completion_ids: Sequence[int],
+    completion_logprobs: Sequence[float] | None = None,
+    loss_mask: Sequence[int] | None = None,
+    finish_reason: str | None = "stop",
+    run_id: str | None = None,
+    iteration: int | None = None,
+    score: float | None = None,
+    correct: float | None = None,
+    confidence: float | None = None,
+    reward: float | None = None,
+    advantage: float | None = None,
+) -> dict[str, Any]:
+    """One rollout row with every :data:`ROLLOUT_SCHEMA` field: the only place a row is laid out.
 
-    context_text: str
-    context_ids: list[int]
-    completion_text: str
-    completion_ids: list[int]
-    completion_logprobs: list[float] | None = None
-    finish_reason: str = "stop"
-    loss_mask: list[int] | None = None
-
-
-def _base(run_id: str, iteration: int, prompt_id: int, task: CountdownTask, gen: Generation) -> dict[str, Any]:
+    The rollout stages, the warm-start's examples (:mod:`rlcr.sft`) and the tests build
+    their rows here. ``truncated`` follows from ``finish_reason`` ("length"); an empty
+    ``finish_reason`` is "stop". Scores come from :func:`answer_scores` /
+    :func:`confidence_scores`; ``run_id``/``iteration`` may be filled in later (the
+    pipeline does in :func:`rlcr.rollout.pipeline.to_records`), ``advantage`` by
+    :func:`assign_advantages`.
+    """
+    if sample_type not in (ANSWER, CONFIDENCE):
+        raise ValueError(f"sample_type must be {ANSWER!r} or {CONFIDENCE!r}, got {sample_type!r}")
     return {
         "run_id": run_id,
         "iteration": iteration,
-        "prompt_id": prompt_id,
-        "nums": list(task.nums),
-        "target": task.target,
-        "context_text": gen.context_text,
-        "context_ids": list(gen.context_ids),
-        "completion_text": gen.completion_text,
-        "completion_ids": list(gen.completion_ids),
-        "completion_logprobs": None if gen.completion_logprobs is None else list(gen.completion_logprobs),
-        "loss_mask": None if gen.loss_mask is None else list(gen.loss_mask),
-        "finish_reason": gen.finish_reason or "stop",
-        "truncated": gen.finish_reason == "length",
-        "advantage": None,
+        "prompt_id": int(prompt_id),
+        "answer_id": int(answer_id),
+        "confidence_id": confidence_id,
+        "sample_type": sample_type,
+        "nums": [int(x) for x in task.nums],
+        "target": int(task.target),
+        "context_text": context_text,
+        "context_ids": list(context_ids),
+        "completion_text": completion_text,
+        "completion_ids": list(completion_ids),
+        "completion_logprobs": None if completion_logprobs is None else list(completion_logprobs),
+        "loss_mask": None if loss_mask is None else list(loss_mask),
+        "finish_reason": finish_reason or "stop",
+        "truncated": finish_reason == "length",
+        "score": score,
+        "correct": correct,
+        "confidence": confidence,
+        "reward": reward,
+        "advantage": advantage,
     }
 
 
-def answer_row(
-    run_id: str, iteration: int, prompt_id: int, answer_id: int, task: CountdownTask, gen: Generation,
-    *, format_score: float = 0.1,
-) -> dict[str, Any]:
-    """Row of a turn-1 answer, scored: ``reward`` = accuracy reward ∈ {0, 1} (SPEC §4)."""
-    row = _base(run_id, iteration, prompt_id, task, gen)
-    acc = accuracy_reward(gen.completion_text, task)
-    row.update(
-        answer_id=answer_id, confidence_id=None, sample_type=ANSWER,
-        score=float(compute_score(gen.completion_text, task.ground_truth, format_score=format_score)),
-        correct=acc, confidence=None, reward=acc,
-    )
-    return row
+def answer_scores(completion_text: str, task: CountdownTask, *, format_score: float = 0.1) -> dict[str, float]:
+    """Scores of a turn-1 answer (SPEC §4): ``score`` = :func:`compute_score`, ``correct`` = ``reward`` =
+    the accuracy reward ∈ {0, 1}. Keyword arguments of :func:`rollout_row`."""
+    acc = accuracy_reward(completion_text, task)
+    return {"score": float(compute_score(completion_text, task.ground_truth, format_score=format_score)),
+            "correct": acc, "reward": acc}
 
 
-def confidence_row(
-    run_id: str, iteration: int, prompt_id: int, answer_id: int, confidence_id: int,
-    task: CountdownTask, gen: Generation, parent_correct: float,
-) -> dict[str, Any]:
-    """Row of a turn-2 confidence, scored: ``reward`` = 1 − (acc − c)², 0 if unparseable (SPEC §4)."""
-    row = _base(run_id, iteration, prompt_id, task, gen)
-    row.update(
-        answer_id=answer_id, confidence_id=confidence_id, sample_type=CONFIDENCE, score=None,
-        correct=float(parent_correct), confidence=parse_confidence(gen.completion_text),
-        reward=brier_reward(gen.completion_text, parent_correct),
-    )
-    return row
-
-
-def build_rollout_rows(
-    run_id: str,
-    iteration: int,
-    tasks: Sequence[CountdownTask],
-    answers: Sequence[Sequence[Generation]],
-    confidences: Sequence[Sequence[Sequence[Generation]]],
-    *,
-    prompt_ids: Sequence[int] | None = None,
-    format_score: float = 0.1,
-) -> list[dict[str, Any]]:
-    """Flatten and score a rollout tree: ``answers[j][k]``, ``confidences[j][k][h]``.
-
-    Returns the P·G_a answer rows followed by the P·G_a·G_c confidence rows.
-    """
-    if not (len(tasks) == len(answers) == len(confidences)):
-        raise ValueError(f"tree sizes disagree: {len(tasks)} tasks, {len(answers)} answer groups, {len(confidences)} confidence groups")
-    prompt_ids = list(range(len(tasks))) if prompt_ids is None else list(prompt_ids)
-    answer_rows, conf_rows = [], []
-    for j, (task, group, conf_groups) in enumerate(zip(tasks, answers, confidences)):
-        if len(conf_groups) != len(group):
-            raise ValueError(f"prompt {j}: {len(group)} answers but {len(conf_groups)} confidence groups")
-        for k, gen in enumerate(group):
-            row = answer_row(run_id, iteration, prompt_ids[j], k, task, gen, format_score=format_score)
-            answer_rows.append(row)
-            for h, cgen in enumerate(conf_groups[k]):
-                conf_rows.append(confidence_row(run_id, iteration, prompt_ids[j], k, h, task, cgen, row["correct"]))
-    return answer_rows + conf_rows
+def confidence_scores(completion_text: str, correct: float) -> dict[str, float | None]:
+    """Scores of a turn-2 confidence given its answer's accuracy ``correct`` (SPEC §4): the parsed
+    ``confidence`` (None if unparseable) and ``reward`` = 1 − (correct − c)², 0 if unparseable."""
+    return {"confidence": parse_confidence(completion_text), "reward": brier_reward(completion_text, correct)}
 
 
 def assign_advantages(

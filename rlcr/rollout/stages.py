@@ -26,8 +26,9 @@ from typing import Any
 import pandas as pd
 
 from rlcr.config import RLCRConfig
-from rlcr.rewards import accuracy_reward, brier_reward, parse_confidence
-from rlcr.tasks.countdown import CountdownTask, compute_score, turn1_messages, turn2_messages
+from rlcr.rollout.records import answer_scores, confidence_scores, rollout_row
+from rlcr.seeds import ANSWER_SALT, CONFIDENCE_SALT, mix
+from rlcr.tasks.countdown import CountdownTask, turn1_messages, turn2_messages
 
 __all__ = [
     "AnswerStage",
@@ -85,9 +86,9 @@ class _EngineStage:
 
     def _generate(self, conversations, labels: list[str], n: int, max_tokens: int, stop, first_key: tuple[int, ...]):
         """Render, sample and mask one batch where the engine is; returns (contexts, samples)."""
-        from rlcr.rollout.engine import batch_seed, sample_chats
+        from rlcr.rollout.engine import sample_chats
 
-        kwargs = dict(labels=labels, sample_type=self.stage_name, seed=batch_seed(self.seed, self.stage_salt, *first_key),
+        kwargs = dict(labels=labels, sample_type=self.stage_name, seed=mix(self.seed, self.stage_salt, *first_key),
                       n=self.n or n, temperature=self.cfg.temperature, top_p=self.cfg.top_p, max_tokens=max_tokens,
                       stop=stop)
         t0 = time.perf_counter()
@@ -110,46 +111,37 @@ class _EngineStage:
         return df
 
     @staticmethod
-    def _completion_fields(s) -> dict[str, Any]:
-        return {
-            "completion_text": s.completion_text,
-            "completion_ids": s.completion_ids,
-            "completion_logprobs": s.completion_logprobs,
-            "finish_reason": s.finish_reason,
-            "truncated": s.finish_reason == "length",
-            "loss_mask": s.loss_mask,
-        }
+    def _row(sample_type: str, task: CountdownTask, context: tuple[str, list[int]], s, **fields) -> dict[str, Any]:
+        """The :func:`~rlcr.rollout.records.rollout_row` of engine sample ``s`` drawn from ``context``."""
+        text, ids = context
+        return rollout_row(sample_type, task=task, context_text=text, context_ids=ids,
+                           completion_text=s.completion_text, completion_ids=s.completion_ids,
+                           completion_logprobs=s.completion_logprobs, loss_mask=s.loss_mask,
+                           finish_reason=s.finish_reason, **fields)
 
 
 class AnswerStage(_EngineStage):
     """Turn 1: G_a answers per prompt. Input columns: prompt_id, nums, target."""
 
     stage_name = "answer"
-    stage_salt = 0
+    stage_salt = ANSWER_SALT
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
         contexts, samples = self._generate(
             [turn1_messages(_task(r)) for _, r in batch.iterrows()],
             [f"prompt_id={r['prompt_id']}" for _, r in batch.iterrows()],
             self.cfg.num_generations_answer, self.cfg.max_answer_tokens, ANSWER_STOP, (int(batch["prompt_id"].iloc[0]),))
-        rows = []
-        for (_, r), (text, ids), group in zip(batch.iterrows(), contexts, samples):
-            for k, s in enumerate(group):
-                rows.append({
-                    "prompt_id": int(r["prompt_id"]), "answer_id": k, "confidence_id": -1,
-                    "sample_type": "answer", "nums": [int(x) for x in r["nums"]], "target": int(r["target"]),
-                    "context_text": text, "context_ids": ids, **self._completion_fields(s),
-                })
+        rows = [self._row("answer", _task(r), context, s, prompt_id=r["prompt_id"], answer_id=k, confidence_id=-1)
+                for (_, r), context, group in zip(batch.iterrows(), contexts, samples) for k, s in enumerate(group)]
         return self._timing(pd.DataFrame(rows))
 
 
 def score_answers(batch: pd.DataFrame, format_score: float = 0.1) -> pd.DataFrame:
     """acc_reward ∈ {0, 1} from :func:`compute_score` (SPEC §4); keeps the raw score too."""
     batch = batch.copy()
-    tasks = [_task(r) for _, r in batch.iterrows()]
-    texts = list(batch["completion_text"])
-    batch["score"] = [float(compute_score(t, task.ground_truth, format_score=format_score)) for t, task in zip(texts, tasks)]
-    batch["correct"] = [accuracy_reward(t, task) for t, task in zip(texts, tasks)]
+    scores = [answer_scores(r["completion_text"], _task(r), format_score=format_score) for _, r in batch.iterrows()]
+    batch["score"] = [s["score"] for s in scores]
+    batch["correct"] = [s["correct"] for s in scores]
     batch["reward"] = batch["correct"]
     batch["confidence"] = math.nan
     return batch
@@ -172,7 +164,7 @@ class ConfidenceStage(_EngineStage):
     """
 
     stage_name = "confidence"
-    stage_salt = 1
+    stage_salt = CONFIDENCE_SALT
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
         first = (int(batch["prompt_id"].iloc[0]), int(batch["answer_id"].iloc[0]))
@@ -181,15 +173,9 @@ class ConfidenceStage(_EngineStage):
             [f"prompt_id={r['prompt_id']} answer_id={r['answer_id']}" for _, r in batch.iterrows()],
             self.cfg.num_generations_confidence, self.cfg.max_confidence_tokens, CONFIDENCE_STOP, first)
         answers = batch.drop(columns=["turn2_messages"])
-        rows = []
-        for (_, r), (text, ids), group in zip(answers.iterrows(), contexts, samples):
-            for h, s in enumerate(group):
-                rows.append({
-                    "prompt_id": int(r["prompt_id"]), "answer_id": int(r["answer_id"]), "confidence_id": h,
-                    "sample_type": "confidence", "nums": [int(x) for x in r["nums"]], "target": int(r["target"]),
-                    "context_text": text, "context_ids": ids, **self._completion_fields(s),
-                    "score": math.nan, "correct": float(r["correct"]), "reward": 0.0, "confidence": math.nan,
-                })
+        rows = [self._row("confidence", _task(r), context, s, prompt_id=r["prompt_id"], answer_id=r["answer_id"],
+                          confidence_id=h, score=math.nan, correct=float(r["correct"]), reward=0.0, confidence=math.nan)
+                for (_, r), context, group in zip(answers.iterrows(), contexts, samples) for h, s in enumerate(group)]
         conf = self._timing(pd.DataFrame(rows))
         return pd.concat([_listify(answers), conf], ignore_index=True).fillna(
             {c: 0.0 for c in ("_answer_init_s", "_answer_generate_s", "_confidence_init_s", "_confidence_generate_s")}
@@ -209,9 +195,8 @@ def score_confidences(batch: pd.DataFrame) -> pd.DataFrame:
     """conf_reward = 1 − (acc − c)², 0 if unparseable (SPEC §4); answer rows pass through."""
     batch = batch.copy()
     is_conf = batch["sample_type"] == "confidence"
-    texts = batch.loc[is_conf, "completion_text"]
-    labels = batch.loc[is_conf, "correct"]
-    parsed = [parse_confidence(t) for t in texts]
-    batch.loc[is_conf, "confidence"] = [math.nan if c is None else c for c in parsed]
-    batch.loc[is_conf, "reward"] = [brier_reward(t, int(y)) for t, y in zip(texts, labels)]
+    scores = [confidence_scores(t, int(y))
+              for t, y in zip(batch.loc[is_conf, "completion_text"], batch.loc[is_conf, "correct"])]
+    batch.loc[is_conf, "confidence"] = [math.nan if s["confidence"] is None else s["confidence"] for s in scores]
+    batch.loc[is_conf, "reward"] = [s["reward"] for s in scores]
     return batch
