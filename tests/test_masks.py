@@ -1,6 +1,5 @@
 """Span masks (SPEC §5) with two real tokenizers: SmolLM2's and a trained byte-level BPE."""
 
-import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from rlcr.masks import (
@@ -8,8 +7,8 @@ from rlcr.masks import (
     completion_mask,
     completion_offsets,
     confidence_span,
-    sequence_loss_mask,
 )
+from rlcr.train.batching import Sample, collate
 
 
 def masked_text(tok, ids, mask):
@@ -19,6 +18,22 @@ def masked_text(tok, ids, mask):
 def encode(tok, text, eos=True):
     ids = tok(text, add_special_tokens=False)["input_ids"]
     return ids + ([tok.eos_token_id] if eos else [])
+
+
+def row_loss_mask(context_len, completion_mask, pad):
+    """Loss mask of the full ``[context | completion | padding]`` row the update trains on: the input
+    positions whose tokens are predicted and carry loss (:func:`rlcr.train.batching.collate`)."""
+    n = len(completion_mask)
+    sample = Sample(index=0, context_ids=[5] * context_len, completion_ids=[6] * n, loss_mask=list(completion_mask),
+                    advantage=1.0)
+    longer = Sample(index=1, context_ids=[5] * (context_len + n + pad - 1), completion_ids=[6], loss_mask=[0],
+                    advantage=1.0)  # pads the first row by ``pad`` positions
+    mb = collate([sample, longer], pad_id=0)
+    full = [0] * mb.input_ids.shape[1]
+    for row, col, pos in zip(mb.sel_row.tolist(), mb.sel_col.tolist(), mb.sel_pos.tolist()):
+        if row == 0 and mb.loss_mask[row, col]:
+            full[pos + 1] = 1  # the logits at ``pos`` predict the token at ``pos + 1``
+    return full
 
 
 def test_spans_by_hand():
@@ -77,11 +92,8 @@ def test_non_canonical_tokenisation_falls_back(any_tokenizer):
     assert "<think>" in got and got.endswith("</answer>") and "done" not in got
 
 
-def test_sequence_loss_mask_layout():
-    full = sequence_loss_mask(context_len=4, completion_mask=[0, 1, 1, 0], total_len=10)
-    assert full == [0, 0, 0, 0, 0, 1, 1, 0, 0, 0]
-    with pytest.raises(ValueError):
-        sequence_loss_mask(context_len=8, completion_mask=[1, 1, 1], total_len=10)
+def test_row_loss_mask_layout():
+    assert row_loss_mask(context_len=4, completion_mask=[0, 1, 1, 0], pad=2) == [0, 0, 0, 0, 0, 1, 1, 0, 0, 0]
 
 
 FRAGMENTS = st.sampled_from(
@@ -91,7 +103,7 @@ FRAGMENTS = st.sampled_from(
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(FRAGMENTS, max_size=30), st.sampled_from(["answer", "confidence"]), st.integers(0, 12), st.integers(0, 5))
+@given(st.lists(FRAGMENTS, max_size=30), st.sampled_from(["answer", "confidence"]), st.integers(1, 12), st.integers(0, 5))
 def test_mask_properties(any_tokenizer, frags, kind, ctx_len, pad):
     tok = any_tokenizer
     text = "".join(frags)
@@ -111,5 +123,6 @@ def test_mask_properties(any_tokenizer, frags, kind, ctx_len, pad):
         if b <= span[0] and a < b:
             assert m == 0
     # in the full [context | completion | padding] row, context and padding are never masked
-    full = sequence_loss_mask(ctx_len, mask, ctx_len + len(mask) + pad)
+    full = row_loss_mask(ctx_len, mask, pad)
+    assert len(full) == ctx_len + len(mask) + pad
     assert sum(full[:ctx_len]) == 0 and sum(full[ctx_len + len(mask):]) == 0 and sum(full) == sum(mask)
