@@ -27,7 +27,8 @@ from rlcr.train.batching import (
     prepare_samples,
     shard_rows,
 )
-from rlcr.train.update import CompletionLogProbs, NonFiniteError, save_checkpoint, train_update
+from rlcr.train.checkpoint import NonFiniteError, save_checkpoint
+from rlcr.train.update import CompletionLogProbs, train_update
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -167,6 +168,25 @@ def test_prepare_samples_validates_and_computes_null_masks(tiny_tokenizer):
     row = dict(make_rows(1, 1, 2)[0], completion_ids=ids, completion_text=text, loss_mask=None, advantage=1.0)
     (s,) = prepare_samples([row], tiny_tokenizer)
     assert s.loss_mask[:-1] == [1] * (len(ids) - 1) and s.loss_mask[-1] == 0  # EOS after </answer> is outside
+
+
+# ----------------------------------------------------------------------------- objectives
+
+
+def test_objectives_are_registered_by_name():
+    from types import SimpleNamespace
+
+    from rlcr.train.update import OBJECTIVES, get_objective, register_objective
+
+    assert {"grpo", "sft"} <= set(OBJECTIVES)
+    assert OBJECTIVES["grpo"].uses_old_logp and not OBJECTIVES["sft"].uses_old_logp
+    assert all("SPEC §" in (o.loss.__doc__ or "") for o in OBJECTIVES.values())
+    with pytest.raises(ValueError, match="unknown objective 'nope'"):
+        get_objective("nope")
+    with pytest.raises(ValueError, match="already registered"):
+        register_objective("grpo")(lambda inputs, cfg: None)
+    with pytest.raises(TypeError, match="RLCRConfig"):  # no ad-hoc configs: their defaults would drift
+        train_update(None, [], SimpleNamespace(objective="grpo", share_prefixes=True), pad_id=0)
 
 
 # ----------------------------------------------------------------------------- loss + model

@@ -1,12 +1,14 @@
 """The masked GRPO update (SPEC §7): batching and the update in-process, Ray Train on top.
 
 * :mod:`rlcr.train.batching` — rows → samples → mini-batches → token-budget micro-batches;
-* :mod:`rlcr.train.update` — log-probs at masked tokens, loss, optimizer steps, checkpoints (no Ray);
+* :mod:`rlcr.train.update` — log-probs at masked tokens, registered objectives, optimizer steps (no Ray);
+* :mod:`rlcr.train.checkpoint` — sealed, finite checkpoints in the artifact store;
 * :mod:`rlcr.train.trainer` — ``TorchTrainer`` and :func:`run_update` (imports Ray lazily).
 """
 
 from rlcr.train.batching import MicroBatch, Sample, collate, pack_micro_batches, prepare_samples
-from rlcr.train.update import CompletionLogProbs, NonFiniteError, save_checkpoint, train_update
+from rlcr.train.checkpoint import NonFiniteError, save_checkpoint
+from rlcr.train.update import OBJECTIVES, CompletionLogProbs, register_objective, train_update
 
 
 def run_update(*args, **kwargs):
@@ -23,6 +25,8 @@ __all__ = [
     "pack_micro_batches",
     "prepare_samples",
     "CompletionLogProbs",
+    "OBJECTIVES",
+    "register_objective",
     "NonFiniteError",
     "save_checkpoint",
     "train_update",

@@ -12,7 +12,8 @@ A thin layer over :func:`rlcr.train.update.train_update`:
   small) into one global order and processes its own part of each mini-batch,
   so the mini-batches — and the update — do not depend on the number of workers;
 * rank 0 writes the new checkpoint to
-  ``<storage_uri>/runs/<run_id>/iter-<k>/checkpoint/`` through
+  ``<storage_uri>/runs/<run_id>/iter-<k>/checkpoint/`` with
+  :func:`rlcr.train.checkpoint.save_checkpoint` through
   :class:`rlcr.storage.Store` (sealed with ``_COMPLETE``) and reports its URI and
   the metrics. Ray Train's own ``storage_path`` is a temporary local directory for
   its bookkeeping only; it is not the artifact store.
@@ -31,9 +32,11 @@ from typing import Any
 import torch
 
 from rlcr.config import RLCRConfig
+from rlcr.seeds import update_seed
 from rlcr.storage import Store, fetch_checkpoint, iteration_prefix
 from rlcr.train.batching import prepare_samples
-from rlcr.train.update import CompletionLogProbs, save_checkpoint, train_update
+from rlcr.train.checkpoint import save_checkpoint
+from rlcr.train.update import CompletionLogProbs, train_update
 
 __all__ = ["UpdateResult", "run_update", "checkpoint_rel", "train_loop_per_worker", "load_policy"]
 
@@ -111,7 +114,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     metrics = train_update(
         model, samples, cfg, pad_id=pad_id, ref=ref, rank=rank, world_size=world_size,
-        seed=cfg.seed * 7919 + int(config["iteration"]),
+        seed=update_seed(cfg.seed, int(config["iteration"])),
     )
 
     state_dict = _full_state_dict(model) if cfg.fsdp else None  # a collective: all ranks

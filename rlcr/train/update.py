@@ -1,24 +1,35 @@
-"""The masked GRPO update, in-process (SPEC §7): log-probs, steps, checkpoints.
+"""The masked GRPO update, in-process (SPEC §7): log-probs, objectives, optimizer steps.
 
-Nothing here needs Ray. :func:`train_update` runs one iteration's optimizer
-steps on whatever ranks exist (``torch.distributed`` when initialised, else a
-single process); :mod:`rlcr.train.trainer` calls it inside Ray Train workers,
-the tests and ``bench/update.py`` call it directly.
+Nothing here needs Ray or the artifact store. :func:`train_update` runs one
+iteration's optimizer steps on whatever ranks exist (``torch.distributed`` when
+initialised, else a single process); :mod:`rlcr.train.trainer` calls it inside
+Ray Train workers and writes the checkpoint (:mod:`rlcr.train.checkpoint`), the
+tests and ``bench/update.py`` call it directly. It reads in order:
 
-One optimizer step (= one mini-batch), on every rank:
+* the plan: seeded mini-batches, this rank's rows of each, packed into micro-batches;
+* :func:`_prepass`: π_old / π_ref, once, before the first step;
+* :func:`_step`, once per mini-batch (= one optimizer step), on every rank:
 
-1. the global masked-token and sequence counts of the mini-batch are
-   all-reduced, so every micro-batch's loss is normalised by the *whole* batch's
-   count (``loss_agg`` token-mean: Σ ℓ·M / Σ M over all micro-batches and workers);
-2. each micro-batch: log π at the masked completion tokens only (backbone →
-   hidden states at the positions that predict them → ``lm_head`` on those rows
-   alone → :func:`rlcr.loss.token_logprobs`), :func:`rlcr.loss.policy_loss` with
-   token advantages λ·A·M, backward of ``loss × world_size`` (DDP averages
-   gradients over ranks, so the accumulated gradient is the whole-batch gradient);
-   ranks with fewer micro-batches run zero-loss dummies, so DDP's collectives match;
-3. a non-finite loss or gradient norm on any rank skips the step on every rank
-   (gradients zeroed, no optimizer step, counted in ``skipped_steps``); else the
-   gradient norm is clipped and AdamW steps.
+  1. the global masked-token and sequence counts of the mini-batch are
+     all-reduced, so every micro-batch's loss is normalised by the *whole* batch's
+     count (``loss_agg`` token-mean: Σ ℓ·M / Σ M over all micro-batches and workers);
+  2. each micro-batch (:func:`micro_batch_loss`): log π at the masked completion
+     tokens only (backbone → hidden states at the positions that predict them →
+     ``lm_head`` on those rows alone → :func:`rlcr.loss.token_logprobs`), the loss
+     of the configured objective, backward of ``loss × world_size`` (DDP averages
+     gradients over ranks, so the accumulated gradient is the whole-batch gradient);
+     ranks with fewer micro-batches run zero-loss dummies, so DDP's collectives match;
+  3. a non-finite loss or gradient norm on any rank skips the step on every rank
+     (gradients zeroed, no optimizer step, counted in ``skipped_steps``); else the
+     gradient norm is clipped and AdamW steps;
+  4. the micro-batches' metrics (:class:`StepMetrics`) are all-reduced into the step's;
+
+* :func:`_summary`: the update's metrics from the steps'.
+
+Objectives (``cfg.objective``) are registered by name in :data:`OBJECTIVES` with
+:func:`register_objective`, as verl registers its policy losses and advantage
+estimators: ``grpo`` (SPEC §7) and ``sft`` (the warm-start); a new method is one
+more decorated function.
 
 π_old (``old_logp_source``): ``recompute`` (default) is the on-policy-exact one —
 the trainer's own model and numerics, so the first step's ratio is exactly 1
@@ -32,13 +43,15 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from rlcr.advantages import spread_to_tokens
+from rlcr.config import RLCRConfig
 from rlcr.loss import policy_loss, token_logprobs
 from rlcr.train.batching import (
     MicroBatch,
@@ -55,19 +68,18 @@ from rlcr.train.batching import (
 
 __all__ = [
     "CompletionLogProbs",
-    "NonFiniteError",
+    "LossInputs",
+    "Objective",
+    "OBJECTIVES",
+    "register_objective",
+    "get_objective",
     "make_optimizer",
     "set_lr",
     "micro_batch_loss",
     "optimizer_step",
+    "StepMetrics",
     "train_update",
-    "check_finite_parameters",
-    "save_checkpoint",
 ]
-
-
-class NonFiniteError(RuntimeError):
-    """Weights are not finite: no checkpoint may be written from them."""
 
 
 # ----------------------------------------------------------------------------- log-probs
@@ -134,7 +146,7 @@ def _autocast(device: torch.device):
 # ----------------------------------------------------------------------------- optimizer
 
 
-def make_optimizer(model: nn.Module, cfg) -> torch.optim.Optimizer:
+def make_optimizer(model: nn.Module, cfg: RLCRConfig) -> torch.optim.Optimizer:
     """AdamW(lr, weight_decay, betas) over the trainable parameters (fresh each update)."""
     params = [p for p in model.parameters() if p.requires_grad]
     return torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, betas=tuple(cfg.adam_betas))
@@ -155,7 +167,7 @@ def lr_factor(step: int, *, total: int, warmup: int, schedule: str) -> float:
     raise ValueError(f"lr_schedule: unknown schedule {schedule!r}")
 
 
-def set_lr(optimizer, cfg, step: int, total_steps: int) -> float:
+def set_lr(optimizer, cfg: RLCRConfig, step: int, total_steps: int) -> float:
     """Set the LR of optimizer step ``step`` (the schedule follows planned steps, skipped ones included)."""
     lr = cfg.learning_rate * lr_factor(step, total=total_steps, warmup=cfg.warmup_steps, schedule=cfg.lr_schedule)
     for group in optimizer.param_groups:
@@ -187,13 +199,125 @@ def _device_of(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+# ----------------------------------------------------------------------------- objectives
+
+
+@dataclass
+class LossInputs:
+    """What an objective sees of one micro-batch; tensors are completion-aligned ``[B, L]``."""
+
+    logp: torch.Tensor
+    """log π at the masked tokens (0 elsewhere), with gradient."""
+    entropy: torch.Tensor | None
+    """Per-token entropy (with gradient when ``entropy_coef`` > 0), or None."""
+    mb: MicroBatch
+    """The micro-batch: ``loss_mask``, ``advantages``, ``is_confidence``."""
+    old_logp: torch.Tensor | None
+    """π_old, or None for "the current log-probs, detached" (exactly on-policy)."""
+    ref_logp: torch.Tensor | None
+    """π_ref of the frozen reference model (β > 0), or None."""
+    global_tokens: float
+    """Masked tokens of the whole mini-batch, over all micro-batches and ranks."""
+    global_sequences: int
+    """Sequences of the whole mini-batch, over all ranks."""
+    max_response_len: int | None
+    """Dr. GRPO normaliser (``seq-mean-token-sum-norm``)."""
+
+
+ObjectiveFn = Callable[[LossInputs, RLCRConfig], tuple[torch.Tensor, dict[str, float]]]
+
+
+@dataclass(frozen=True)
+class Objective:
+    """A registered objective: ``loss(inputs, cfg) → (loss, metrics)``.
+
+    ``loss`` is this micro-batch's share of the mini-batch loss (normalised by the
+    global counts); ``metrics`` holds at least ``tokens``, ``answer/tokens`` and
+    ``confidence/tokens`` (the weights of the per-token means in :class:`StepMetrics`).
+    ``uses_old_logp``: whether the update provides π_old (pre-pass or rollout log-probs).
+    """
+
+    name: str
+    loss: ObjectiveFn
+    uses_old_logp: bool = True
+
+
+OBJECTIVES: dict[str, Objective] = {}
+"""The objectives ``cfg.objective`` may name, by name."""
+
+
+def register_objective(name: str, *, uses_old_logp: bool = True) -> Callable[[ObjectiveFn], ObjectiveFn]:
+    """Decorator registering ``fn(inputs: LossInputs, cfg) -> (loss, metrics)`` as objective ``name``."""
+
+    def decorate(fn: ObjectiveFn) -> ObjectiveFn:
+        if name in OBJECTIVES:
+            raise ValueError(f"objective {name!r} is already registered")
+        OBJECTIVES[name] = Objective(name, fn, uses_old_logp)
+        return fn
+
+    return decorate
+
+
+def get_objective(name: str) -> Objective:
+    """The objective registered as ``name``; ValueError naming the registered ones otherwise."""
+    try:
+        return OBJECTIVES[name]
+    except KeyError:
+        raise ValueError(f"unknown objective {name!r}; registered: {sorted(OBJECTIVES)}") from None
+
+
+@register_objective("grpo")
+def grpo_objective(x: LossInputs, cfg: RLCRConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    """Masked clipped policy gradient over answer and confidence samples together (SPEC §7).
+
+    Token advantages are λ_ans·A_ans·M_ans and λ_conf·A_conf·M_conf (SPEC §6, masks
+    SPEC §5); ratio ρ = exp(logπ − logπ_old) with the (dual) clip, optional KL to
+    π_ref and entropy bonus, aggregated by ``loss_agg``: :func:`rlcr.loss.policy_loss`.
+    """
+    mb, mask = x.mb, x.mb.loss_mask
+    device = mb.input_ids.device
+    old = x.logp.detach() if x.old_logp is None else x.old_logp.to(device) * mask
+    ref = x.ref_logp.to(device) * mask if x.ref_logp is not None else None
+    token_adv = spread_to_tokens(
+        mb.advantages, mask, mb.is_confidence, lambda_ans=cfg.lambda_ans, lambda_conf=cfg.lambda_conf
+    ).to(device)
+    return policy_loss(
+        x.logp, old, token_adv, mask,
+        clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.clip_c, agg=cfg.loss_agg,
+        ref_logp=ref, kl_coef=cfg.kl_coef, kl_type=cfg.kl_type,
+        global_tokens=x.global_tokens, global_sequences=x.global_sequences, max_response_len=x.max_response_len,
+        entropy=x.entropy, entropy_coef=cfg.entropy_coef, is_confidence=mb.is_confidence,
+    )
+
+
+@register_objective("sft", uses_old_logp=False)
+def sft_objective(x: LossInputs, cfg: RLCRConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    """Supervised warm-start: token-mean negative log-likelihood of the masked completion tokens over
+    the global batch (no ratio, no advantages).
+
+    SmolLM2 writes the answer format 0% of the time out of the box, so RL needs a
+    warm-start on solver traces first (SPEC §10; the methods compared share it,
+    SPEC §11). ``pg_loss`` reports the NLL per token, overall and per sample type.
+    """
+    mb, logp, mask = x.mb, x.logp, x.mb.loss_mask
+    nll = -(logp * mask).sum() / x.global_tokens
+    with torch.no_grad():
+        metrics = {"tokens": float(mask.sum())}
+        metrics["pg_loss"] = float(-(logp * mask).sum()) / max(metrics["tokens"], 1.0)
+        conf = mb.is_confidence.to(mb.input_ids.device)[:, None].to(mask.dtype)
+        for name, sel in (("answer", mask * (1 - conf)), ("confidence", mask * conf)):
+            metrics[f"{name}/tokens"] = float(sel.sum())
+            metrics[f"{name}/pg_loss"] = float(-(logp * sel).sum()) / max(metrics[f"{name}/tokens"], 1.0)
+    return nll, metrics
+
+
 # ----------------------------------------------------------------------------- one micro-batch
 
 
 def micro_batch_loss(
     policy: nn.Module,
     mb: MicroBatch,
-    cfg,
+    cfg: RLCRConfig,
     *,
     old_logp: torch.Tensor | None,
     ref_logp: torch.Tensor | None = None,
@@ -201,7 +325,7 @@ def micro_batch_loss(
     global_sequences: int,
     max_response_len: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
-    """Loss of one micro-batch, normalised by the global counts (SPEC §7).
+    """Loss of one micro-batch under ``cfg.objective``, normalised by the global counts (SPEC §7).
 
     ``old_logp``: ``[B, L]`` π_old, or None for "the current log-probs, detached"
     (exactly on-policy). Returns ``(loss, metrics, logp [B, L] detached)``.
@@ -212,30 +336,10 @@ def micro_batch_loss(
         logp_sel, ent_sel = policy(**mb.model_inputs(), entropy=ent_mode)
     logp = _scatter(logp_sel, mb)
     entropy = _scatter(ent_sel, mb) if ent_sel is not None else None
-    mask = mb.loss_mask
-    if getattr(cfg, "objective", "grpo") == "sft":
-        # Supervised warm-start: token-mean negative log-likelihood over the global batch.
-        nll = -(logp * mask).sum() / global_tokens
-        with torch.no_grad():
-            metrics = {"tokens": float(mask.sum())}
-            metrics["pg_loss"] = float(-(logp * mask).sum()) / max(metrics["tokens"], 1.0)
-            conf = mb.is_confidence.to(device)[:, None].to(mask.dtype)
-            for name, sel in (("answer", mask * (1 - conf)), ("confidence", mask * conf)):
-                metrics[f"{name}/tokens"] = float(sel.sum())
-                metrics[f"{name}/pg_loss"] = float(-(logp * sel).sum()) / max(metrics[f"{name}/tokens"], 1.0)
-        return nll, metrics, logp.detach()
-    old = logp.detach() if old_logp is None else old_logp.to(device) * mask
-    ref = ref_logp.to(device) * mask if ref_logp is not None else None
-    token_adv = spread_to_tokens(
-        mb.advantages, mask, mb.is_confidence, lambda_ans=cfg.lambda_ans, lambda_conf=cfg.lambda_conf
-    ).to(device)
-    loss, metrics = policy_loss(
-        logp, old, token_adv, mask,
-        clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.clip_c, agg=cfg.loss_agg,
-        ref_logp=ref, kl_coef=cfg.kl_coef, kl_type=cfg.kl_type,
-        global_tokens=global_tokens, global_sequences=global_sequences, max_response_len=max_response_len,
-        entropy=entropy, entropy_coef=cfg.entropy_coef, is_confidence=mb.is_confidence,
-    )
+    inputs = LossInputs(logp=logp, entropy=entropy, mb=mb, old_logp=old_logp, ref_logp=ref_logp,
+                        global_tokens=global_tokens, global_sequences=global_sequences,
+                        max_response_len=max_response_len)
+    loss, metrics = get_objective(cfg.objective).loss(inputs, cfg)
     return loss, metrics, logp.detach()
 
 
@@ -267,9 +371,9 @@ def _stack(cache: dict[int, torch.Tensor], mb: MicroBatch) -> torch.Tensor:
     return out
 
 
-def packing(cfg):
+def packing(cfg: RLCRConfig):
     """``(pack, collate)`` functions of the config: prefix trees (``share_prefixes``) or padded rows."""
-    if getattr(cfg, "share_prefixes", False):
+    if cfg.share_prefixes:
         return pack_prefix_trees, collate_prefix_tree
     return pack_micro_batches, collate
 
@@ -281,17 +385,140 @@ def _pad_groups(groups: list[list[Sample]], pad_id: int, device) -> list[list[Sa
     return groups + [[dummy_sample(pad_id)] for _ in range(n - len(groups))]
 
 
-# ----------------------------------------------------------------------------- the update
+def _prepass(policy: nn.Module, ref: nn.Module | None, cfg: RLCRConfig, objective: Objective,
+             local: list[list[list[Sample]]], packed: list[list[list[list[Sample]]]], *, total_steps: int,
+             pad_id: int, device) -> tuple[dict[int, torch.Tensor] | None, dict[int, torch.Tensor] | None]:
+    """π_old and π_ref caches (sample index → log-probs), each None where the update does not need it.
+
+    One no-grad pass before the first step, packed like epoch 0's micro-batches (identical
+    shapes → identical numerics → the first step's ratio is exactly 1), then the samples only
+    later epochs hold. π_old is recomputed only for an objective with a ratio, with
+    ``old_logp_source="recompute"`` and more than one step (one step uses the current
+    log-probs, detached); π_ref only for β > 0.
+    """
+    need_old = objective.uses_old_logp and cfg.old_logp_source == "recompute" and total_steps > 1
+    need_ref = ref is not None and cfg.kl_coef > 0
+    if not (need_old or need_ref):
+        return None, None
+    pack, collate_fn = packing(cfg)
+    first = [g for mb in packed[0] for g in mb]
+    seen = {s.index for g in first for s in g}
+    later = [s for ep in local[1:] for rows in ep for s in rows if s.index not in seen]
+    later = list({s.index: s for s in later}.values())
+    groups = first + pack(later, cfg.micro_batch_tokens)
+    old_cache = _logprob_cache(policy, _pad_groups(groups, pad_id, device), pad_id, device, collate_fn) if need_old else None
+    ref_cache = _logprob_cache(ref, groups, pad_id, device, collate_fn) if need_ref else None
+    return old_cache, ref_cache
+
+
+def _old_logp(mb: MicroBatch, cfg: RLCRConfig, objective: Objective,
+              old_cache: dict[int, torch.Tensor] | None) -> torch.Tensor | None:
+    """π_old of a micro-batch: vLLM's sampling log-probs (``rollout``), the pre-pass's, or None (no
+    ratio in the objective, or a single on-policy step: the current log-probs, detached)."""
+    if not objective.uses_old_logp:
+        return None
+    if cfg.old_logp_source == "rollout":
+        if mb.rollout_logprobs is None:
+            raise ValueError("old_logp_source='rollout' but some rows have null completion_logprobs")
+        return mb.rollout_logprobs
+    return _stack(old_cache, mb) if old_cache is not None else None
+
+
+# ----------------------------------------------------------------------------- one optimizer step
 
 
 _METRIC_KEYS = ("pg_loss", "clipfrac_high", "clipfrac_low", "clipfrac_dual", "approx_kl", "ratio_mean", "entropy", "ref_kl")
 _TYPE_KEYS = ("pg_loss", "clipfrac", "approx_kl", "entropy")
+_TYPES = ("answer", "confidence")
+
+
+class StepMetrics:
+    """The micro-batch metrics of one optimizer step on this rank, summed with their token weights.
+
+    :meth:`add` takes each micro-batch's metrics (per-token means, weighted by its
+    ``tokens``; per-type means by ``answer/tokens`` / ``confidence/tokens``), loss and
+    padded size; :meth:`reduce` all-reduces everything in one collective and returns the
+    step's per-token means (rank-independent), the summed loss and the padded tokens.
+    """
+
+    def __init__(self) -> None:
+        self.sums = {key: 0.0 for key in _METRIC_KEYS}
+        self.sums.update({f"{t}/{key}": 0.0 for t in _TYPES for key in _TYPE_KEYS})
+        self.weights = {"tokens": 0.0, "answer/tokens": 0.0, "confidence/tokens": 0.0}
+        self.loss = 0.0
+        self.padded = 0
+        self.finite = True  # every loss on this rank so far is finite
+
+    def add(self, metrics: dict[str, float], loss: float, padded_tokens: int) -> None:
+        self.padded += padded_tokens
+        self.finite &= math.isfinite(loss)
+        self.loss += loss
+        for key in _METRIC_KEYS:
+            if key in metrics:
+                self.sums[key] += metrics[key] * metrics["tokens"]
+        self.weights["tokens"] += metrics["tokens"]
+        for t in _TYPES:
+            self.weights[f"{t}/tokens"] += metrics[f"{t}/tokens"]
+            for key in _TYPE_KEYS:
+                if f"{t}/{key}" in metrics:
+                    self.sums[f"{t}/{key}"] += metrics[f"{t}/{key}"] * metrics[f"{t}/tokens"]
+
+    def reduce(self, device) -> tuple[dict[str, float], float, float]:
+        """``(per-token means, loss, padded_tokens)`` over all ranks."""
+        keys = list(self.sums) + list(self.weights) + ["loss", "padded_tokens"]
+        red = dict(zip(keys, _reduce([*self.sums.values(), *self.weights.values(), self.loss, float(self.padded)],
+                                     device)))
+        means = {key: red[key] / max(red["tokens"], 1.0) for key in _METRIC_KEYS}
+        for t in _TYPES:
+            for key in _TYPE_KEYS:
+                means[f"{t}/{key}"] = red[f"{t}/{key}"] / max(red[f"{t}/tokens"], 1.0)
+        return means, red["loss"], red["padded_tokens"]
+
+
+def _step(policy: nn.Module, optimizer, cfg: RLCRConfig, objective: Objective, rows: list[Sample],
+          groups: list[list[Sample]], *, old_cache, ref_cache, pad_id: int, world_size: int, device) -> dict[str, float]:
+    """One optimizer step over one mini-batch: this rank's ``rows``, packed into micro-batch ``groups``.
+
+    Returns the step's metrics (``empty`` when no rank has a masked token: no forward, no step).
+    """
+    g_tokens, g_seqs = _reduce([float(sum(s.masked_tokens for s in rows)), float(len(rows))], device)
+    g_seqs = int(g_seqs)
+    info: dict[str, float] = {"global_tokens": g_tokens, "global_sequences": g_seqs}
+    if g_tokens == 0:  # nothing to learn from on any rank: no forward, no step
+        info.update(empty=1.0, stepped=0.0)
+        return info
+    _, collate_fn = packing(cfg)
+    max_response_len = cfg.max_response_len or max(cfg.max_answer_tokens, cfg.max_confidence_tokens)
+    groups = _pad_groups(groups, pad_id, device)
+    acc = StepMetrics()
+    for j, group in enumerate(groups):
+        mb = collate_fn(group, pad_id).to(device)
+        padded = mb.padded_tokens if group[0].index >= 0 else 0
+        old = _old_logp(mb, cfg, objective, old_cache)
+        ref_lp = _stack(ref_cache, mb) if ref_cache is not None else None
+        last = j == len(groups) - 1
+        sync = contextlib.nullcontext() if last or not hasattr(policy, "no_sync") else policy.no_sync()
+        with sync:
+            loss, m, _ = micro_batch_loss(
+                policy, mb, cfg, old_logp=old, ref_logp=ref_lp, global_tokens=g_tokens,
+                global_sequences=g_seqs, max_response_len=max_response_len,
+            )
+            (loss * world_size).backward()
+        acc.add(m, float(loss.detach()), padded)
+    grad_norm, stepped = optimizer_step(policy, optimizer, grad_clip=cfg.grad_clip, local_ok=acc.finite)
+    means, loss_sum, padded_tokens = acc.reduce(device)
+    info.update(means)
+    info.update(loss=loss_sum, grad_norm=grad_norm, stepped=float(stepped), empty=0.0, padded_tokens=padded_tokens)
+    return info
+
+
+# ----------------------------------------------------------------------------- the update
 
 
 def train_update(
     policy: nn.Module,
     samples: Sequence[Sample],
-    cfg,
+    cfg: RLCRConfig,
     *,
     pad_id: int,
     ref: nn.Module | None = None,
@@ -303,35 +530,28 @@ def train_update(
 
     ``policy``: a :class:`CompletionLogProbs`, possibly DDP/FSDP-wrapped;
     ``samples``: ALL of the iteration's samples, in the global order of
-    :func:`prepare_samples` (each rank picks its rows per mini-batch). Returns
-    metrics (rank-independent: every sum is all-reduced).
+    :func:`prepare_samples` (each rank picks its rows per mini-batch); ``seed``:
+    the mini-batch plan's (:func:`rlcr.seeds.update_seed`). Returns metrics
+    (rank-independent: every sum is all-reduced).
     """
+    if not isinstance(cfg, RLCRConfig):
+        raise TypeError(f"train_update takes an RLCRConfig, got {type(cfg).__name__}")
+    objective = get_objective(cfg.objective)
     device = _device_of(policy)
     epochs, per_epoch = cfg.epochs_per_iteration, cfg.mini_batches_per_epoch
     total_steps = epochs * per_epoch
-    max_response_len = getattr(cfg, "max_response_len", None) or max(cfg.max_answer_tokens, cfg.max_confidence_tokens)
     optimizer = make_optimizer(policy, cfg)
     optimizer.zero_grad(set_to_none=True)
 
+    # the plan: [epoch][mini-batch] → this rank's rows → its micro-batches
     plan = plan_mini_batches(len(samples), epochs=epochs, mini_batches=per_epoch, seed=seed)
     local = [[[samples[i] for i in shard_rows(mb, samples, rank, world_size)] for mb in ep] for ep in plan]
-    pack, collate_fn = packing(cfg)
+    pack, _ = packing(cfg)
     packed = [[pack(rows, cfg.micro_batch_tokens) for rows in ep] for ep in local]
 
-    # π_old / π_ref: one no-grad pass before the first step, packed like epoch 0's micro-batches
-    # (identical shapes → identical numerics → the first step's ratio is exactly 1).
     t0 = time.perf_counter()
-    first = [g for mb in packed[0] for g in mb]
-    seen = {s.index for g in first for s in g}
-    later = [s for ep in local[1:] for rows in ep for s in rows if s.index not in seen]
-    later = list({s.index: s for s in later}.values())
-    groups = first + pack(later, cfg.micro_batch_tokens)
-    old_cache = ref_cache = None
-    sft = getattr(cfg, "objective", "grpo") == "sft"
-    if cfg.old_logp_source == "recompute" and total_steps > 1 and not sft:
-        old_cache = _logprob_cache(policy, _pad_groups(groups, pad_id, device), pad_id, device, collate_fn)
-    if ref is not None and cfg.kl_coef > 0:
-        ref_cache = _logprob_cache(ref, groups, pad_id, device, collate_fn)
+    old_cache, ref_cache = _prepass(policy, ref, cfg, objective, local, packed, total_steps=total_steps,
+                                    pad_id=pad_id, device=device)
     prepass_s = time.perf_counter() - t0
 
     steps: list[dict[str, float]] = []
@@ -339,65 +559,20 @@ def train_update(
     for epoch in range(epochs):
         for k in range(per_epoch):
             lr = set_lr(optimizer, cfg, epoch * per_epoch + k, total_steps)
-            rows = local[epoch][k]
-            g_tokens, g_seqs = _reduce([float(sum(s.masked_tokens for s in rows)), float(len(rows))], device)
-            g_seqs = int(g_seqs)
-            info: dict[str, float] = {"epoch": epoch, "mini_batch": k, "lr": lr, "global_tokens": g_tokens,
-                                      "global_sequences": g_seqs}
-            if g_tokens == 0:  # nothing to learn from on any rank: no forward, no step
-                info.update(empty=1.0, stepped=0.0)
-                steps.append(info)
-                continue
-            groups_k = _pad_groups(packed[epoch][k], pad_id, device)
-            sums = {key: 0.0 for key in _METRIC_KEYS}
-            sums.update({f"{t}/{key}": 0.0 for t in ("answer", "confidence") for key in _TYPE_KEYS})
-            weights = {"tokens": 0.0, "answer/tokens": 0.0, "confidence/tokens": 0.0}
-            loss_sum, local_ok, padded = 0.0, True, 0
-            for j, group in enumerate(groups_k):
-                mb = collate_fn(group, pad_id).to(device)
-                padded += mb.padded_tokens if group[0].index >= 0 else 0
-                if sft:
-                    old = None
-                elif cfg.old_logp_source == "rollout":
-                    if mb.rollout_logprobs is None:
-                        raise ValueError("old_logp_source='rollout' but some rows have null completion_logprobs")
-                    old = mb.rollout_logprobs
-                else:
-                    old = _stack(old_cache, mb) if old_cache is not None else None
-                ref_lp = _stack(ref_cache, mb) if ref_cache is not None else None
-                last = j == len(groups_k) - 1
-                sync = contextlib.nullcontext() if last or not hasattr(policy, "no_sync") else policy.no_sync()
-                with sync:
-                    loss, m, _ = micro_batch_loss(
-                        policy, mb, cfg, old_logp=old, ref_logp=ref_lp, global_tokens=g_tokens,
-                        global_sequences=g_seqs, max_response_len=max_response_len,
-                    )
-                    (loss * world_size).backward()
-                lv = float(loss.detach())
-                local_ok &= math.isfinite(lv)
-                loss_sum += lv
-                for key in _METRIC_KEYS:
-                    if key in m:
-                        sums[key] += m[key] * m["tokens"]
-                weights["tokens"] += m["tokens"]
-                for t in ("answer", "confidence"):
-                    weights[f"{t}/tokens"] += m[f"{t}/tokens"]
-                    for key in _TYPE_KEYS:
-                        if f"{t}/{key}" in m:
-                            sums[f"{t}/{key}"] += m[f"{t}/{key}"] * m[f"{t}/tokens"]
-            grad_norm, stepped = optimizer_step(policy, optimizer, grad_clip=cfg.grad_clip, local_ok=local_ok)
-            keys = list(sums) + list(weights) + ["loss", "padded_tokens"]
-            red = dict(zip(keys, _reduce([*sums.values(), *weights.values(), loss_sum, float(padded)], device)))
-            for key in _METRIC_KEYS:
-                info[key] = red[key] / max(red["tokens"], 1.0)
-            for t in ("answer", "confidence"):
-                for key in _TYPE_KEYS:
-                    info[f"{t}/{key}"] = red[f"{t}/{key}"] / max(red[f"{t}/tokens"], 1.0)
-            info.update(loss=red["loss"], grad_norm=grad_norm, stepped=float(stepped), empty=0.0,
-                        padded_tokens=red["padded_tokens"])
+            info: dict[str, float] = {"epoch": epoch, "mini_batch": k, "lr": lr}
+            info.update(_step(policy, optimizer, cfg, objective, local[epoch][k], packed[epoch][k],
+                              old_cache=old_cache, ref_cache=ref_cache, pad_id=pad_id, world_size=world_size,
+                              device=device))
             steps.append(info)
     train_s = time.perf_counter() - t_train
+    return _summary(steps, samples, cfg, train_s=train_s, prepass_s=prepass_s, world_size=world_size,
+                    has_ref=ref_cache is not None)
 
+
+def _summary(steps: list[dict[str, float]], samples: Sequence[Sample], cfg: RLCRConfig, *, train_s: float,
+             prepass_s: float, world_size: int, has_ref: bool) -> dict[str, Any]:
+    """The update's metrics: counts and throughput, token-weighted means of the non-empty steps'
+    metrics, first/last values, the samples' per-type stats, and the per-step ``history``."""
     done = [s for s in steps if not s["empty"]]
     tokens = sum(s["global_tokens"] for s in done)
     out: dict[str, Any] = {
@@ -414,52 +589,14 @@ def train_update(
     }
     if done:
         w = [s["global_tokens"] for s in done]
-        for key in ("loss", "grad_norm", *_METRIC_KEYS,
-                    *(f"{t}/{k}" for t in ("answer", "confidence") for k in _TYPE_KEYS)):
+        for key in ("loss", "grad_norm", *_METRIC_KEYS, *(f"{t}/{k}" for t in _TYPES for k in _TYPE_KEYS)):
             out[key] = sum(s[key] * wi for s, wi in zip(done, w)) / sum(w)
         out["grad_norm_last"] = done[-1]["grad_norm"]
         out["loss_first"] = done[0]["loss"]
         out["ratio_mean_first"] = done[0]["ratio_mean"]
-    if ref_cache is None:
+    if not has_ref:
         out.pop("ref_kl", None)
     out["lr_last"] = steps[-1]["lr"] if steps else cfg.learning_rate
     out.update(type_stats(samples))
     out["history"] = steps
     return out
-
-
-# ----------------------------------------------------------------------------- checkpoints
-
-
-def check_finite_parameters(model: nn.Module) -> None:
-    """Raise :class:`NonFiniteError` naming the first parameter holding NaN/inf."""
-    for name, p in model.named_parameters():
-        if not torch.isfinite(p.detach()).all():
-            bad = int((~torch.isfinite(p.detach())).sum())
-            raise NonFiniteError(f"refusing to write a checkpoint: parameter {name!r} has {bad} non-finite values")
-
-
-def save_checkpoint(lm: nn.Module, tokenizer, store, rel: str, *, state_dict: dict | None = None,
-                    extra: dict | None = None) -> str:
-    """Write ``lm`` (safetensors, float32), its config and ``tokenizer`` to ``store`` at ``rel``.
-
-    Refuses non-finite weights. The directory is written locally, then uploaded
-    and sealed by :meth:`rlcr.storage.Store.put_dir` (``_COMPLETE`` written last),
-    so readers never see a partial checkpoint. Returns the checkpoint's URI.
-    """
-    import json
-    import tempfile
-
-    if state_dict is None:
-        check_finite_parameters(lm)
-    else:
-        for name, t in state_dict.items():
-            if torch.is_floating_point(t) and not torch.isfinite(t).all():
-                raise NonFiniteError(f"refusing to write a checkpoint: parameter {name!r} has non-finite values")
-    with tempfile.TemporaryDirectory(prefix="rlcr-ckpt-") as d:
-        lm.save_pretrained(d, state_dict=state_dict, safe_serialization=True)
-        tokenizer.save_pretrained(d)
-        if extra is not None:
-            with open(f"{d}/rlcr_update.json", "w") as f:
-                json.dump(extra, f, indent=2, sort_keys=True, default=str)
-        return store.put_dir(d, rel)

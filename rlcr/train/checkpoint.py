@@ -1,0 +1,50 @@
+"""Writing a policy checkpoint to the artifact store (SPEC §2: checkpoint → storage).
+
+The update (:mod:`rlcr.train.update`) only changes weights; the Ray Train worker
+(:mod:`rlcr.train.trainer`) writes them here, sealed, and never when they are not finite.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["NonFiniteError", "check_finite_parameters", "save_checkpoint"]
+
+
+class NonFiniteError(RuntimeError):
+    """Weights are not finite: no checkpoint may be written from them."""
+
+
+def check_finite_parameters(model: nn.Module) -> None:
+    """Raise :class:`NonFiniteError` naming the first parameter holding NaN/inf."""
+    for name, p in model.named_parameters():
+        if not torch.isfinite(p.detach()).all():
+            bad = int((~torch.isfinite(p.detach())).sum())
+            raise NonFiniteError(f"refusing to write a checkpoint: parameter {name!r} has {bad} non-finite values")
+
+
+def save_checkpoint(lm: nn.Module, tokenizer, store, rel: str, *, state_dict: dict | None = None,
+                    extra: dict | None = None) -> str:
+    """Write ``lm`` (safetensors, float32), its config and ``tokenizer`` to ``store`` at ``rel``.
+
+    Refuses non-finite weights. The directory is written locally, then uploaded
+    and sealed by :meth:`rlcr.storage.Store.put_dir` (``_COMPLETE`` written last),
+    so readers never see a partial checkpoint. Returns the checkpoint's URI.
+    """
+    import json
+    import tempfile
+
+    if state_dict is None:
+        check_finite_parameters(lm)
+    else:
+        for name, t in state_dict.items():
+            if torch.is_floating_point(t) and not torch.isfinite(t).all():
+                raise NonFiniteError(f"refusing to write a checkpoint: parameter {name!r} has non-finite values")
+    with tempfile.TemporaryDirectory(prefix="rlcr-ckpt-") as d:
+        lm.save_pretrained(d, state_dict=state_dict, safe_serialization=True)
+        tokenizer.save_pretrained(d)
+        if extra is not None:
+            with open(f"{d}/rlcr_update.json", "w") as f:
+                json.dump(extra, f, indent=2, sort_keys=True, default=str)
+        return store.put_dir(d, rel)
