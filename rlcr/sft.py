@@ -138,7 +138,7 @@ def run_sft(cfg, *, n_tasks: int = 600, epochs: int = 2, out: str | None = None,
     """
     from transformers import AutoTokenizer
 
-    from flows.train import ensure_ray
+    from rlcr.cluster import ensure_ray
     from rlcr.models import resolve_model
     from rlcr.storage import fetch_checkpoint
     from rlcr.train import run_update

@@ -181,3 +181,18 @@ def test_a_run_that_cannot_fit_the_cluster_fails_fast(ray_local, prefect_harness
                               "rollout_actors": 2, "num_train_tasks": 16, "num_eval_tasks": 4}, run_id="big")
     assert "num_workers" in str(err.value)
     assert time.monotonic() - t0 < 60
+
+
+def test_an_update_that_cannot_fit_fails_fast(ray_local, tiny_model_dir, tmp_path):
+    """`rlcr sft` or any update on its own: 8 trainer workers on a 4-CPU cluster fail at once, not wait."""
+    import time
+
+    from rlcr.cluster import ResourceError
+    from rlcr.config import RLCRConfig
+    from rlcr.train import run_update
+
+    cfg = RLCRConfig(model=str(tiny_model_dir), storage_uri=str(tmp_path), num_workers=8)
+    t0 = time.monotonic()
+    with pytest.raises(ResourceError, match="8 worker"):
+        run_update(cfg, [{"row": 0}], policy_uri=str(tiny_model_dir), run_id="big", iteration=1)
+    assert time.monotonic() - t0 < 60

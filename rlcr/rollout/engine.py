@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from rlcr.cluster import engine_actor_resources
+from rlcr.storage import checkpoint_content_id
+
 __all__ = [
     "create_engine", "sample", "seeded_sample", "Sample", "resolve_dtype", "has_gpu",
     "RolloutEngine", "EnginePool", "render_prompt", "sample_chats",
@@ -221,7 +224,7 @@ class RolloutEngine:
 
         self.cfg = RLCRConfig.model_validate(cfg)
         self.llm = self.tokenizer = None
-        self.policy_uri = None
+        self.policy_uri = self.content_id = None
         self.load(policy_uri)
 
     def load(self, policy_uri: str) -> dict:
@@ -231,10 +234,11 @@ class RolloutEngine:
 
         from rlcr.storage import fetch_checkpoint
 
-        if policy_uri == self.policy_uri:
-            return {"policy_uri": policy_uri, "load_s": 0.0, "mode": "unchanged"}
         t0 = time.perf_counter()
         local = fetch_checkpoint(policy_uri, endpoint_url=self.cfg.s3_endpoint_url)
+        content_id = checkpoint_content_id(local)
+        if policy_uri == self.policy_uri and content_id == self.content_id:
+            return {"policy_uri": policy_uri, "content_id": content_id, "load_s": 0.0, "mode": "unchanged"}
         mode = self.cfg.engine_weight_sync
         if mode == "auto":
             mode = "reload" if has_gpu() else "recreate"
@@ -249,8 +253,8 @@ class RolloutEngine:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(local)
-        self.policy_uri = policy_uri
-        return {"policy_uri": policy_uri, "load_s": time.perf_counter() - t0, "mode": mode}
+        self.policy_uri, self.content_id = policy_uri, content_id
+        return {"policy_uri": policy_uri, "content_id": content_id, "load_s": time.perf_counter() - t0, "mode": mode}
 
     def _check(self, policy_uri: str) -> None:
         if policy_uri != self.policy_uri:
@@ -269,7 +273,7 @@ class RolloutEngine:
 class EnginePool:
     """``rollout_actors`` :class:`RolloutEngine` actors, addressed by name from the Ray Data stages."""
 
-    def __init__(self, cfg, policy_uri: str, *, name: str = "rlcr-engine"):
+    def __init__(self, cfg, policy_uri: str, *, name: str = "rlcr-engine", start_timeout_s: float = 900.0):
         import uuid
 
         import ray
@@ -277,14 +281,21 @@ class EnginePool:
         self.cfg = cfg
         prefix = f"{name}-{uuid.uuid4().hex[:8]}"
         remote = ray.remote(RolloutEngine)
-        gpus = cfg.engine_tensor_parallel_size if cfg.use_gpu else 0
+        res = engine_actor_resources(cfg)
         self.names = [f"{prefix}-{i}" for i in range(cfg.rollout_actors)]
         self.actors = [
-            remote.options(name=n, num_cpus=0.5, num_gpus=gpus, max_concurrency=1,
+            remote.options(name=n, num_cpus=res["CPU"], num_gpus=res.get("GPU", 0), max_concurrency=1,
                            runtime_env=engine_runtime_env()).remote(cfg.model_dump(mode="json"), policy_uri)
             for n in self.names
         ]
-        ray.get([a.current.remote() for a in self.actors])
+        try:
+            ray.get([a.current.remote() for a in self.actors], timeout=start_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            self.shutdown()
+            raise TimeoutError(
+                f"{len(self.actors)} engine actor(s) did not start within {start_timeout_s:.0f} s (each asks "
+                f"{engine_actor_resources(cfg)}; cluster has {ray.cluster_resources()}, free "
+                f"{ray.available_resources()})") from None
         self.policy_uri = policy_uri
 
     def load(self, policy_uri: str) -> list[dict]:

@@ -144,6 +144,21 @@ def _as_dataset(rollouts):
     return ray.data.from_items(rows)
 
 
+def _check_workers_fit(cfg: RLCRConfig) -> None:
+    """Fail at once, naming the shortfall, when the cluster cannot hold the trainer workers: Ray Train
+    would otherwise wait for them forever (it retries its placement-group start without end)."""
+    import ray
+
+    from rlcr.cluster import ResourceError, trainer_worker_resources
+
+    total = ray.cluster_resources()
+    for res, per_worker in trainer_worker_resources(cfg).items():
+        need = per_worker * cfg.num_workers
+        if need > float(total.get(res, 0.0)) + 1e-9:
+            raise ResourceError(f"the update asks for {cfg.num_workers} worker(s) × {per_worker:g} {res} = {need:g} "
+                                f"{res} but the cluster has {float(total.get(res, 0.0)):g} (num_workers, use_gpu)")
+
+
 def run_update(
     cfg: RLCRConfig,
     rollouts,
@@ -180,6 +195,7 @@ def run_update(
             datasets={"train": _as_dataset(rollouts)},
             dataset_config=DataConfig(datasets_to_split=[]),
         )
+        _check_workers_fit(cfg)
         result = trainer.fit()
         with result.checkpoint.as_directory() as d:
             with open(os.path.join(d, RESULT_FILE)) as f:

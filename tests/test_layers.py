@@ -1,0 +1,69 @@
+"""The layers point one way: the import graph of `rlcr/` has no cycle, the math modules import no
+Ray/vLLM/Prefect, and nothing in `rlcr/` but the CLI (the top edge, which runs the flows) imports `flows/`."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MATH = ["rlcr.rewards", "rlcr.masks", "rlcr.advantages", "rlcr.loss", "rlcr.metrics", "rlcr.tasks.countdown"]
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module imported anywhere in the file (top level and inside functions)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+            out |= {f"{node.module}.{a.name}" for a in node.names}
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for d in ("rlcr", "flows") for p in (ROOT / d).rglob("*.py")}
+    return {m: {i for i in imports_of(p) if i in files} for m, p in files.items()}
+
+
+def test_no_import_cycles_in_rlcr():
+    g = {m: {i for i in deps if i.startswith("rlcr")} for m, deps in graph().items() if m.startswith("rlcr")}
+    # a package's __init__ re-exporting its submodules is not a cycle of the layers
+    g = {m: {i for i in deps if not (m.startswith(i + ".") and g.get(i) is not None)} for m, deps in g.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(g.get(m, ())):
+            if state.get(d) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(d):] + [d]))
+            if d not in state:
+                visit(d)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(g):
+        if m not in state:
+            visit(m)
+
+
+def test_only_the_cli_imports_flows():
+    offenders = sorted(m for m, deps in graph().items()
+                       if m.startswith("rlcr") and m != "rlcr.cli" and any(d.startswith("flows") for d in deps))
+    assert offenders == []
+
+
+def test_math_modules_import_no_ray_vllm_or_prefect():
+    for m in MATH:
+        path = ROOT / (m.replace(".", "/") + ".py")
+        heavy = sorted(i for i in imports_of(path) if i.split(".")[0] in {"ray", "vllm", "prefect"})
+        assert heavy == [], f"{m} imports {heavy}"
