@@ -42,27 +42,18 @@ def main() -> None:
     from flows.train import rlcr_train
     from rlcr.config import load_config
     from rlcr.runs import RunStore
-    from rlcr.sft import run_sft
-    from rlcr.storage import Store
+    from rlcr.sft import warm_start
 
     cfg = load_config(a.config, a.overrides)
     t0 = time.perf_counter()
-    sft_run = f"{a.run_id}-sft"
-    store = Store(cfg.storage_uri)
-    rel = f"runs/{sft_run}/iter-0000/checkpoint"
-    if a.sft:
-        sft_uri = a.sft
-    elif store.is_complete(rel):
-        sft_uri = store.url(rel)
-    else:
-        sft_uri = run_sft(cfg, n_tasks=a.sft_tasks, run_id=sft_run)[0]
+    sft_uri = a.sft or warm_start(cfg, run_id=f"{a.run_id}-sft", n_tasks=a.sft_tasks)[0]
     overrides = [*a.overrides, f"model={sft_uri}", "eval_every=1"]
     rlcr_train(config=a.config, overrides=overrides, run_id=a.run_id, iterations=a.iterations)
     elapsed = time.perf_counter() - t0
 
     train_cfg = load_config(a.config, overrides)
     run = RunStore.open(train_cfg, a.run_id)
-    rows = [(0, run.store.read_json(f"{run.prefix}/baseline.json")["eval"])]
+    rows = [(0, run.store.read_json(run.baseline_rel)["eval"])]
     for m in run.committed():
         rows.append((m["iteration"], run.store.read_json(run.store.rel(m["metrics_uri"]))["eval"]))
     keys = ("accuracy", "format_rate", "confidence_parse_rate", "mean_confidence", "brier", "ece", "auroc")

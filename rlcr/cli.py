@@ -223,7 +223,7 @@ def committed_figures(cfg, run_id: str) -> Callable[[str, int], Optional[str]]:
 
     def figures(stage: str, iteration: int) -> Optional[str]:
         if iteration == 0 and stage in ("evaluate", "baseline"):
-            rel = f"{run.prefix}/baseline.json"
+            rel = run.baseline_rel
             ev = run.store.read_json(rel)["eval"] if run.store.exists(rel) else {}
             return _figures((("accuracy", ev.get("accuracy")), ("ECE", ev.get("ece"))))
         if stage != "commit" or (m := run.manifest(iteration)) is None:
@@ -250,8 +250,8 @@ def summary_table(run_id: str, cfg) -> Table:
     table = Table(title=f"run {run_id}  ({run.store.url(run.prefix)})")
     for col in ("iter", "accuracy", "answer reward", "conf reward", "mean conf", "ECE", "Brier", "AUROC", "parse rate"):
         table.add_column(col, justify="right")
-    if run.store.exists(f"{run.prefix}/baseline.json"):
-        ev = run.store.read_json(f"{run.prefix}/baseline.json")["eval"]
+    if run.store.exists(run.baseline_rel):
+        ev = run.store.read_json(run.baseline_rel)["eval"]
         table.add_row("0 (start)", _f(ev.get("accuracy")), "–", "–", _f(ev.get("mean_confidence")), _f(ev.get("ece")),
                       _f(ev.get("brier")), _f(ev.get("auroc")), _f(ev.get("confidence_parse_rate")))
     for m in run.committed():
@@ -376,7 +376,7 @@ def demo(
     from rlcr.models import resolve_model
     from rlcr.rollout.engine import EnginePool
     from rlcr.runs import RunStore, task_sets
-    from rlcr.sft import run_sft
+    from rlcr.sft import warm_start
 
     t_start = time.perf_counter()
     cfg = _config(config, [])
@@ -396,14 +396,8 @@ def demo(
     times["eval base"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    from rlcr.storage import Store
-
-    store, sft_rel = Store(cfg.storage_uri), f"runs/{run_id}-sft/iter-0000/checkpoint"
-    if store.is_complete(sft_rel):  # a re-run reuses its warm-start
-        sft_uri = store.url(sft_rel)
-    else:
-        with _step(f"3/5 format warm-start: SFT on {sft_tasks} solver traces (Ray Train)"):
-            sft_uri, _ = run_sft(cfg, n_tasks=sft_tasks, epochs=sft_epochs, run_id=f"{run_id}-sft")
+    with _step(f"3/5 format warm-start: SFT on {sft_tasks} solver traces (Ray Train; reused if sealed)"):
+        sft_uri, _ = warm_start(cfg, run_id=f"{run_id}-sft", n_tasks=sft_tasks, epochs=sft_epochs)
     times["sft"] = time.perf_counter() - t0
     console.print(f"warm-started checkpoint: {sft_uri}")
 
@@ -423,7 +417,7 @@ def demo(
     times["probe"] = time.perf_counter() - t0
 
     run = RunStore.open(train_cfg, run_id)
-    after_sft = run.store.read_json(f"{run.prefix}/baseline.json")["eval"]
+    after_sft = run.store.read_json(run.baseline_rel)["eval"]
     last = run.store.read_json(run.store.rel(run.last_committed()["metrics_uri"]))["eval"]
     console.print(summary_table(run_id, train_cfg))
     t = Table(title="warm-start and RLCR on held-out tasks")

@@ -33,7 +33,7 @@ from rlcr.tasks.countdown import (
 )
 from rlcr.tasks.sets import sft_tasks
 
-__all__ = ["solution_steps", "answer_trace", "confidence_trace", "sft_examples"]
+__all__ = ["solution_steps", "answer_trace", "confidence_trace", "sft_examples", "warm_start", "run_sft"]
 
 
 def _fmt(v: Fraction) -> str:
@@ -154,3 +154,15 @@ def run_sft(cfg, *, n_tasks: int = 600, epochs: int = 2, out: str | None = None,
     ensure_ray()
     result = run_update(sft_cfg, rows, policy_uri=base, run_id=run_id or f"sft-{cfg.seed}", iteration=0)
     return result.checkpoint_uri, result.metrics
+
+
+def warm_start(cfg, *, run_id: str, n_tasks: int, epochs: int = 2) -> tuple[str, bool]:
+    """The warm-start checkpoint of run ``run_id``: reused if it is already sealed in the store (a re-run of
+    the demo or the learning benchmark), else trained with :func:`run_sft`. Returns (URI, reused)."""
+    from rlcr.runs import RunStore
+
+    run = RunStore.open(cfg, run_id)
+    rel = run.checkpoint_rel(0)
+    if run.store.is_complete(rel):
+        return run.store.url(rel), True
+    return run_sft(cfg, n_tasks=n_tasks, epochs=epochs, run_id=run_id)[0], False
