@@ -12,7 +12,15 @@ from rlcr.evaluate import summarize_eval
 from rlcr.probe.probe import probe_checkpoint
 from rlcr.probe.report import latest_report, write_report
 from rlcr.rollout.pipeline import rollout_stats
-from rlcr.rollout.records import Generation, assign_advantages, build_rollout_rows, rows_to_table
+from rlcr.rollout.records import (
+    ANSWER,
+    CONFIDENCE,
+    answer_scores,
+    assign_advantages,
+    confidence_scores,
+    rollout_row,
+    rows_to_table,
+)
 from rlcr.runs import RunStore
 from rlcr.storage import Store
 from rlcr.tasks.countdown import generate_tasks
@@ -21,20 +29,25 @@ NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "explore.ipynb"
 RUN = "nb-run"
 
 
-def generations(texts):
-    return [Generation(context_text="ctx", context_ids=[1, 2], completion_text=t, completion_ids=[3] * (i + 1),
-                       completion_logprobs=[-0.5] * (i + 1)) for i, t in enumerate(texts)]
-
-
 def iteration_rows(tasks, iteration, conf_right, conf_wrong):
-    """A 2-answer × 2-confidence rollout tree per task: one right and one wrong answer."""
-    answers, confidences = [], []
-    for t in tasks:
-        answers.append(generations([f"<think>Try {t.solution}.</think>\n<answer>{t.solution}</answer>",
-                                    "<think>Guess.</think>\n<answer>1 + 1</answer>"]))
-        confidences.append([generations([f"<confidence>{conf_right}</confidence>", "<confidence>0.5</confidence>"]),
-                            generations([f"<confidence>{conf_wrong}</confidence>", "no idea"])])
-    rows = build_rollout_rows(RUN, iteration, tasks, answers, confidences)
+    """A 2-answer × 2-confidence rollout tree per task: one right and one wrong answer (production row builder)."""
+    rows = []
+    for j, t in enumerate(tasks):
+        answers = [f"<think>Try {t.solution}.</think>\n<answer>{t.solution}</answer>",
+                   "<think>Guess.</think>\n<answer>1 + 1</answer>"]
+        confidences = [[f"<confidence>{conf_right}</confidence>", "<confidence>0.5</confidence>"],
+                       [f"<confidence>{conf_wrong}</confidence>", "no idea"]]
+        for k, text in enumerate(answers):
+            scores = answer_scores(text, t)
+            rows.append(rollout_row(ANSWER, task=t, prompt_id=j, answer_id=k, context_text="ctx", context_ids=[1, 2],
+                                    completion_text=text, completion_ids=[3] * (k + 1),
+                                    completion_logprobs=[-0.5] * (k + 1), run_id=RUN, iteration=iteration, **scores))
+            for h, ctext in enumerate(confidences[k]):
+                rows.append(rollout_row(CONFIDENCE, task=t, prompt_id=j, answer_id=k, confidence_id=h,
+                                        context_text="ctx", context_ids=[1, 2], completion_text=ctext,
+                                        completion_ids=[3] * (h + 1), completion_logprobs=[-0.5] * (h + 1),
+                                        run_id=RUN, iteration=iteration, correct=scores["correct"],
+                                        **confidence_scores(ctext, scores["correct"])))
     return assign_advantages(rows)
 
 
