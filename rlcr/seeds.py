@@ -13,6 +13,7 @@ streams share a seed by accident and the mixing constants live nowhere else::
     ├─ update_seed(seed, iteration)        the update's mini-batch plan
     │   └─ mini_batch_seed(·, epoch)       the permutation of one epoch's rows
     ├─ mix(seed, PROBE_*_SALT)             the probe's three generate calls
+    ├─ sft_task_order_seed(seed)           which training tasks the warm-start uses
     └─ sft_seed(seed)                      the warm-start's wrong answers and stated confidences
 
 The values are part of a run's identity: a derivation must never change (rollouts
@@ -35,6 +36,7 @@ __all__ = [
     "update_seed",
     "mini_batch_seed",
     "task_order_seed",
+    "sft_task_order_seed",
     "sft_seed",
 ]
 
@@ -83,6 +85,12 @@ def mini_batch_seed(seed: int, epoch: int) -> int:
 def task_order_seed(seed: int, epoch: int) -> int:
     """Seed of the shuffle of the training pool for its ``epoch``-th pass (prompts of an iteration)."""
     return seed * _STEP + epoch
+
+
+def sft_task_order_seed(seed: int) -> str:
+    """Seed (a string: :class:`random.Random` hashes it) of the shuffle that picks the warm-start's tasks
+    from the training pool."""
+    return f"rlcr-sft-{seed}"
 
 
 def sft_seed(seed: int) -> int:
