@@ -41,6 +41,10 @@ from rlcr.train.update import CompletionLogProbs, train_update
 __all__ = ["UpdateResult", "run_update", "checkpoint_rel", "train_loop_per_worker", "load_policy"]
 
 RESULT_FILE = "update_result.json"
+WORKER_START_ATTEMPTS = 5
+"""Ray Train waits ``RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S`` (60 s) per attempt to place its workers and, by
+default, retries forever (seen here after an OOM kill left the cluster short): the update gives up after this
+many attempts (≈ 5 min) and fails, so the flow's task retry — or the user — takes over."""
 
 
 @dataclass
@@ -175,7 +179,7 @@ def run_update(
     reference model for β > 0 (default: the initial policy ``cfg.model``). Raises
     ``ray.train.TrainingFailedError`` if a worker fails.
     """
-    from ray.train import DataConfig, RunConfig, ScalingConfig
+    from ray.train import DataConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     if cfg.kl_coef > 0 and ref_uri is None:
@@ -191,7 +195,9 @@ def run_update(
                 "run_id": run_id, "iteration": int(iteration),
             },
             scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu),
-            run_config=RunConfig(name=f"update-{run_id}-{iteration}-{uuid.uuid4().hex[:8]}", storage_path=ray_storage),
+            run_config=RunConfig(name=f"update-{run_id}-{iteration}-{uuid.uuid4().hex[:8]}", storage_path=ray_storage,
+                                 failure_config=FailureConfig(max_failures=0,
+                                                              controller_failure_limit=WORKER_START_ATTEMPTS - 1)),
             datasets={"train": _as_dataset(rollouts)},
             dataset_config=DataConfig(datasets_to_split=[]),
         )
