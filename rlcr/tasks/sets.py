@@ -21,6 +21,7 @@ import random
 from typing import Iterable, Sequence
 
 from rlcr.config import RLCRConfig
+from rlcr.seeds import sft_task_order_seed, task_order_seed
 from rlcr.tasks.countdown import CountdownTask, compute_score, generate_tasks, load_tasks, solve, task_candidates
 
 __all__ = ["task_sets", "training_pool", "held_out_set", "sft_tasks", "prompts_for_iteration"]
@@ -173,7 +174,7 @@ def sft_tasks(cfg: RLCRConfig, n: int, train: Sequence[CountdownTask] | None = N
         raise ValueError(f"the SFT warm-start asks for {n} tasks but the training pool has only {len(pool)} "
                          "distinct tasks; ask for fewer or raise num_train_tasks")
     order = list(range(len(pool)))
-    random.Random(f"rlcr-sft-{cfg.seed}").shuffle(order)
+    random.Random(sft_task_order_seed(cfg.seed)).shuffle(order)
     out: list[CountdownTask] = []
     for i in order:
         if len(out) == n:
@@ -194,7 +195,7 @@ def _epoch_orders(seed: int, n: int, p: int, last_epoch: int) -> list[list[int]]
     orders: list[list[int]] = []
     for epoch in range(last_epoch + 1):
         order = list(range(n))
-        random.Random(seed * 7_919 + epoch).shuffle(order)
+        random.Random(task_order_seed(seed, epoch)).shuffle(order)
         boundary = epoch * n
         tail = boundary - boundary // p * p  # positions of the previous epoch in the straddling iteration
         if epoch and tail:
