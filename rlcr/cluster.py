@@ -15,7 +15,7 @@ from typing import Mapping
 
 from rlcr.config import RLCRConfig
 
-__all__ = ["ensure_ray", "engine_actor_resources", "stage_actor_cpus", "trainer_worker_resources",
+__all__ = ["ensure_ray", "engine_actor_resources", "trainer_worker_resources", "ENGINE_ACTOR_CPUS", "STAGE_ACTOR_CPUS",
            "run_demand", "check_fits", "check_cluster_fits", "ResourceError"]
 
 ENGINE_ACTOR_CPUS = 0.5
@@ -48,10 +48,6 @@ def engine_actor_resources(cfg: RLCRConfig) -> dict[str, float]:
     if cfg.use_gpu:
         out["GPU"] = float(cfg.engine_tensor_parallel_size)
     return out
-
-
-def stage_actor_cpus() -> float:
-    return STAGE_ACTOR_CPUS
 
 
 def trainer_worker_resources(cfg: RLCRConfig) -> dict[str, float]:

@@ -29,7 +29,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlcr.config import RLCRConfig, result_changing_diff
-from rlcr.storage import AlreadyExists, Store, StorageError, VersionConflict, iteration_prefix, validate_run_id
+from rlcr.storage import (
+    AlreadyExists,
+    Store,
+    StorageError,
+    VersionConflict,
+    iteration_prefix,
+    pid_alive,
+    validate_run_id,
+)
 from rlcr.tasks.sets import prompts_for_iteration, task_sets
 
 __all__ = ["RunStore", "RunConfigMismatch", "RunLease", "RunLocked", "LeaseLost", "AlreadyCommitted",
@@ -226,8 +234,8 @@ class RunLease:
             self.store.write_bytes(self.rel, data, exclusive=True)
         except AlreadyExists:
             self._take_over_if_stale(data)
-        _, self.version = self.store.read_versioned(self.rel)
-        holder = json.loads(_)
+        raw, self.version = self.store.read_versioned(self.rel)
+        holder = json.loads(raw)
         if holder.get("token") != self.token:  # lost a race right after acquiring
             raise RunLocked(self._locked_message(holder))
         self._stop.clear()
@@ -244,14 +252,17 @@ class RunLease:
         try:
             raw, version = self.store.read_versioned(self.rel)
         except FileNotFoundError:  # released in between: try once more from scratch
-            self.store.write_bytes(self.rel, data, exclusive=True)
+            try:
+                self.store.write_bytes(self.rel, data, exclusive=True)
+            except AlreadyExists:
+                raise RunLocked(f"run {self.run.run_id!r}: another writer acquired the lease just now") from None
             return
         try:
             holder = json.loads(raw)
         except ValueError:
             holder = {"owner": "unreadable lease", "heartbeat_at": 0}
         age = _now() - float(holder.get("heartbeat_at", 0))
-        dead_here = holder.get("machine") == _machine_id() and not _pid_alive(int(holder.get("pid", -1)))
+        dead_here = holder.get("machine") == _machine_id() and not pid_alive(int(holder.get("pid", -1)))
         if age <= float(holder.get("timeout_s", self.timeout_s)) and not dead_here:
             raise RunLocked(self._locked_message(holder))
         try:
@@ -322,18 +333,6 @@ def _machine_id() -> str:
     except OSError:
         boot = "?"
     return f"{socket.gethostname()}/{boot}"
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _user() -> str:

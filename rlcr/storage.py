@@ -36,7 +36,7 @@ import fsspec
 __all__ = [
     "Store", "COMPLETE_MARKER", "fetch_checkpoint", "StorageError", "AlreadyExists", "VersionConflict",
     "iteration_prefix", "atomic_directory", "sweep_temporaries", "default_cache_dir", "validate_run_id",
-    "safe_join", "checkpoint_content_id",
+    "safe_join", "checkpoint_content_id", "pid_alive",
 ]
 
 COMPLETE_MARKER = "_COMPLETE"
@@ -78,7 +78,10 @@ def _temp_name(name: str) -> str:
     return f".{name}{_TEMP_TAG}{os.getpid()}-"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -105,7 +108,7 @@ def sweep_temporaries(root: str | Path, *, max_depth: int = 4) -> list[Path]:
             return
         for e in entries:
             m = _TEMP_RE.search(e.name)
-            if e.name.startswith(".") and m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
+            if e.name.startswith(".") and m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))):
                 path = Path(e.path)
                 if e.is_dir(follow_symlinks=False):
                     shutil.rmtree(path, ignore_errors=True)

@@ -89,6 +89,39 @@ def ray_local():
         ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def s3_server():
+    """One moto S3 server on 127.0.0.1 for the session, with the bucket ``s3server.BUCKET``."""
+    from s3server import BUCKET, S3Server
+
+    server = S3Server()
+    server.start()
+    server.client().create_bucket(Bucket=BUCKET)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server):
+    """The session's S3 server, running when the test starts (a test may stop it to simulate an outage;
+    its data survives a restart)."""
+    if s3_server.server is None:
+        s3_server.start()
+    return s3_server
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request, tmp_path):
+    """An artifact store in turn on a local directory and on S3 (a prefix of its own per test)."""
+    from rlcr.storage import Store
+    from s3server import BUCKET
+
+    if request.param == "local":
+        return Store(str(tmp_path / "store"))
+    s3 = request.getfixturevalue("s3")
+    return Store(f"s3://{BUCKET}/{tmp_path.name}", endpoint_url=s3.endpoint)
+
+
 # ----------------------------------------------------------------------------- the `slow` marker
 
 # Fixtures that start something heavy: Ray, vLLM engines, a Prefect API server, a moto S3 server,
@@ -99,7 +132,7 @@ SLOW_FIXTURES = {
     "ray_local",  # local Ray (Ray Data rollouts, Ray Train updates)
     "engine", "engine_pool", "rollout_runs", "tiny_reports", "run_store",  # vLLM engines (run_store: a real probe)
     "prefect_harness", "prefect_server",  # Prefect test API server / `prefect server start` subprocess
-    "s3",  # moto S3 server
+    "s3", "s3_server",  # moto S3 server
     "smollm2_dir", "smollm2_tokenizer",  # the real SmolLM2-135M (GGUF → safetensors conversion)
 }
 SLOW_MODULES = {"test_deployment.py", "test_notebook.py"}  # a served deployment; notebook execution (kernel)

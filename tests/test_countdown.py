@@ -1,7 +1,5 @@
 """Countdown tasks, solver, loader and the strict scorer (SPEC §3)."""
 
-import json
-import random
 from fractions import Fraction
 
 import pyarrow as pa

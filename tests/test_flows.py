@@ -11,17 +11,7 @@ import json
 import pytest
 
 import flow_hooks
-from s3server import BUCKET, S3Server
-
-
-@pytest.fixture(scope="module")
-def s3():
-    server = S3Server()
-    server.start()
-    server.client().create_bucket(Bucket=BUCKET)
-    yield server
-    if server.server is not None:
-        server.stop()
+from s3server import BUCKET
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +47,6 @@ def overrides(tiny_model_dir, s3):
 
 def test_train_flow_fail_resume_and_s3_outage(ray_local, prefect_harness, tiny_model_dir, s3, stage_hook):
     from flows.train import artifact_key, rlcr_train
-    from rlcr.storage import StorageError
 
     run = "lr=1e-4 exp_1"  # any valid run id works end to end (S3 keys, Prefect artifact keys)
     prefix = f"exp/runs/{run}/"

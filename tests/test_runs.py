@@ -6,25 +6,11 @@ import pytest
 
 from rlcr.runs import AlreadyCommitted, LeaseLost, RunLease, RunLocked, RunStore, new_run_id
 from rlcr.storage import Store, validate_run_id
-from s3server import BUCKET, S3Server
 
 
-@pytest.fixture(scope="module")
-def s3():
-    server = S3Server()
-    server.start()
-    server.client().create_bucket(Bucket=BUCKET)
-    yield server
-    server.stop()
-
-
-@pytest.fixture(params=["local", "s3"])
-def run(request, tmp_path):
-    if request.param == "local":
-        store = Store(str(tmp_path / "store"))
-    else:
-        s3 = request.getfixturevalue("s3")
-        store = Store(f"s3://{BUCKET}/{tmp_path.name}", endpoint_url=s3.endpoint)
+@pytest.fixture
+def run(store):
+    """A run on a local store and on S3 in turn."""
     return RunStore(store, "exp 1")
 
 

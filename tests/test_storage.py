@@ -19,24 +19,7 @@ from rlcr.storage import (
     sweep_temporaries,
     validate_run_id,
 )
-from s3server import BUCKET, S3Server
-
-
-@pytest.fixture(scope="module")
-def s3():
-    server = S3Server()
-    server.start()
-    server.client().create_bucket(Bucket=BUCKET)
-    yield server
-    server.stop()
-
-
-@pytest.fixture(params=["local", "s3"])
-def store(request, tmp_path):
-    if request.param == "local":
-        return Store(str(tmp_path / "store"))
-    s3 = request.getfixturevalue("s3")
-    return Store(f"s3://{BUCKET}/{tmp_path.name}", endpoint_url=s3.endpoint)
+from s3server import BUCKET
 
 
 def checkpoint_dir(path, weights: str):

@@ -8,7 +8,6 @@ Ray and share their checkpoints with the transformers/vLLM load test.
 import gc
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest

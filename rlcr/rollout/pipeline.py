@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from rlcr import seeds
+from rlcr.cluster import ENGINE_ACTOR_CPUS, STAGE_ACTOR_CPUS
 from rlcr.config import RLCRConfig
 from rlcr.rollout.records import assign_advantages, rows_to_table, validate_rollouts
 from rlcr.rollout.stages import AnswerStage, ConfidenceStage, expand_to_turn2, score_answers, score_confidences
@@ -72,13 +73,13 @@ def build_rollout_dataset(
         compute=ray.data.ActorPoolStrategy(size=cfg.rollout_actors),
         batch_format="pandas",
         num_gpus=gpus,
-        num_cpus=0.5 if not engines else 0.1,
+        num_cpus=ENGINE_ACTOR_CPUS if not engines else STAGE_ACTOR_CPUS,
     )
     if not engines:  # a stage actor that owns its engine needs the node's cores, not Ray's 1 thread
         from rlcr.rollout.engine import engine_runtime_env
 
         stage_opts["runtime_env"] = engine_runtime_env()
-    cheap = dict(batch_format="pandas", num_cpus=0.1)
+    cheap = dict(batch_format="pandas", num_cpus=STAGE_ACTOR_CPUS)
     items = [{"prompt_id": pid, "nums": list(t.nums), "target": int(t.target)} for pid, t in tasks]
     ds = ray.data.from_items(items, override_num_blocks=max(1, math.ceil(len(items) / cfg.rollout_batch_size)))
     ds = ds.map_batches(AnswerStage, fn_constructor_kwargs=answer_args, batch_size=cfg.rollout_batch_size, **stage_opts)
