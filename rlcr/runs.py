@@ -222,7 +222,8 @@ class RunLease:
 
     @staticmethod
     def describe(holder: dict[str, Any]) -> str:
-        age = _now() - float(holder.get("heartbeat_at", 0))
+        """``holder``: a lease as :func:`_parse_lease` reads it."""
+        age = _now() - holder["heartbeat_at"]
         return (f"{holder.get('owner')} ({holder.get('user')}@{holder.get('host')}, pid {holder.get('pid')}), "
                 f"last heartbeat {age:.0f} s ago")
 
@@ -235,7 +236,7 @@ class RunLease:
         except AlreadyExists:
             self._take_over_if_stale(data)
         raw, self.version = self.store.read_versioned(self.rel)
-        holder = json.loads(raw)
+        holder = _parse_lease(raw)
         if holder.get("token") != self.token:  # lost a race right after acquiring
             raise RunLocked(self._locked_message(holder))
         self._stop.clear()
@@ -257,13 +258,10 @@ class RunLease:
             except AlreadyExists:
                 raise RunLocked(f"run {self.run.run_id!r}: another writer acquired the lease just now") from None
             return
-        try:
-            holder = json.loads(raw)
-        except ValueError:
-            holder = {"owner": "unreadable lease", "heartbeat_at": 0}
-        age = _now() - float(holder.get("heartbeat_at", 0))
-        dead_here = holder.get("machine") == _machine_id() and not pid_alive(int(holder.get("pid", -1)))
-        if age <= float(holder.get("timeout_s", self.timeout_s)) and not dead_here:
+        holder = _parse_lease(raw)
+        age = _now() - holder["heartbeat_at"]
+        dead_here = holder["machine"] == _machine_id() and not pid_alive(holder["pid"])
+        if age <= holder["timeout_s"] and not dead_here:
             raise RunLocked(self._locked_message(holder))
         try:
             self.store.write_if_version(self.rel, data, version)
@@ -298,7 +296,7 @@ class RunLease:
         if self.lost is None:
             try:
                 raw, _ = self.store.read_versioned(self.rel)
-                if json.loads(raw).get("token") != self.token:
+                if _parse_lease(raw).get("token") != self.token:
                     self.lost = "the lease was taken over by another writer"
             except FileNotFoundError:
                 self.lost = "the lease was removed"
@@ -324,6 +322,27 @@ class RunLease:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _parse_lease(raw: bytes) -> dict[str, Any]:
+    """A lease document read from storage, with typed fields; anything unreadable counts as a heartbeat at
+    time 0 (stale: taken over, by compare-and-swap, like a dead holder's)."""
+    try:
+        doc = json.loads(raw)
+        doc = doc if isinstance(doc, dict) else {}
+    except ValueError:
+        doc = {}
+
+    def num(key, default, kind=float):
+        try:
+            value = kind(doc.get(key, default))
+            return value if value == value else default  # NaN → default
+        except (TypeError, ValueError, OverflowError):
+            return default
+
+    return {**doc, "owner": str(doc.get("owner", "an unreadable lease")), "heartbeat_at": num("heartbeat_at", 0.0),
+            "timeout_s": num("timeout_s", LEASE_TIMEOUT_S), "pid": num("pid", -1, int),
+            "machine": str(doc.get("machine", ""))}
 
 
 def _machine_id() -> str:
