@@ -398,3 +398,69 @@ def test_checkpoint_is_sealed_and_loads_in_transformers_and_vllm(ray_updates, ti
     finally:
         del llm
         gc.collect()
+
+
+# ----------------------------------------------------------------------------- one optimizer for the whole run
+
+
+def _in_process_updates(model_dir, batches, tokenizer, cfg, *, continuous: bool):
+    """The reference: the iterations' updates in this process, with one AdamW (``continuous``) or a fresh one each."""
+    from rlcr.seeds import update_seed
+    from rlcr.train.update import Schedule, make_optimizer
+
+    lm = load_lm(model_dir)
+    policy = CompletionLogProbs(lm)
+    opt, sched = make_optimizer(policy, cfg), Schedule.for_run(cfg)
+    for k, rows in enumerate(batches, start=1):
+        train_update(policy, prepare_samples(rows, tokenizer), cfg, pad_id=tokenizer.pad_token_id,
+                     seed=update_seed(cfg.seed, k), **(dict(optimizer=opt, schedule=sched) if continuous else {}))
+    return {k: v.detach().clone() for k, v in lm.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def continuous_trainer(ray_local, tiny_model_dir, tmp_path_factory):
+    """Three iterations on one long-lived trainer (state saved after 2), and iteration 3 again on a trainer
+    restored from that save (what a resume does)."""
+    import ray
+
+    from rlcr.train.trainer import PolicyTrainer
+
+    root = tmp_path_factory.mktemp("continuous")
+    cfg = RLCRConfig(storage_uri=str(root), iterations=3, learning_rate=1e-3, micro_batch_tokens=64,
+                     mini_batches_per_epoch=2, lr_schedule="cosine", warmup_steps=2)
+    batches = [make_rows(n_prompts=2, g_a=2, g_c=2, seed=20 + k) for k in range(3)]
+    with PolicyTrainer(cfg, policy_uri=str(tiny_model_dir)) as trainer:
+        first = trainer.update(batches[0], 1)
+        trainer.update(batches[1], 2)
+        saved = trainer.save("runs/c/iter-0002/checkpoint")
+        third = trainer.update(batches[2], 3)
+        straight = {k: torch.tensor(v) for k, v in ray.get(third.weights).items()}
+    with PolicyTrainer(cfg, policy_uri=saved, restore=True) as restored:
+        again = restored.update(batches[2], 3)
+        resumed = {k: torch.tensor(v) for k, v in ray.get(again.weights).items()}
+        was_restored = restored.restored
+    return cfg, batches, first, third, again, straight, resumed, saved, was_restored
+
+
+def test_iterations_share_one_adamw_like_a_single_loop(continuous_trainer, tiny_model_dir, tiny_tokenizer):
+    cfg, batches, first, third, _, straight, _, _, _ = continuous_trainer
+    reference = _in_process_updates(tiny_model_dir, batches, tiny_tokenizer, cfg, continuous=True)
+    restarted = _in_process_updates(tiny_model_dir, batches, tiny_tokenizer, cfg, continuous=False)
+    w0 = load_lm(tiny_model_dir).state_dict()
+    moved = max(float((reference[k] - w0[k]).abs().max()) for k in w0)
+    diff = max(float((straight[k] - reference[k]).abs().max()) for k in w0)
+    fresh_gap = max(float((restarted[k] - reference[k]).abs().max()) for k in w0)
+    assert moved > 1e-3
+    assert diff < 1e-5, diff  # three iterations on the trainer == one 6-step loop with one AdamW
+    assert fresh_gap > 100 * max(diff, 1e-7), fresh_gap  # … and not what a fresh AdamW per iteration gives
+    # the LR schedule runs over the run's 6 steps: warm-up 1/2, 2/2 in iteration 1, cosine decay after
+    assert [h["lr"] for h in first.metrics["history"]] == pytest.approx([5e-4, 1e-3])
+    assert third.metrics["schedule_step"] == 6 and third.metrics["lr_last"] < 2e-4
+
+
+def test_a_trainer_restored_from_a_save_continues_exactly(continuous_trainer):
+    _, _, _, third, again, straight, resumed, saved, was_restored = continuous_trainer
+    assert was_restored and (Path(saved) / "training_state.pt").exists()
+    assert again.metrics["loss"] == pytest.approx(third.metrics["loss"], rel=1e-6)
+    for k in straight:
+        assert torch.equal(straight[k], resumed[k]), k

@@ -3,7 +3,8 @@
 * :mod:`rlcr.train.batching` — rows → samples → mini-batches → token-budget micro-batches;
 * :mod:`rlcr.train.update` — log-probs at masked tokens, registered objectives, optimizer steps (no Ray);
 * :mod:`rlcr.train.checkpoint` — sealed, finite checkpoints in the artifact store;
-* :mod:`rlcr.train.trainer` — ``TorchTrainer`` and :func:`run_update` (imports Ray lazily).
+* :mod:`rlcr.train.trainer` — :class:`~rlcr.train.trainer.PolicyTrainer`, Ray Train workers that live for a
+  run, and the standalone :func:`run_update` (imports Ray lazily).
 """
 
 from rlcr.train.batching import MicroBatch, Sample, collate, pack_micro_batches, prepare_samples

@@ -9,7 +9,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["NonFiniteError", "check_finite_parameters", "save_checkpoint"]
+__all__ = ["NonFiniteError", "check_finite_parameters", "save_checkpoint", "TRAINING_STATE_FILE"]
+
+TRAINING_STATE_FILE = "training_state.pt"
+"""Next to the weights: AdamW state, LR-schedule position and RNG (what a resume needs to continue exactly)."""
 
 
 class NonFiniteError(RuntimeError):
@@ -25,8 +28,9 @@ def check_finite_parameters(model: nn.Module) -> None:
 
 
 def save_checkpoint(lm: nn.Module, tokenizer, store, rel: str, *, state_dict: dict | None = None,
-                    extra: dict | None = None) -> str:
-    """Write ``lm`` (safetensors, float32), its config and ``tokenizer`` to ``store`` at ``rel``.
+                    extra: dict | None = None, training_state: dict | None = None) -> str:
+    """Write ``lm`` (safetensors, float32), its config and ``tokenizer`` to ``store`` at ``rel``
+    (with ``training_state``: also :data:`TRAINING_STATE_FILE`, sealed with the weights).
 
     Refuses non-finite weights. The directory is written locally, then uploaded
     and sealed by :meth:`rlcr.storage.Store.put_dir` (``_COMPLETE`` written last),
@@ -47,4 +51,6 @@ def save_checkpoint(lm: nn.Module, tokenizer, store, rel: str, *, state_dict: di
         if extra is not None:
             with open(f"{d}/rlcr_update.json", "w") as f:
                 json.dump(extra, f, indent=2, sort_keys=True, default=str)
+        if training_state is not None:
+            torch.save(training_state, f"{d}/{TRAINING_STATE_FILE}")
         return store.put_dir(d, rel)

@@ -74,6 +74,7 @@ __all__ = [
     "register_objective",
     "get_objective",
     "make_optimizer",
+    "Schedule",
     "set_lr",
     "micro_batch_loss",
     "optimizer_step",
@@ -147,7 +148,8 @@ def _autocast(device: torch.device):
 
 
 def make_optimizer(model: nn.Module, cfg: RLCRConfig) -> torch.optim.Optimizer:
-    """AdamW(lr, weight_decay, betas) over the trainable parameters (fresh each update)."""
+    """AdamW(lr, weight_decay, betas) over the trainable parameters. A training run keeps ONE for all its
+    iterations (:mod:`rlcr.train.trainer`): the moments carry over, so iteration k's steps are not Adam's first."""
     params = [p for p in model.parameters() if p.requires_grad]
     return torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, betas=tuple(cfg.adam_betas))
 
@@ -165,6 +167,20 @@ def lr_factor(step: int, *, total: int, warmup: int, schedule: str) -> float:
     if schedule == "cosine":
         return 0.5 * (1.0 + math.cos(math.pi * progress))
     raise ValueError(f"lr_schedule: unknown schedule {schedule!r}")
+
+
+@dataclass
+class Schedule:
+    """Where a run stands in its LR schedule: optimizer steps planned so far (``done``, skipped ones included)
+    out of ``total`` (``iterations × epochs_per_iteration × mini_batches_per_epoch``, fixed when the run starts
+    and saved with the training state, so a resume follows the same curve)."""
+
+    done: int
+    total: int
+
+    @classmethod
+    def for_run(cls, cfg: RLCRConfig) -> "Schedule":
+        return cls(0, cfg.iterations * cfg.epochs_per_iteration * cfg.mini_batches_per_epoch)
 
 
 def set_lr(optimizer, cfg: RLCRConfig, step: int, total_steps: int) -> float:
@@ -525,9 +541,14 @@ def train_update(
     rank: int = 0,
     world_size: int = 1,
     seed: int = 0,
+    optimizer: torch.optim.Optimizer | None = None,
+    schedule: Schedule | None = None,
 ) -> dict[str, Any]:
     """Run ``epochs_per_iteration × mini_batches_per_epoch`` optimizer steps over ``samples``.
 
+    ``optimizer``/``schedule``: the run's AdamW and LR-schedule position, carried from iteration to
+    iteration (``schedule.done`` advances by this call's steps); None: a fresh AdamW and a schedule over
+    this call's steps alone (a standalone update such as the warm-start).
     ``policy``: a :class:`CompletionLogProbs`, possibly DDP/FSDP-wrapped;
     ``samples``: ALL of the iteration's samples, in the global order of
     :func:`prepare_samples` (each rank picks its rows per mini-batch); ``seed``:
@@ -540,7 +561,10 @@ def train_update(
     device = _device_of(policy)
     epochs, per_epoch = cfg.epochs_per_iteration, cfg.mini_batches_per_epoch
     total_steps = epochs * per_epoch
-    optimizer = make_optimizer(policy, cfg)
+    if optimizer is None:
+        optimizer = make_optimizer(policy, cfg)
+    if schedule is None:
+        schedule = Schedule(0, total_steps)
     optimizer.zero_grad(set_to_none=True)
 
     # the plan: [epoch][mini-batch] → this rank's rows → its micro-batches
@@ -558,7 +582,8 @@ def train_update(
     t_train = time.perf_counter()
     for epoch in range(epochs):
         for k in range(per_epoch):
-            lr = set_lr(optimizer, cfg, epoch * per_epoch + k, total_steps)
+            lr = set_lr(optimizer, cfg, schedule.done, schedule.total)
+            schedule.done += 1
             info: dict[str, float] = {"epoch": epoch, "mini_batch": k, "lr": lr}
             info.update(_step(policy, optimizer, cfg, objective, local[epoch][k], packed[epoch][k],
                               old_cache=old_cache, ref_cache=ref_cache, pad_id=pad_id, world_size=world_size,
