@@ -24,6 +24,7 @@ __all__ = ["RLCRConfig", "ConfigError", "load_config", "result_changing_diff", "
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 ConfNormMode = Literal["answer", "answer_then_prompt"]
 KLType = Literal["k1", "k2", "k3"]
+LRSchedule = Literal["constant", "cosine", "linear"]
 
 
 class ConfigError(ValueError):
@@ -102,7 +103,8 @@ class RLCRConfig(BaseModel):
 
     # ------------------------------------------------------------------ rewards & advantages (SPEC §4, §6)
     format_score: float = Field(0.1, ge=0.0, le=1.0)
-    """``compute_score`` value for an extracted but wrong equation (accuracy reward is still 0)."""
+    """``compute_score`` value for an extracted but wrong equation (accuracy reward is still 0). The one
+    source of this value: the rollouts' ``score`` column, the probe and ``compute_score``'s default read it."""
     lambda_ans: float = Field(1.0, ge=0.0)
     """λ_ans: weight of answer advantages when spread onto answer tokens."""
     lambda_conf: float = Field(1.0, ge=0.0)
@@ -143,7 +145,7 @@ class RLCRConfig(BaseModel):
     """AdamW weight decay."""
     adam_betas: tuple[float, float] = (0.9, 0.999)
     """AdamW betas, each in [0, 1)."""
-    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    lr_schedule: LRSchedule = "constant"
     """Learning-rate schedule over all optimizer steps of the run (``iterations × epochs_per_iteration ×
     mini_batches_per_epoch``; for ``rlcr sft``, the steps of its one update), after warm-up. The position in
     the schedule and AdamW's moments carry from one iteration to the next and survive a resume."""
@@ -171,6 +173,27 @@ class RLCRConfig(BaseModel):
     """Train on GPUs (NCCL) instead of CPUs (gloo)."""
     fsdp: bool = False
     """Shard the model with FSDP instead of DDP (GPU only)."""
+
+    # ------------------------------------------------------------------ format warm-start (``rlcr sft``)
+    # The SFT update (objective ``sft``) is one update of the run's update settings (AdamW betas and weight
+    # decay, grad_clip, micro_batch_tokens, workers) with these in place of the RL ones. Only the warm-start
+    # (``rlcr sft``, ``rlcr demo``, ``bench/learning.py``) reads them; its checkpoint enters an RL run as
+    # ``model``, which is result-changing: for the RL run they are operational.
+    sft_tasks: int = Field(600, ge=1)
+    """Training-pool tasks the warm-start writes solver traces for (two examples each: turn 1 and turn 2);
+    at most the pool's distinct solvable tasks. Operational for training."""
+    sft_epochs: int = Field(2, ge=1)
+    """Passes of the warm-start over its examples. Operational for training."""
+    sft_learning_rate: float = Field(1e-4, gt=0.0, le=1.0)
+    """AdamW peak learning rate of the warm-start. Operational for training."""
+    sft_batch_size: int = Field(8, ge=1)
+    """Examples (rows) per optimizer step of the warm-start: each epoch is split into
+    ``max(1, rows // sft_batch_size)`` mini-batches. Operational for training."""
+    sft_lr_schedule: LRSchedule = "cosine"
+    """Learning-rate schedule of the warm-start over its own optimizer steps (``sft_epochs`` × mini-batches),
+    after warm-up. Operational for training."""
+    sft_warmup_steps: int = Field(2, ge=0)
+    """Linear warm-up over the warm-start's first optimizer steps. Operational for training."""
 
     # ------------------------------------------------------------------ vLLM engine
     engine_gpu_memory_utilization: float = Field(0.5, gt=0.0, le=0.95)
@@ -221,6 +244,8 @@ class RLCRConfig(BaseModel):
     probe_truncation: Literal["sentences", "fractions"] = "sentences"
     """Truncation points: every sentence boundary plus 0% and 100%, or fixed fractions 0, 0.1, …, 1.
     Operational for training."""
+    probe_forced_answer_tokens: int = Field(32, ge=1)
+    """Most tokens of one forced answer in the probe (an equation and ``</answer>``). Operational for training."""
     probe_cron: str = "0 3 * * *"
     """Schedule (cron, UTC) of the nightly probe deployment. Operational."""
 
@@ -340,14 +365,17 @@ def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | S
 # Fields that cannot change a run's results (rollouts, updates, checkpoints, evaluation numbers): where it
 # runs and is stored, how long, how failures are retried, what is displayed, how often it is evaluated
 # (every generate call re-seeds its engine, so an evaluation between iterations leaves the rollouts
-# unchanged) and the probe's settings (the probe reads checkpoints; it does not train). A resume may change
-# them. Every other field is result-changing, conservatively so: e.g. ``rollout_batch_size`` (the engine is
-# seeded per batch), ``micro_batch_tokens``/``num_workers`` (floating-point reduction order) and the
-# ``engine_*`` settings (scheduling and kernels) change the numbers even where they do not change the method.
+# unchanged), the probe's settings (the probe reads checkpoints; it does not train) and the warm-start's
+# ``sft_*`` settings (the training flow never reads them; the warm-start's checkpoint enters a run as
+# ``model``, which is result-changing). A resume may change them. Every other field is result-changing,
+# conservatively so: e.g. ``rollout_batch_size`` (the engine is seeded per batch),
+# ``micro_batch_tokens``/``num_workers`` (floating-point reduction order) and the ``engine_*`` settings
+# (scheduling and kernels) change the numbers even where they do not change the method.
 OPERATIONAL_FIELDS: frozenset[str] = frozenset({
     "run_id", "storage_uri", "s3_endpoint_url", "iterations",
     "retries", "retry_delay_s", "rollout_progress", "eval_every", "save_every",
-    "probe_samples", "probe_truncation", "probe_cron",
+    "probe_samples", "probe_truncation", "probe_forced_answer_tokens", "probe_cron",
+    "sft_tasks", "sft_epochs", "sft_learning_rate", "sft_batch_size", "sft_lr_schedule", "sft_warmup_steps",
 })
 
 

@@ -136,3 +136,24 @@ def test_result_changing_diff_and_fields_newer_than_the_run():
 def test_operational_fields_are_fields():
     assert OPERATIONAL_FIELDS <= set(RLCRConfig.model_fields)
     assert not {"seed", "rollout_batch_size", "model", "learning_rate", "eval_seed"} & OPERATIONAL_FIELDS
+
+
+def test_warm_start_and_probe_settings_do_not_block_a_resume():
+    """The sft_* and probe_* settings are read only by the warm-start and the probe, never by the training flow:
+    a resume may change them (the warm-start reaches a run through ``model``, which is result-changing)."""
+    cfg = RLCRConfig()
+    saved = cfg.model_dump(mode="json")
+    changed = cfg.model_copy(update={"sft_tasks": 40, "sft_epochs": 3, "sft_learning_rate": 5e-5, "sft_batch_size": 4,
+                                     "sft_lr_schedule": "linear", "sft_warmup_steps": 0, "probe_forced_answer_tokens": 8})
+    assert result_changing_diff(saved, changed) == []
+    older = {k: v for k, v in saved.items() if not k.startswith("sft_") and k != "probe_forced_answer_tokens"}
+    assert result_changing_diff(older, changed) == []  # a run recorded before these fields existed
+    assert result_changing_diff(saved, changed.model_copy(update={"model": "/warm-start"})) == ["model"]
+
+
+@pytest.mark.parametrize("override", ["sft_tasks=0", "sft_epochs=0", "sft_learning_rate=0", "sft_batch_size=0",
+                                      "sft_lr_schedule=step", "sft_warmup_steps=-1", "probe_forced_answer_tokens=0"])
+def test_bad_warm_start_and_probe_values_name_the_field(override):
+    with pytest.raises(ConfigError) as e:
+        RLCRConfig.from_yaml(None, [override])
+    assert override.split("=")[0] in str(e.value)
