@@ -29,7 +29,8 @@ def main() -> None:
     ap.add_argument("--config", default="configs/demo.yaml")
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--run-id", default="learning")
-    ap.add_argument("--sft-tasks", type=int, default=160)
+    ap.add_argument("--sft-tasks", type=int, default=160,
+                    help="solver tasks of the warm-start (overrides the config's sft_tasks)")
     ap.add_argument("--sft", default=None, help="URI of an existing warm-start checkpoint (e.g. the demo's) to start from")
     ap.add_argument("overrides", nargs="*", help="field=value")
     a = ap.parse_args()
@@ -44,9 +45,9 @@ def main() -> None:
     from rlcr.runs import RunStore
     from rlcr.sft import warm_start
 
-    cfg = load_config(a.config, a.overrides)
+    cfg = load_config(a.config, [*a.overrides, f"sft_tasks={a.sft_tasks}"])
     t0 = time.perf_counter()
-    sft_uri = a.sft or warm_start(cfg, run_id=f"{a.run_id}-sft", n_tasks=a.sft_tasks)[0]
+    sft_uri = a.sft or warm_start(cfg, run_id=f"{a.run_id}-sft")[0]
     overrides = [*a.overrides, f"model={sft_uri}", "eval_every=1"]
     rlcr_train(config=a.config, overrides=overrides, run_id=a.run_id, iterations=a.iterations)
     elapsed = time.perf_counter() - t0

@@ -300,18 +300,25 @@ def train(
 @app.command()
 def sft(
     config: Optional[str] = typer.Option(None, help="YAML config file (model, task ranges, update settings)."),
-    out: Optional[str] = typer.Option(None, help="Where to write the checkpoint (default: <storage>/sft/<model>)."),
-    tasks: int = typer.Option(600, help="Solver tasks to build traces from."),
-    epochs: int = typer.Option(2, help="Passes over the traces."),
-    overrides: list[str] = typer.Argument(None, help="field=value overrides."),
+    out: Optional[str] = typer.Option(None, help="Storage to write the checkpoint to (default: the config's "
+                                                 "storage_uri), under runs/sft-<seed>/iter-0000/checkpoint."),
+    tasks: Optional[int] = typer.Option(None, help="Solver tasks to build traces from (overrides sft_tasks)."),
+    epochs: Optional[int] = typer.Option(None, help="Passes over the traces (overrides sft_epochs)."),
+    overrides: list[str] = typer.Argument(None, help="field=value overrides (e.g. sft_learning_rate=5e-5)."),
 ):
-    """Format warm-start: supervised training on solver traces (both turns); prints the checkpoint URI."""
+    """Format warm-start: supervised training on solver traces (both turns); prints the checkpoint URI.
+    Its settings are the config's sft_* fields (--tasks and --epochs override two of them)."""
     from rlcr.sft import run_sft
 
-    cfg = _config(config, overrides or [])
-    with _step("SFT warm-start on solver traces (Ray Train)"):
-        uri, metrics = run_sft(cfg, n_tasks=tasks, epochs=epochs, out=out)
+    cfg = _config(config, [*(overrides or []), *_sft_overrides(tasks, epochs)])
+    with _step(f"SFT warm-start on {cfg.sft_tasks} solver tasks × {cfg.sft_epochs} epochs (Ray Train)"):
+        uri, metrics = run_sft(cfg, out=out)
     console.print(f"warm-started checkpoint: [bold]{uri}[/bold]  (loss {_f(metrics.get('loss'))})")
+
+
+def _sft_overrides(tasks: Optional[int], epochs: Optional[int]) -> list[str]:
+    """The warm-start's command-line options as overrides of the config's ``sft_tasks`` / ``sft_epochs``."""
+    return [f"{k}={v}" for k, v in (("sft_tasks", tasks), ("sft_epochs", epochs)) if v is not None]
 
 
 @app.command("eval")
@@ -363,8 +370,8 @@ def probe(
 def demo(
     config: str = typer.Option("configs/demo.yaml", help="YAML config of the demo run."),
     run_id: str = typer.Option("demo", help="Run name (an existing demo run is resumed)."),
-    sft_tasks: int = typer.Option(40, help="Solver tasks for the warm-start."),
-    sft_epochs: int = typer.Option(2, help="Passes over the warm-start traces."),
+    sft_tasks: Optional[int] = typer.Option(None, help="Solver tasks for the warm-start (overrides sft_tasks)."),
+    sft_epochs: Optional[int] = typer.Option(None, help="Passes over the warm-start traces (overrides sft_epochs)."),
     probe_tasks: int = typer.Option(8, help="Held-out tasks in the final probe."),
     probe_samples: int = typer.Option(16, help="Forced answers per truncation point in the final probe."),
 ):
@@ -379,7 +386,7 @@ def demo(
     from rlcr.sft import warm_start
 
     t_start = time.perf_counter()
-    cfg = _config(config, [])
+    cfg = _config(config, _sft_overrides(sft_tasks, sft_epochs))
     times: dict[str, float] = {}
 
     t0 = time.perf_counter()
@@ -396,8 +403,9 @@ def demo(
     times["eval base"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    with _step(f"3/5 format warm-start: SFT on {sft_tasks} solver traces (Ray Train; reused if sealed)"):
-        sft_uri, _ = warm_start(cfg, run_id=f"{run_id}-sft", n_tasks=sft_tasks, epochs=sft_epochs)
+    with _step(f"3/5 format warm-start: SFT on {cfg.sft_tasks} solver traces × {cfg.sft_epochs} epochs "
+               "(Ray Train; reused if sealed)"):
+        sft_uri, _ = warm_start(cfg, run_id=f"{run_id}-sft")
     times["sft"] = time.perf_counter() - t0
     console.print(f"warm-started checkpoint: {sft_uri}")
 

@@ -21,19 +21,22 @@ import random
 from fractions import Fraction
 from typing import Any
 
+from rlcr.rewards import accuracy_reward
+from rlcr.seeds import sft_seed
 from rlcr.tasks.countdown import (
     CountdownTask,
     _parse,
     _tokenize,
-    compute_score,
     evaluate_expression,
+    extract_solution,
     generate_tasks,
     turn1_messages,
     turn2_messages,
 )
 from rlcr.tasks.sets import sft_tasks
 
-__all__ = ["solution_steps", "answer_trace", "confidence_trace", "sft_examples", "warm_start", "run_sft"]
+__all__ = ["solution_steps", "answer_trace", "confidence_trace", "sft_examples", "sft_rows", "sft_update_config",
+           "warm_start", "run_sft"]
 
 
 def _fmt(v: Fraction) -> str:
@@ -72,8 +75,9 @@ def _wrong_expression(task: CountdownTask, rng: random.Random) -> str | None:
     for i in ops:
         for new in rng.sample("+-*/", 4):
             cand = expr[:i] + new + expr[i + 1:]
+            shown = f"<answer>{cand}</answer>"
             if (new != expr[i] and evaluate_expression(cand) is not None
-                    and compute_score(f"<answer>{cand}</answer>", task.ground_truth) == 0.1):
+                    and extract_solution(shown) is not None and accuracy_reward(shown, task) == 0.0):
                 return cand
     return None
 
@@ -109,12 +113,17 @@ def sft_examples(n_tasks: int, seed: int, *, tasks: list[CountdownTask] | None =
     return out
 
 
-def sft_rows(cfg, tokenizer, n_tasks: int, seed: int) -> list[dict[str, Any]]:
+def sft_rows(cfg, tokenizer, n_tasks: int | None = None, seed: int | None = None) -> list[dict[str, Any]]:
     """The examples as update rows (ROLLOUT_SCHEMA fields the trainer reads): the whole target
-    completion (and its end-of-turn token) carries loss, advantage 1."""
+    completion (and its end-of-turn token) carries loss, advantage 1.
+
+    ``n_tasks``: default ``cfg.sft_tasks``; ``seed`` (wrong answers, stated confidences): default
+    :func:`rlcr.seeds.sft_seed` of ``cfg.seed``, what :func:`run_sft` trains on."""
     from rlcr.rollout.engine import render_prompt
     from rlcr.rollout.records import rollout_row
 
+    n_tasks = cfg.sft_tasks if n_tasks is None else n_tasks
+    seed = sft_seed(cfg.seed) if seed is None else seed
     rows = []
     # the run's training tasks (never a held-out one); ``seed`` drives the wrong answers and confidences
     for i, ex in enumerate(sft_examples(n_tasks, seed, tasks=sft_tasks(cfg, n_tasks))):
@@ -129,12 +138,25 @@ def sft_rows(cfg, tokenizer, n_tasks: int, seed: int) -> list[dict[str, Any]]:
     return rows
 
 
-def run_sft(cfg, *, n_tasks: int = 600, epochs: int = 2, out: str | None = None,
-            learning_rate: float = 1e-4, run_id: str | None = None) -> tuple[str, dict[str, Any]]:
+def sft_update_config(cfg, n_rows: int, *, storage_uri: str | None = None):
+    """The config of the warm-start's one update of ``n_rows`` rows: objective ``sft`` with the ``sft_*``
+    settings of ``cfg`` in place of the RL ones (its LR schedule spans this update's own steps), no
+    reference model; the other update settings (AdamW betas, weight decay, grad_clip, micro-batches,
+    workers) are the run's."""
+    return cfg.model_copy(update={
+        "objective": "sft", "learning_rate": cfg.sft_learning_rate, "epochs_per_iteration": cfg.sft_epochs,
+        "mini_batches_per_epoch": max(1, n_rows // cfg.sft_batch_size), "lr_schedule": cfg.sft_lr_schedule,
+        "warmup_steps": cfg.sft_warmup_steps, "kl_coef": 0.0, "iterations": 1,
+        "storage_uri": storage_uri or cfg.storage_uri,
+    })
+
+
+def run_sft(cfg, *, out: str | None = None, run_id: str | None = None) -> tuple[str, dict[str, Any]]:
     """Warm-start ``cfg.model`` on solver traces with the Ray Train update; returns (checkpoint URI, metrics).
 
-    The checkpoint goes to ``<storage>/runs/<run_id>/iter-0000/checkpoint`` (``run_id`` default
-    ``sft-<seed>``), sealed like every checkpoint; pass it to ``train`` as ``model=<uri>``.
+    ``cfg.sft_tasks`` tasks of the training pool, ``cfg.sft_epochs`` passes, and the other ``sft_*``
+    settings (:func:`sft_update_config`). The checkpoint goes to ``<out or storage>/runs/<run_id>/iter-0000/checkpoint``
+    (``run_id`` default ``sft-<seed>``), sealed like every checkpoint; pass it to ``train`` as ``model=<uri>``.
     """
     from transformers import AutoTokenizer
 
@@ -145,24 +167,21 @@ def run_sft(cfg, *, n_tasks: int = 600, epochs: int = 2, out: str | None = None,
 
     base = resolve_model(cfg.model)
     tokenizer = AutoTokenizer.from_pretrained(fetch_checkpoint(base, endpoint_url=cfg.s3_endpoint_url))
-    rows = sft_rows(cfg, tokenizer, n_tasks, seed=cfg.seed + 17)
-    sft_cfg = cfg.model_copy(update={
-        "objective": "sft", "learning_rate": learning_rate, "epochs_per_iteration": epochs,
-        "mini_batches_per_epoch": max(1, len(rows) // 8), "lr_schedule": "cosine",
-        "warmup_steps": 2, "kl_coef": 0.0, "storage_uri": out or cfg.storage_uri,
-    })
+    rows = sft_rows(cfg, tokenizer)
+    sft_cfg = sft_update_config(cfg, len(rows), storage_uri=out)
     ensure_ray()
     result = run_update(sft_cfg, rows, policy_uri=base, run_id=run_id or f"sft-{cfg.seed}", iteration=0)
     return result.checkpoint_uri, result.metrics
 
 
-def warm_start(cfg, *, run_id: str, n_tasks: int, epochs: int = 2) -> tuple[str, bool]:
+def warm_start(cfg, *, run_id: str) -> tuple[str, bool]:
     """The warm-start checkpoint of run ``run_id``: reused if it is already sealed in the store (a re-run of
-    the demo or the learning benchmark), else trained with :func:`run_sft`. Returns (URI, reused)."""
+    the demo or the learning benchmark), else trained with :func:`run_sft` (``cfg``'s ``sft_*`` settings).
+    Returns (URI, reused)."""
     from rlcr.runs import RunStore
 
     run = RunStore.open(cfg, run_id)
     rel = run.checkpoint_rel(0)
     if run.store.is_complete(rel):
         return run.store.url(rel), True
-    return run_sft(cfg, n_tasks=n_tasks, epochs=epochs, run_id=run_id)[0], False
+    return run_sft(cfg, run_id=run_id)[0], False

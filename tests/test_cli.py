@@ -137,3 +137,27 @@ def test_a_cli_command_logs_plain_lines(smollm2_dir):
     assert re.fullmatch(TS + "converting GGUF → safetensors: started", out[0]), out
     assert re.fullmatch(TS + r"converting GGUF → safetensors: done in \d+\.\d s", out[1]), out
     assert "SmolLM2-135M-Instruct:" in res.output
+
+
+def test_sft_options_override_the_configs_warm_start_settings(monkeypatch, tmp_path):
+    """``rlcr sft``: the warm-start's settings are the config's sft_* fields; --tasks/--epochs and field=value
+    arguments override them (run_sft stubbed: no training here)."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    import rlcr.sft
+    from rlcr.cli import app
+
+    seen = []
+    monkeypatch.setattr(rlcr.sft, "run_sft", lambda cfg, out=None: seen.append((cfg, out)) or ("uri", {"loss": 1.0}))
+    demo = str(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml")
+    store = f"storage_uri={tmp_path}"
+    assert CliRunner().invoke(app, ["sft", "--config", demo, store]).exit_code == 0
+    assert CliRunner().invoke(app, ["sft", "--config", demo, "--tasks", "5", "--epochs", "3", "--out", "o", store,
+                                    "sft_learning_rate=5e-5"]).exit_code == 0
+    assert CliRunner().invoke(app, ["sft", store]).exit_code == 0
+    (cfg, out), (over, over_out), (default, _) = seen
+    assert (cfg.sft_tasks, cfg.sft_epochs, cfg.sft_learning_rate, out) == (40, 2, 1e-4, None)  # configs/demo.yaml
+    assert (over.sft_tasks, over.sft_epochs, over.sft_learning_rate, over_out) == (5, 3, 5e-5, "o")
+    assert (default.sft_tasks, default.sft_epochs) == (RLCRConfig().sft_tasks, RLCRConfig().sft_epochs)

@@ -1,9 +1,11 @@
 """The format warm-start's supervised examples (rlcr.sft)."""
 
+from pathlib import Path
+
 from hypothesis import given, settings, strategies as st
 
 from rlcr.rewards import parse_confidence
-from rlcr.sft import answer_trace, sft_examples, sft_rows, solution_steps
+from rlcr.sft import answer_trace, sft_examples, sft_rows, sft_update_config, solution_steps
 from rlcr.tasks.countdown import CountdownTask, compute_score, evaluate_expression
 
 
@@ -44,6 +46,37 @@ def test_rows_carry_loss_on_the_whole_completion(tiny_tokenizer):
         assert r["loss_mask"] == [1] * len(r["completion_ids"]) and r["advantage"] == 1.0
         assert tiny_tokenizer.decode(r["completion_ids"], skip_special_tokens=True) == r["completion_text"]
         assert r["context_text"].endswith("<|im_start|>assistant\n")
+
+
+def test_sft_rows_default_to_the_configs_tasks_and_seed(tiny_tokenizer):
+    from rlcr.config import RLCRConfig
+    from rlcr.seeds import sft_seed
+
+    cfg = RLCRConfig(sft_tasks=3, seed=4, num_train_tasks=50)
+    rows = sft_rows(cfg, tiny_tokenizer)
+    assert len(rows) == 2 * cfg.sft_tasks
+    assert rows == sft_rows(cfg, tiny_tokenizer, 3, seed=sft_seed(4))
+
+
+def test_sft_update_settings_come_from_the_config():
+    """The warm-start's update: the config's sft_* fields in place of the RL ones, one iteration's schedule."""
+    from rlcr.config import RLCRConfig, load_config
+
+    cfg = RLCRConfig(sft_learning_rate=3e-4, sft_epochs=3, sft_batch_size=4, sft_lr_schedule="linear",
+                     sft_warmup_steps=1, iterations=5, kl_coef=0.1, learning_rate=2e-6, weight_decay=0.01)
+    u = sft_update_config(cfg, 22, storage_uri="/elsewhere")
+    assert (u.objective, u.learning_rate, u.epochs_per_iteration, u.mini_batches_per_epoch, u.lr_schedule,
+            u.warmup_steps, u.kl_coef, u.iterations, u.storage_uri) == ("sft", 3e-4, 3, 5, "linear", 1, 0.0, 1,
+                                                                        "/elsewhere")
+    assert u.weight_decay == 0.01 and sft_update_config(cfg, 3).mini_batches_per_epoch == 1
+    assert sft_update_config(cfg, 3).storage_uri == cfg.storage_uri
+    # the defaults are the values the warm-start always used: 1e-4, 2 epochs, 8 rows a step, cosine, 2 warm-up steps
+    d = sft_update_config(RLCRConfig(), 80)
+    assert (d.learning_rate, d.epochs_per_iteration, d.mini_batches_per_epoch, d.lr_schedule, d.warmup_steps) == (
+        1e-4, 2, 10, "cosine", 2)
+    assert RLCRConfig().sft_tasks == 600
+    demo = load_config(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml")
+    assert (demo.sft_tasks, demo.sft_epochs) == (40, 2)  # the demo's warm-start: 40 tasks × 2 epochs
 
 
 def test_sft_objective_lowers_the_nll_of_the_targets(tiny_model_dir, tiny_tokenizer):
