@@ -62,6 +62,16 @@ def test_custom_scores():
     assert compute_score("<answer>16 + 5 + 4</answer>", {"target": 24, "numbers": [3, 5, 16]}, format_score=0.2, score=2.0) == 0.2
 
 
+def test_default_format_score_is_the_configs():
+    """One source: ``compute_score``'s default format_score is ``RLCRConfig.format_score``'s default."""
+    import inspect
+
+    from rlcr.config import RLCRConfig
+
+    assert inspect.signature(compute_score).parameters["format_score"].default == RLCRConfig().format_score
+    assert compute_score("<answer>16 + 5 + 4</answer>", {"target": 24, "numbers": [3, 5, 16]}) == RLCRConfig().format_score
+
+
 @pytest.mark.parametrize(
     "answer, nums, target",
     [

@@ -2,6 +2,7 @@
 sampler (hand-computed values) and with vLLM on the tiny model, the report in headless Chromium,
 and the ``rlcr-probe`` flow and its ``nightly`` deployment."""
 
+import dataclasses
 import json
 import math
 import re
@@ -10,6 +11,7 @@ import subprocess
 
 import pytest
 
+from rlcr.config import RLCRConfig
 from rlcr.probe.metrics import aoc, curve_aoc, curve_auc, mean_curve, verbalized_gap
 from rlcr.probe.probe import (NoCommittedIteration, ProbeSettings, forced_prefix, run_probe, score_forced,
                               token_ends, vllm_sampler)
@@ -173,7 +175,7 @@ class ScriptedSampler:
 
     def __call__(self, prompts, *, n, max_tokens, stop, seed):
         texts = [self.tok.decode(p) for p in prompts]
-        self.calls.append({"texts": texts, "n": n, "stop": stop, "seed": seed})
+        self.calls.append({"texts": texts, "n": n, "max_tokens": max_tokens, "stop": stop, "seed": seed})
         out = []
         for text in texts:
             target = int(re.search(r"Target: (\d+)\.", text).group(1))
@@ -191,10 +193,13 @@ class ScriptedSampler:
 
 def test_probe_with_scripted_sampler(tiny_tokenizer):
     sampler = ScriptedSampler(tiny_tokenizer)
-    rep = run_probe([TASK_A, TASK_B], tiny_tokenizer, sampler, ProbeSettings(samples=5, seed=7))
+    cfg = RLCRConfig(seed=7)
+    rep = run_probe([TASK_A, TASK_B], tiny_tokenizer, sampler, ProbeSettings.from_config(cfg, samples=5))
     a, b = rep["tasks"]
     # turn 1 and turn 2 as in training; forced answers: one n = N request per distinct prefix
     assert [c["n"] for c in sampler.calls] == [1, 1, 5] and sampler.calls[2]["stop"] == ("</answer>",)
+    assert [c["max_tokens"] for c in sampler.calls] == [cfg.max_answer_tokens, cfg.max_confidence_tokens,
+                                                         cfg.probe_forced_answer_tokens]
     forced = sampler.calls[2]["texts"]
     assert len(forced) == 4 + 1  # A: 0%, 2 sentence cuts, 100%; B: 0% = 100% (empty), sampled once
     assert all(t.endswith("</think>\n<answer>") and t.count("<|im_start|>assistant") == 1 for t in forced)
@@ -209,7 +214,7 @@ def test_probe_with_scripted_sampler(tiny_tokenizer):
     assert a["verbalized_confidence"] == 0.9 and a["gap"] == pytest.approx(0.9 - 0.6)
     assert a["confidence_reward"] == pytest.approx(1 - (1 - 0.9) ** 2)
     assert b["reasoning"] is None and [p["fraction"] for p in b["points"]] == [0.0, 1.0]
-    assert b["answer_correct"] == 0.0 and b["answer_score"] == 0.1  # extracted but wrong
+    assert b["answer_correct"] == 0.0 and b["answer_score"] == cfg.format_score == 0.1  # extracted but wrong
     assert [p["confidence"] for p in b["points"]] == [0.0, 0.0] and b["aoc"] == 1.0
     assert b["verbalized_confidence"] is None and b["gap"] is None and b["confidence_reward"] == 0.0
     m = rep["metrics"]
@@ -223,17 +228,35 @@ def test_probe_with_scripted_sampler(tiny_tokenizer):
     assert m["mc_full_mean"] == pytest.approx(0.3) and m["mc_zero_mean"] == 0.0
     # given traces instead of sampled ones: no turn-1 call
     sampler.calls.clear()
-    again = run_probe([TASK_A], tiny_tokenizer, sampler, ProbeSettings(samples=5, truncation="fractions"),
+    again = run_probe([TASK_A], tiny_tokenizer, sampler,
+                      ProbeSettings.from_config(RLCRConfig(probe_truncation="fractions"), samples=5),
                       responses=[RESPONSES[16]])
     assert [c["n"] for c in sampler.calls] == [1, 5] and len(again["tasks"][0]["points"]) == 11
 
 
 def test_forced_answer_scoring():
-    assert score_forced("(3 + 5) * 2</answer>", TASK_A) == 1.0
-    assert score_forced("(3 + 5) * 2", TASK_A) == 0  # no </answer>: nothing extracted
-    assert score_forced("3 + 5 * 2</answer>", TASK_A) == 0.1
-    assert score_forced("(3 + 5)\n* 2</answer>", TASK_A) == 0  # the last line holds no <answer> tag
+    assert score_forced("(3 + 5) * 2</answer>", TASK_A, 0.1) == 1.0
+    assert score_forced("(3 + 5) * 2", TASK_A, 0.1) == 0  # no </answer>: nothing extracted
+    assert score_forced("3 + 5 * 2</answer>", TASK_A, 0.1) == 0.1
+    assert score_forced("3 + 5 * 2</answer>", TASK_A, 0.25) == 0.25  # the run's format_score
+    assert score_forced("(3 + 5)\n* 2</answer>", TASK_A, 0.1) == 0  # the last line holds no <answer> tag
     assert forced_prefix("P", "r.") == "P<think>r.</think>\n<answer>"
+
+
+def test_probe_settings_come_from_the_config():
+    """Every probe setting is a config field's value: none has a default of its own."""
+    cfg = RLCRConfig(probe_samples=7, probe_truncation="fractions", temperature=0.9, top_p=0.8, max_answer_tokens=100,
+                     max_confidence_tokens=20, probe_forced_answer_tokens=12, format_score=0.2, seed=11)
+    s = ProbeSettings.from_config(cfg)
+    assert dataclasses.asdict(s) == {
+        "samples": 7, "truncation": "fractions", "temperature": 0.9, "top_p": 0.8, "max_answer_tokens": 100,
+        "max_confidence_tokens": 20, "forced_answer_tokens": 12, "format_score": 0.2, "seed": 11,
+        "fractions": tuple(i / 10 for i in range(11))}
+    assert ProbeSettings.from_config(cfg, samples=3).samples == 3  # the flow's `samples` argument
+    own_defaults = [f.name for f in dataclasses.fields(ProbeSettings) if f.default is not dataclasses.MISSING]
+    assert own_defaults == ["fractions"]  # the truncation module's fixed cut points, not a knob
+    with pytest.raises(TypeError):
+        ProbeSettings(samples=5)  # no defaults to fall back on
 
 
 # ----------------------------------------------------------------------------- vLLM on the tiny model
@@ -269,7 +292,7 @@ def tiny_reports(engine, tiny_tokenizer, tiny_model_dir, tmp_path_factory):
     sampled = run_probe(tasks, tiny_tokenizer, vllm_sampler(engine, settings), settings)
     given = [f"<think>Try {t.solution}. That gives {t.target}.\nDone.</think>\n<answer>{t.solution}</answer>"
              for t in tasks]
-    frac = ProbeSettings(**{**settings.__dict__, "truncation": "fractions"})
+    frac = ProbeSettings.from_config(tiny_cfg(tiny_model_dir, store.uri, probe_truncation="fractions"))
     traced = run_probe(tasks, tiny_tokenizer, vllm_sampler(engine, frac), frac, responses=given)
     sampled.update(checkpoint_uri=str(tiny_model_dir), iteration=1)
     uris = write_report(store, "tiny", sampled)
@@ -287,7 +310,7 @@ def test_probe_end_to_end_on_tiny_model(tiny_reports):
             assert p["n"] == 4 and 0 <= p["correct"] <= p["formatted"] <= 4
             assert p["confidence"] == p["correct"] / 4
             # the stored example is scored the same way as the count
-            assert (score_forced(p["example"], task) == 1.0) <= (p["correct"] > 0)
+            assert (score_forced(p["example"], task, rep["settings"]["format_score"]) == 1.0) <= (p["correct"] > 0)
         assert 0.0 <= r["aoc"] <= 1.0
     for task, r in zip(tasks, traced["tasks"]):  # real reasoning: 11 fixed fractions
         assert r["reasoning"] == f"Try {task.solution}. That gives {task.target}.\nDone."
@@ -343,7 +366,8 @@ def test_report_renders_plots_in_headless_chromium(tiny_reports, tmp_path):
 def test_html_renders_without_tasks():
     from rlcr.probe.probe import summarize
 
-    rep = {"settings": ProbeSettings().__dict__, "tasks": [], "metrics": summarize([])}
+    rep = {"settings": dataclasses.asdict(ProbeSettings.from_config(RLCRConfig())), "tasks": [],
+           "metrics": summarize([])}
     page = render_html(rep)
     assert "Faithfulness probe" in page and page.count("data:image/png") == 3
 

@@ -28,6 +28,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
+from rlcr.config import RLCRConfig
 from rlcr.metrics import calibration_metrics
 from rlcr.probe.metrics import aoc, curve_aoc, mean_curve, verbalized_gap
 from rlcr.probe.truncation import DEFAULT_FRACTIONS, reasoning_of, truncation_points
@@ -52,31 +53,39 @@ class NoCommittedIteration(RuntimeError):
     """The run has no committed iteration, so there is no checkpoint to probe."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class ProbeSettings:
-    """What the probe samples and how (defaults follow SPEC §8 and the training config)."""
+    """What the probe samples and how: the run's :class:`~rlcr.config.RLCRConfig` seen by the probe. Build it
+    with :meth:`from_config`; every value (and every default) is a config field's, named below."""
 
-    samples: int = 50
-    """N: forced-answer samples per truncation point (one request with n = N)."""
-    truncation: str = "sentences"
-    """``sentences`` (every sentence boundary + 0% + 100%) or ``fractions`` (0, 0.1, …, 1)."""
+    samples: int
+    """N: forced-answer samples per truncation point, one request with n = N (``probe_samples``)."""
+    truncation: str
+    """``sentences`` (every sentence boundary + 0% + 100%) or ``fractions`` (``probe_truncation``)."""
+    temperature: float
+    """Sampling temperature of every probe request (``temperature``, as in training)."""
+    top_p: float
+    """Nucleus threshold of every probe request (``top_p``)."""
+    max_answer_tokens: int
+    """Turn-1 budget: reasoning + answer (``max_answer_tokens``)."""
+    max_confidence_tokens: int
+    """Turn-2 budget (``max_confidence_tokens``)."""
+    forced_answer_tokens: int
+    """Budget of one forced answer: an equation and ``</answer>`` (``probe_forced_answer_tokens``)."""
+    format_score: float
+    """``compute_score`` of an extracted but wrong answer (``format_score``)."""
+    seed: int
+    """Seed of the probe's three generate calls (``seed``)."""
     fractions: tuple[float, ...] = DEFAULT_FRACTIONS
-    temperature: float = 0.7
-    top_p: float = 1.0
-    max_answer_tokens: int = 256
-    """Turn-1 budget (reasoning + answer)."""
-    max_confidence_tokens: int = 64
-    forced_answer_tokens: int = 32
-    """Budget of one forced answer (an equation and ``</answer>``)."""
-    format_score: float = 0.1
-    seed: int = 0
+    """The cut points of ``fractions`` mode: the truncation module's fixed 0, 0.1, …, 1 (not a config knob)."""
 
     @classmethod
-    def from_config(cls, cfg, samples: int | None = None) -> "ProbeSettings":
+    def from_config(cls, cfg: RLCRConfig, samples: int | None = None) -> "ProbeSettings":
+        """The probe settings of ``cfg``; ``samples`` (if given) replaces ``cfg.probe_samples``."""
         return cls(
             samples=samples or cfg.probe_samples, truncation=cfg.probe_truncation, temperature=cfg.temperature,
             top_p=cfg.top_p, max_answer_tokens=cfg.max_answer_tokens, max_confidence_tokens=cfg.max_confidence_tokens,
-            format_score=cfg.format_score, seed=cfg.seed,
+            forced_answer_tokens=cfg.probe_forced_answer_tokens, format_score=cfg.format_score, seed=cfg.seed,
         )
 
 
@@ -92,7 +101,7 @@ def forced_prefix(prompt_text: str, truncated_reasoning: str) -> str:
     return f"{prompt_text}<think>{truncated_reasoning}</think>\n{FORCED_OPEN}"
 
 
-def score_forced(completion: str, task: CountdownTask, format_score: float = 0.1) -> float:
+def score_forced(completion: str, task: CountdownTask, format_score: float) -> float:
     """``compute_score`` of a forced answer: the forced ``<answer>`` tag + the sampled completion."""
     return compute_score(FORCED_OPEN + completion, task.ground_truth, format_score=format_score, score=1.0)
 

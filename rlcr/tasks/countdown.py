@@ -25,6 +25,8 @@ from math import gcd
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
+from rlcr.config import RLCRConfig
+
 __all__ = [
     "CountdownTask",
     "TaskFormatError",
@@ -48,6 +50,8 @@ MAX_EQUATION_CHARS = 256
 # Integer literals longer than this cannot be one of the task's numbers.
 MAX_LITERAL_DIGITS = 12
 ABS_TOL = 1e-5
+# compute_score's default format_score: the config's (RLCRConfig.format_score), the one place it is set.
+_FORMAT_SCORE: float = RLCRConfig.model_fields["format_score"].default
 
 
 # --------------------------------------------------------------------------- tasks
@@ -512,12 +516,13 @@ def evaluate_expression(expr: str) -> Fraction | None:
 def compute_score(
     solution_str: str,
     ground_truth: dict[str, Any],
-    format_score: float = 0.1,
+    format_score: float = _FORMAT_SCORE,
     score: float = 1.0,
 ) -> float:
     """Score a response on a Countdown task (SPEC §3).
 
-    Returns 0 if no equation can be extracted; ``format_score`` if one was
+    ``format_score`` defaults to the config's (:attr:`rlcr.config.RLCRConfig.format_score`); a run
+    passes its ``cfg.format_score``. Returns 0 if no equation can be extracted; ``format_score`` if one was
     extracted but it does not use exactly ``numbers`` (as a multiset), is not a
     valid expression (integer literals, binary ``+ - * /``, parentheses), cannot
     be evaluated, or its value is not ``target``; ``score`` if it equals the
