@@ -24,7 +24,6 @@ __all__ = [
     "completion_offsets",
     "span_to_token_mask",
     "completion_mask",
-    "sequence_loss_mask",
 ]
 
 SampleType = Literal["answer", "confidence"]
@@ -109,10 +108,3 @@ def completion_mask(
     closed = completion_text[span[0]:span[1]].endswith(closing)
     offsets = completion_offsets(tokenizer, completion_ids, completion_text)
     return span_to_token_mask(offsets, span, open_ended=not closed)
-
-
-def sequence_loss_mask(context_len: int, completion_mask: Sequence[int], total_len: int) -> list[int]:
-    """Loss mask of a full row ``[context | completion | padding]``: context and padding are always 0."""
-    if context_len + len(completion_mask) > total_len:
-        raise ValueError(f"context ({context_len}) + completion ({len(completion_mask)}) exceed the row length {total_len}")
-    return [0] * context_len + [int(m) for m in completion_mask] + [0] * (total_len - context_len - len(completion_mask))

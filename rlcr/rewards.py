@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Sequence
+from typing import Any
 
 from rlcr.tasks.countdown import CountdownTask, compute_score
 
 __all__ = [
     "accuracy_reward",
-    "accuracy_rewards",
     "parse_confidence",
     "brier_reward",
-    "brier_rewards",
 ]
 
 # A plain decimal number: "0.7", ".7", "1", "0.70", "7e-1". No sign other than
@@ -30,17 +28,9 @@ def _ground_truth(task: CountdownTask | dict[str, Any]) -> dict[str, Any]:
 
 
 def accuracy_reward(completion: str, task: CountdownTask | dict[str, Any]) -> float:
-    """1.0 iff :func:`compute_score` gives the full ``score`` for this completion, else 0.0."""
-    return 1.0 if compute_score(completion, _ground_truth(task), format_score=0.1, score=1.0) == 1.0 else 0.0
-
-
-def accuracy_rewards(
-    completions: Sequence[str], tasks: Sequence[CountdownTask | dict[str, Any]]
-) -> list[float]:
-    """Batch form of :func:`accuracy_reward` (one task per completion)."""
-    if len(completions) != len(tasks):
-        raise ValueError(f"{len(completions)} completions but {len(tasks)} tasks")
-    return [accuracy_reward(c, t) for c, t in zip(completions, tasks)]
+    """1.0 iff :func:`compute_score` gives the full ``score`` for this completion, else 0.0 (whatever the
+    config's ``format_score``: a formatted but wrong answer earns no accuracy)."""
+    return 1.0 if compute_score(completion, _ground_truth(task), format_score=0.0, score=1.0) == 1.0 else 0.0
 
 
 def parse_confidence(text: str) -> float | None:
@@ -77,10 +67,3 @@ def brier_reward(confidence_text: str, correct: float) -> float:
     if c is None:
         return 0.0
     return 1.0 - (float(correct) - c) ** 2
-
-
-def brier_rewards(confidence_texts: Sequence[str], correct: Sequence[float]) -> list[float]:
-    """Batch form of :func:`brier_reward` (one parent-answer label per confidence)."""
-    if len(confidence_texts) != len(correct):
-        raise ValueError(f"{len(confidence_texts)} confidences but {len(correct)} labels")
-    return [brier_reward(t, y) for t, y in zip(confidence_texts, correct)]

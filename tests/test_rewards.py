@@ -1,11 +1,13 @@
-"""RLCR rewards (SPEC §4)."""
+"""RLCR rewards (SPEC §4): the scorers and the production path the rollouts score rows with
+(:func:`rlcr.rollout.records.answer_scores`, :func:`~rlcr.rollout.records.confidence_scores`)."""
 
 import math
 
 import pytest
 from hypothesis import given, strategies as st
 
-from rlcr.rewards import accuracy_reward, accuracy_rewards, brier_reward, brier_rewards, parse_confidence
+from rlcr.rewards import accuracy_reward, brier_reward, parse_confidence
+from rlcr.rollout.records import answer_scores, confidence_scores
 from rlcr.tasks.countdown import CountdownTask
 
 
@@ -40,7 +42,11 @@ def test_brier():
     assert brier_reward("<confidence>0.8</confidence>", 0) == pytest.approx(1 - 0.8**2)
     assert brier_reward("<confidence>nan</confidence>", 1) == 0.0
     assert brier_reward("nothing", 0) == 0.0
-    assert brier_rewards(["<confidence>1</confidence>", "<confidence>0</confidence>"], [1, 1]) == [1.0, 0.0]
+    # a turn-2 row's scores, as the confidence stage computes them
+    assert confidence_scores("<confidence>1</confidence>", 1) == {"confidence": 1.0, "reward": 1.0}
+    assert confidence_scores("<confidence>0</confidence>", 1) == {"confidence": 0.0, "reward": 0.0}
+    assert confidence_scores("<confidence>0.8</confidence>", 0) == {"confidence": 0.8, "reward": pytest.approx(1 - 0.8**2)}
+    assert confidence_scores("no tag", 0) == {"confidence": None, "reward": 0.0}
     with pytest.raises(ValueError):
         brier_reward("<confidence>0.5</confidence>", 0.5)
 
@@ -50,7 +56,13 @@ def test_accuracy():
     assert accuracy_reward("<answer>16 + 5 + 3</answer>", t) == 1.0
     assert accuracy_reward("<answer>16 + 5 - 3</answer>", t) == 0.0
     assert accuracy_reward("nope", t.ground_truth) == 0.0
-    assert accuracy_rewards(["<answer>16+5+3</answer>", ""], [t, t]) == [1.0, 0.0]
+    # a turn-1 row's scores, as the answer stage computes them with the run's format_score: the raw score
+    # keeps the format credit, the reward (= correct) is the accuracy whatever the format_score
+    assert answer_scores("<answer>16+5+3</answer>", t, format_score=0.1) == {"score": 1.0, "correct": 1.0, "reward": 1.0}
+    assert answer_scores("", t, format_score=0.1) == {"score": 0.0, "correct": 0.0, "reward": 0.0}
+    assert answer_scores("<answer>16 + 5 - 3</answer>", t, format_score=0.25) == {"score": 0.25, "correct": 0.0,
+                                                                                   "reward": 0.0}
+    assert answer_scores("<answer>16 + 5 - 3</answer>", t, format_score=1.0)["reward"] == 0.0
 
 
 @given(st.text(max_size=300), st.sampled_from([0, 1]))
