@@ -41,7 +41,7 @@ from rlcr.rollout.engine import EnginePool
 from rlcr.rollout.pipeline import finalize_rollouts, generate_rollouts, rollout_seed
 from rlcr.runs import RunLease, RunStore, new_run_id, prompts_for_iteration, task_sets
 from rlcr.storage import validate_run_id
-from rlcr.train import run_update
+from rlcr.train.trainer import PolicyTrainer, StateLost
 
 __all__ = ["rlcr_train", "ensure_ray", "resolve_config", "add_listener", "remove_listener", "artifact_key"]
 
@@ -152,10 +152,11 @@ def metrics_markdown(run_id: str, iteration: int, metrics: dict[str, Any], uris:
 
 
 @task(name="rollouts")
-def rollouts_task(cfg, prompts, policy_uri, run_id, iteration, engines):
+def rollouts_task(cfg, prompts, policy, run_id, iteration, engines, tokenizer_uri):
     """Answer stage then confidence stage on Ray Data; scored records."""
     _started("rollouts", iteration)
-    return generate_rollouts(cfg, prompts, policy_uri=policy_uri, run_id=run_id, iteration=iteration, engines=engines)
+    return generate_rollouts(cfg, prompts, policy_uri=policy, run_id=run_id, iteration=iteration, engines=engines,
+                             tokenizer_uri=tokenizer_uri)
 
 
 @task(name="advantages")
@@ -165,35 +166,61 @@ def advantages_task(cfg, rows, run, iteration):
     return finalize_rollouts(cfg, rows, run_id=run.run_id, iteration=iteration, store=run.store)
 
 
-@task(name="update")
-def update_task(cfg, rows, policy_uri, run_id, iteration):
-    """Masked GRPO update on Ray Train → new sealed checkpoint."""
+def _retry_unless_state_lost(task, task_run, state) -> bool:
+    """A retry cannot bring back unsaved updates: :class:`StateLost` goes to the flow, which rewinds."""
+    try:
+        state.result()
+    except StateLost:
+        return False
+    except BaseException:  # noqa: BLE001 - any other failure is retried
+        return True
+    return True
+
+
+@task(name="update", retry_condition_fn=_retry_unless_state_lost)
+def update_task(trainer, rows, iteration):
+    """Masked GRPO update on the run's long-lived Ray Train workers (their AdamW carries over)."""
     _started("update", iteration)
-    return run_update(cfg, rows, policy_uri=policy_uri, run_id=run_id, iteration=iteration)
+    trainer.ensure_running()
+    return trainer.update(rows, iteration)
 
 
 @task(name="sync_weights")
-def sync_weights_task(engines, policy_uri, iteration):
-    """Hand the new policy to the long-lived engines (``engine_weight_sync``)."""
+def sync_weights_task(engines, weights, version, iteration):
+    """Copy the new weights into the running engines from Ray's object store (``engine_weight_sync``)."""
     _started("sync_weights", iteration)
-    return engines.load(policy_uri)
+    return engines.update_weights(weights, version)
 
 
 @task(name="evaluate")
-def evaluate_task(cfg, held_out, policy_uri, iteration, engines):
-    """Held-out accuracy and calibration (SPEC §9) of the new policy."""
+def evaluate_task(cfg, held_out, policy, iteration, engines, tokenizer_uri):
+    """Held-out accuracy and calibration (SPEC §9) of the policy the engines hold."""
     _started("evaluate" if iteration else "baseline", iteration)
-    metrics, _ = evaluate_policy(cfg, held_out, policy_uri=policy_uri, iteration=iteration, engines=engines)
+    metrics, _ = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=iteration, engines=engines,
+                                 tokenizer_uri=tokenizer_uri)
     return metrics
 
 
+@task(name="stage")
+def stage_task(run, iteration, manifest, metrics, lease):
+    """Metrics and the manifest draft of an iteration (pending until a saved state covers it)."""
+    _started("stage", iteration)
+    run.stage(iteration, manifest, metrics, lease=lease)
+
+
+@task(name="save", retry_condition_fn=_retry_unless_state_lost)
+def save_task(trainer, run, iteration, extra):
+    """The full training state (weights, AdamW, schedule, RNG), sealed, after iteration ``iteration``."""
+    _started("save", iteration)
+    trainer.ensure_running()
+    return trainer.save(run.checkpoint_rel(iteration), extra=extra)
+
+
 @task(name="commit")
-def commit_task(run, iteration, manifest, metrics, lease):
-    """Metrics first, the manifest last (create-only, under the run's lease): only now does the iteration exist."""
-    _started("commit", iteration)
-    lease.check()
-    run.store.write_json(run.metrics_rel(iteration), metrics)
-    return run.commit(iteration, {**manifest, "metrics_uri": run.store.url(run.metrics_rel(iteration))}, lease=lease)
+def commit_task(run, iterations, state_uri, state_iteration, lease):
+    """Manifests of the staged iterations, in order, create-only, under the run's lease: now they exist."""
+    _started("commit", state_iteration)
+    return run.commit_staged(iterations, state_uri, state_iteration, lease=lease)
 
 
 # ----------------------------------------------------------------------------- flow
@@ -221,70 +248,109 @@ def rlcr_train(
     with RunLease(run, owner=f"prefect flow run {get_run_context().flow_run.id}") as lease:
         run.check_config(cfg)
         run.sweep_temporaries()
+        run.finish_group(lease=lease)
         train_tasks, held_out = task_sets(cfg)
+        initial = resolve_model(cfg.model)
         done = run.committed()
-        policy = done[-1]["checkpoint_uri"] if done else resolve_model(cfg.model)
-        start = len(done) + 1
         summary: dict[str, Any] = {"run_id": run_id, "storage": run.store.url(run.prefix), "iterations": []}
-        if start > cfg.iterations:
+        if len(done) >= cfg.iterations:
             log.info("run %s already has %d committed iterations", run_id, len(done))
             summary["iterations"] = [m["iteration"] for m in done]
             return summary
-        log.info("run %s: iterations %d..%d from %s", run_id, start, cfg.iterations, policy)
+        saved = done[-1]["checkpoint_uri"] if done else initial
+        log.info("run %s: iterations %d..%d from %s", run_id, len(done) + 1, cfg.iterations, saved)
 
         ensure_ray()
         check_cluster_fits(cfg)
         opts = _opts(cfg)
-        with EnginePool(cfg, policy) as engines:
-            if start == 1 and cfg.eval_every and not run.store.exists(run.baseline_rel):
-                baseline = evaluate_task.with_options(**opts)(cfg, held_out, policy, 0, engines)
-                run.store.write_json(run.baseline_rel, {"policy_uri": policy, "eval": baseline})
-            for k in range(start, cfg.iterations + 1):
-                t: dict[str, float] = {}
-                prompts = prompts_for_iteration(cfg, train_tasks, k)
-                with timed_stage("rollouts", k, t) as fig:
-                    rows, gen_timings = rollouts_task.with_options(**opts)(cfg, prompts, policy, run_id, k, engines)
-                    fig["samples"] = len(rows)
-                with timed_stage("advantages", k, t) as fig:
-                    rollout = advantages_task.with_options(**opts)(cfg, rows, run, k)
-                    fig.update({"answer reward": rollout.stats.get("answer/reward_mean"),
-                                "confidence reward": rollout.stats.get("confidence/reward_mean")})
-                with timed_stage("update", k, t) as fig:
-                    update = update_task.with_options(**opts)(cfg, rollout.rows, policy, run_id, k)
-                    fig["loss"] = update.metrics.get("loss")
-                checkpoint_id = run.store.content_id(run.store.rel(update.checkpoint_uri))
-                with timed_stage("sync_weights", k, t) as fig:
-                    synced = sync_weights_task.with_options(**opts)(engines, update.checkpoint_uri, k)
-                    fig["mode"] = synced[0].get("mode") if synced else None
-                ev: dict[str, Any] = {}
-                if cfg.eval_every and (k % cfg.eval_every == 0 or k == cfg.iterations):
-                    with timed_stage("evaluate", k, t) as fig:
-                        ev = evaluate_task.with_options(**opts)(cfg, held_out, update.checkpoint_uri, k, engines)
-                        fig.update({"accuracy": ev.get("accuracy"), "ECE": ev.get("ece")})
-                metrics = {"rollout": rollout.stats, "update": update.metrics, "eval": ev,
-                           "engines": {"policy_uri": update.checkpoint_uri,
-                                       "content_ids": [s.get("content_id") for s in synced]},
-                           "timings": {**t, **gen_timings}}
-                manifest = {
-                    "policy_in": policy, "checkpoint_uri": update.checkpoint_uri,
-                    "checkpoint_content_id": checkpoint_id, "rollouts_uri": rollout.uri,
-                    "config_hash": cfg.config_hash(),
-                    "seeds": {"run": cfg.seed, "rollout": rollout_seed(cfg, k), "eval": cfg.eval_seed},
-                }
-                with timed_stage("commit", k, t):
-                    manifest_uri = commit_task.with_options(**opts)(run, k, manifest, metrics, lease)
+        with EnginePool(cfg, saved) as engines, PolicyTrainer(cfg, policy_uri=saved, restore=bool(done)) as trainer:
+            if not done and cfg.eval_every and not run.store.exists(run.baseline_rel):
+                baseline = evaluate_task.with_options(**opts)(cfg, held_out, saved, 0, engines, initial)
+                run.store.write_json(run.baseline_rel, {"policy_uri": saved, "eval": baseline})
+            policy, staged, rewinds = saved, [], 0
+            k = len(done) + 1
+            while k <= cfg.iterations:
+                try:
+                    metrics, manifest, saved_uri = _iteration(cfg, run, k, trainer, engines, policy, initial,
+                                                              train_tasks, held_out, opts, lease, staged)
+                except StateLost as e:  # the workers died with unsaved updates: rewind to the last saved state
+                    rewinds += 1
+                    if rewinds > cfg.retries:
+                        raise
+                    done = run.committed()
+                    policy = done[-1]["checkpoint_uri"] if done else initial
+                    log.warning("%s; rewinding to %s and re-running iterations %d..%d (rewind %d of %d)",
+                                e, policy, len(done) + 1, k, rewinds, cfg.retries)
+                    trainer.restart_from(policy, restore=bool(done))
+                    engines.load(policy)
+                    staged, k = [], len(done) + 1
+                    continue
+                policy = manifest["policy_out"]
+                if saved_uri:
+                    summary["iterations"].extend(staged)
+                    staged = []
                 create_markdown_artifact(
                     key=artifact_key(run_id, k),
-                    markdown=metrics_markdown(run_id, k, metrics, {"checkpoint": update.checkpoint_uri,
-                                                                   "rollouts": rollout.uri, "manifest": manifest_uri}),
+                    markdown=metrics_markdown(run_id, k, metrics, {"checkpoint": saved_uri or "pending (not saved yet)",
+                                                                   "rollouts": manifest["rollouts_uri"]}),
                     description=f"rlcr {run_id} iteration {k}",
                 )
-                log.info("iteration %d committed: accuracy %s, ECE %s", k, _fmt(ev.get("accuracy", math.nan)),
-                         _fmt(ev.get("ece", math.nan)))
-                summary["iterations"].append(k)
-                policy = update.checkpoint_uri
-        summary["final_checkpoint"] = policy
+                log.info("iteration %d %s: accuracy %s, ECE %s", k, "committed" if saved_uri else "staged",
+                         _fmt(metrics["eval"].get("accuracy", math.nan)), _fmt(metrics["eval"].get("ece", math.nan)))
+                k += 1
+        summary["final_checkpoint"] = run.committed()[-1]["checkpoint_uri"]
         return summary
+
+
+def _iteration(cfg, run, k, trainer, engines, policy, initial, train_tasks, held_out, opts, lease, staged):
+    """One iteration: rollouts → advantages → update → weight sync → evaluate → stage (→ save → commit).
+
+    Returns (metrics, manifest draft, URI of the saved state or None). ``staged`` collects the iterations
+    staged since the last save; on a save they are committed and the list is left for the caller to clear.
+    """
+    t: dict[str, float] = {}
+    prompts = prompts_for_iteration(cfg, train_tasks, k)
+    with timed_stage("rollouts", k, t) as fig:
+        rows, gen_timings = rollouts_task.with_options(**opts)(cfg, prompts, policy, run.run_id, k, engines, initial)
+        fig["samples"] = len(rows)
+    with timed_stage("advantages", k, t) as fig:
+        rollout = advantages_task.with_options(**opts)(cfg, rows, run, k)
+        fig.update({"answer reward": rollout.stats.get("answer/reward_mean"),
+                    "confidence reward": rollout.stats.get("confidence/reward_mean")})
+    with timed_stage("update", k, t) as fig:
+        update = update_task.with_options(**opts)(trainer, rollout.rows, k)
+        fig["loss"] = update.metrics.get("loss")
+    version = run.store.url(run.checkpoint_rel(k))  # "the policy after iteration k", saved there or not
+    with timed_stage("sync_weights", k, t) as fig:
+        synced = sync_weights_task.with_options(**opts)(engines, update.weights, version, k)
+        fig["mode"] = synced[0].get("mode") if synced else None
+    update.weights = None  # release the object-store copy
+    ev: dict[str, Any] = {}
+    if cfg.eval_every and (k % cfg.eval_every == 0 or k == cfg.iterations):
+        with timed_stage("evaluate", k, t) as fig:
+            ev = evaluate_task.with_options(**opts)(cfg, held_out, version, k, engines, initial)
+            fig.update({"accuracy": ev.get("accuracy"), "ECE": ev.get("ece")})
+    save = k % cfg.save_every == 0 or k == cfg.iterations
+    metrics = {"rollout": rollout.stats, "update": update.metrics, "eval": ev,
+               "engines": {"policy": version, "sync": synced},
+               "timings": {**t, **gen_timings}}
+    manifest = {
+        "policy_in": policy, "policy_out": version, "rollouts_uri": rollout.uri, "config_hash": cfg.config_hash(),
+        "seeds": {"run": cfg.seed, "rollout": rollout_seed(cfg, k), "eval": cfg.eval_seed},
+    }
+    with timed_stage("stage", k, t):
+        stage_task.with_options(**opts)(run, k, manifest, metrics, lease)
+    staged.append(k)
+    if not save:
+        return metrics, manifest, None
+    with timed_stage("save", k, t):
+        extra = {k_: v for k_, v in update.metrics.items() if k_ != "history"}
+        extra.update(run_id=run.run_id, iteration=k, parent=policy, covers=list(staged))
+        uri = save_task.with_options(**opts)(trainer, run, k, extra)
+    run.store.write_json(run.metrics_rel(k), metrics)  # still pending: now with the save's time
+    with timed_stage("commit", k, t):
+        commit_task.with_options(**opts)(run, list(staged), uri, k, lease)
+    return metrics, manifest, uri
 
 
 def main() -> None:

@@ -42,10 +42,12 @@ def evaluate_policy(
     policy_uri: str,
     iteration: int,
     engines=None,
+    tokenizer_uri: str | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Sample one answer and one confidence per held-out task; return (metrics, rows)."""
+    """Sample one answer and one confidence per held-out task; return (metrics, rows).
+    ``policy_uri``/``engines``/``tokenizer_uri``: as in :func:`rlcr.rollout.pipeline.generate_rollouts`."""
     indexed = list(enumerate(tasks))
-    check_prompt_lengths(cfg, indexed, policy_uri)
+    check_prompt_lengths(cfg, indexed, tokenizer_uri or policy_uri)
     ds = build_rollout_dataset(cfg, indexed, policy_uri, iteration, engines=engines.names if engines else None,
                                g_a=1, g_c=1, salt=EVAL_SALT)
     rows = to_records(ds.take_all(), "eval", iteration)

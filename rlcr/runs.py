@@ -6,6 +6,14 @@ artifacts under ``iter-<kkkk>/`` and is *committed* by writing
 never overwritten. Anything without a manifest is an uncommitted attempt: a re-run
 overwrites it, and readers ignore it.
 
+With ``save_every`` > 1 the training state is saved every few iterations only. An
+iteration after which nothing was saved is *staged* (``iter-<kkkk>/pending.json``:
+its manifest draft, next to its rollouts and metrics) and committed, in order, when
+the state that covers it is saved: every committed iteration is resumable exactly.
+Its manifest names that state (``state_uri``, ``state_iteration``); only the saving
+iteration's manifest has a ``checkpoint_uri``. A crash in the middle of committing a
+group is finished on resume (:meth:`RunStore.finish_group`).
+
 One writer per run: a flow holds ``runs/<run_id>/lease.json`` (:class:`RunLease`,
 created with a conditional put) for as long as it runs and renews it every
 ``heartbeat_s``; a second writer fails at once with a message naming the holder. A
@@ -113,6 +121,10 @@ class RunStore:
     def metrics_rel(self, iteration: int) -> str:
         return f"{self.iteration_dir(iteration)}/metrics.json"
 
+    def pending_rel(self, iteration: int) -> str:
+        """The manifest draft of a staged iteration (see the module docstring)."""
+        return f"{self.iteration_dir(iteration)}/pending.json"
+
     def checkpoint_rel(self, iteration: int) -> str:
         """The policy after iteration k (k = 0: a warm-start run's SFT checkpoint)."""
         return f"{self.iteration_dir(iteration)}/checkpoint"
@@ -161,13 +173,60 @@ class RunStore:
         done = self.committed()
         return done[-1] if done else None
 
+    def stage(self, iteration: int, manifest: dict[str, Any], metrics: dict[str, Any], *,
+              lease: "RunLease | None" = None) -> None:
+        """Write iteration k's metrics and manifest draft (pending; a re-run overwrites both)."""
+        if self.manifest(iteration) is not None:
+            raise AlreadyCommitted(f"iteration {iteration} of run {self.run_id!r} is already committed; "
+                                   f"refusing to stage it again")
+        if lease is not None:
+            lease.check()
+        self.store.write_json(self.metrics_rel(iteration), metrics)
+        self.store.write_json(self.pending_rel(iteration),
+                              {**manifest, "metrics_uri": self.store.url(self.metrics_rel(iteration))})
+
+    def pending(self) -> list[int]:
+        """Staged iterations after the last committed one, in order (stops at the first gap)."""
+        k, out = len(self.committed()) + 1, []
+        while self.store.exists(self.pending_rel(k)):
+            out.append(k)
+            k += 1
+        return out
+
+    def commit_staged(self, iterations: list[int], state_uri: str, state_iteration: int, *,
+                      lease: "RunLease | None" = None) -> list[str]:
+        """Commit staged iterations, in order, as covered by the sealed state saved after ``state_iteration``."""
+        uris = []
+        content_id = self.store.content_id(self.store.rel(state_uri))
+        for k in iterations:
+            draft = self.store.read_json(self.pending_rel(k))
+            manifest = {**draft, "state_uri": state_uri, "state_iteration": state_iteration,
+                        "state_content_id": content_id,
+                        "checkpoint_uri": state_uri if k == state_iteration else None}
+            uris.append(self.commit(k, manifest, lease=lease))
+            self.store.rm(self.pending_rel(k))
+        return uris
+
+    def finish_group(self, *, lease: "RunLease | None" = None) -> list[str]:
+        """Commit the rest of a group a crash interrupted: the last committed manifest names a saved state
+        after a later iteration, whose staged iterations are committed now. Returns the manifests written."""
+        last = self.last_committed()
+        if not last or not last.get("state_iteration") or last["state_iteration"] <= last["iteration"]:
+            return []
+        todo = list(range(last["iteration"] + 1, last["state_iteration"] + 1))
+        missing = [k for k in todo if not self.store.exists(self.pending_rel(k))]
+        if missing:
+            raise RuntimeError(f"run {self.run_id!r}: iterations {missing} are covered by {last['state_uri']} "
+                               f"but their staged manifests are gone; cannot finish committing them")
+        return self.commit_staged(todo, last["state_uri"], last["state_iteration"], lease=lease)
+
     def commit(self, iteration: int, manifest: dict[str, Any], *, lease: "RunLease | None" = None) -> str:
         """Write the manifest last, create-only and durably: after this, the iteration exists.
 
         Refused (nothing written) when the checkpoint is not sealed, when iteration k−1 is not
         committed, when ``lease`` is no longer held, or when iteration k is already committed.
         """
-        ckpt = manifest.get("checkpoint_uri")
+        ckpt = manifest.get("checkpoint_uri") or manifest.get("state_uri")
         if ckpt and not self.store.is_complete(self.store.rel(ckpt)):
             raise RuntimeError(f"refusing to commit iteration {iteration}: checkpoint {ckpt} is not sealed")
         if iteration > 1 and self.manifest(iteration - 1) is None:

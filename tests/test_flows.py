@@ -185,3 +185,72 @@ def test_an_update_that_cannot_fit_fails_fast(ray_local, tiny_model_dir, tmp_pat
     with pytest.raises(ResourceError, match="8 worker"):
         run_update(cfg, [{"row": 0}], policy_uri=str(tiny_model_dir), run_id="big", iteration=1)
     assert time.monotonic() - t0 < 60
+
+
+def test_save_every_stages_rewinds_and_resumes_exactly(ray_local, prefect_harness, tiny_model_dir, tmp_path,
+                                                        stage_hook):
+    """``save_every: 2``. An uninterrupted 3-iteration run, against a run whose trainer worker is SIGKILLed
+    as it is about to save iteration 2 (two unsaved updates are lost: the flow rewinds to the start and
+    re-runs 1 and 2) and which is then resumed from its saved state for iteration 3: same rollouts, same
+    weights. Iteration 1 is committed only with the state saved after 2, which its manifest names."""
+    import os
+    import signal
+
+    import pyarrow.parquet as pq
+    from safetensors.torch import load_file
+
+    from flows.train import rlcr_train
+    from rlcr.config import RLCRConfig
+    from rlcr.runs import RunStore
+
+    def cfg_for(name):
+        return {"model": str(tiny_model_dir), "storage_uri": str(tmp_path / name), "prompts_per_iteration": 2,
+                "num_generations_answer": 2, "num_generations_confidence": 2, "num_train_tasks": 16,
+                "num_eval_tasks": 4, "temperature": 1.0, "max_answer_tokens": 16, "max_confidence_tokens": 8,
+                "engine_max_model_len": 512, "engine_kv_cache_gib": 0.25, "learning_rate": 1e-3, "retries": 1,
+                "retry_delay_s": 0.1, "eval_every": 0, "save_every": 2}
+
+    straight = RunStore.open(RLCRConfig(**cfg_for("a")), "r")
+    rlcr_train(overrides=cfg_for("a"), run_id="r", iterations=3)
+    m1, m2, m3 = straight.committed()
+    assert m1["checkpoint_uri"] is None and m1["state_uri"] == m2["checkpoint_uri"] and m1["state_iteration"] == 2
+    assert m2["checkpoint_uri"].endswith("iter-0002/checkpoint") and m3["checkpoint_uri"].endswith("iter-0003/checkpoint")
+    assert not straight.store.exists(straight.checkpoint_rel(1))  # nothing saved after iteration 1
+    assert straight.pending() == [] and not straight.store.exists(straight.pending_rel(1))
+
+    crashed = RunStore.open(RLCRConfig(**cfg_for("b")), "r")
+
+    killed = []
+
+    def kill_trainer_worker():  # once: the save's retry emits its start again
+        if killed:
+            return
+        assert crashed.pending() == [1, 2]  # staged, not committed
+        assert crashed.committed() == []
+        pid = crashed.store.read_json(crashed.metrics_rel(2))["update"]["workers"][0]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+
+    stage_hook.ACTIONS[("save", 2)] = kill_trainer_worker
+    stage_hook.SEEN.clear()
+    summary = rlcr_train(overrides=cfg_for("b"), run_id="r", iterations=2)
+    assert summary["iterations"] == [1, 2]
+    assert stage_hook.SEEN.count(("rollouts", 1)) == 2 and stage_hook.SEEN.count(("update", 2)) == 2  # rewound
+    stage_hook.ACTIONS.clear()
+    rlcr_train(overrides=cfg_for("b"), run_id="r", iterations=3)  # resume: a new trainer from the saved state
+    n1, n2, n3 = crashed.committed()
+    assert n3["policy_in"] == n2["checkpoint_uri"]
+    assert crashed.store.read_json(crashed.metrics_rel(3))["update"]["trainer_starts"] == 1
+
+    for a, b in ((m1, n1), (m2, n2), (m3, n3)):
+        ra, rb = (pq.read_table(m["rollouts_uri"]).column("completion_ids").to_pylist() for m in (a, b))
+        assert ra == rb, a["iteration"]  # same weights in the engines → same rollouts
+    for a, b in ((m2, n2), (m3, n3)):
+        wa, wb = (load_file(f"{m['checkpoint_uri']}/model.safetensors") for m in (a, b))
+        assert all(torch_equal(wa[k], wb[k]) for k in wa), a["iteration"]
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))

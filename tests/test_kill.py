@@ -4,7 +4,7 @@ Each run is a separate Python process (the flow, its Prefect client and its Ray 
 that joins the test session's Ray cluster and Prefect server; the kill is a SIGKILL,
 not an exception. After the two kills and a final resume, exactly iterations 1 and 2
 are committed, each once, no temporaries are left, and each manifest's checkpoint is
-the one the engines evaluated (same content id).
+the policy the engines evaluated, sealed with the content id the manifest names.
 """
 
 import json
@@ -71,8 +71,8 @@ def test_sigkill_during_update_and_commit_then_resume(ray_local, prefect_harness
     assert not run.store.exists(run.manifest_rel(3))
     for m in manifests:
         metrics = run.store.read_json(run.metrics_rel(m["iteration"]))
-        assert metrics["engines"]["content_ids"] == [m["checkpoint_content_id"]]  # evaluated = committed
-        assert run.store.content_id(run.store.rel(m["checkpoint_uri"])) == m["checkpoint_content_id"]
+        assert metrics["engines"]["policy"] == m["checkpoint_uri"]  # evaluated = committed (in memory, then saved)
+        assert run.store.content_id(run.store.rel(m["checkpoint_uri"])) == m["state_content_id"]
     assert manifests[1]["policy_in"] == manifests[0]["checkpoint_uri"]
     leftovers = [p for p in store.rglob("*") if ".tmp-" in p.name]
     assert leftovers == []

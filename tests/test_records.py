@@ -33,7 +33,7 @@ def tree(run_id="run", iteration=0):
             ans = rollout_row("answer", task=task, run_id=run_id, iteration=iteration, prompt_id=j, answer_id=k,
                               context_text="ctx", context_ids=[1, 2, 3], completion_text=text,
                               completion_ids=[7] * (k + 1), completion_logprobs=[-0.5] * (k + 1),
-                              finish_reason="stop" if k else "length", **answer_scores(text, task))
+                              finish_reason="stop" if k else "length", **answer_scores(text, task, format_score=0.1))
             answers.append(ans)
             ctx = "\n".join(m["content"] for m in turn2_messages(task, text))
             for h in range(GC):

@@ -154,7 +154,7 @@ def test_scoring_steps_on_batches():
         {"prompt_id": 0, "answer_id": 1, "confidence_id": -1, "sample_type": "answer", "nums": [3, 5, 16], "target": 24,
          "completion_text": "<answer>16 - 5 + 3</answer>"},
     ])
-    scored = score_answers(batch)
+    scored = score_answers(batch, format_score=0.1)
     assert scored["reward"].tolist() == [1.0, 0.0] and scored["score"].tolist() == [1.0, 0.1]
     expanded = expand_to_turn2(scored)
     msgs = json.loads(expanded["turn2_messages"][1])

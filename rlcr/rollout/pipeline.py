@@ -160,13 +160,16 @@ def generate_rollouts(
     run_id: str,
     iteration: int,
     engines=None,
+    tokenizer_uri: str | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Both generation stages and the scoring steps on Ray Data → (scored records, timings).
 
     ``engines``: an :class:`~rlcr.rollout.engine.EnginePool` holding ``policy_uri``
-    (long-lived engines); None: each stage actor starts its own engine.
+    (long-lived engines: then ``policy_uri`` is the id of the weights they hold, which need not
+    be a checkpoint); None: each stage actor starts its own engine from the checkpoint ``policy_uri``.
+    ``tokenizer_uri``: a checkpoint with the policy's tokenizer (default ``policy_uri``).
     """
-    check_prompt_lengths(cfg, tasks, policy_uri)
+    check_prompt_lengths(cfg, tasks, tokenizer_uri or policy_uri)
     t0 = time.perf_counter()
     ds = build_rollout_dataset(cfg, tasks, policy_uri, iteration, engines=engines.names if engines else None)
     raw = ds.take_all()

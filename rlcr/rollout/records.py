@@ -122,7 +122,7 @@ def rollout_row(
     }
 
 
-def answer_scores(completion_text: str, task: CountdownTask, *, format_score: float = 0.1) -> dict[str, float]:
+def answer_scores(completion_text: str, task: CountdownTask, *, format_score: float) -> dict[str, float]:
     """Scores of a turn-1 answer (SPEC §4): ``score`` = :func:`compute_score`, ``correct`` = ``reward`` =
     the accuracy reward ∈ {0, 1}. Keyword arguments of :func:`rollout_row`."""
     acc = accuracy_reward(completion_text, task)

@@ -136,7 +136,7 @@ class AnswerStage(_EngineStage):
         return self._timing(pd.DataFrame(rows))
 
 
-def score_answers(batch: pd.DataFrame, format_score: float = 0.1) -> pd.DataFrame:
+def score_answers(batch: pd.DataFrame, format_score: float) -> pd.DataFrame:
     """acc_reward ∈ {0, 1} from :func:`compute_score` (SPEC §4); keeps the raw score too."""
     batch = batch.copy()
     scores = [answer_scores(r["completion_text"], _task(r), format_score=format_score) for _, r in batch.iterrows()]

@@ -71,6 +71,13 @@ SAVE_TIMEOUT_S = 3600.0
 STOP_TIMEOUT_S = 120.0
 
 
+def _brief(error: BaseException | None) -> str:
+    """The gist of Ray Train's (long) failure report: its first lines that name the error."""
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    keep = [ln for ln in lines if "Error" in ln or "died" in ln or "killed" in ln][:3] or lines[:2]
+    return " | ".join(keep)[:600]
+
+
 class TrainerLost(RuntimeError):
     """The trainer's workers are gone (a worker died or failed); the in-memory state went with them."""
 
@@ -189,7 +196,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     if config["restore"] and not restored and rank == 0:
         log.warning("%s holds no training state (written by an older rlcr?): AdamW starts afresh", config["policy_uri"])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    outbox.put({"seq": 0, "rank": rank, "restored": bool(restored), "schedule": [schedule.done, schedule.total]})
+    outbox.put({"seq": 0, "rank": rank, "restored": bool(restored), "schedule": [schedule.done, schedule.total],
+                "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()})
 
     while True:
         cmd = inbox.get()
@@ -275,7 +283,9 @@ class PolicyTrainer:
         self.saved_uri, self.saved_restore = policy_uri, restore
         self.unsaved = 0  # updates applied since the state at saved_uri
         self.restored = False
-        self.start_s = 0.0
+        self.start_s = 0.0  # seconds the last (re)start took
+        self.starts = 0  # (re)starts so far
+        self.workers: list[dict[str, Any]] = []  # rank, pid, node id of each worker
         self._seq = 0
         self._thread: threading.Thread | None = None
         self._start()
@@ -310,6 +320,8 @@ class PolicyTrainer:
         self._seq = 0
         ready = self._collect(0, START_TIMEOUT_S, "start")
         self.restored = bool(ready[0]["restored"])
+        self.workers = [{"rank": r, "pid": ready[r]["pid"], "node_id": ready[r]["node_id"]} for r in sorted(ready)]
+        self.starts += 1
         self.start_s = time.perf_counter() - t0
 
     def _fit(self, trainer) -> None:
@@ -331,8 +343,8 @@ class PolicyTrainer:
             return False
         if self.unsaved:
             raise StateLost(f"the trainer died with {self.unsaved} unsaved update(s) after {self.saved_uri}: "
-                            f"rewind to it ({self._error})")
-        log.warning("trainer workers gone (%s); restarting from %s", self._error, self.saved_uri)
+                            f"rewind to it ({_brief(self._error)})")
+        log.warning("trainer workers gone (%s); restarting from %s", _brief(self._error), self.saved_uri)
         self._teardown()
         self._start()
         return True
@@ -373,7 +385,7 @@ class PolicyTrainer:
     # ------------------------------------------------------------ requests
     def _request(self, op: str, timeout_s: float, **payload) -> dict[str, Any]:
         if not self.alive:
-            raise TrainerLost(f"trainer: cannot {op}: the workers are gone ({self._error})")
+            raise TrainerLost(f"trainer: cannot {op}: the workers are gone ({_brief(self._error)})")
         self._seq += 1
         for inbox in self.inboxes:
             inbox.put({"op": op, "seq": self._seq, **payload})
@@ -405,7 +417,8 @@ class PolicyTrainer:
         rows_ref = ray.put(_rows(rows))
         r = self._request("update", UPDATE_TIMEOUT_S, rows=[rows_ref], iteration=int(iteration))
         self.unsaved += 1
-        return UpdateResult(metrics=r["metrics"], weights=r["weights"][0])
+        metrics = {**r["metrics"], "workers": self.workers, "trainer_starts": self.starts}
+        return UpdateResult(metrics=metrics, weights=r["weights"][0])
 
     def save(self, rel: str, *, extra: dict[str, Any] | None = None, with_optimizer: bool = True) -> str:
         """Write the training state (weights, tokenizer; with ``with_optimizer`` AdamW, schedule and RNG),
