@@ -105,8 +105,9 @@ class StageProgress:
 
     LABELS = {"baseline": "held-out evaluation of the starting policy",
               "rollouts": "generating answers → confidences", "advantages": "advantages + rollouts Parquet",
-              "update": "GRPO update (Ray Train)", "sync_weights": "new weights → engines",
-              "evaluate": "held-out evaluation", "commit": "commit"}
+              "update": "GRPO update (Ray Train)", "sync_weights": "new weights → engines (in memory)",
+              "evaluate": "held-out evaluation", "stage": "metrics written (pending until the state is saved)",
+              "save": "training state → storage", "commit": "commit"}
 
     def __init__(self, total: int, start: int, figures: Optional[Callable[[str, int], Optional[str]]] = None,
                  out: Optional[Console] = None, title: str = "training"):
@@ -144,7 +145,7 @@ class StageProgress:
         if self.plain:
             self._safely(self._plain_event, stage, iteration)
             return
-        if stage == "commit":
+        if stage == "stage":  # the iteration's work is done (committed with the next save)
             self.progress.advance(self.task)
         label = self.LABELS.get(stage, stage)
         self.progress.update(self.task, description=f"iteration {iteration}: {label}" if iteration else label)
@@ -193,7 +194,7 @@ class StageProgress:
             _plain(self.console, f"{name}: failed after {took} ({type(exc).__name__}: {exc})")
             return
         parts = []
-        if stage == "commit" and iteration in self.iteration_t0:
+        if stage == "stage" and iteration in self.iteration_t0:
             parts.append(f"iteration {iteration}/{self.total} in {_elapsed(now - self.iteration_t0[iteration])}")
         figure = _figures((getattr(event, "figures", None) or {}).items())
         if figure is None and self.figures:
@@ -214,9 +215,9 @@ class StageProgress:
 
 
 def committed_figures(cfg, run_id: str) -> Callable[[str, int], Optional[str]]:
-    """Headline figures of finished stages, read from what run ``run_id`` has committed: the baseline
-    evaluation once it is written, an iteration's rollout rewards, update loss and held-out accuracy
-    and ECE once it is committed (before that, None)."""
+    """Headline figures of finished stages, read from run ``run_id``'s files: the baseline evaluation
+    once it is written, an iteration's rollout rewards, update loss and held-out accuracy and ECE once
+    its metrics are written (``stage``; before that, None)."""
     from rlcr.runs import RunStore
 
     run = RunStore.open(cfg, run_id)
@@ -226,9 +227,9 @@ def committed_figures(cfg, run_id: str) -> Callable[[str, int], Optional[str]]:
             rel = run.baseline_rel
             ev = run.store.read_json(rel)["eval"] if run.store.exists(rel) else {}
             return _figures((("accuracy", ev.get("accuracy")), ("ECE", ev.get("ece"))))
-        if stage != "commit" or (m := run.manifest(iteration)) is None:
+        if stage != "stage" or not run.store.exists(run.metrics_rel(iteration)):
             return None
-        met = run.store.read_json(run.store.rel(m["metrics_uri"]))
+        met = run.store.read_json(run.metrics_rel(iteration))
         ro, up, ev = met.get("rollout", {}), met.get("update", {}), met.get("eval", {})
         return _figures((("answer reward", ro.get("answer/reward_mean")),
                          ("confidence reward", ro.get("confidence/reward_mean")), ("loss", up.get("loss")),

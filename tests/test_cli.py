@@ -34,12 +34,14 @@ def test_stage_events_become_plain_lines_with_times_and_figures(tmp_path):
     with bar:
         bar("evaluate", 0)
         run.store.write_json(f"{run.prefix}/baseline.json", {"eval": {"accuracy": 0.25, "ece": 0.1}})
-        for stage in ("rollouts", "advantages", "update", "update", "evaluate", "commit"):
+        for stage in ("rollouts", "advantages", "update", "update", "evaluate", "stage"):
             bar(stage, 1)
         it = run.iteration_dir(1)
         run.store.write_json(f"{it}/metrics.json", {
             "rollout": {"answer/reward_mean": 0.31, "confidence/reward_mean": -0.12}, "update": {"loss": 0.05},
             "eval": {"accuracy": 0.5, "ece": 0.2}, "timings": {}})
+        bar("save", 1)
+        bar("commit", 1)
         run.commit(1, {"metrics_uri": run.store.url(f"{it}/metrics.json")})
     got = lines(buf)
     assert all(re.match(TS, line) for line in got), got
@@ -51,10 +53,11 @@ def test_stage_events_become_plain_lines_with_times_and_figures(tmp_path):
     assert re.fullmatch(r"iteration 1 rollouts: done in \d+\.\d s", text[4])
     assert re.fullmatch(r"iteration 1 update: failed after \d+\.\d s, retrying", text[8])
     assert re.fullmatch(
-        r"iteration 1 commit: done in \d+\.\d s \(iteration 1/1 in \d+\.\d s; answer reward 0\.310, "
-        r"confidence reward -0\.120, loss 0\.050, held-out accuracy 0\.500, ECE 0\.200\)", text[-2])
+        r"iteration 1 stage: done in \d+\.\d s \(iteration 1/1 in \d+\.\d s; answer reward 0\.310, "
+        r"confidence reward -0\.120, loss 0\.050, held-out accuracy 0\.500, ECE 0\.200\)", text[-6])
+    assert re.fullmatch(r"iteration 1 commit: done in \d+\.\d s", text[-2])
     assert re.fullmatch(r"training: done in \d+\.\d s", text[-1])
-    assert len(text) == 15  # started/done per stage, the retry, the title's start and end
+    assert len(text) == 19  # started/done per stage, the retry, the title's start and end
 
 
 def test_a_failed_stage_and_a_broken_figure_source():
@@ -120,7 +123,7 @@ def test_steps_print_start_and_done_off_a_terminal_only():
     bar = StageProgress(2, 1, out=tty)  # on a terminal: the rich bar, as before
     with bar:
         bar("rollouts", 1)
-        bar("commit", 1)
+        bar("stage", 1)
         bar("rollouts", 2)
     assert bar.progress.tasks[0].completed == 1 and "started" not in tty.file.getvalue()
 
