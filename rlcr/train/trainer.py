@@ -169,7 +169,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
 
-    from rlcr.rollout.engine import pack_weights
+    from rlcr.rollout.engine import pack_weights, resolve_dtype
 
     cfg = RLCRConfig.model_validate(config["cfg"])
     ctx = ray.train.get_context()
@@ -219,7 +219,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                     if torch.is_floating_point(t) and not torch.isfinite(t).all():
                         raise NonFiniteError(f"update of iteration {cmd['iteration']}: parameter {name!r} "
                                              f"has non-finite values; the engines keep the previous weights")
-                # the engines' copy, in the object store (one copy per node, read zero-copy by the engines)
+                # the engines' copy, in the object store (one copy per node, read zero-copy by the engines), in
+                # the engines' dtype: they would round fp32 to bf16 on load anyway, so this halves the bytes on GPU
+                engine_dtype = getattr(torch, resolve_dtype(cfg.dtype))
+                if engine_dtype != torch.float32:
+                    state = {k: v.to(engine_dtype) if torch.is_floating_point(v) else v for k, v in state.items()}
                 reply["weights"] = [ray.put(pack_weights(state))]
                 reply["metrics"] = metrics
         elif op == "save":
@@ -252,8 +256,9 @@ def _check_workers_fit(cfg: RLCRConfig) -> None:
     for res, per_worker in trainer_worker_resources(cfg).items():
         need = per_worker * cfg.num_workers
         if need > float(total.get(res, 0.0)) + 1e-9:
+            fields = "num_workers, trainer_resources" if res in cfg.trainer_resources else "num_workers, use_gpu"
             raise ResourceError(f"the update asks for {cfg.num_workers} worker(s) × {per_worker:g} {res} = {need:g} "
-                                f"{res} but the cluster has {float(total.get(res, 0.0)):g} (num_workers, use_gpu)")
+                                f"{res} but the cluster has {float(total.get(res, 0.0)):g} ({fields})")
 
 
 def _rows(rollouts) -> list[dict[str, Any]]:
@@ -296,6 +301,8 @@ class PolicyTrainer:
         from ray.train.torch import TorchTrainer
         from ray.util.queue import Queue
 
+        from rlcr.cluster import trainer_worker_resources
+
         t0 = time.perf_counter()
         _check_workers_fit(self.cfg)
         n = self.cfg.num_workers
@@ -308,7 +315,8 @@ class PolicyTrainer:
                 "cfg": self.cfg.model_dump(mode="json"), "policy_uri": self.saved_uri, "restore": self.saved_restore,
                 "ref_uri": self.ref_uri, "inboxes": self.inboxes, "outbox": self.outbox,
             },
-            scaling_config=ScalingConfig(num_workers=n, use_gpu=self.cfg.use_gpu),
+            scaling_config=ScalingConfig(num_workers=n, use_gpu=self.cfg.use_gpu,
+                                         resources_per_worker=trainer_worker_resources(self.cfg)),
             run_config=RunConfig(name=f"rlcr-trainer-{uuid.uuid4().hex[:8]}", storage_path=self._ray_storage,
                                  failure_config=FailureConfig(max_failures=0,
                                                               controller_failure_limit=WORKER_START_ATTEMPTS - 1)),
