@@ -33,7 +33,7 @@ from prefect.cache_policies import NONE as NO_CACHE
 from prefect.tasks import exponential_backoff
 
 from rlcr import events
-from rlcr.cluster import check_cluster_fits, ensure_ray
+from rlcr.cluster import check_cluster_fits, check_storage, ensure_ray
 from rlcr.config import ConfigError, RLCRConfig, load_config
 from rlcr.evaluate import evaluate_policy
 from rlcr.models import resolve_model
@@ -261,6 +261,7 @@ def rlcr_train(
         log.info("run %s: iterations %d..%d from %s", run_id, len(done) + 1, cfg.iterations, saved)
 
         ensure_ray()
+        check_storage(cfg)
         check_cluster_fits(cfg)
         opts = _opts(cfg)
         with EnginePool(cfg, saved) as engines, PolicyTrainer(cfg, policy_uri=saved, restore=bool(done)) as trainer:

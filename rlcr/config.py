@@ -27,6 +27,10 @@ KLType = Literal["k1", "k2", "k3"]
 LRSchedule = Literal["constant", "cosine", "linear"]
 
 
+_RESERVED_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
+"""Ray resources that ``engine_resources``/``trainer_resources`` may not name (other settings set them)."""
+
+
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the field."""
 
@@ -224,6 +228,25 @@ class RLCRConfig(BaseModel):
     generation is measured side by side in ``bench/rollout.py`` (``pipeline+bars``): within noise on 2 cores.
     Operational."""
 
+    # ------------------------------------------------------------------ placement (Ray cluster)
+    engine_resources: dict[str, float] = Field(default_factory=dict)
+    """Extra Ray resources each engine actor asks for, besides its CPU (and GPUs with ``use_gpu``): e.g.
+    ``{"worker_node": 1}``, a custom resource that only the nodes meant for the engines advertise (``ray start
+    --resources='{"worker_node": 4}'``, KubeRay's ``rayStartParams.resources``), pins them there. Names other
+    than ``CPU``/``GPU``/``memory``; amounts > 0. The flow's fit check counts them. Operational: where the
+    engines run does not change results."""
+    trainer_resources: dict[str, float] = Field(default_factory=dict)
+    """Extra Ray resources each Ray Train worker asks for, merged with its 1 CPU (or 1 GPU with ``use_gpu``) in
+    ``ScalingConfig(resources_per_worker=…)``: e.g. ``{"worker_node": 1}`` to keep the trainer off the head
+    node. Same rules as ``engine_resources``. Operational."""
+    storage_shared: bool = False
+    """The run's local paths are the same files on every Ray node: a local ``storage_uri`` on a filesystem every
+    node mounts at that path (NFS, a shared volume), a local ``model`` likewise (or baked into the image there).
+    Without it the flow refuses, on a Ray cluster of more than one alive node, a local ``storage_uri`` (each node
+    would write checkpoints to, and read them from, its own disk) and a local ``model`` (a path, or a name such
+    as ``smollm2-135m-instruct`` that is converted into the driver's own cache). ``s3://`` needs neither.
+    Operational."""
+
     # ------------------------------------------------------------------ orchestration
     save_every: int = Field(1, ge=1)
     """Write the full training state (weights, AdamW moments, schedule position, RNG), sealed, every this many
@@ -259,6 +282,21 @@ class RLCRConfig(BaseModel):
         if info.field_name == "model" and not path.exists():
             return value  # a model name such as smollm2-135m-instruct
         return str(path.resolve())
+
+    @field_validator("engine_resources", "trainer_resources")
+    @classmethod
+    def _extra_ray_resources(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, amount in value.items():
+            if not name or not name.strip():
+                raise ValueError("resource names must be non-empty")
+            if name in _RESERVED_RESOURCES:
+                raise ValueError(f"{name!r} is not an extra resource: CPUs and GPUs come from use_gpu, num_workers "
+                                 f"and engine_tensor_parallel_size, memory is not reserved; name custom resources")
+            if not amount > 0:
+                raise ValueError(f"resource {name!r} must ask for an amount > 0, got {amount!r}")
+            if round(amount, 4) != amount:
+                raise ValueError(f"resource {name!r}: Ray counts resources in steps of 0.0001, got {amount!r}")
+        return value
 
     @field_validator("adam_betas")
     @classmethod
@@ -370,9 +408,11 @@ def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | S
 # ``model``, which is result-changing). A resume may change them. Every other field is result-changing,
 # conservatively so: e.g. ``rollout_batch_size`` (the engine is seeded per batch),
 # ``micro_batch_tokens``/``num_workers`` (floating-point reduction order) and the ``engine_*`` settings
-# (scheduling and kernels) change the numbers even where they do not change the method.
+# (scheduling and kernels) change the numbers even where they do not change the method. The placement
+# fields (``engine_resources``, ``trainer_resources``, ``storage_shared``) choose nodes, not kernels or batches.
 OPERATIONAL_FIELDS: frozenset[str] = frozenset({
-    "run_id", "storage_uri", "s3_endpoint_url", "iterations",
+    "run_id", "storage_uri", "s3_endpoint_url", "storage_shared", "engine_resources", "trainer_resources",
+    "iterations",
     "retries", "retry_delay_s", "rollout_progress", "eval_every", "save_every",
     "probe_samples", "probe_truncation", "probe_forced_answer_tokens", "probe_cron",
     "sft_tasks", "sft_epochs", "sft_learning_rate", "sft_batch_size", "sft_lr_schedule", "sft_warmup_steps",
