@@ -595,6 +595,7 @@ class EnginePool:
         self.names = [f"{prefix}-{i}" for i in range(cfg.rollout_actors)]
         self.actors = [
             remote.options(name=n, num_cpus=res["CPU"], num_gpus=res.get("GPU", 0), max_concurrency=1,
+                           resources={k: v for k, v in res.items() if k not in ("CPU", "GPU")} or None,
                            runtime_env=engine_runtime_env()).remote(cfg.model_dump(mode="json"), policy_uri)
             for n in self.names
         ]
@@ -607,6 +608,8 @@ class EnginePool:
                 f"{engine_actor_resources(cfg)}; cluster has {ray.cluster_resources()}, free "
                 f"{ray.available_resources()})") from None
         self.policy_uri = policy_uri
+        self.node_ids = ray.get([a.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id())
+                                 for a in self.actors])  # where each engine runs (placement: engine_resources)
 
     def load(self, policy_uri: str, *, mode: str | None = None) -> list[dict]:
         """Every engine switches to the checkpoint at ``policy_uri`` (:meth:`RolloutEngine.load`)."""
