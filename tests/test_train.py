@@ -417,6 +417,15 @@ def _in_process_updates(model_dir, batches, tokenizer, cfg, *, continuous: bool)
     return {k: v.detach().clone() for k, v in lm.state_dict().items()}
 
 
+def unpacked(weights) -> dict[str, torch.Tensor]:
+    """The trainer's object-store weights as tensors (a tied parameter is sent as a reference to its twin)."""
+    from rlcr.rollout.engine import SameAs
+
+    out = {k: torch.tensor(v) for k, v in weights.items() if not isinstance(v, SameAs)}
+    out.update({k: out[v.name] for k, v in weights.items() if isinstance(v, SameAs)})
+    return out
+
+
 @pytest.fixture(scope="module")
 def continuous_trainer(ray_local, tiny_model_dir, tmp_path_factory):
     """Three iterations on one long-lived trainer (state saved after 2), and iteration 3 again on a trainer
@@ -434,10 +443,10 @@ def continuous_trainer(ray_local, tiny_model_dir, tmp_path_factory):
         trainer.update(batches[1], 2)
         saved = trainer.save("runs/c/iter-0002/checkpoint")
         third = trainer.update(batches[2], 3)
-        straight = {k: torch.tensor(v) for k, v in ray.get(third.weights).items()}
+        straight = unpacked(ray.get(third.weights))
     with PolicyTrainer(cfg, policy_uri=saved, restore=True) as restored:
         again = restored.update(batches[2], 3)
-        resumed = {k: torch.tensor(v) for k, v in ray.get(again.weights).items()}
+        resumed = unpacked(ray.get(again.weights))
         was_restored = restored.restored
     return cfg, batches, first, third, again, straight, resumed, saved, was_restored
 
