@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlcr.rollout.engine import (
-    SameAs, WeightSpec, check_weights, checkpoint_weight_spec, frame_id, pack_weights, read_checkpoint_weights,
+    Bfloat16Bits, SameAs, WeightSpec, check_weights, checkpoint_weight_spec, frame_id, pack_weights, read_checkpoint_weights,
     read_frame,
 )
 from rlcr.rollout.pipeline import run_rollouts
@@ -170,7 +170,11 @@ def test_packed_weights_are_numpy_and_load_as_the_same_tensors(tiny_model_dir):
     assert all(isinstance(v, np.ndarray) for v in packed.values())
     back = check_weights(packed, checkpoint_weight_spec(tiny_model_dir))
     assert all(torch.equal(back[k], weights[k]) for k in weights)
-    assert isinstance(pack_weights({"x": torch.ones(2, dtype=torch.bfloat16)})["x"], torch.Tensor)
+    bf16 = {k: v.to(torch.bfloat16) for k, v in weights.items()}  # numpy has no bfloat16: its bits travel
+    packed = pack_weights(bf16)
+    assert all(isinstance(v, Bfloat16Bits) and isinstance(v.bits, np.ndarray) for v in packed.values())
+    back = check_weights(packed, checkpoint_weight_spec(tiny_model_dir))
+    assert all(back[k].dtype == torch.bfloat16 and torch.equal(back[k], bf16[k]) for k in weights)
 
 
 def test_a_trainer_state_dict_packs_to_the_checkpoint_names(tiny_model_dir):

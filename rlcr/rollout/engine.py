@@ -42,7 +42,7 @@ from rlcr.storage import checkpoint_content_id
 __all__ = [
     "create_engine", "sample", "seeded_sample", "Sample", "resolve_dtype", "has_gpu",
     "RolloutEngine", "EnginePool", "render_prompt", "sample_chats", "pack_weights", "load_weights_in_place",
-    "checkpoint_weight_spec", "read_checkpoint_weights", "WeightSpec", "SameAs", "check_weights",
+    "checkpoint_weight_spec", "read_checkpoint_weights", "WeightSpec", "SameAs", "Bfloat16Bits", "check_weights",
 ]
 
 
@@ -303,11 +303,20 @@ class SameAs:
     name: str
 
 
+@dataclass(frozen=True)
+class Bfloat16Bits:
+    """In a packed state dict: a bfloat16 tensor's bits as an int16 numpy array (numpy has no bfloat16), so that
+    it too is read zero-copy from the object store."""
+
+    bits: Any
+
+
 def pack_weights(state_dict: Mapping[str, Any]) -> dict[str, Any]:
     """A state dict as ``ray.put`` moves it fastest: CPU tensors as numpy arrays (the engine reads them zero-copy
-    from the object store's shared memory; torch tensors are copied in and out of a pickle). Tensors numpy cannot
-    hold (bfloat16) stay torch tensors. A tensor that is an earlier one again (a tied ``lm_head.weight``, which
-    ``state_dict()`` lists besides the embedding) is sent as :class:`SameAs` that one."""
+    from the object store's shared memory; torch tensors are copied in and out of a pickle), bfloat16 ones as
+    :class:`Bfloat16Bits`; other dtypes numpy lacks stay torch tensors. A tensor that is an earlier one again (a
+    tied ``lm_head.weight``, which ``state_dict()`` lists besides the embedding) is sent as :class:`SameAs` that
+    one."""
     import torch
 
     packed, first_name = {}, {}
@@ -319,8 +328,12 @@ def pack_weights(state_dict: Mapping[str, Any]) -> dict[str, Any]:
                 packed[name] = SameAs(first_name[identity])
                 continue
             first_name[identity] = name
-            if t.dtype != torch.bfloat16:
-                t = t.cpu().contiguous().numpy()
+            t = t.cpu().contiguous()
+            if t.dtype == torch.bfloat16:
+                t = Bfloat16Bits(t.view(torch.int16).numpy())
+            else:
+                with contextlib.suppress(TypeError):  # a dtype numpy lacks: stays a tensor
+                    t = t.numpy()
         packed[name] = t
     return packed
 
@@ -334,11 +347,13 @@ def _as_tensor(name: str, value):
 
     if isinstance(value, torch.Tensor):
         return value.detach()
-    if isinstance(value, np.ndarray):
-        with warnings.catch_warnings():
-            # arrays from the object store are read-only; the loader only reads them
-            warnings.simplefilter("ignore", UserWarning)
+    with warnings.catch_warnings():
+        # arrays from the object store are read-only; the loader only reads them
+        warnings.simplefilter("ignore", UserWarning)
+        if isinstance(value, np.ndarray):
             return torch.from_numpy(value)
+        if isinstance(value, Bfloat16Bits) and isinstance(value.bits, np.ndarray) and value.bits.dtype == np.int16:
+            return torch.from_numpy(value.bits).view(torch.bfloat16)
     raise ValueError(f"weight {name!r}: expected a torch tensor or numpy array, got {type(value).__name__}")
 
 
