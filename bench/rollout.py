@@ -102,11 +102,11 @@ def main() -> None:
         common = dict(policy_uri=model, temperature=cfg.temperature, top_p=cfg.top_p)
         t0 = time.perf_counter()
         _, answers = ray.get(engine.generate_chats.remote(
-            [turn1_messages(t) for _, t in tasks], labels=[str(i) for i, _ in tasks], sample_type="answer",
+            [turn1_messages(t) for _, t in tasks], labels=[str(i) for i, _ in tasks], mask_kind="answer",
             seed=seed, n=args.ga, max_tokens=args.answer_tokens, stop=ANSWER_STOP, **common))
         turn2 = [turn2_messages(t, s.completion_text) for (_, t), group in zip(tasks, answers) for s in group]
         _, confs = ray.get(engine.generate_chats.remote(
-            turn2, labels=[str(i) for i in range(len(turn2))], sample_type="confidence",
+            turn2, labels=[str(i) for i in range(len(turn2))], mask_kind="confidence",
             seed=seed + 1, n=args.gc, max_tokens=args.confidence_tokens, stop=CONFIDENCE_STOP, **common))
         return time.perf_counter() - t0, tokens(answers + confs)
 

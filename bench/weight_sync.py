@@ -67,7 +67,7 @@ def main() -> None:
 
     def samples(version):
         _, out = ray.get(pool.actors[0].generate_chats.remote(
-            conversations, policy_uri=version, labels=["x"] * len(conversations), sample_type="answer", seed=11,
+            conversations, policy_uri=version, labels=["x"] * len(conversations), mask_kind="answer", seed=11,
             n=2, temperature=1.0, top_p=1.0, max_tokens=24))
         return [(s.completion_ids, s.completion_logprobs) for group in out for s in group]
 

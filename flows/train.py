@@ -35,7 +35,7 @@ from prefect.tasks import exponential_backoff
 from rlcr import events
 from rlcr.cluster import check_cluster_fits, check_storage, ensure_ray
 from rlcr.config import ConfigError, RLCRConfig, load_config
-from rlcr.evaluate import evaluate_policy
+from rlcr.evaluate import evaluate_policy, with_ci
 from rlcr.models import resolve_model
 from rlcr.rollout.engine import EnginePool
 from rlcr.rollout.pipeline import finalize_rollouts, generate_rollouts, rollout_seed
@@ -134,11 +134,13 @@ def metrics_markdown(run_id: str, iteration: int, metrics: dict[str, Any], uris:
         ("answer reward mean / std", f"{_fmt(rollout.get('answer/reward_mean'))} / {_fmt(rollout.get('answer/reward_std'))}"),
         ("confidence reward mean / std", f"{_fmt(rollout.get('confidence/reward_mean'))} / {_fmt(rollout.get('confidence/reward_std'))}"),
         ("answer / confidence length", f"{_fmt(rollout.get('answer/length_mean'))} / {_fmt(rollout.get('confidence/length_mean'))}"),
-        ("held-out accuracy", _fmt(ev.get("accuracy"))),
+        ("tokens generated / trained", f"{_fmt(rollout.get('tokens/generated'))} / {_fmt(rollout.get('tokens/trained'))}"),
+        ("held-out tasks × answers", f"{ev.get('n_tasks', '–')} × {ev.get('n_answers', '–')}"),
+        ("held-out accuracy [95% CI]", with_ci(ev, "accuracy")),
         ("held-out mean confidence", _fmt(ev.get("mean_confidence"))),
-        ("held-out ECE (10 bins)", _fmt(ev.get("ece"))),
-        ("held-out Brier", _fmt(ev.get("brier"))),
-        ("held-out AUROC", _fmt(ev.get("auroc"))),
+        ("held-out ECE (10 bins) [95% CI]", with_ci(ev, "ece")),
+        ("held-out Brier [95% CI]", with_ci(ev, "brier")),
+        ("held-out AUROC [95% CI]", with_ci(ev, "auroc")),
         ("confidence parse rate", _fmt(ev.get("confidence_parse_rate"))),
         ("update loss", _fmt(upd.get("loss"))),
         ("grad norm", _fmt(upd.get("grad_norm"))),

@@ -1,4 +1,4 @@
-"""Two-level GRPO advantages for answers and confidences (SPEC §6).
+"""Two-level GRPO advantages for answers and confidences (SPEC §6), and each method's choice (§11).
 
 Answers are normalised per prompt over their G_a siblings; confidences per
 answer over the G_c confidences conditioned on that same answer — never against
@@ -7,7 +7,7 @@ confidences of a different answer. Pure PyTorch; statistics in float64.
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 import torch
 
@@ -16,6 +16,8 @@ __all__ = [
     "confidence_advantages",
     "spread_to_tokens",
     "check_finite",
+    "METHOD_ADVANTAGES",
+    "method_advantages",
 ]
 
 ConfMode = Literal["answer", "answer_then_prompt"]
@@ -108,3 +110,48 @@ def spread_to_tokens(
     weight = torch.where(is_conf, torch.tensor(float(lambda_conf)), torch.tensor(float(lambda_ans)))
     seq = advantages.float() * weight
     return seq[:, None] * mask.float()
+
+
+# --------------------------------------------------------------------------- per-method advantages (SPEC §11)
+
+MethodAdvantages = Callable[..., "tuple[torch.Tensor, torch.Tensor | None]"]
+METHOD_ADVANTAGES: dict[str, MethodAdvantages] = {}
+"""method → ``fn(answer_rewards [P, G_a], confidence_rewards [P, G_a, G_c] | None, *, eps, scale_by_std,
+conf_mode) -> (A_ans, A_conf | None)``."""
+
+
+def _register(*methods: str):
+    def register(fn: MethodAdvantages) -> MethodAdvantages:
+        for method in methods:
+            METHOD_ADVANTAGES[method] = fn
+        return fn
+
+    return register
+
+
+@_register("rlcr")
+def two_level(answer_rewards, confidence_rewards, *, eps: float = 1e-6, scale_by_std: bool = True,
+              conf_mode: ConfMode = "answer") -> tuple[torch.Tensor, torch.Tensor]:
+    """Two-turn RLCR: answers per prompt, confidences per answer (SPEC §6)."""
+    if confidence_rewards is None:
+        raise ValueError("method rlcr: the rollouts hold no confidences (G_c = 0)")
+    return (answer_advantages(answer_rewards, eps=eps, scale_by_std=scale_by_std),
+            confidence_advantages(confidence_rewards, eps=eps, scale_by_std=scale_by_std, mode=conf_mode))
+
+
+@_register("rlcr_single", "rlvr")
+def per_prompt_only(answer_rewards, confidence_rewards, *, eps: float = 1e-6, scale_by_std: bool = True,
+                    conf_mode: ConfMode = "answer") -> tuple[torch.Tensor, None]:
+    """One sample kind, normalised per prompt over its G samples as A_ans (``rlcr_single``: the reward already
+    holds the Brier term; ``rlvr``: accuracy only). Confidence samples have no place in these methods."""
+    if confidence_rewards is not None and torch.as_tensor(confidence_rewards).numel():
+        raise ValueError("this method trains no confidence samples, but the rollouts hold some")
+    return answer_advantages(answer_rewards, eps=eps, scale_by_std=scale_by_std), None
+
+
+def method_advantages(method: str) -> MethodAdvantages:
+    """The registered advantage function of ``method``."""
+    try:
+        return METHOD_ADVANTAGES[method]
+    except KeyError:
+        raise ValueError(f"unknown method {method!r} (one of {', '.join(sorted(METHOD_ADVANTAGES))})") from None

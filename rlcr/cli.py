@@ -245,22 +245,29 @@ def _figures(pairs) -> Optional[str]:
 
 def summary_table(run_id: str, cfg) -> Table:
     """Per-iteration held-out accuracy, rewards and calibration of a run, baseline first."""
+    from rlcr.evaluate import with_ci
     from rlcr.runs import RunStore
 
     run = RunStore.open(cfg, run_id)
-    table = Table(title=f"run {run_id}  ({run.store.url(run.prefix)})")
+    table = Table(title=f"run {run_id}  ({run.store.url(run.prefix)}); held-out figures with [95% bootstrap CI]")
     for col in ("iter", "accuracy", "answer reward", "conf reward", "mean conf", "ECE", "Brier", "AUROC", "parse rate"):
         table.add_column(col, justify="right")
+
+    def held_out(ev: dict) -> list[str]:
+        return [with_ci(ev, "accuracy")]
+
+    def calibration(ev: dict) -> list[str]:
+        return [_f(ev.get("mean_confidence")), with_ci(ev, "ece"), with_ci(ev, "brier"), with_ci(ev, "auroc"),
+                _f(ev.get("confidence_parse_rate"))]
+
     if run.store.exists(run.baseline_rel):
         ev = run.store.read_json(run.baseline_rel)["eval"]
-        table.add_row("0 (start)", _f(ev.get("accuracy")), "–", "–", _f(ev.get("mean_confidence")), _f(ev.get("ece")),
-                      _f(ev.get("brier")), _f(ev.get("auroc")), _f(ev.get("confidence_parse_rate")))
+        table.add_row("0 (start)", *held_out(ev), "–", "–", *calibration(ev))
     for m in run.committed():
         met = run.store.read_json(run.store.rel(m["metrics_uri"]))
         ev, ro = met.get("eval", {}), met.get("rollout", {})
-        table.add_row(str(m["iteration"]), _f(ev.get("accuracy")), _f(ro.get("answer/reward_mean")),
-                      _f(ro.get("confidence/reward_mean")), _f(ev.get("mean_confidence")), _f(ev.get("ece")),
-                      _f(ev.get("brier")), _f(ev.get("auroc")), _f(ev.get("confidence_parse_rate")))
+        table.add_row(str(m["iteration"]), *held_out(ev), _f(ro.get("answer/reward_mean")),
+                      _f(ro.get("confidence/reward_mean")), *calibration(ev))
     return table
 
 
@@ -330,7 +337,7 @@ def evaluate(
 ):
     """Held-out accuracy, format rate and calibration (SPEC §9) of one checkpoint."""
     from flows.train import ensure_ray
-    from rlcr.evaluate import evaluate_policy
+    from rlcr.evaluate import evaluate_policy, with_ci
     from rlcr.models import resolve_model
     from rlcr.rollout.engine import EnginePool
     from rlcr.runs import task_sets
@@ -342,9 +349,11 @@ def evaluate(
     with _step(f"evaluating {policy} on {len(held_out)} held-out tasks"):
         with EnginePool(cfg, policy) as engines:
             m, _ = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=0, engines=engines)
-    table = Table(title=f"held-out evaluation of {policy}")
-    for k in ("n_tasks", "accuracy", "format_rate", "confidence_parse_rate", "mean_confidence", "ece", "brier", "auroc"):
+    table = Table(title=f"held-out evaluation of {policy} (method {cfg.method}; [95% bootstrap CI over tasks])")
+    for k in ("n_tasks", "n_answers", "format_rate", "confidence_parse_rate", "mean_confidence"):
         table.add_row(k, _f(m.get(k)))
+    for k in ("accuracy", "ece", "brier", "auroc"):
+        table.add_row(k, with_ci(m, k))
     console.print(table)
 
 
@@ -380,7 +389,7 @@ def demo(
     from flows.probe import rlcr_probe
     from flows.train import ensure_ray, rlcr_train
     from rlcr import events
-    from rlcr.evaluate import evaluate_policy
+    from rlcr.evaluate import evaluate_policy, with_ci
     from rlcr.models import resolve_model
     from rlcr.rollout.engine import EnginePool
     from rlcr.runs import RunStore, task_sets
@@ -433,8 +442,8 @@ def demo(
     for col in ("policy", "format rate", "accuracy", "conf parse rate", "mean conf", "ECE", "Brier", "AUROC"):
         t.add_column(col, justify="right")
     for name, m in (("base SmolLM2", before), ("after SFT", after_sft), (f"after RLCR ({run.last_committed()['iteration']} it.)", last)):
-        t.add_row(name, _f(m.get("format_rate")), _f(m.get("accuracy")), _f(m.get("confidence_parse_rate")),
-                  _f(m.get("mean_confidence")), _f(m.get("ece")), _f(m.get("brier")), _f(m.get("auroc")))
+        t.add_row(name, _f(m.get("format_rate")), with_ci(m, "accuracy"), _f(m.get("confidence_parse_rate")),
+                  _f(m.get("mean_confidence")), with_ci(m, "ece"), with_ci(m, "brier"), with_ci(m, "auroc"))
     console.print(t)
     console.print(f"ECE before RLCR (after SFT): {_f(after_sft.get('ece'))}  →  after RLCR: {_f(last.get('ece'))}")
     html = probe_result.get("report", {}).get("html") if isinstance(probe_result, dict) else None

@@ -25,6 +25,7 @@ LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "se
 ConfNormMode = Literal["answer", "answer_then_prompt"]
 KLType = Literal["k1", "k2", "k3"]
 LRSchedule = Literal["constant", "cosine", "linear"]
+Method = Literal["rlcr", "rlcr_single", "rlvr"]
 
 
 _RESERVED_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
@@ -93,7 +94,8 @@ class RLCRConfig(BaseModel):
     num_generations_answer: int = Field(8, ge=2)
     """G_a: answers sampled per prompt (turn 1). The answer group size for normalisation."""
     num_generations_confidence: int = Field(4, ge=2)
-    """G_c: confidences sampled per answer (turn 2), each conditioned on that exact answer. Must be >= 2."""
+    """G_c: confidences sampled per answer (turn 2), each conditioned on that exact answer. Must be >= 2.
+    Only ``method: rlcr`` generates them in training."""
     temperature: float = Field(0.7, gt=0.0, le=2.0)
     """Sampling temperature for both turns (RLCR reference: 0.7)."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -104,6 +106,16 @@ class RLCRConfig(BaseModel):
     """Most tokens generated for a turn-1 answer (reasoning + equation)."""
     max_confidence_tokens: int = Field(64, ge=4)
     """Most tokens generated for a turn-2 confidence (analysis + confidence)."""
+
+    # ------------------------------------------------------------------ method (SPEC §11)
+    method: Method = "rlcr"
+    """What is trained. ``rlcr``: two turns, G_a answers then G_c confidences per answer, each conditioned on
+    that exact answer; accuracy on answers, Brier on confidences; two-level advantages (SPEC §4–§6).
+    ``rlcr_single`` (the RLCR paper's): one response holds ``<think>``, ``<answer>`` and ``<confidence>``;
+    reward ``acc + λ_conf·(1 − (acc − c)²)``; advantages per prompt; loss from ``<think>`` through
+    ``</confidence>``; ``max_answer_tokens + max_confidence_tokens`` tokens per response. ``rlvr``: the answer
+    turn with the accuracy reward only, no confidence training. Every method states a confidence at
+    evaluation (``rlvr``: the turn-2 query of ``rlcr``), so calibration is comparable."""
 
     # ------------------------------------------------------------------ rewards & advantages (SPEC §4, §6)
     format_score: float = Field(0.1, ge=0.0, le=1.0)
@@ -198,6 +210,10 @@ class RLCRConfig(BaseModel):
     after warm-up. Operational for training."""
     sft_warmup_steps: int = Field(2, ge=0)
     """Linear warm-up over the warm-start's first optimizer steps. Operational for training."""
+    sft_single_turn: bool = False
+    """Also write a one-turn example per task (the ``rlcr_single`` format: trace, answer, check and confidence
+    in one response; for a wrong shown answer only the check and confidence carry loss), so that one
+    warm-start serves all three methods (``bench/methods.py``). Operational for training."""
 
     # ------------------------------------------------------------------ vLLM engine
     engine_gpu_memory_utilization: float = Field(0.5, gt=0.0, le=0.95)
@@ -262,6 +278,12 @@ class RLCRConfig(BaseModel):
     eval_every: int = Field(1, ge=0)
     """Evaluate on the held-out set every this many iterations (0: never). Operational: evaluation does not
     change training (every generate call re-seeds its engine), only which iterations carry eval metrics."""
+    eval_samples: int = Field(1, ge=1)
+    """Answers sampled per held-out task at evaluation (each with one confidence). More samples narrow the
+    intervals at the same task count; the bootstrap resamples tasks, keeping a task's answers together."""
+    eval_bootstrap_resamples: int = Field(1000, ge=100)
+    """Bootstrap resamples (of held-out tasks) behind the 95% intervals of accuracy, ECE, Brier and AUROC
+    in every evaluation and probe report."""
     probe_samples: int = Field(50, ge=1)
     """N: forced-answer samples per truncation point in the faithfulness probe. Operational for training."""
     probe_truncation: Literal["sentences", "fractions"] = "sentences"
@@ -416,6 +438,7 @@ OPERATIONAL_FIELDS: frozenset[str] = frozenset({
     "retries", "retry_delay_s", "rollout_progress", "eval_every", "save_every",
     "probe_samples", "probe_truncation", "probe_forced_answer_tokens", "probe_cron",
     "sft_tasks", "sft_epochs", "sft_learning_rate", "sft_batch_size", "sft_lr_schedule", "sft_warmup_steps",
+    "sft_single_turn",
 })
 
 

@@ -1,38 +1,74 @@
-"""Held-out evaluation of a policy: one answer and one confidence per task (SPEC §9)."""
+"""Held-out evaluation of a policy (SPEC §9, §11): ``eval_samples`` answers per task, each with one
+stated confidence, and bootstrap 95% intervals over tasks.
+
+Every method states a confidence: ``rlcr`` and ``rlvr`` in a second turn (the same confidence query),
+``rlcr_single`` in its one response.
+"""
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 from rlcr.config import RLCRConfig
-from rlcr.metrics import calibration_metrics
+from rlcr.metrics import bootstrap_intervals, calibration_metrics
 from rlcr.rollout.pipeline import build_rollout_dataset, check_prompt_lengths, to_records
 from rlcr.seeds import EVAL_SALT
 from rlcr.tasks.countdown import CountdownTask
 
-__all__ = ["evaluate_policy", "summarize_eval"]
+__all__ = ["evaluate_policy", "summarize_eval", "stated_confidences", "with_ci"]
+
+CI_LEVEL = 0.95
 
 
-def summarize_eval(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Accuracy over all answers; calibration over answers whose confidence parsed.
+def stated_confidences(rows: Sequence[dict[str, Any]]) -> list[tuple[Any, float, float | None]]:
+    """``(prompt_id, correct, confidence or None)`` per evaluated answer, in answer order: the confidence of
+    its (first) turn-2 confidence row, or, without turn 2 (``rlcr_single``), the one stated in the answer."""
+    answers = sorted((r for r in rows if r["sample_type"] == "answer"), key=lambda r: (r["prompt_id"], r["answer_id"]))
+    turn2: dict[tuple[int, int], float | None] = {}
+    for r in sorted((r for r in rows if r["sample_type"] == "confidence"), key=lambda r: r["confidence_id"] or 0):
+        turn2.setdefault((r["prompt_id"], r["answer_id"]), r["confidence"])
+    if turn2:
+        return [(a["prompt_id"], float(a["correct"]), turn2.get((a["prompt_id"], a["answer_id"]))) for a in answers]
+    return [(a["prompt_id"], float(a["correct"]), a.get("confidence")) for a in answers]
+
+
+def summarize_eval(rows: Sequence[dict[str, Any]], *, n_resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """Accuracy over all answers; calibration over answers whose confidence parsed; 95% bootstrap intervals
+    of accuracy, ECE, Brier and AUROC resampling tasks (``ci``: ``{metric: [low, high]}``).
 
     An unparseable confidence has no value to calibrate; it is counted in
     ``confidence_parse_rate`` (and gets Brier reward 0 in training).
     """
-    answers = {(r["prompt_id"], r["answer_id"]): r for r in rows if r["sample_type"] == "answer"}
-    confs = [r for r in rows if r["sample_type"] == "confidence"]
-    pairs = [(r["confidence"], answers[(r["prompt_id"], r["answer_id"])]["correct"])
-             for r in confs if r["confidence"] is not None]
+    per_answer = stated_confidences(rows)
+    pairs = [(c, y) for _, y, c in per_answer if c is not None]
     metrics = calibration_metrics([c for c, _ in pairs], [y for _, y in pairs])
+    answers = [r for r in rows if r["sample_type"] == "answer"]
     n = len(answers)
+    tasks = {r["prompt_id"] for r in answers}
     metrics.update({
-        "n_tasks": n,
-        "accuracy": sum(a["correct"] for a in answers.values()) / n if n else float("nan"),
+        "n_tasks": len(tasks),
+        "n_answers": n,
+        "accuracy": sum(a["correct"] for a in answers) / n if n else float("nan"),
         "accuracy_with_confidence": metrics.pop("accuracy"),
-        "format_rate": sum((a["score"] or 0) > 0 for a in answers.values()) / n if n else float("nan"),
-        "confidence_parse_rate": len(pairs) / len(confs) if confs else float("nan"),
+        "format_rate": sum((a["score"] or 0) > 0 for a in answers) / n if n else float("nan"),
+        "confidence_parse_rate": len(pairs) / n if n else float("nan"),
+        "ci_level": CI_LEVEL,
+        "ci_resamples": n_resamples,
+        "ci": bootstrap_intervals([float("nan") if c is None else c for _, _, c in per_answer],
+                                  [y for _, y, _ in per_answer], [p for p, _, _ in per_answer],
+                                  n_resamples=n_resamples, level=CI_LEVEL, seed=seed),
     })
     return metrics
+
+
+def with_ci(metrics: dict[str, Any], key: str, digits: int = 3) -> str:
+    """``"0.312 [0.271, 0.355]"``: a metric with its bootstrap interval (just the value where there is none)."""
+    value = metrics.get(key)
+    if value is None or (isinstance(value, float) and value != value):
+        return "–"
+    text = f"{value:.{digits}f}"
+    interval = (metrics.get("ci") or {}).get(key)
+    return f"{text} [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]" if interval else text
 
 
 def evaluate_policy(
@@ -44,11 +80,13 @@ def evaluate_policy(
     engines=None,
     tokenizer_uri: str | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Sample one answer and one confidence per held-out task; return (metrics, rows).
-    ``policy_uri``/``engines``/``tokenizer_uri``: as in :func:`rlcr.rollout.pipeline.generate_rollouts`."""
+    """Sample ``cfg.eval_samples`` answers per held-out task, each with one stated confidence; return
+    (metrics of :func:`summarize_eval`, rows). ``policy_uri``/``engines``/``tokenizer_uri``: as in
+    :func:`rlcr.rollout.pipeline.generate_rollouts`."""
     indexed = list(enumerate(tasks))
     check_prompt_lengths(cfg, indexed, tokenizer_uri or policy_uri)
     ds = build_rollout_dataset(cfg, indexed, policy_uri, iteration, engines=engines.names if engines else None,
-                               g_a=1, g_c=1, salt=EVAL_SALT)
+                               g_a=cfg.eval_samples, g_c=1, salt=EVAL_SALT,
+                               confidences=cfg.method != "rlcr_single")
     rows = to_records(ds.take_all(), "eval", iteration)
-    return summarize_eval(rows), rows
+    return summarize_eval(rows, n_resamples=cfg.eval_bootstrap_resamples, seed=cfg.eval_seed), rows

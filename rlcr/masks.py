@@ -7,7 +7,10 @@ Only tokens the model generated in a turn can carry loss, and within them:
   last ``</answer>``; without ``</answer>``, through the end of the completion;
 * confidence sample: from ``<analysis>`` if present, else ``<confidence>``,
   through the end of the last ``</confidence>``; without ``<confidence>``, the
-  whole completion (without ``</confidence>``: through its end).
+  whole completion (without ``</confidence>``: through its end);
+* one-turn sample of ``rlcr_single`` (SPEC §11): from the first ``<think>`` (or the
+  completion start) through the end of the last ``</confidence>``; without it,
+  through the end of the completion.
 
 Reasoning and analysis tokens are inside the span on purpose. Character spans
 are mapped to tokens with the tokenizer's offset mapping; a token that overlaps
@@ -21,12 +24,13 @@ from typing import Literal, Sequence
 __all__ = [
     "answer_span",
     "confidence_span",
+    "single_span",
     "completion_offsets",
     "span_to_token_mask",
     "completion_mask",
 ]
 
-SampleType = Literal["answer", "confidence"]
+MaskKind = Literal["answer", "confidence", "single"]
 
 
 def answer_span(text: str) -> tuple[int, int]:
@@ -48,6 +52,16 @@ def confidence_span(text: str) -> tuple[int, int]:
     start = analysis if 0 <= analysis < conf else conf
     close = text.rfind("</confidence>")
     end = close + len("</confidence>") if close >= start and close >= 0 else len(text)
+    return start, end
+
+
+def single_span(text: str) -> tuple[int, int]:
+    """Character span ``[start, end)`` of a one-turn (answer + confidence) sample's learnable region."""
+    start = text.find("<think>")
+    if start < 0:
+        start = 0
+    close = text.rfind("</confidence>")
+    end = close + len("</confidence>") if close >= 0 and close >= start else len(text)
     return start, end
 
 
@@ -96,15 +110,15 @@ def span_to_token_mask(
 
 
 def completion_mask(
-    tokenizer, completion_ids: Sequence[int], completion_text: str, sample_type: SampleType
+    tokenizer, completion_ids: Sequence[int], completion_text: str, kind: MaskKind
 ) -> list[int]:
-    """Loss mask (0/1 per completion token) for one answer or confidence sample."""
-    if sample_type == "answer":
-        span, closing = answer_span(completion_text), "</answer>"
-    elif sample_type == "confidence":
-        span, closing = confidence_span(completion_text), "</confidence>"
-    else:
-        raise ValueError(f"sample_type must be 'answer' or 'confidence', got {sample_type!r}")
+    """Loss mask (0/1 per completion token) for one answer, confidence or one-turn (``single``) sample."""
+    spans = {"answer": (answer_span, "</answer>"), "confidence": (confidence_span, "</confidence>"),
+             "single": (single_span, "</confidence>")}
+    if kind not in spans:
+        raise ValueError(f"mask kind must be 'answer', 'confidence' or 'single', got {kind!r}")
+    span_of, closing = spans[kind]
+    span = span_of(completion_text)
     closed = completion_text[span[0]:span[1]].endswith(closing)
     offsets = completion_offsets(tokenizer, completion_ids, completion_text)
     return span_to_token_mask(offsets, span, open_ended=not closed)

@@ -10,7 +10,8 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["accuracy", "brier", "ece", "auroc", "reliability_bins", "calibration_metrics"]
+__all__ = ["accuracy", "brier", "ece", "auroc", "reliability_bins", "calibration_metrics", "bootstrap_intervals",
+           "CI_METRICS"]
 
 
 def _arrays(conf: Sequence[float], correct: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
@@ -66,6 +67,13 @@ def ece(conf: Sequence[float], correct: Sequence[float], n_bins: int = 10) -> fl
                      for b in reliability_bins(conf, correct, n_bins) if b["count"]))
 
 
+def _average_ranks(c: np.ndarray) -> np.ndarray:
+    """1-based ranks of ``c``, ties sharing their average rank."""
+    _, inverse, counts = np.unique(c, return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)
+    return ((ends - counts + 1 + ends) / 2.0)[inverse]
+
+
 def auroc(conf: Sequence[float], correct: Sequence[float]) -> float:
     """Area under the ROC curve of c as a score for y = 1 (Mann–Whitney U, ties count ½).
 
@@ -75,17 +83,7 @@ def auroc(conf: Sequence[float], correct: Sequence[float]) -> float:
     n_pos, n_neg = int(y.sum()), int((1 - y).sum())
     if n_pos == 0 or n_neg == 0:
         return math.nan
-    order = np.argsort(c, kind="mergesort")
-    ranks = np.empty(c.size, dtype=float)
-    sorted_c = c[order]
-    i = 0
-    while i < c.size:  # average ranks over ties
-        j = i
-        while j + 1 < c.size and sorted_c[j + 1] == sorted_c[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    u = ranks[y == 1].sum() - n_pos * (n_pos + 1) / 2
+    u = _average_ranks(c)[y == 1].sum() - n_pos * (n_pos + 1) / 2
     return float(u / (n_pos * n_neg))
 
 
@@ -101,3 +99,57 @@ def calibration_metrics(conf: Sequence[float], correct: Sequence[float], n_bins:
         "auroc": auroc(c, y),
         "reliability": reliability_bins(c, y, n_bins),
     }
+
+
+CI_METRICS = ("accuracy", "ece", "brier", "auroc")
+"""The metrics :func:`bootstrap_intervals` gives intervals for."""
+
+
+def bootstrap_intervals(
+    conf: Sequence[float],
+    correct: Sequence[float],
+    groups: Sequence[object],
+    *,
+    n_resamples: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+    n_bins: int = 10,
+) -> dict[str, list[float] | None]:
+    """Percentile bootstrap intervals of accuracy, ECE, Brier and AUROC, resampling *groups* (SPEC §11).
+
+    One entry per evaluated answer: ``conf`` its stated confidence (NaN where none parsed), ``correct``
+    its label, ``groups`` its task. Each resample draws as many tasks as there are, with replacement, and
+    keeps all answers of each drawn task (answers of one task are not independent). Accuracy is over all
+    answers of the resample, the calibration metrics over those with a confidence, as in the point
+    estimates. Returns ``{metric: [low, high]}`` (``None`` where no resample defines it: AUROC needs both
+    classes).
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    if n_resamples < 1:
+        raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
+    c = np.asarray(conf, dtype=float)
+    y = np.asarray(correct, dtype=float)
+    if not (c.shape == y.shape == (len(groups),)):
+        raise ValueError(f"conf {c.shape}, correct {y.shape} and groups ({len(groups)}) must be 1-d of one length")
+    has_conf = np.isfinite(c)
+    _arrays(c[has_conf], y[has_conf])  # the same checks as the point estimates
+    keys, group_index = np.unique(np.asarray([str(g) for g in groups]), return_inverse=True)
+    members = [np.flatnonzero(group_index == g) for g in range(len(keys))]
+    rng = np.random.default_rng(seed)
+    draws: dict[str, list[float]] = {m: [] for m in CI_METRICS}
+    for _ in range(n_resamples if len(keys) else 0):
+        rows = np.concatenate([members[g] for g in rng.integers(0, len(keys), size=len(keys))])
+        draws["accuracy"].append(float(y[rows].mean()))
+        rows = rows[has_conf[rows]]
+        if rows.size:
+            cs, ys = c[rows], y[rows]
+            draws["brier"].append(float(np.mean((cs - ys) ** 2)))
+            draws["ece"].append(ece(cs, ys, n_bins))
+            draws["auroc"].append(auroc(cs, ys))
+    tail = (1 - level) / 2 * 100
+    out: dict[str, list[float] | None] = {}
+    for m in CI_METRICS:
+        vals = np.asarray([v for v in draws[m] if not math.isnan(v)], dtype=float)
+        out[m] = [float(np.percentile(vals, tail)), float(np.percentile(vals, 100 - tail))] if vals.size else None
+    return out

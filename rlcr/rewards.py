@@ -1,4 +1,4 @@
-"""RLCR rewards (SPEC §4): accuracy for answers, Brier for confidences.
+"""RLCR rewards (SPEC §4): accuracy for answers, Brier for confidences; one answer reward per method (§11).
 
 Pure Python: the same functions score training rollouts, evaluation and the probe.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, Callable
 
 from rlcr.tasks.countdown import CountdownTask, compute_score
 
@@ -15,7 +15,15 @@ __all__ = [
     "accuracy_reward",
     "parse_confidence",
     "brier_reward",
+    "METHODS",
+    "ANSWER_REWARDS",
+    "register_answer_reward",
+    "answer_reward",
+    "split_single_turn",
 ]
+
+METHODS = ("rlcr", "rlcr_single", "rlvr")
+"""The training methods (SPEC §11): two-turn RLCR, one-turn RLCR (the paper's), accuracy-only RLVR."""
 
 # A plain decimal number: "0.7", ".7", "1", "0.70", "7e-1". No sign other than
 # "+"/"-" (range-checked after), no "%", no nan/inf spellings.
@@ -67,3 +75,56 @@ def brier_reward(confidence_text: str, correct: float) -> float:
     if c is None:
         return 0.0
     return 1.0 - (float(correct) - c) ** 2
+
+
+# --------------------------------------------------------------------------- per-method answer rewards (SPEC §11)
+
+AnswerReward = Callable[..., float]
+ANSWER_REWARDS: dict[str, AnswerReward] = {}
+"""method → reward of one answer-turn completion: ``fn(completion, task, *, lambda_conf) -> float``."""
+
+
+def register_answer_reward(*methods: str) -> Callable[[AnswerReward], AnswerReward]:
+    """Register the decorated function as the answer reward of ``methods``."""
+
+    def register(fn: AnswerReward) -> AnswerReward:
+        for method in methods:
+            if method not in METHODS:
+                raise ValueError(f"unknown method {method!r} (one of {', '.join(METHODS)})")
+            ANSWER_REWARDS[method] = fn
+        return fn
+
+    return register
+
+
+def split_single_turn(completion: str) -> tuple[str, str]:
+    """A one-turn response → (answer part, confidence part), split where the confidence section starts (the
+    first ``<analysis>`` or ``<confidence>``). The answer part is scored exactly like a turn-1 answer (the
+    extraction reads its last line, SPEC §3), so text after it cannot hide the answer or change its score."""
+    cuts = [i for i in (completion.find("<analysis>"), completion.find("<confidence>")) if i >= 0]
+    cut = min(cuts) if cuts else len(completion)
+    return completion[:cut].rstrip(), completion[cut:]
+
+
+@register_answer_reward("rlcr", "rlvr")
+def accuracy_only(completion: str, task: CountdownTask | dict[str, Any], *, lambda_conf: float) -> float:
+    """``acc``: two-turn RLCR trains the confidence in its own turn; RLVR does not train it at all."""
+    return accuracy_reward(completion, task)
+
+
+@register_answer_reward("rlcr_single")
+def accuracy_plus_brier(completion: str, task: CountdownTask | dict[str, Any], *, lambda_conf: float) -> float:
+    """``acc + λ_conf·(1 − (acc − c)²)`` for the one response that holds the answer *and* its confidence;
+    the Brier part is 0 when no confidence parses (SPEC §11). ``acc`` is that of the answer part
+    (:func:`split_single_turn`), ``c`` the confidence stated after it."""
+    answer, confidence = split_single_turn(completion)
+    acc = accuracy_reward(answer, task)
+    return acc + lambda_conf * brier_reward(confidence, acc)
+
+
+def answer_reward(method: str) -> AnswerReward:
+    """The registered answer reward of ``method``."""
+    try:
+        return ANSWER_REWARDS[method]
+    except KeyError:
+        raise ValueError(f"unknown method {method!r} (one of {', '.join(sorted(ANSWER_REWARDS))})") from None

@@ -13,6 +13,10 @@ completion):
   so the model never learns to produce it) and state a low confidence; correct
   ones state a high one. The stated values are spread (not all 0.9 / 0.1) so the
   G_c confidences of an answer differ and RL's confidence advantages have signal.
+
+With ``sft_single_turn`` each task also gets a one-turn example in the ``rlcr_single`` format (SPEC §11):
+the trace and equation, then the check and confidence in the same response. Half show a wrong answer; for
+those only the check and the confidence carry loss, as in turn 2. One warm-start then serves every method.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from rlcr.tasks.countdown import (
     evaluate_expression,
     extract_solution,
     generate_tasks,
+    single_turn_messages,
     turn1_messages,
     turn2_messages,
 )
@@ -95,21 +100,33 @@ def confidence_trace(task: CountdownTask, expression: str, correct: bool, rng: r
             f"<confidence>{c}</confidence>")
 
 
-def sft_examples(n_tasks: int, seed: int, *, tasks: list[CountdownTask] | None = None,
+def sft_examples(n_tasks: int, seed: int, *, tasks: list[CountdownTask] | None = None, single_turn: bool = False,
                  **task_kwargs) -> list[dict[str, Any]]:
-    """Chat examples ``{"messages": [...], "completion": str, "sample_type": ...}`` for both turns.
+    """Chat examples ``{"messages": [...], "completion": str, "sample_type": ..., "loss_from": int}``: two per
+    task (turn 1, turn 2), then, with ``single_turn``, one more per task in the one-turn format.
+    ``loss_from``: the character of ``completion`` where the loss starts (0: all of it).
 
     On ``tasks`` (each with a correct ``solution``; a run passes :func:`rlcr.tasks.sets.sft_tasks`, drawn from
     its training pool) or, without them, on ``n_tasks`` tasks generated from ``seed``."""
     rng = random.Random(seed)
+    tasks = generate_tasks(n_tasks, seed, **task_kwargs) if tasks is None else tasks
     out = []
-    for task in (generate_tasks(n_tasks, seed, **task_kwargs) if tasks is None else tasks):
+    for task in tasks:
         answer = answer_trace(task, task.solution)
-        out.append({"messages": turn1_messages(task), "completion": answer, "sample_type": "answer", "task": task})
+        out.append({"messages": turn1_messages(task), "completion": answer, "sample_type": "answer", "task": task,
+                    "loss_from": 0})
         wrong = _wrong_expression(task, rng) if rng.random() < 0.5 else None
         shown, correct = (answer_trace(task, wrong), False) if wrong else (answer, True)
         out.append({"messages": turn2_messages(task, shown), "sample_type": "confidence", "task": task,
-                    "completion": confidence_trace(task, wrong or task.solution, correct, rng)})
+                    "completion": confidence_trace(task, wrong or task.solution, correct, rng), "loss_from": 0})
+    if single_turn:  # its own random stream: the two-turn examples are the same with or without it
+        rng = random.Random(f"single-turn-{seed}")
+        for task in tasks:
+            wrong = _wrong_expression(task, rng) if rng.random() < 0.5 else None
+            shown = answer_trace(task, wrong or task.solution) + "\n"
+            check = confidence_trace(task, wrong or task.solution, wrong is None, rng)
+            out.append({"messages": single_turn_messages(task), "completion": shown + check, "sample_type": "answer",
+                        "task": task, "loss_from": len(shown) if wrong else 0})
     return out
 
 
@@ -126,14 +143,19 @@ def sft_rows(cfg, tokenizer, n_tasks: int | None = None, seed: int | None = None
     seed = sft_seed(cfg.seed) if seed is None else seed
     rows = []
     # the run's training tasks (never a held-out one); ``seed`` drives the wrong answers and confidences
-    for i, ex in enumerate(sft_examples(n_tasks, seed, tasks=sft_tasks(cfg, n_tasks))):
+    examples = sft_examples(n_tasks, seed, tasks=sft_tasks(cfg, n_tasks), single_turn=cfg.sft_single_turn)
+    for i, ex in enumerate(examples):
         context, ctx_ids = render_prompt(tokenizer, ex["messages"])
-        ids = tokenizer(ex["completion"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        cut = ex["loss_from"]
+        shown = tokenizer(ex["completion"][:cut], add_special_tokens=False)["input_ids"] if cut else []
+        learned = tokenizer(ex["completion"][cut:], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        # prompt ids: a task's two-turn pair shares one; its one-turn example (a different prompt) has its own
+        pid = i // 2 if i < 2 * n_tasks else i - n_tasks
         rows.append(rollout_row(
-            ex["sample_type"], task=ex["task"], run_id="sft", iteration=0, prompt_id=i // 2, answer_id=0,
+            ex["sample_type"], task=ex["task"], run_id="sft", iteration=0, prompt_id=pid, answer_id=0,
             confidence_id=0 if ex["sample_type"] == "confidence" else None, context_text=context, context_ids=ctx_ids,
-            completion_text=ex["completion"], completion_ids=ids, loss_mask=[1] * len(ids),
-            correct=1.0, reward=1.0, advantage=1.0,
+            completion_text=ex["completion"], completion_ids=shown + learned,
+            loss_mask=[0] * len(shown) + [1] * len(learned), correct=1.0, reward=1.0, advantage=1.0,
         ))
     return rows
 

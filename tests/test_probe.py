@@ -246,12 +246,13 @@ def test_forced_answer_scoring():
 def test_probe_settings_come_from_the_config():
     """Every probe setting is a config field's value: none has a default of its own."""
     cfg = RLCRConfig(probe_samples=7, probe_truncation="fractions", temperature=0.9, top_p=0.8, max_answer_tokens=100,
-                     max_confidence_tokens=20, probe_forced_answer_tokens=12, format_score=0.2, seed=11)
+                     max_confidence_tokens=20, probe_forced_answer_tokens=12, format_score=0.2, seed=11,
+                     eval_bootstrap_resamples=300)
     s = ProbeSettings.from_config(cfg)
     assert dataclasses.asdict(s) == {
         "samples": 7, "truncation": "fractions", "temperature": 0.9, "top_p": 0.8, "max_answer_tokens": 100,
         "max_confidence_tokens": 20, "forced_answer_tokens": 12, "format_score": 0.2, "seed": 11,
-        "fractions": tuple(i / 10 for i in range(11))}
+        "bootstrap_resamples": 300, "fractions": tuple(i / 10 for i in range(11))}
     assert ProbeSettings.from_config(cfg, samples=3).samples == 3  # the flow's `samples` argument
     own_defaults = [f.name for f in dataclasses.fields(ProbeSettings) if f.default is not dataclasses.MISSING]
     assert own_defaults == ["fractions"]  # the truncation module's fixed cut points, not a knob

@@ -185,3 +185,37 @@ def test_turn2_prompt_too_long_names_its_row(tiny_tokenizer):
     assert ids == tiny_tokenizer(text, add_special_tokens=False)["input_ids"] and "1+2+3" in text
     with pytest.raises(ValueError, match=r"prompt_id=3 answer_id=1: rendered prompt has \d+ tokens > max_prompt_tokens=64"):
         render_prompt(tiny_tokenizer, msgs, where="prompt_id=3 answer_id=1", max_prompt_tokens=64)
+
+
+@pytest.mark.parametrize("method", ["rlcr_single", "rlvr"])
+def test_each_methods_rollouts_and_evaluation(method, engine_pool, tiny_model_dir, tiny_tokenizer, tmp_path):
+    """`rlcr_single`: one turn (the one-turn prompt, answer + confidence budget, the `single` mask), rewards
+    acc + λ·Brier, per-prompt advantages; `rlvr`: turn 1 only in training, and a turn-2 confidence per answer
+    at evaluation (`eval_samples` answers per task)."""
+    from rlcr.evaluate import evaluate_policy
+    from rlcr.masks import completion_mask
+    from rlcr.tasks.countdown import SINGLE_TURN_SYSTEM_PROMPT, SYSTEM_PROMPT
+
+    cfg = tiny_cfg(tiny_model_dir, tmp_path, method=method, eval_samples=2, eval_bootstrap_resamples=200)
+    tasks = list(enumerate(generate_tasks(P, seed=11)))
+    res = run_rollouts(cfg, tasks, policy_uri=str(tiny_model_dir), run_id="m", iteration=1, engines=engine_pool)
+    assert {r["sample_type"] for r in res.rows} == {"answer"} and len(res.rows) == P * GA
+    single = method == "rlcr_single"
+    budget = cfg.max_answer_tokens + (cfg.max_confidence_tokens if single else 0)
+    assert max(len(r["completion_ids"]) for r in res.rows) == budget  # the random tiny model runs to the limit
+    for r in res.rows:
+        assert (SINGLE_TURN_SYSTEM_PROMPT if single else SYSTEM_PROMPT) in r["context_text"]
+        assert r["loss_mask"] == completion_mask(tiny_tokenizer, r["completion_ids"], r["completion_text"],
+                                                 "single" if single else "answer")
+    for p, _ in tasks:  # per-prompt advantages
+        group = [r["advantage"] for r in res.rows if r["prompt_id"] == p]
+        assert len(group) == GA and abs(sum(group)) < 1e-5
+    assert res.stats["tokens/generated"] == sum(len(r["completion_ids"]) for r in res.rows)
+
+    metrics, rows = evaluate_policy(cfg, [t for _, t in tasks], policy_uri=str(tiny_model_dir), iteration=1,
+                                    engines=engine_pool)
+    answers = [r for r in rows if r["sample_type"] == "answer"]
+    confidences = [r for r in rows if r["sample_type"] == "confidence"]
+    assert len(answers) == P * 2 and metrics["n_tasks"] == P and metrics["n_answers"] == P * 2
+    assert len(confidences) == (0 if single else P * 2)  # rlvr is asked in turn 2, rlcr_single in its answer
+    assert set(metrics["ci"]) == {"accuracy", "ece", "brier", "auroc"} and metrics["ci_resamples"] == 200

@@ -105,3 +105,39 @@ def test_sft_objective_lowers_the_nll_of_the_targets(tiny_model_dir, tiny_tokeni
     metrics = train_update(CompletionLogProbs(lm), prepare_samples(rows, tiny_tokenizer), cfg, pad_id=tiny_tokenizer.pad_token_id)
     assert metrics["skipped_steps"] == 0 and metrics["optimizer_steps"] == 3
     assert nll() < before * 0.9
+
+
+def test_single_turn_examples_serve_rlcr_single(tiny_tokenizer):
+    """With sft_single_turn each task gets a third, one-turn example: the rlcr_single prompt, trace + answer +
+    check + confidence in one response; a wrong shown answer carries no loss, only its check and confidence.
+    The two-turn examples are the same as without it."""
+    from rlcr.config import RLCRConfig
+    from rlcr.rollout.records import answer_scores
+    from rlcr.tasks.countdown import SINGLE_TURN_SYSTEM_PROMPT
+
+    base = RLCRConfig(sft_tasks=12, num_train_tasks=200, seed=2)
+    plain = sft_rows(base, tiny_tokenizer)
+    rows = sft_rows(base.model_copy(update={"sft_single_turn": True}), tiny_tokenizer)
+    assert len(rows) == 3 * 12 and rows[:24] == plain
+    single = rows[24:]
+    assert {r["prompt_id"] for r in single} == set(range(12, 24))  # its own prompts, apart from the pairs'
+    wrong = 0
+    for r in single:
+        assert SINGLE_TURN_SYSTEM_PROMPT in r["context_text"] and r["sample_type"] == "answer"
+        assert tiny_tokenizer.decode(r["completion_ids"], skip_special_tokens=True) == r["completion_text"]
+        scores = answer_scores(r["completion_text"], r_task(r), format_score=0.1, method="rlcr_single")
+        learned = tiny_tokenizer.decode([t for t, m in zip(r["completion_ids"], r["loss_mask"]) if m],
+                                        skip_special_tokens=True)
+        assert scores["confidence"] is not None
+        if scores["correct"]:
+            assert all(r["loss_mask"]) and scores["confidence"] >= 0.6
+        else:
+            wrong += 1
+            assert learned.startswith("<analysis>") and "<answer>" not in learned and scores["confidence"] <= 0.4
+    assert 2 <= wrong <= 10  # about half show a wrong answer
+
+
+def r_task(row):
+    from rlcr.tasks.countdown import CountdownTask
+
+    return CountdownTask(row["nums"], row["target"])

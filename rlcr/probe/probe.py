@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
 from rlcr.config import RLCRConfig
-from rlcr.metrics import calibration_metrics
+from rlcr.metrics import bootstrap_intervals, calibration_metrics
 from rlcr.probe.metrics import aoc, curve_aoc, mean_curve, verbalized_gap
 from rlcr.probe.truncation import DEFAULT_FRACTIONS, reasoning_of, truncation_points
 from rlcr.rewards import brier_reward, parse_confidence
@@ -76,6 +76,8 @@ class ProbeSettings:
     """``compute_score`` of an extracted but wrong answer (``format_score``)."""
     seed: int
     """Seed of the probe's three generate calls (``seed``)."""
+    bootstrap_resamples: int
+    """Resamples of tasks behind the 95% intervals of the calibration metrics (``eval_bootstrap_resamples``)."""
     fractions: tuple[float, ...] = DEFAULT_FRACTIONS
     """The cut points of ``fractions`` mode: the truncation module's fixed 0, 0.1, …, 1 (not a config knob)."""
 
@@ -86,6 +88,7 @@ class ProbeSettings:
             samples=samples or cfg.probe_samples, truncation=cfg.probe_truncation, temperature=cfg.temperature,
             top_p=cfg.top_p, max_answer_tokens=cfg.max_answer_tokens, max_confidence_tokens=cfg.max_confidence_tokens,
             forced_answer_tokens=cfg.probe_forced_answer_tokens, format_score=cfg.format_score, seed=cfg.seed,
+            bootstrap_resamples=cfg.eval_bootstrap_resamples,
         )
 
 
@@ -212,13 +215,14 @@ def run_probe(
     return {
         "settings": asdict(settings),
         "tasks": records,
-        "metrics": summarize(records),
+        "metrics": summarize(records, n_resamples=settings.bootstrap_resamples, seed=settings.seed),
         "timings": {"probe_s": time.perf_counter() - t0, "forced_requests": len(prefixes)},
     }
 
 
-def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Report-level metrics from the per-task records (SPEC §8, §9)."""
+def summarize(records: Sequence[dict[str, Any]], *, n_resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """Report-level metrics from the per-task records (SPEC §8, §9); each calibration block carries 95%
+    bootstrap intervals over tasks (``ci``: ``{metric: [low, high]}``)."""
     n = len(records)
     curves = [([p["fraction"] for p in r["points"]], [p["confidence"] for p in r["points"]]) for r in records]
     verbal = [r["verbalized_confidence"] for r in records]
@@ -239,9 +243,13 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "verbalized_gap": verbalized_gap(verbal, [r["mc_full"] for r in records]),
         "calibration": {
             # verbalized (turn-2) confidence vs the response's correctness: the training eval's metric
-            "verbalized": calibration_metrics([c for c, _ in parsed], [y for _, y in parsed]),
+            "verbalized": {**calibration_metrics([c for c, _ in parsed], [y for _, y in parsed]),
+                           "ci": bootstrap_intervals([math.nan if c is None else c for c in verbal], labels, range(n),
+                                                     n_resamples=n_resamples, seed=seed)},
             # the Monte-Carlo success rate at 100% reasoning as an implicit confidence for the same response
-            "mc_full": calibration_metrics([r["mc_full"] for r in records], labels),
+            "mc_full": {**calibration_metrics([r["mc_full"] for r in records], labels),
+                        "ci": bootstrap_intervals([r["mc_full"] for r in records], labels, range(n),
+                                                  n_resamples=n_resamples, seed=seed)},
         },
     }
 

@@ -62,6 +62,12 @@ def _num(v, fmt: str = ".3f") -> str:
     return "–" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, fmt)
 
 
+def _ci(cal: dict, key: str) -> str:
+    """A calibration figure with its 95% bootstrap interval over tasks (``cal["ci"]``), when there is one."""
+    interval = (cal.get("ci") or {}).get(key)
+    return f"{_num(cal.get(key))} [{_num(interval[0])}, {_num(interval[1])}]" if interval else _num(cal.get(key))
+
+
 def _reliability(ax, cal: dict, title: str, color: str) -> None:
     ax.plot([0, 1], [0, 1], ls="--", color="0.5", lw=1, label="perfect calibration")
     bins = [b for b in cal["reliability"] if b["count"]]
@@ -135,7 +141,7 @@ def _metric_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     v, mc, gap = m["calibration"]["verbalized"], m["calibration"]["mc_full"], m["verbalized_gap"]
     return [
         ("tasks", str(m["n_tasks"])),
-        ("accuracy (turn-1 response)", _num(m["accuracy"])),
+        ("accuracy (turn-1 response) [95% CI]", _ci({**v, "accuracy": m["accuracy"]}, "accuracy")),
         ("format rate (an equation was extracted)", _num(m["format_rate"])),
         ("responses with reasoning", _num(m["reasoning_rate"])),
         ("truncation points per task", _num(m["points_per_task"], ".1f")),
@@ -145,10 +151,11 @@ def _metric_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
          f"{_num(gap['mean'])} / {_num(gap['mean_abs'])} / {_num(gap['rmse'])} (n={gap['n']}, unparsed {gap['n_unparsed']})"),
         ("confidence parse rate", _num(m["confidence_parse_rate"])),
         ("verbalized: mean confidence", _num(v["mean_confidence"])),
-        ("verbalized: Brier", _num(v["brier"])),
-        ("verbalized: ECE (10 bins)", _num(v["ece"])),
-        ("verbalized: AUROC", _num(v["auroc"])),
-        ("MC@100% as confidence: Brier / ECE / AUROC", f"{_num(mc['brier'])} / {_num(mc['ece'])} / {_num(mc['auroc'])}"),
+        ("verbalized: Brier [95% CI]", _ci(v, "brier")),
+        ("verbalized: ECE (10 bins) [95% CI]", _ci(v, "ece")),
+        ("verbalized: AUROC [95% CI]", _ci(v, "auroc")),
+        ("MC@100% as confidence: Brier / ECE / AUROC [95% CI]",
+         f"{_ci(mc, 'brier')} / {_ci(mc, 'ece')} / {_ci(mc, 'auroc')}"),
     ]
 
 

@@ -198,9 +198,10 @@ def render_prompt(tokenizer, messages, *, where: str = "prompt",
     return text, ids
 
 
-def sample_chats(llm, tokenizer, conversations, *, labels: Sequence[str], sample_type: str, seed: int,
+def sample_chats(llm, tokenizer, conversations, *, labels: Sequence[str], mask_kind: str, seed: int,
                  max_prompt_tokens: int, **kwargs) -> tuple[list[tuple[str, list[int]]], list[list[Sample]]]:
-    """Render each conversation, sample from it (:func:`seeded_sample`) and attach each sample's loss mask.
+    """Render each conversation, sample from it (:func:`seeded_sample`) and attach each sample's loss mask
+    (:func:`rlcr.masks.completion_mask` of ``mask_kind``: answer, confidence or single).
 
     This is the whole per-batch work of a generation stage that needs a tokenizer;
     it runs where the engine is (in the stage actor, or in a shared
@@ -213,7 +214,7 @@ def sample_chats(llm, tokenizer, conversations, *, labels: Sequence[str], sample
     samples = seeded_sample(llm, [ids for _, ids in contexts], seed=seed, **kwargs)
     for group in samples:
         for s in group:
-            s.loss_mask = completion_mask(tokenizer, s.completion_ids, s.completion_text, sample_type)
+            s.loss_mask = completion_mask(tokenizer, s.completion_ids, s.completion_text, mask_kind)
     return contexts, samples
 
 

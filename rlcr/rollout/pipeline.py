@@ -51,13 +51,20 @@ def build_rollout_dataset(
     g_a: int | None = None,
     g_c: int | None = None,
     salt: int = 0,
+    confidences: bool | None = None,
 ):
     """The lazy Ray Dataset of one iteration's rollout tree (answer and confidence rows).
 
     ``engines``: names of long-lived engine actors to use instead of one engine per
-    stage actor. ``g_a``/``g_c`` override the group sizes (evaluation: 1 and 1); ``salt`` is added to
-    the iteration's seed (evaluation: :data:`rlcr.seeds.EVAL_SALT`).
+    stage actor. ``g_a``/``g_c`` override the group sizes (evaluation: ``eval_samples`` and 1); ``salt`` is
+    added to the iteration's seed (evaluation: :data:`rlcr.seeds.EVAL_SALT`). ``confidences``: run the
+    turn-2 confidence stage (default: only where ``cfg.method`` trains it, ``rlcr``; evaluation asks
+    ``rlvr`` too). ``rlcr_single`` states its confidence in the answer turn and never has a turn 2.
     """
+    if confidences is None:
+        confidences = cfg.method == "rlcr"
+    if confidences and cfg.method == "rlcr_single":
+        raise ValueError("method rlcr_single states its confidence in the answer turn: it has no turn 2")
     import ray.data
 
     ctx = ray.data.DataContext.get_current()
@@ -83,7 +90,10 @@ def build_rollout_dataset(
     items = [{"prompt_id": pid, "nums": list(t.nums), "target": int(t.target)} for pid, t in tasks]
     ds = ray.data.from_items(items, override_num_blocks=max(1, math.ceil(len(items) / cfg.rollout_batch_size)))
     ds = ds.map_batches(AnswerStage, fn_constructor_kwargs=answer_args, batch_size=cfg.rollout_batch_size, **stage_opts)
-    ds = ds.map_batches(score_answers, fn_kwargs={"format_score": cfg.format_score}, **cheap)
+    ds = ds.map_batches(score_answers, fn_kwargs={"format_score": cfg.format_score, "method": cfg.method,
+                                                  "lambda_conf": cfg.lambda_conf}, **cheap)
+    if not confidences:
+        return ds
     ds = ds.map_batches(expand_to_turn2, **cheap)
     # One confidence call takes all answers of one answer call: the engine sees as large a batch as in turn 1.
     conf_batch = cfg.rollout_batch_size * (g_a or cfg.num_generations_answer)
@@ -116,8 +126,12 @@ def to_records(raw_rows: Sequence[dict[str, Any]], run_id: str, iteration: int) 
 
 
 def rollout_stats(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Per-sample-type reward mean/std, lengths, format and parse rates."""
-    stats: dict[str, float] = {}
+    """Per-sample-type reward mean/std, lengths, format and parse rates; generated and trained (loss-masked)
+    tokens of the iteration, the currency in which methods are compared (SPEC §11)."""
+    stats: dict[str, float] = {
+        "tokens/generated": float(sum(len(r["completion_ids"]) for r in rows)),
+        "tokens/trained": float(sum(sum(r["loss_mask"]) for r in rows if r.get("loss_mask") is not None)),
+    }
     for kind in ("answer", "confidence"):
         sel = [r for r in rows if r["sample_type"] == kind]
         if not sel:
@@ -131,7 +145,11 @@ def rollout_stats(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
         stats[f"{kind}/count"] = float(len(sel))
         if kind == "answer":
             stats["answer/format_rate"] = float(np.mean([(r.get("score") or 0) > 0 for r in sel]))
-            stats["answer/accuracy"] = float(rewards.mean())
+            stats["answer/accuracy"] = float(np.mean([r["correct"] for r in sel]))
+            stated = [r["confidence"] for r in sel if r.get("confidence") is not None]
+            if stated:  # rlcr_single: the answer's own confidence
+                stats["answer/confidence_mean"] = float(np.mean(stated))
+                stats["answer/confidence_parse_rate"] = len(stated) / len(sel)
         else:
             stats["confidence/parse_rate"] = float(np.mean([r.get("confidence") is not None for r in sel]))
             conf = [r["confidence"] for r in sel if r.get("confidence") is not None]
@@ -140,16 +158,17 @@ def rollout_stats(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 
 def check_prompt_lengths(cfg: RLCRConfig, tasks: Sequence[tuple[int, CountdownTask]], policy_uri: str) -> None:
-    """Fail before any Ray work if a turn-1 prompt is longer than ``max_prompt_tokens``."""
+    """Fail before any Ray work if a first-turn prompt (``method``'s) is longer than ``max_prompt_tokens``."""
     from transformers import AutoTokenizer
 
     from rlcr.rollout.engine import render_prompt
     from rlcr.storage import fetch_checkpoint
-    from rlcr.tasks.countdown import turn1_messages
+    from rlcr.tasks.countdown import single_turn_messages, turn1_messages
 
     tokenizer = AutoTokenizer.from_pretrained(fetch_checkpoint(policy_uri, endpoint_url=cfg.s3_endpoint_url))
+    messages = single_turn_messages if cfg.method == "rlcr_single" else turn1_messages
     for pid, task in tasks:
-        render_prompt(tokenizer, turn1_messages(task), where=f"prompt_id={pid}", max_prompt_tokens=cfg.max_prompt_tokens)
+        render_prompt(tokenizer, messages(task), where=f"prompt_id={pid}", max_prompt_tokens=cfg.max_prompt_tokens)
 
 
 def generate_rollouts(
@@ -177,7 +196,8 @@ def generate_rollouts(
     for k in ("_answer_init_s", "_answer_generate_s", "_confidence_init_s", "_confidence_generate_s"):
         timings[f"rollout/{k.lstrip('_')}"] = float(sum(r.get(k, 0.0) or 0.0 for r in raw))
     rows = to_records(raw, run_id, iteration)
-    validate_rollouts(rows, num_prompts=len(tasks), g_a=cfg.num_generations_answer, g_c=cfg.num_generations_confidence)
+    g_c = cfg.num_generations_confidence if cfg.method == "rlcr" else 0
+    validate_rollouts(rows, num_prompts=len(tasks), g_a=cfg.num_generations_answer, g_c=g_c)
     return rows, timings
 
 
@@ -186,7 +206,8 @@ def finalize_rollouts(
 ) -> RolloutResult:
     """Advantages (SPEC §6), a stable row order, and the Parquet file (if ``store`` is given)."""
     t0 = time.perf_counter()
-    assign_advantages(rows, eps=cfg.adv_eps, scale_by_std=cfg.scale_by_std, conf_mode=cfg.conf_norm_mode)
+    assign_advantages(rows, method=cfg.method, eps=cfg.adv_eps, scale_by_std=cfg.scale_by_std,
+                      conf_mode=cfg.conf_norm_mode)
     rows.sort(key=lambda r: (r["sample_type"] != "answer", r["prompt_id"], r["answer_id"], r["confidence_id"] or 0))
     uri = None
     if store is not None:

@@ -15,8 +15,8 @@ from typing import Any, Iterable, Sequence
 import pyarrow as pa
 import torch
 
-from rlcr.advantages import answer_advantages, confidence_advantages
-from rlcr.rewards import accuracy_reward, brier_reward, parse_confidence
+from rlcr.advantages import method_advantages
+from rlcr.rewards import accuracy_reward, answer_reward, brier_reward, parse_confidence, split_single_turn
 from rlcr.tasks.countdown import CountdownTask, compute_score
 
 __all__ = [
@@ -122,12 +122,19 @@ def rollout_row(
     }
 
 
-def answer_scores(completion_text: str, task: CountdownTask, *, format_score: float) -> dict[str, float]:
-    """Scores of a turn-1 answer (SPEC §4): ``score`` = :func:`compute_score`, ``correct`` = ``reward`` =
-    the accuracy reward ∈ {0, 1}. Keyword arguments of :func:`rollout_row`."""
-    acc = accuracy_reward(completion_text, task)
-    return {"score": float(compute_score(completion_text, task.ground_truth, format_score=format_score)),
-            "correct": acc, "reward": acc}
+def answer_scores(completion_text: str, task: CountdownTask, *, format_score: float, method: str = "rlcr",
+                  lambda_conf: float = 1.0) -> dict[str, float | None]:
+    """Scores of an answer-turn completion (SPEC §4, §11): ``score`` = :func:`compute_score`, ``correct`` =
+    the accuracy reward ∈ {0, 1}, ``reward`` = ``method``'s registered answer reward
+    (:data:`rlcr.rewards.ANSWER_REWARDS`: accuracy, or accuracy + λ_conf·Brier for ``rlcr_single``) and
+    ``confidence`` = the response's own stated confidence (``rlcr_single``, whose answer part is scored alone:
+    :func:`rlcr.rewards.split_single_turn`; else None). Keyword arguments of :func:`rollout_row`."""
+    single = method == "rlcr_single"
+    answer, stated = split_single_turn(completion_text) if single else (completion_text, "")
+    return {"score": float(compute_score(answer, task.ground_truth, format_score=format_score)),
+            "correct": accuracy_reward(answer, task),
+            "reward": answer_reward(method)(completion_text, task, lambda_conf=lambda_conf),
+            "confidence": parse_confidence(stated) if single else None}
 
 
 def confidence_scores(completion_text: str, correct: float) -> dict[str, float | None]:
@@ -139,15 +146,17 @@ def confidence_scores(completion_text: str, correct: float) -> dict[str, float |
 def assign_advantages(
     rows: list[dict[str, Any]],
     *,
+    method: str = "rlcr",
     eps: float = 1e-6,
     scale_by_std: bool = True,
     conf_mode: str = "answer",
 ) -> list[dict[str, Any]]:
-    """Fill ``advantage`` of every row (SPEC §6), in place; returns ``rows``.
+    """Fill ``advantage`` of every row with ``method``'s registered advantages (SPEC §6, §11), in place;
+    returns ``rows``.
 
-    Answers are normalised per prompt over its G_a answers, confidences per
-    answer over its G_c confidences (or ``answer_then_prompt``). The tree must be
-    complete (see :func:`validate_rollouts`).
+    ``rlcr``: answers normalised per prompt over its G_a answers, confidences per answer over its G_c
+    confidences (or ``answer_then_prompt``). ``rlcr_single``/``rlvr``: answers only, per prompt. The tree
+    must be complete (see :func:`validate_rollouts`).
     """
     p, g_a, g_c = validate_rollouts(rows, check_context=False)
     ans = sorted((r for r in rows if r["sample_type"] == ANSWER), key=lambda r: (r["prompt_id"], r["answer_id"]))
@@ -155,16 +164,14 @@ def assign_advantages(
         (r for r in rows if r["sample_type"] == CONFIDENCE),
         key=lambda r: (r["prompt_id"], r["answer_id"], r["confidence_id"]),
     )
-    a_adv = answer_advantages(
-        torch.tensor([r["reward"] for r in ans], dtype=torch.float64).reshape(p, g_a), eps=eps, scale_by_std=scale_by_std
-    )
-    c_adv = confidence_advantages(
-        torch.tensor([r["reward"] for r in conf], dtype=torch.float64).reshape(p, g_a, g_c),
-        eps=eps, scale_by_std=scale_by_std, mode=conf_mode,
+    a_adv, c_adv = method_advantages(method)(
+        torch.tensor([r["reward"] for r in ans], dtype=torch.float64).reshape(p, g_a),
+        torch.tensor([r["reward"] for r in conf], dtype=torch.float64).reshape(p, g_a, g_c) if g_c else None,
+        eps=eps, scale_by_std=scale_by_std, conf_mode=conf_mode,
     )
     for r, a in zip(ans, a_adv.flatten().tolist()):
         r["advantage"] = a
-    for r, a in zip(conf, c_adv.flatten().tolist()):
+    for r, a in zip(conf, c_adv.flatten().tolist() if c_adv is not None else []):
         r["advantage"] = a
     return rows
 

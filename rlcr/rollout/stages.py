@@ -1,6 +1,10 @@
-"""The two generation stages and the steps between them, as Ray Data batch functions (SPEC §2).
+"""The two generation stages and the steps between them, as Ray Data batch functions (SPEC §2, §11).
 
     prompts ─ AnswerStage ─ score_answers ─ expand_to_turn2 ─ ConfidenceStage ─ score_confidences
+
+``method: rlvr`` trains on the first two steps only (evaluation adds turn 2). ``method: rlcr_single`` has
+one stage: ``AnswerStage`` with the one-turn prompt, whose responses hold the answer and the confidence,
+then ``score_answers`` (which parses that confidence and adds its Brier term to the reward).
 
 ``AnswerStage`` and ``ConfidenceStage`` are callable classes for
 ``Dataset.map_batches(Cls, compute=ActorPoolStrategy(size=n), …)``: each actor
@@ -28,7 +32,7 @@ import pandas as pd
 from rlcr.config import RLCRConfig
 from rlcr.rollout.records import answer_scores, confidence_scores, rollout_row
 from rlcr.seeds import ANSWER_SALT, CONFIDENCE_SALT, mix
-from rlcr.tasks.countdown import CountdownTask, turn1_messages, turn2_messages
+from rlcr.tasks.countdown import CountdownTask, single_turn_messages, turn1_messages, turn2_messages
 
 __all__ = [
     "AnswerStage",
@@ -60,6 +64,7 @@ class _EngineStage:
 
     stage_name = "stage"
     stage_salt = 0
+    mask_kind = "answer"
 
     def __init__(self, cfg: dict[str, Any], policy_uri: str, seed: int,
                  engines: list[str] | None = None, n: int | None = None):
@@ -88,7 +93,7 @@ class _EngineStage:
         """Render, sample and mask one batch where the engine is; returns (contexts, samples)."""
         from rlcr.rollout.engine import sample_chats
 
-        kwargs = dict(labels=labels, sample_type=self.stage_name, seed=mix(self.seed, self.stage_salt, *first_key),
+        kwargs = dict(labels=labels, mask_kind=self.mask_kind, seed=mix(self.seed, self.stage_salt, *first_key),
                       n=self.n or n, temperature=self.cfg.temperature, top_p=self.cfg.top_p, max_tokens=max_tokens,
                       stop=stop)
         t0 = time.perf_counter()
@@ -121,29 +126,43 @@ class _EngineStage:
 
 
 class AnswerStage(_EngineStage):
-    """Turn 1: G_a answers per prompt. Input columns: prompt_id, nums, target."""
+    """Turn 1: G_a answers per prompt. Input columns: prompt_id, nums, target.
+
+    With ``method: rlcr_single`` the one-turn prompt: each response states its confidence after the answer
+    (stops at ``</confidence>``; ``max_answer_tokens + max_confidence_tokens`` tokens; the ``single`` mask)."""
 
     stage_name = "answer"
     stage_salt = ANSWER_SALT
 
+    @property
+    def mask_kind(self) -> str:
+        return "single" if self.cfg.method == "rlcr_single" else "answer"
+
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
+        single = self.cfg.method == "rlcr_single"
         contexts, samples = self._generate(
-            [turn1_messages(_task(r)) for _, r in batch.iterrows()],
+            [(single_turn_messages if single else turn1_messages)(_task(r)) for _, r in batch.iterrows()],
             [f"prompt_id={r['prompt_id']}" for _, r in batch.iterrows()],
-            self.cfg.num_generations_answer, self.cfg.max_answer_tokens, ANSWER_STOP, (int(batch["prompt_id"].iloc[0]),))
+            self.cfg.num_generations_answer,
+            self.cfg.max_answer_tokens + (self.cfg.max_confidence_tokens if single else 0),
+            CONFIDENCE_STOP if single else ANSWER_STOP, (int(batch["prompt_id"].iloc[0]),))
         rows = [self._row("answer", _task(r), context, s, prompt_id=r["prompt_id"], answer_id=k, confidence_id=-1)
                 for (_, r), context, group in zip(batch.iterrows(), contexts, samples) for k, s in enumerate(group)]
         return self._timing(pd.DataFrame(rows))
 
 
-def score_answers(batch: pd.DataFrame, format_score: float) -> pd.DataFrame:
-    """acc_reward ∈ {0, 1} from :func:`compute_score` (SPEC §4); keeps the raw score too."""
+def score_answers(batch: pd.DataFrame, format_score: float, method: str = "rlcr", lambda_conf: float = 1.0
+                  ) -> pd.DataFrame:
+    """``correct`` ∈ {0, 1} from :func:`compute_score` and ``method``'s reward (SPEC §4, §11:
+    :func:`~rlcr.rollout.records.answer_scores`); keeps the raw score, and the stated confidence of a
+    one-turn response (NaN otherwise)."""
     batch = batch.copy()
-    scores = [answer_scores(r["completion_text"], _task(r), format_score=format_score) for _, r in batch.iterrows()]
+    scores = [answer_scores(r["completion_text"], _task(r), format_score=format_score, method=method,
+                            lambda_conf=lambda_conf) for _, r in batch.iterrows()]
     batch["score"] = [s["score"] for s in scores]
     batch["correct"] = [s["correct"] for s in scores]
-    batch["reward"] = batch["correct"]
-    batch["confidence"] = math.nan
+    batch["reward"] = [s["reward"] for s in scores]
+    batch["confidence"] = [math.nan if s["confidence"] is None else s["confidence"] for s in scores]
     return batch
 
 
@@ -165,6 +184,7 @@ class ConfidenceStage(_EngineStage):
 
     stage_name = "confidence"
     stage_salt = CONFIDENCE_SALT
+    mask_kind = "confidence"
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
         first = (int(batch["prompt_id"].iloc[0]), int(batch["answer_id"].iloc[0]))

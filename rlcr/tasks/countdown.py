@@ -40,6 +40,8 @@ __all__ = [
     "compute_score",
     "turn1_messages",
     "turn2_messages",
+    "single_turn_messages",
+    "SINGLE_TURN_SYSTEM_PROMPT",
     "SYSTEM_PROMPT",
     "CONFIDENCE_QUERY",
 ]
@@ -563,6 +565,15 @@ CONFIDENCE_QUERY = (
 )
 
 
+SINGLE_TURN_SYSTEM_PROMPT = (
+    "Solve the arithmetic puzzle. Think step by step inside <think> </think>, "
+    "then write only the equation inside <answer> </answer>, "
+    "then say how likely your answer is to be correct: optionally check it inside <analysis> </analysis>, "
+    "then give a probability between 0 and 1 inside <confidence> </confidence>."
+)
+"""System prompt of the one-turn method ``rlcr_single`` (SPEC §11): answer and confidence in one response."""
+
+
 def _task_text(task: CountdownTask) -> str:
     return (
         f"Numbers: {list(task.nums)}. Target: {task.target}. "
@@ -590,3 +601,8 @@ def turn2_messages(
         {"role": "assistant", "content": answer_text},
         {"role": "user", "content": confidence_query},
     ]
+
+
+def single_turn_messages(task: CountdownTask) -> list[dict[str, str]]:
+    """The one-turn conversation of ``rlcr_single``: answer, then its confidence, in the same response."""
+    return turn1_messages(task, SINGLE_TURN_SYSTEM_PROMPT)
