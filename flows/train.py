@@ -320,6 +320,8 @@ def _iteration(cfg, run, k, trainer, engines, policy, initial, train_tasks, held
         rollout = advantages_task.with_options(**opts)(cfg, rows, run, k)
         fig.update({"answer reward": rollout.stats.get("answer/reward_mean"),
                     "confidence reward": rollout.stats.get("confidence/reward_mean")})
+    if cfg.engine_release_during_update:
+        engines.release()  # their memory goes to the update; the weight sync starts them again
     with timed_stage("update", k, t) as fig:
         update = update_task.with_options(**opts)(trainer, rollout.rows, k)
         fig["loss"] = update.metrics.get("loss")

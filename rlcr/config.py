@@ -255,6 +255,13 @@ class RLCRConfig(BaseModel):
     """Extra Ray resources each Ray Train worker asks for, merged with its 1 CPU (or 1 GPU with ``use_gpu``) in
     ``ScalingConfig(resources_per_worker=…)``: e.g. ``{"worker_node": 1}`` to keep the trainer off the head
     node. Same rules as ``engine_resources``. Operational."""
+    engine_release_during_update: bool = False
+    """Stop the engines while the trainer updates and start them again for the weight sync (from ``model``'s
+    files, then the new weights in place): frees the engines' memory (weights and KV cache: most of a GPU at
+    ``engine_gpu_memory_utilization``) for the update where engines and trainer share devices, at the price of
+    an engine start per iteration (~15–60 s on this CPU). Off: engines and trainer hold their memory
+    throughout (separate devices or enough memory). Operational: the engines sample the same with the same
+    weights."""
     storage_shared: bool = False
     """The run's local paths are the same files on every Ray node: a local ``storage_uri`` on a filesystem every
     node mounts at that path (NFS, a shared volume), a local ``model`` likewise (or baked into the image there).
@@ -434,6 +441,7 @@ def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | S
 # fields (``engine_resources``, ``trainer_resources``, ``storage_shared``) choose nodes, not kernels or batches.
 OPERATIONAL_FIELDS: frozenset[str] = frozenset({
     "run_id", "storage_uri", "s3_endpoint_url", "storage_shared", "engine_resources", "trainer_resources",
+    "engine_release_during_update",
     "iterations",
     "retries", "retry_delay_s", "rollout_progress", "eval_every", "save_every",
     "probe_samples", "probe_truncation", "probe_forced_answer_tokens", "probe_cron",

@@ -113,6 +113,18 @@ def _nodes(alive: int, dead: int = 0) -> list[dict]:
     return [{"NodeID": f"n{i}", "Alive": i < alive} for i in range(alive + dead)]
 
 
+def test_an_engine_takes_the_cores_of_its_own_node():
+    """The runtime env computed on the driver sets OMP_NUM_THREADS from the driver's machine; on the node
+    where an engine starts, ``use_this_nodes_cores`` resets torch's threads to that node's cores (here: a
+    process told 1 thread, as Ray tells a fractional-CPU actor, gets the machine's)."""
+    cores = len(os.sched_getaffinity(0))
+    code = ("from rlcr.rollout.engine import use_this_nodes_cores; import torch, os; "
+            "n = use_this_nodes_cores(); print(n, torch.get_num_threads(), os.environ['OMP_NUM_THREADS'])")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                         capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    assert out == [str(cores)] * 3
+
+
 def test_local_storage_is_refused_on_a_multi_node_cluster(tmp_path):
     s3 = {"storage_uri": "s3://bucket/rlcr", "model": "s3://bucket/models/m"}
     local = RLCRConfig(storage_uri=str(tmp_path / "runs"), model="s3://bucket/models/m")

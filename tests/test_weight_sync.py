@@ -2,6 +2,7 @@
 the engine; bad weights are refused before the engine is touched. Real vLLM (CPU), local Ray, tiny models."""
 
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -100,6 +101,30 @@ def test_update_back_to_a_gives_a_samples(pool, tiny_model_dir, model_b, samples
     assert sample_answers(pool, "policy-a-again") == samples_a
     with pytest.raises(Exception, match="engine holds policy-a-again.*call load"):
         sample_answers(pool, "policy-b")
+
+
+def test_released_engines_restart_with_the_new_weights(pool, tiny_model_dir, model_b, samples_a, restore_a):
+    """engine_release_during_update: release() stops the engines (their memory is freed, their names gone);
+    the weight sync starts them again from the frame and samples exactly as the running engine did."""
+    import ray
+
+    pool.update_weights(read_checkpoint_weights(model_b), "policy-b")
+    want_b = sample_answers(pool, "policy-b")
+    old_names = list(pool.names)
+    pool.release()
+    assert pool.released and pool.actors == []
+    deadline = time.monotonic() + 60  # ray.kill is asynchronous: the names go once the actors are dead
+    for name in old_names:
+        while True:
+            try:
+                ray.get_actor(name)
+            except ValueError:
+                break
+            assert time.monotonic() < deadline, f"engine {name} still alive after release()"
+            time.sleep(0.2)
+    info = pool.update_weights(read_checkpoint_weights(model_b), "policy-b")
+    assert not pool.released and pool.names != old_names and [i["mode"] for i in info] == ["inplace"]
+    assert sample_answers(pool, "policy-b") == want_b != samples_a
 
 
 def _bad_weight_dicts(weights_b: dict) -> dict:

@@ -95,6 +95,7 @@ def create_engine(model_dir: str | Path, cfg, *, seed: int):
     # Run the engine core in this process: one process per actor, no extra spawn.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    use_this_nodes_cores()
     from vllm import LLM
 
     kv_gib = cfg.engine_kv_cache_gib if cfg.engine_kv_cache_gib is not None else (None if has_gpu() else 1.0)
@@ -479,8 +480,21 @@ def write_checkpoint(dest: str | Path, frame: Mapping[str, bytes], weights: Mapp
 
 def engine_runtime_env() -> dict:
     """Ray sets OMP_NUM_THREADS from an actor's logical CPUs (1 for a fractional actor), which
-    would leave a CPU engine one thread; give it the node's cores (vLLM binds them itself)."""
+    would leave a CPU engine one thread. This lifts it at process start (the driver's core count, a first
+    guess); :func:`use_this_nodes_cores` then sets the count of the node the engine actually runs on."""
     return {"env_vars": {"OMP_NUM_THREADS": str(os.cpu_count() or 1)}}
+
+
+def use_this_nodes_cores() -> int:
+    """Give this process's torch/OpenMP the cores of the node it runs on (not those of the driver's machine,
+    which ``engine_runtime_env`` saw): on a cluster, engine nodes differ from the head. Returns the count."""
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    os.environ["OMP_NUM_THREADS"] = str(cores)
+    if torch.get_num_threads() != cores:
+        torch.set_num_threads(cores)
+    return cores
 
 
 WEIGHT_SYNC_MODES = ("inplace", "recreate")
@@ -600,12 +614,18 @@ class EnginePool:
     """``rollout_actors`` :class:`RolloutEngine` actors, addressed by name from the Ray Data stages."""
 
     def __init__(self, cfg, policy_uri: str, *, name: str = "rlcr-engine", start_timeout_s: float = 900.0):
+        self.cfg, self.name, self.start_timeout_s = cfg, name, start_timeout_s
+        self.actors: list = []
+        self.frame_uri = policy_uri  # what a restart after release() starts from (its weights then replaced)
+        self._start(policy_uri)
+
+    def _start(self, policy_uri: str) -> None:
         import uuid
 
         import ray
 
-        self.cfg = cfg
-        prefix = f"{name}-{uuid.uuid4().hex[:8]}"
+        cfg = self.cfg
+        prefix = f"{self.name}-{uuid.uuid4().hex[:8]}"
         remote = ray.remote(RolloutEngine)
         res = engine_actor_resources(cfg)
         self.names = [f"{prefix}-{i}" for i in range(cfg.rollout_actors)]
@@ -616,21 +636,37 @@ class EnginePool:
             for n in self.names
         ]
         try:
-            ray.get([a.current.remote() for a in self.actors], timeout=start_timeout_s)
+            ray.get([a.current.remote() for a in self.actors], timeout=self.start_timeout_s)
         except ray.exceptions.GetTimeoutError:
             self.shutdown()
             raise TimeoutError(
-                f"{len(self.actors)} engine actor(s) did not start within {start_timeout_s:.0f} s (each asks "
+                f"{len(self.names)} engine actor(s) did not start within {self.start_timeout_s:.0f} s (each asks "
                 f"{engine_actor_resources(cfg)}; cluster has {ray.cluster_resources()}, free "
                 f"{ray.available_resources()})") from None
         self.policy_uri = policy_uri
         self.node_ids = ray.get([a.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id())
                                  for a in self.actors])  # where each engine runs (placement: engine_resources)
 
+    @property
+    def released(self) -> bool:
+        return not self.actors
+
+    def release(self) -> None:
+        """Stop the engines and free what they hold (model and KV cache: device memory on a GPU) while the
+        trainer needs it (``engine_release_during_update``); the next :meth:`update_weights` or :meth:`load`
+        starts them again (from ``frame_uri``, then the new weights), under new names."""
+        self.shutdown()
+
+    def _ensure_started(self) -> None:
+        if self.released:
+            self._start(self.frame_uri)
+
     def load(self, policy_uri: str, *, mode: str | None = None) -> list[dict]:
-        """Every engine switches to the checkpoint at ``policy_uri`` (:meth:`RolloutEngine.load`)."""
+        """Every engine switches to the checkpoint at ``policy_uri`` (:meth:`RolloutEngine.load`); released
+        engines start again first."""
         import ray
 
+        self._ensure_started()
         out = ray.get([a.load.remote(policy_uri, mode=mode) for a in self.actors])
         self.policy_uri = policy_uri
         return out
@@ -640,10 +676,11 @@ class EnginePool:
 
         ``weights``: an ObjectRef of a state dict (best of :func:`pack_weights`: numpy arrays are read
         zero-copy from shared memory), or the state dict itself (packed and put here). The same ref goes
-        to every actor; Ray resolves it to the dict in each.
+        to every actor; Ray resolves it to the dict in each. Released engines start again first.
         """
         import ray
 
+        self._ensure_started()
         ref = weights if isinstance(weights, ray.ObjectRef) else ray.put(pack_weights(weights))
         out = ray.get([a.update_weights.remote(ref, version, mode=mode) for a in self.actors])
         self.policy_uri = version

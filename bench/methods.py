@@ -1,0 +1,237 @@
+"""Does RLCR calibrate? RLVR vs one-turn RLCR vs two-turn RLCR from one warm-start (SPEC §11).
+
+    python bench/methods.py [--config configs/methods.yaml] [--iterations 20] [--chunk 5] [--store DIR]
+                            [--methods rlcr,rlvr,rlcr_single] [field=value ...]
+
+1. One warm-start for all three methods (``sft_single_turn: true``: turn-1, turn-2 and one-turn examples),
+   reused when already sealed in the store.
+2. Equal generated tokens per iteration: the same prompts each iteration (same seed and P) for every method,
+   and each method's group size G_a chosen so that its generated tokens per prompt match two-turn ``rlcr``'s
+   (G_a answers + G_a·G_c confidences). The lengths come from one calibration rollout of ``rlcr`` and
+   ``rlcr_single`` from the warm-start; the chosen G_a are kept in ``<store>/methods-plan.json`` so a
+   resumed benchmark keeps them. Generated and trained tokens per iteration are measured and reported.
+3. The three runs advance in turns, ``--chunk`` iterations at a time (each chunk one `rlcr/train` flow run
+   that resumes the method's run), evaluating on the held-out set (``num_eval_tasks`` × ``eval_samples``,
+   disjoint from the training pool and the warm-start) at every chunk end, so a stopped benchmark still has
+   comparable curves. Re-running continues where it stopped.
+
+Prints each evaluation as it lands, then the table (accuracy, ECE, Brier, AUROC with 95% bootstrap CIs over
+tasks; tokens and seconds per iteration), writes ``methods.md`` and ``methods.png`` to the store, and ends
+with ``methods ECE rlcr/rlvr: X`` (the ratio of the two methods' ECE at the last common evaluation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+METHODS = ("rlcr", "rlvr", "rlcr_single")
+KEYS = ("accuracy", "ece", "brier", "auroc")
+
+
+def calibrate_group_sizes(cfg, sft_uri: str) -> dict:
+    """One rollout of ``rlcr`` and ``rlcr_single`` from the warm-start on iteration 1's prompts → G_a per
+    method so that generated tokens per prompt match ``rlcr``'s."""
+    from flows.train import ensure_ray
+    from rlcr.rollout.engine import EnginePool
+    from rlcr.rollout.pipeline import generate_rollouts
+    from rlcr.tasks.sets import prompts_for_iteration, task_sets
+
+    ensure_ray()
+    train, _ = task_sets(cfg)
+    prompts = prompts_for_iteration(cfg, train, 1)
+    lengths: dict[str, float] = {}
+    with EnginePool(cfg, sft_uri) as engines:
+        for method in ("rlcr", "rlcr_single"):
+            mcfg = cfg.model_copy(update={"method": method})
+            rows, _ = generate_rollouts(mcfg, prompts, policy_uri=sft_uri, run_id="calibration", iteration=1,
+                                        engines=engines)
+            for kind in ("answer", "confidence"):
+                sel = [len(r["completion_ids"]) for r in rows if r["sample_type"] == kind]
+                if sel:
+                    lengths[f"{method}/{kind}"] = statistics.fmean(sel)
+    g_a, g_c = cfg.num_generations_answer, cfg.num_generations_confidence
+    per_prompt = g_a * lengths["rlcr/answer"] + g_a * g_c * lengths["rlcr/confidence"]
+    plan = {
+        "rlcr": g_a,
+        "rlvr": max(2, round(per_prompt / lengths["rlcr/answer"])),
+        "rlcr_single": max(2, round(per_prompt / lengths["rlcr_single/answer"])),
+    }
+    return {"num_generations_answer": plan, "mean_lengths": lengths, "rlcr_tokens_per_prompt": per_prompt,
+            "calibration_prompts": len(prompts)}
+
+
+def evaluations(cfg, run_id: str) -> list[tuple[int, dict, dict]]:
+    """(iteration, eval metrics, rollout stats) of the baseline and every evaluated committed iteration."""
+    from rlcr.runs import RunStore
+
+    run = RunStore.open(cfg, run_id)
+    out = []
+    if run.store.exists(run.baseline_rel):
+        out.append((0, run.store.read_json(run.baseline_rel)["eval"], {}))
+    for m in run.committed():
+        met = run.store.read_json(run.store.rel(m["metrics_uri"]))
+        if met.get("eval"):
+            out.append((m["iteration"], met["eval"], met.get("rollout", {})))
+    return out
+
+
+def per_iteration(cfg, run_id: str) -> dict[str, float]:
+    """Mean generated / trained tokens and training seconds (rollouts → weight sync) per committed iteration."""
+    from rlcr.runs import RunStore
+
+    run = RunStore.open(cfg, run_id)
+    gen, trained, secs = [], [], []
+    for m in run.committed():
+        met = run.store.read_json(run.store.rel(m["metrics_uri"]))
+        gen.append(met["rollout"].get("tokens/generated", math.nan))
+        trained.append(met["rollout"].get("tokens/trained", math.nan))
+        secs.append(sum(met["timings"].get(k, 0.0) for k in ("rollouts", "advantages", "update", "sync_weights")))
+    mean = lambda xs: statistics.fmean(xs) if xs else math.nan
+    spread = lambda xs: statistics.pstdev(xs) if len(xs) > 1 else math.nan
+    return {"iterations": len(gen), "generated": mean(gen), "generated_sd": spread(gen), "trained": mean(trained),
+            "seconds": mean(secs), "seconds_sd": spread(secs)}
+
+
+def cell(ev: dict, key: str) -> str:
+    from rlcr.evaluate import with_ci
+
+    return with_ci(ev, key)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="configs/methods.yaml")
+    ap.add_argument("--iterations", type=int, default=20)
+    ap.add_argument("--chunk", type=int, default=5, help="iterations per flow run and between evaluations")
+    ap.add_argument("--store", default=None, help="storage_uri (default: the config's)")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--prefix", default="methods", help="run ids: <prefix>-sft, <prefix>-<method>")
+    ap.add_argument("overrides", nargs="*", help="field=value")
+    a = ap.parse_args()
+    methods = [m.strip() for m in a.methods.split(",") if m.strip()]
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        ap.error(f"--methods: unknown {unknown} (one of {', '.join(METHODS)})")
+    if "rlcr" not in methods or "rlvr" not in methods:
+        ap.error("--methods must include rlcr and rlvr (the headline compares them)")
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from flows.train import rlcr_train
+    from rlcr.config import load_config
+    from rlcr.sft import warm_start
+
+    overrides = list(a.overrides) + ([f"storage_uri={a.store}"] if a.store else [])
+    cfg = load_config(a.config, [*overrides, "sft_single_turn=true", f"eval_every={a.chunk}"])
+    store = Path(cfg.storage_uri) if "://" not in cfg.storage_uri else Path(".")
+    store.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+
+    sft_uri, reused = warm_start(cfg, run_id=f"{a.prefix}-sft")
+    print(f"warm-start: {sft_uri} ({'reused' if reused else 'trained'}, {time.perf_counter() - t_start:.0f} s)",
+          flush=True)
+
+    plan_path = store / f"{a.prefix}-plan.json"
+    if plan_path.exists():
+        plan = json.loads(plan_path.read_text())
+    else:
+        plan = calibrate_group_sizes(cfg.model_copy(update={"model": sft_uri}), sft_uri)
+        plan_path.write_text(json.dumps(plan, indent=1))
+    print(f"group sizes (equal generated tokens per prompt): {plan['num_generations_answer']}; "
+          f"mean lengths {', '.join(f'{k} {v:.1f}' for k, v in plan['mean_lengths'].items())}", flush=True)
+
+    def method_overrides(method: str) -> list[str]:
+        return [*overrides, f"model={sft_uri}", f"method={method}", f"eval_every={a.chunk}",
+                f"num_generations_answer={plan['num_generations_answer'][method]}", f"save_every={a.chunk}"]
+
+    def method_cfg(method: str):
+        return load_config(a.config, method_overrides(method))
+
+    seen: set[tuple[str, int]] = set()
+
+    def report_new() -> None:
+        for method in methods:
+            for it, ev, _ in evaluations(method_cfg(method), f"{a.prefix}-{method}"):
+                if (method, it) not in seen:
+                    seen.add((method, it))
+                    print(f"{method:12s} it {it:3d}  " + "  ".join(f"{k} {cell(ev, k)}" for k in KEYS)
+                          + f"  n={ev.get('n_tasks')}×{ev.get('n_answers', 0) // max(ev.get('n_tasks') or 1, 1)}",
+                          flush=True)
+
+    report_new()
+    for target in range(a.chunk, a.iterations + a.chunk, a.chunk):
+        target = min(target, a.iterations)
+        for method in methods:
+            t0 = time.perf_counter()
+            rlcr_train(config=a.config, overrides=method_overrides(method), run_id=f"{a.prefix}-{method}",
+                       iterations=target)
+            print(f"{method}: through iteration {target} ({time.perf_counter() - t0:.0f} s)", flush=True)
+            report_new()
+        if target == a.iterations:
+            break
+
+    # ----------------------------------------------------------------- table, picture, headline
+    curves = {m: evaluations(method_cfg(m), f"{a.prefix}-{m}") for m in methods}
+    costs = {m: per_iteration(method_cfg(m), f"{a.prefix}-{m}") for m in methods}
+    lines = ["| method | G_a | iteration | accuracy | ECE | Brier | AUROC | conf. parse rate | tokens generated / trained "
+             "per it. | s per it. |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for m in methods:
+        c = costs[m]
+        for it, ev, _ in curves[m]:
+            if it in (0, curves[m][-1][0]):
+                lines.append(f"| {m} | {plan['num_generations_answer'][m]} | {it} | " + " | ".join(cell(ev, k) for k in KEYS)
+                             + f" | {ev.get('confidence_parse_rate', math.nan):.2f} | {c['generated']:.0f} ± "
+                             f"{c['generated_sd']:.0f} / {c['trained']:.0f} | {c['seconds']:.0f} ± {c['seconds_sd']:.0f} |")
+    n_tasks = next((ev.get("n_tasks") for m in methods for _, ev, _ in curves[m]), None)
+    n_answers = next((ev.get("n_answers") for m in methods for _, ev, _ in curves[m]), None)
+    table = "\n".join(lines)
+    note = (f"Held-out: {n_tasks} tasks × {(n_answers or 0) // max(n_tasks or 1, 1)} answers; [95% bootstrap CI, "
+            f"{cfg.eval_bootstrap_resamples} resamples of tasks]. Iteration 0 = the shared warm-start, evaluated "
+            f"with each method's own confidence query.")
+    print(table)
+    print(note)
+    (store / f"{a.prefix}.md").write_text(table + "\n\n" + note + "\n")
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for ax, key in zip(axes, ("accuracy", "ece", "auroc")):
+        for m in methods:
+            its = [it for it, _, _ in curves[m]]
+            vals = [ev.get(key, math.nan) for _, ev, _ in curves[m]]
+            lo = [(ev.get("ci") or {}).get(key, [math.nan] * 2)[0] if (ev.get("ci") or {}).get(key) else math.nan
+                  for _, ev, _ in curves[m]]
+            hi = [(ev.get("ci") or {}).get(key, [math.nan] * 2)[1] if (ev.get("ci") or {}).get(key) else math.nan
+                  for _, ev, _ in curves[m]]
+            ax.plot(its, vals, marker="o", label=m)
+            ax.fill_between(its, lo, hi, alpha=0.15)
+        ax.set_title(f"held-out {key} (95% CI)")
+        ax.set_xlabel("iteration")
+        ax.legend()
+    fig.tight_layout()
+    png = store / f"{a.prefix}.png"
+    fig.savefig(png, dpi=100)
+    print(f"table: {store / (a.prefix + '.md')}  picture: {png}  ({(time.perf_counter() - t_start) / 60:.1f} min)")
+
+    common = sorted(set(it for it, _, _ in curves["rlcr"]) & set(it for it, _, _ in curves["rlvr"]))
+    last = common[-1] if common else None
+    ece = {m: dict((it, ev) for it, ev, _ in curves[m]).get(last, {}).get("ece", math.nan) for m in ("rlcr", "rlvr")}
+    ratio = ece["rlcr"] / ece["rlvr"] if ece["rlvr"] else math.nan
+    print(f"(at iteration {last}: ECE rlcr {ece['rlcr']:.3f}, rlvr {ece['rlvr']:.3f})")
+    print(f"methods ECE rlcr/rlvr: {ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()
