@@ -1,7 +1,7 @@
 """Does RLCR calibrate? RLVR vs one-turn RLCR vs two-turn RLCR from one warm-start (SPEC §11).
 
     python bench/methods.py [--config configs/methods.yaml] [--iterations 20] [--chunk 5] [--store DIR]
-                            [--methods rlcr,rlvr,rlcr_single] [field=value ...]
+                            [--methods rlcr,rlvr,rlcr_single] [--table-only] [field=value ...]
 
 1. One warm-start for all three methods (``sft_single_turn: true``: turn-1, turn-2 and one-turn examples),
    reused when already sealed in the store.
@@ -72,7 +72,8 @@ def calibrate_group_sizes(cfg, sft_uri: str) -> dict:
 
 
 def evaluations(cfg, run_id: str) -> list[tuple[int, dict, dict]]:
-    """(iteration, eval metrics, rollout stats) of the baseline and every evaluated committed iteration."""
+    """(iteration, eval metrics, rollout stats) of the baseline and every evaluated committed iteration; an
+    iteration's eval carries its wall time as ``seconds`` (the baseline's is not recorded)."""
     from rlcr.runs import RunStore
 
     run = RunStore.open(cfg, run_id)
@@ -82,7 +83,8 @@ def evaluations(cfg, run_id: str) -> list[tuple[int, dict, dict]]:
     for m in run.committed():
         met = run.store.read_json(run.store.rel(m["metrics_uri"]))
         if met.get("eval"):
-            out.append((m["iteration"], met["eval"], met.get("rollout", {})))
+            ev = {**met["eval"], "seconds": met["timings"].get("evaluate_s", math.nan)}
+            out.append((m["iteration"], ev, met.get("rollout", {})))
     return out
 
 
@@ -96,7 +98,7 @@ def per_iteration(cfg, run_id: str) -> dict[str, float]:
         met = run.store.read_json(run.store.rel(m["metrics_uri"]))
         gen.append(met["rollout"].get("tokens/generated", math.nan))
         trained.append(met["rollout"].get("tokens/trained", math.nan))
-        secs.append(sum(met["timings"].get(k, 0.0) for k in ("rollouts", "advantages", "update", "sync_weights")))
+        secs.append(sum(met["timings"].get(f"{k}_s", 0.0) for k in ("rollouts", "advantages", "update", "sync_weights")))
     mean = lambda xs: statistics.fmean(xs) if xs else math.nan
     spread = lambda xs: statistics.pstdev(xs) if len(xs) > 1 else math.nan
     return {"iterations": len(gen), "generated": mean(gen), "generated_sd": spread(gen), "trained": mean(trained),
@@ -117,6 +119,9 @@ def main() -> None:
     ap.add_argument("--store", default=None, help="storage_uri (default: the config's)")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--prefix", default="methods", help="run ids: <prefix>-sft, <prefix>-<method>")
+    ap.add_argument("--table-only", action="store_true",
+                    help="no training: the table, picture and headline from what the store holds (e.g. after "
+                         "running some methods further than others)")
     ap.add_argument("overrides", nargs="*", help="field=value")
     a = ap.parse_args()
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
@@ -169,11 +174,12 @@ def main() -> None:
                 if (method, it) not in seen:
                     seen.add((method, it))
                     print(f"{method:12s} it {it:3d}  " + "  ".join(f"{k} {cell(ev, k)}" for k in KEYS)
-                          + f"  n={ev.get('n_tasks')}×{ev.get('n_answers', 0) // max(ev.get('n_tasks') or 1, 1)}",
+                          + f"  n={ev.get('n_tasks')}×{ev.get('n_answers', 0) // max(ev.get('n_tasks') or 1, 1)}"
+                          + (f"  eval {ev['seconds']:.0f} s" if "seconds" in ev else ""),
                           flush=True)
 
     report_new()
-    for target in range(a.chunk, a.iterations + a.chunk, a.chunk):
+    for target in ([] if a.table_only else range(a.chunk, a.iterations + a.chunk, a.chunk)):
         target = min(target, a.iterations)
         for method in methods:
             t0 = time.perf_counter()
@@ -188,14 +194,15 @@ def main() -> None:
     curves = {m: evaluations(method_cfg(m), f"{a.prefix}-{m}") for m in methods}
     costs = {m: per_iteration(method_cfg(m), f"{a.prefix}-{m}") for m in methods}
     lines = ["| method | G_a | iteration | accuracy | ECE | Brier | AUROC | conf. parse rate | tokens generated / trained "
-             "per it. | s per it. |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "per it. | s per it. | eval s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in methods:
         c = costs[m]
         for it, ev, _ in curves[m]:
             if it in (0, curves[m][-1][0]):
                 lines.append(f"| {m} | {plan['num_generations_answer'][m]} | {it} | " + " | ".join(cell(ev, k) for k in KEYS)
                              + f" | {ev.get('confidence_parse_rate', math.nan):.2f} | {c['generated']:.0f} ± "
-                             f"{c['generated_sd']:.0f} / {c['trained']:.0f} | {c['seconds']:.0f} ± {c['seconds_sd']:.0f} |")
+                             f"{c['generated_sd']:.0f} / {c['trained']:.0f} | {c['seconds']:.0f} ± {c['seconds_sd']:.0f} | "
+                             f"{ev.get('seconds', math.nan):.0f} |")
     n_tasks = next((ev.get("n_tasks") for m in methods for _, ev, _ in curves[m]), None)
     n_answers = next((ev.get("n_answers") for m in methods for _, ev, _ in curves[m]), None)
     table = "\n".join(lines)
