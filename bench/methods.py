@@ -146,11 +146,18 @@ def main() -> None:
     store.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
 
+    plan_path = store / f"{a.prefix}-plan.json"
+    if a.table_only:  # read only: neither a warm-start nor a calibration rollout is run
+        from rlcr.runs import RunStore
+
+        sft_run = RunStore.open(cfg, f"{a.prefix}-sft")
+        if not sft_run.store.is_complete(sft_run.checkpoint_rel(0)) or not plan_path.exists():
+            ap.error(f"--table-only: no sealed warm-start '{a.prefix}-sft' or no {plan_path} in {cfg.storage_uri}; "
+                     "run the benchmark first")
     sft_uri, reused = warm_start(cfg, run_id=f"{a.prefix}-sft")
     print(f"warm-start: {sft_uri} ({'reused' if reused else 'trained'}, {time.perf_counter() - t_start:.0f} s)",
           flush=True)
 
-    plan_path = store / f"{a.prefix}-plan.json"
     if plan_path.exists():
         plan = json.loads(plan_path.read_text())
     else:
@@ -202,7 +209,7 @@ def main() -> None:
                 lines.append(f"| {m} | {plan['num_generations_answer'][m]} | {it} | " + " | ".join(cell(ev, k) for k in KEYS)
                              + f" | {ev.get('confidence_parse_rate', math.nan):.2f} | {c['generated']:.0f} ± "
                              f"{c['generated_sd']:.0f} / {c['trained']:.0f} | {c['seconds']:.0f} ± {c['seconds_sd']:.0f} | "
-                             f"{ev.get('seconds', math.nan):.0f} |")
+                             + (f"{ev['seconds']:.0f} |" if "seconds" in ev else "– |"))
     n_tasks = next((ev.get("n_tasks") for m in methods for _, ev, _ in curves[m]), None)
     n_answers = next((ev.get("n_answers") for m in methods for _, ev, _ in curves[m]), None)
     table = "\n".join(lines)
