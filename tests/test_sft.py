@@ -5,28 +5,40 @@ from pathlib import Path
 from hypothesis import given, settings, strategies as st
 
 from rlcr.rewards import parse_confidence
-from rlcr.sft import answer_trace, sft_examples, sft_rows, sft_update_config, solution_steps
+import pytest
+
+from rlcr.sft import MAX_ATTEMPTS, answer_trace, check_answer, sft_examples, sft_rows, sft_update_config, solution_steps
 from rlcr.tasks.countdown import CountdownTask, compute_score, evaluate_expression
 
 
 def test_solution_steps_and_trace():
-    assert solution_steps("(3 + 5) * 2") == ["3 + 5 = 8", "8 * 2 = 16"]
-    assert solution_steps("8 / (3 - 8 / 3)") == ["8 / 3 = 8/3", "3 - 8/3 = 1/3", "8 / 1/3 = 24"]
+    assert solution_steps("(3 + 5) * 2") == ["3+5=8", "8*2=16"]
+    assert solution_steps("8 / (3 - 8 / 3)") == ["8/3=(8/3)", "3-(8/3)=(1/3)", "8/(1/3)=24"]
     t = CountdownTask([3, 5, 2], 16, "(3 + 5) * 2")
-    trace = answer_trace(t, t.solution)
-    assert trace.startswith("<think>") and "8 * 2 = 16" in trace
+    trace = answer_trace(t, t.solution, failed=["3 + 5 + 2"])
+    assert trace == ("<think>I need 16 from [3, 5, 2]. 3+5=8. 8+2=10. 10 vs 16: no. 3+5=8. 8*2=16. 16 vs 16: yes.</think>"
+                     "\n<answer>(3 + 5) * 2</answer>")
     assert compute_score(trace, t.ground_truth) == 1.0
+    # a claimed last step (how a small model's wrong answer reads) and a trace that gives up
+    assert "5*2=10. 3+10=16. 16 vs 16: yes." in answer_trace(t, "3 + 5 * 2", claim=16)  # true value 13
+    gave_up = answer_trace(t, "3 * 5 * 2", failed=["3 + 5 + 2", "3 * 5 * 2"], gave_up=True)
+    assert gave_up.endswith("30 vs 16: no. No try reaches 16.</think>\n<answer>3 * 5 * 2</answer>")
+    with pytest.raises(ValueError):
+        answer_trace(t, "3 * 5 * 2", failed=["3 + 5 + 2"], gave_up=True)
 
 
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 10**6))
 def test_examples_are_well_formed(seed):
-    examples = sft_examples(6, seed, min_count=3, max_count=4)
+    examples = sft_examples(6, seed, min_count=2, max_count=4)
     assert [e["sample_type"] for e in examples] == ["answer", "confidence"] * 6
     for e in examples:
         task = e["task"]
-        if e["sample_type"] == "answer":
-            assert compute_score(e["completion"], task.ground_truth) == 1.0  # only correct answers are targets
+        if e["sample_type"] == "answer":  # the solver's answer after 0-2 honest misses, or 3 misses and a give-up
+            right = compute_score(e["completion"], task.ground_truth) == 1.0
+            assert right == ("No try reaches" not in e["completion"])
+            assert e["completion"].count(" vs ") <= MAX_ATTEMPTS
+            assert not right or f"{task.target} vs {task.target}: yes." in e["completion"]
         else:
             c = parse_confidence(e["completion"])
             shown = e["messages"][2]["content"]
@@ -34,6 +46,56 @@ def test_examples_are_well_formed(seed):
             equation = shown.rsplit("<answer>", 1)[1].split("</answer>")[0]
             assert evaluate_expression(equation) is not None  # wrong answers are still valid arithmetic
             assert c is not None and (c >= 0.6 if correct else c <= 0.4)
+            # the check's verdict is the scorer's, and it is stated in the analysis
+            analysis = e["completion"].split("<analysis>")[1].split("</analysis>")[0]
+            assert analysis == check_answer(task, equation)[0]
+            assert analysis.endswith(": right.") == correct
+
+
+def test_check_names_what_is_wrong():
+    """The turn-2 check re-derives the numbers used and the value, each compared side by side with what it
+    should be; it never trusts the answer's claims."""
+    t = CountdownTask([19, 8, 16], 21)
+    assert check_answer(t, "16 + (19 - 8)") == (
+        "Uses 16, 19, 8; given 19, 8, 16: each once. 19-8=11. 16+11=27. 27 vs 21: wrong.", False)
+    assert check_answer(t, "(19 - 8) + 16 - 6")[0] == "Uses 19, 8, 16, 6; given 19, 8, 16: 6 is not given."
+    assert check_answer(t, "19 + 8 - 8")[0] == "Uses 19, 8, 8; given 19, 8, 16: 8 is used 2 times."
+    assert check_answer(t, "19 + 8")[0] == "Uses 19, 8; given 19, 8, 16: 16 is not used."
+    assert check_answer(t, "8 / (19 - 19) + 16") == ("The equation divides by zero.", False)
+    assert check_answer(t, "19 ** 8") == ("The answer is not a valid equation.", False)
+    assert check_answer(t, None) == ("There is no equation in the answer.", False)
+    ok = CountdownTask([3, 5, 2], 16)
+    assert check_answer(ok, "(3 + 5) * 2") == ("Uses 3, 5, 2; given 3, 5, 2: each once. 3+5=8. 8*2=16. 16 vs 16: right.",
+                                               True)
+    assert check_answer(CountdownTask([6, 4], 2), "6 - 4")[1] is True
+
+
+def test_wrong_answers_look_like_the_models_own():
+    """Wrong answers shown in turn 2 are never right, come in every kind, and most claim the target in their
+    last attempt (as the warm-started model's own wrong answers do), so the check cannot copy the answer's
+    claim; the others give up after missing every attempt."""
+    import collections
+    import random
+
+    from rlcr.rewards import accuracy_reward
+    from rlcr.sft import WRONG_KINDS, wrong_answer
+    from rlcr.tasks.countdown import generate_tasks
+
+    rng = random.Random(0)
+    kinds, claims, gave_up, n = collections.Counter(), 0, 0, 0
+    for task in generate_tasks(400, 5, min_count=2, max_count=3, num_range=(1, 20), target_range=(1, 60)):
+        got = wrong_answer(task, rng)
+        assert got is not None
+        expression, trace = got
+        assert accuracy_reward(trace, task) == 0.0 and trace.endswith(f"<answer>{expression}</answer>")
+        verdict = check_answer(task, expression)[0]
+        kinds["value" if "each once" in verdict else "numbers"] += 1
+        n += 1
+        claims += trace.endswith(f"{task.target} vs {task.target}: yes.</think>\n<answer>{expression}</answer>")
+        gave_up += f"No try reaches {task.target}." in trace
+    assert kinds["value"] > 0.4 * n and kinds["numbers"] > 0.2 * n
+    assert claims + gave_up == n and 0.1 * n < gave_up < 0.3 * n
+    assert abs(sum(WRONG_KINDS.values()) - 1.0) < 1e-9
 
 
 def test_rows_carry_loss_on_the_whole_completion(tiny_tokenizer):
