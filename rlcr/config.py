@@ -79,6 +79,12 @@ class RLCRConfig(BaseModel):
     eval_seed: int = 1_000_003
     """Seed of the generated evaluation set (kept apart from ``seed``; candidates that are training tasks are
     skipped, so the set is fixed across runs with the same training pool)."""
+    eval_stratify_counts: bool = True
+    """Generated held-out sets hold each number count (``task_min_count`` … ``task_max_count``) in the share the
+    generator draws it (equal shares), whatever the training pool took. Without it the candidates are taken as
+    drawn, and a count with a small task space (2 numbers) is scarcer among held-out tasks than in training,
+    because the pool already holds much of it: the held-out set is then harder than the training distribution.
+    No effect with one number count or an ``eval_tasks`` file."""
     task_min_count: int = Field(3, ge=2, le=6)
     """Fewest numbers in a generated task."""
     task_max_count: int = Field(4, ge=2, le=6)

@@ -38,6 +38,23 @@ def test_demo_held_out_shares_nothing_with_training_or_sft(n_sft):
     assert sft_tasks(cfg, n_sft) == sft  # seeded
 
 
+def test_held_out_keeps_the_configured_mix_of_number_counts():
+    """A 2-/3-number mix whose small 2-number space is half taken by the training pool: the held-out set still
+    holds each count in equal shares (eval_stratify_counts), disjoint from training; taken as drawn, 2-number
+    tasks would be a third of it (a harder held-out set than the training distribution)."""
+    cfg = RLCRConfig(task_min_count=2, task_max_count=3, task_num_range=(1, 20), task_target_range=(1, 60),
+                     num_train_tasks=600, num_eval_tasks=257)
+    train, held_out = task_sets(cfg)
+    counts = Counter(len(t.nums) for t in held_out)
+    assert counts == {2: 129, 3: 128}  # the odd one goes to the smallest count
+    assert len(ids(held_out)) == 257 and not ids(held_out) & ids(train)
+    _, as_drawn = task_sets(cfg.model_copy(update={"eval_stratify_counts": False}))
+    assert Counter(len(t.nums) for t in as_drawn)[2] < 0.4 * 257
+    # one count: the same set either way
+    one = RLCRConfig(task_min_count=3, task_max_count=3, num_eval_tasks=40)
+    assert task_sets(one)[1] == task_sets(one.model_copy(update={"eval_stratify_counts": False}))[1]
+
+
 def test_sft_rows_train_on_training_tasks_only(tiny_tokenizer):
     """What run_sft trains on (sft_rows with its seed) is drawn from the run's training pool."""
     from rlcr.sft import sft_rows

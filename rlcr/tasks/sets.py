@@ -89,7 +89,8 @@ def held_out_set(cfg: RLCRConfig, train: Sequence[CountdownTask]) -> list[Countd
     From ``eval_tasks``: overlapping and repeated rows are dropped with a logged warning naming the
     counts and the file; a file with nothing left is refused. Generated: candidates are drawn from the
     ``eval_seed`` stream and those whose identity is a training task (or an earlier held-out task) are
-    skipped until ``num_eval_tasks`` are found. The set therefore depends on the training pool too.
+    skipped until ``num_eval_tasks`` are found; with ``eval_stratify_counts`` (default) a candidate is also
+    skipped once its number count has its share. The set therefore depends on the training pool too.
     """
     taken = {t.identity for t in train}
     if cfg.eval_tasks:
@@ -114,11 +115,12 @@ def held_out_set(cfg: RLCRConfig, train: Sequence[CountdownTask]) -> list[Countd
         return out
 
     n = cfg.num_eval_tasks
+    quota = _count_quota(cfg)
     limit = HELD_OUT_ATTEMPTS_PER_TASK * n + HELD_OUT_ATTEMPTS_MIN
     out, seen, overlap, repeats, attempts = [], set(), 0, 0, 0
     for task in task_candidates(cfg.eval_seed, **_generation(cfg)):
         attempts += 1
-        if task is not None:
+        if task is not None and quota.get(len(task.nums), 1) > 0:
             if task.identity in taken:
                 overlap += 1
             elif task.identity in seen:
@@ -126,6 +128,8 @@ def held_out_set(cfg: RLCRConfig, train: Sequence[CountdownTask]) -> list[Countd
             else:
                 seen.add(task.identity)
                 out.append(task)
+                if quota:
+                    quota[len(task.nums)] -= 1
                 if len(out) == n:
                     break
         if attempts >= limit:
@@ -133,11 +137,22 @@ def held_out_set(cfg: RLCRConfig, train: Sequence[CountdownTask]) -> list[Countd
                 f"could generate only {len(out)} of num_eval_tasks={n} held-out tasks apart from the {len(train)} "
                 f"training tasks in {attempts} draws ({overlap} were training tasks, {repeats} repeats): the task space is "
                 "too small for these ranges; widen task_num_range/task_target_range or lower num_train_tasks/"
-                "num_eval_tasks")
+                "num_eval_tasks" + (f" (eval_stratify_counts asks for {_count_quota(cfg)} tasks per number count; "
+                                    "false takes them as drawn)" if quota else ""))
     if overlap or repeats:
         log.info("held-out set (eval_seed %d): skipped %d generated tasks that are training tasks and %d repeats",
                  cfg.eval_seed, overlap, repeats)
     return out
+
+
+def _count_quota(cfg: RLCRConfig) -> dict[int, int]:
+    """Held-out tasks per number count with ``eval_stratify_counts`` (equal shares of ``num_eval_tasks``, the
+    remainder to the smallest counts); empty (no quota) without it or with a single count."""
+    counts = list(range(cfg.task_min_count, cfg.task_max_count + 1))
+    if not cfg.eval_stratify_counts or len(counts) == 1:
+        return {}
+    share, extra = divmod(cfg.num_eval_tasks, len(counts))
+    return {c: share + (i < extra) for i, c in enumerate(counts)}
 
 
 def task_sets(cfg: RLCRConfig) -> tuple[list[CountdownTask], list[CountdownTask]]:
