@@ -35,7 +35,7 @@ from prefect.tasks import exponential_backoff
 from rlcr import events
 from rlcr.cluster import check_cluster_fits, check_storage, ensure_ray
 from rlcr.config import ConfigError, RLCRConfig, load_config
-from rlcr.evaluate import evaluate_policy, with_ci
+from rlcr.evaluate import by_count_text, evaluate_policy, with_ci
 from rlcr.models import resolve_model
 from rlcr.rollout.engine import EnginePool
 from rlcr.rollout.pipeline import finalize_rollouts, generate_rollouts, rollout_seed
@@ -141,6 +141,7 @@ def metrics_markdown(run_id: str, iteration: int, metrics: dict[str, Any], uris:
         ("held-out ECE (10 bins) [95% CI]", with_ci(ev, "ece")),
         ("held-out Brier [95% CI]", with_ci(ev, "brier")),
         ("held-out AUROC [95% CI]", with_ci(ev, "auroc")),
+        ("held-out by number count", by_count_text(ev) or "–"),
         ("confidence parse rate", _fmt(ev.get("confidence_parse_rate"))),
         ("update loss", _fmt(upd.get("loss"))),
         ("grad norm", _fmt(upd.get("grad_norm"))),

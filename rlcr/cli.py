@@ -337,7 +337,7 @@ def evaluate(
 ):
     """Held-out accuracy, format rate and calibration (SPEC §9) of one checkpoint."""
     from flows.train import ensure_ray
-    from rlcr.evaluate import evaluate_policy, with_ci
+    from rlcr.evaluate import by_count_text, evaluate_policy, with_ci
     from rlcr.models import resolve_model
     from rlcr.rollout.engine import EnginePool
     from rlcr.runs import task_sets
@@ -354,6 +354,8 @@ def evaluate(
         table.add_row(k, _f(m.get(k)))
     for k in ("accuracy", "ece", "brier", "auroc"):
         table.add_row(k, with_ci(m, k))
+    if by_count_text(m):
+        table.add_row("by number count", by_count_text(m))
     console.print(table)
 
 

@@ -15,21 +15,48 @@ from rlcr.rollout.pipeline import build_rollout_dataset, check_prompt_lengths, t
 from rlcr.seeds import EVAL_SALT
 from rlcr.tasks.countdown import CountdownTask
 
-__all__ = ["evaluate_policy", "summarize_eval", "stated_confidences", "with_ci"]
+__all__ = ["evaluate_policy", "summarize_eval", "stated_confidences", "by_number_count", "by_count_text", "with_ci"]
 
 CI_LEVEL = 0.95
 
 
-def stated_confidences(rows: Sequence[dict[str, Any]]) -> list[tuple[Any, float, float | None]]:
-    """``(prompt_id, correct, confidence or None)`` per evaluated answer, in answer order: the confidence of
-    its (first) turn-2 confidence row, or, without turn 2 (``rlcr_single``), the one stated in the answer."""
+def _answers_with_confidence(rows: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], float | None]]:
+    """(answer row, its stated confidence or None) per evaluated answer, in answer order: the confidence of its
+    (first) turn-2 confidence row, or, without turn 2 (``rlcr_single``), the one stated in the answer."""
     answers = sorted((r for r in rows if r["sample_type"] == "answer"), key=lambda r: (r["prompt_id"], r["answer_id"]))
     turn2: dict[tuple[int, int], float | None] = {}
     for r in sorted((r for r in rows if r["sample_type"] == "confidence"), key=lambda r: r["confidence_id"] or 0):
         turn2.setdefault((r["prompt_id"], r["answer_id"]), r["confidence"])
     if turn2:
-        return [(a["prompt_id"], float(a["correct"]), turn2.get((a["prompt_id"], a["answer_id"]))) for a in answers]
-    return [(a["prompt_id"], float(a["correct"]), a.get("confidence")) for a in answers]
+        return [(a, turn2.get((a["prompt_id"], a["answer_id"]))) for a in answers]
+    return [(a, a.get("confidence")) for a in answers]
+
+
+def stated_confidences(rows: Sequence[dict[str, Any]]) -> list[tuple[Any, float, float | None]]:
+    """``(prompt_id, correct, confidence or None)`` per evaluated answer, in answer order: the confidence of
+    its (first) turn-2 confidence row, or, without turn 2 (``rlcr_single``), the one stated in the answer."""
+    return [(a["prompt_id"], float(a["correct"]), c) for a, c in _answers_with_confidence(rows)]
+
+
+def by_number_count(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per number count of the tasks (``"2"``, ``"3"``, …): answers, accuracy and, over the answers whose
+    confidence parsed, mean confidence, ECE and AUROC (None where undefined). On a mix of difficulties the
+    pooled AUROC also rewards telling easy tasks from hard ones; the AUROC within one count is what is left of
+    telling a right answer from a wrong one on the same kind of task."""
+    groups: dict[int, list[tuple[float, float | None]]] = {}
+    for a, c in _answers_with_confidence(rows):
+        groups.setdefault(len(a["nums"]), []).append((float(a["correct"]), c))
+    out = {}
+    for n, items in sorted(groups.items()):
+        pairs = [(c, y) for y, c in items if c is not None]
+        cal = calibration_metrics([c for c, _ in pairs], [y for _, y in pairs]) if pairs else {}
+        out[str(n)] = {"n_answers": len(items), "accuracy": sum(y for y, _ in items) / len(items),
+                       **{k: _finite_or_none(cal.get(k)) for k in ("mean_confidence", "ece", "auroc")}}
+    return out
+
+
+def _finite_or_none(value):
+    return None if value is None or value != value else value
 
 
 def summarize_eval(rows: Sequence[dict[str, Any]], *, n_resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
@@ -52,6 +79,7 @@ def summarize_eval(rows: Sequence[dict[str, Any]], *, n_resamples: int = 1000, s
         "accuracy_with_confidence": metrics.pop("accuracy"),
         "format_rate": sum((a["score"] or 0) > 0 for a in answers) / n if n else float("nan"),
         "confidence_parse_rate": len(pairs) / n if n else float("nan"),
+        "by_count": by_number_count(rows),
         "ci_level": CI_LEVEL,
         "ci_resamples": n_resamples,
         "ci": bootstrap_intervals([float("nan") if c is None else c for _, _, c in per_answer],
@@ -69,6 +97,16 @@ def with_ci(metrics: dict[str, Any], key: str, digits: int = 3) -> str:
     text = f"{value:.{digits}f}"
     interval = (metrics.get("ci") or {}).get(key)
     return f"{text} [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]" if interval else text
+
+
+def by_count_text(metrics: dict[str, Any]) -> str:
+    """``"2 numbers: acc 0.63, AUROC 0.74 · 3 numbers: acc 0.07, AUROC 0.64"`` from ``metrics["by_count"]``
+    (``–`` where undefined; empty when the evaluation has no breakdown)."""
+    def f(v):
+        return "–" if v is None else f"{v:.2f}"
+
+    return " · ".join(f"{n} numbers: acc {f(b['accuracy'])}, AUROC {f(b['auroc'])}"
+                      for n, b in (metrics.get("by_count") or {}).items())
 
 
 def evaluate_policy(

@@ -230,6 +230,30 @@ def test_summarize_eval_reads_each_methods_confidences(single):
     assert with_ci({"accuracy": float("nan")}, "accuracy") == "–" and with_ci({"ece": 0.25}, "ece") == "0.250"
 
 
+def test_evaluation_breaks_calibration_down_by_number_count():
+    """On a mix of difficulties a confidence that only knows 2-number tasks are easier gets a pooled AUROC of 1
+    here, yet tells right from wrong no better than chance within each count: ``by_count`` shows both."""
+    easy, hard = CountdownTask([3, 5], 8), CountdownTask([3, 5, 2], 16)
+    rows = []
+    for p, (task, right, c) in enumerate([(easy, True, 0.9), (easy, True, 0.9), (hard, False, 0.2), (hard, False, 0.2),
+                                          (easy, True, 0.9), (hard, False, 0.2)]):
+        rows.append(rollout_row("answer", task=task, prompt_id=p, answer_id=0, context_text="c", context_ids=[1],
+                                completion_text="x", completion_ids=[1], score=1.0 if right else 0.1,
+                                correct=float(right), reward=float(right)))
+        rows.append(rollout_row("confidence", task=task, prompt_id=p, answer_id=0, confidence_id=0, context_text="c",
+                                context_ids=[1], completion_text="y", completion_ids=[1], correct=float(right),
+                                reward=0.0, confidence=c))
+    m = summarize_eval(rows, n_resamples=100)
+    assert m["auroc"] == 1.0
+    assert m["by_count"] == {
+        "2": {"n_answers": 3, "accuracy": 1.0, "mean_confidence": pytest.approx(0.9), "ece": pytest.approx(0.1),
+              "auroc": None},
+        "3": {"n_answers": 3, "accuracy": 0.0, "mean_confidence": pytest.approx(0.2), "ece": pytest.approx(0.2),
+              "auroc": None}}
+    mixed = summarize_eval(rows[:4] + [dict(r, correct=0.0) for r in rows[8:10]], n_resamples=100)["by_count"]["2"]
+    assert mixed["accuracy"] == pytest.approx(2 / 3) and mixed["auroc"] == 0.5  # same confidence, both outcomes
+
+
 def test_single_turn_answer_is_scored_on_its_answer_part():
     """The extraction reads the last line (SPEC §3): the confidence after the answer must not hide it, and an
     <answer> written inside the confidence section does not count."""
