@@ -227,6 +227,12 @@ class RLCRConfig(BaseModel):
     engine_kv_cache_gib: float | None = Field(None, gt=0.0)
     """KV-cache size in GiB, overriding the memory share (``kv_cache_memory_bytes``). None: 1 GiB on CPU (enough for
     small models and saves RAM for the trainer), the memory share on GPU."""
+    engine_block_size: int | None = Field(None, ge=1)
+    """Tokens per KV-cache block (None: vLLM's default, 128 on CPU, 16 on GPU; the CPU build needs a multiple of 32).
+    vLLM's prefix cache reuses whole blocks, so smaller blocks reuse more of what prompts share: the chat
+    template and system prompt of every prompt, and the turn-1 prompt and answer inside each turn-2 prompt.
+    Measured on this CPU (SmolLM2, 256 held-out tasks, two turns): 32 instead of 128, with a 2 GiB cache, cut
+    generation from 199 s to 169 s."""
     engine_max_model_len: int = Field(1024, ge=64)
     """Engine context length (prompt + completion)."""
     engine_tensor_parallel_size: int = Field(1, ge=1)
@@ -353,6 +359,9 @@ class RLCRConfig(BaseModel):
             raise ValueError("task_num_range must hold positive numbers")
         if self.fsdp and not self.use_gpu:
             raise ValueError("fsdp requires use_gpu")
+        if self.engine_block_size is not None and not self.use_gpu and self.engine_block_size % 32:
+            raise ValueError(f"engine_block_size must be a multiple of 32 for vLLM's CPU backend (use_gpu false), "
+                             f"got {self.engine_block_size}")
         if self.train_tasks is None and self.prompts_per_iteration > self.num_train_tasks:
             raise ValueError(f"prompts_per_iteration ({self.prompts_per_iteration}) must be <= num_train_tasks "
                              f"({self.num_train_tasks}): an iteration's prompts are distinct training tasks")

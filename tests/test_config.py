@@ -39,12 +39,19 @@ def test_yaml_and_overrides(tmp_path):
         ("conf_norm_mode=prompt", "conf_norm_mode"),
         ("num_generations_answr=4", "num_generations_answr"),
         ("task_min_count=5", "task_min_count"),
+        ("engine_block_size=16", "engine_block_size"),  # vLLM's CPU backend takes multiples of 32
+        ("engine_block_size=0", "engine_block_size"),
     ],
 )
 def test_bad_values_name_the_field(override, field):
     with pytest.raises(ConfigError) as e:
         RLCRConfig.from_yaml(None, [override])
     assert field in str(e.value)
+
+
+def test_engine_block_size_is_checked_for_the_cpu_backend_only():
+    assert RLCRConfig(engine_block_size=32).engine_block_size == 32
+    assert RLCRConfig(engine_block_size=16, use_gpu=True).engine_block_size == 16  # the GPU backends take 16
 
 
 def test_bad_files(tmp_path):

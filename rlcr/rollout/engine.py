@@ -100,6 +100,8 @@ def create_engine(model_dir: str | Path, cfg, *, seed: int):
 
     kv_gib = cfg.engine_kv_cache_gib if cfg.engine_kv_cache_gib is not None else (None if has_gpu() else 1.0)
     extra = {"kv_cache_memory_bytes": int(kv_gib * 2**30)} if kv_gib is not None else {}
+    if cfg.engine_block_size is not None:
+        extra["block_size"] = cfg.engine_block_size
     with _hidden_unscannable_modules():
         return LLM(
             model=str(model_dir),
