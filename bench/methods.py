@@ -8,7 +8,7 @@
 2. Equal generated tokens per iteration: the same prompts each iteration (same seed and P) for every method,
    and each method's group size G_a chosen so that its generated tokens per prompt match two-turn ``rlcr``'s
    (G_a answers + G_a·G_c confidences). The lengths come from one calibration rollout of ``rlcr`` and
-   ``rlcr_single`` from the warm-start; the chosen G_a are kept in ``<store>/methods-plan.json`` so a
+   ``rlcr_single`` from the warm-start on the first iterations' prompts; the chosen G_a are kept in ``<store>/methods-plan.json`` so a
    resumed benchmark keeps them. Generated and trained tokens per iteration are measured and reported.
 3. The three runs advance in turns, ``--chunk`` iterations at a time (each chunk one `rlcr/train` flow run
    that resumes the method's run), evaluating on the held-out set (``num_eval_tasks`` × ``eval_samples``,
@@ -39,8 +39,12 @@ METHODS = ("rlcr", "rlvr", "rlcr_single")
 KEYS = ("accuracy", "ece", "brier", "auroc")
 
 
+CALIBRATION_ITERATIONS = 4
+"""The calibration rollout uses the prompts of this many first iterations (lengths vary with the task)."""
+
+
 def calibrate_group_sizes(cfg, sft_uri: str) -> dict:
-    """One rollout of ``rlcr`` and ``rlcr_single`` from the warm-start on iteration 1's prompts → G_a per
+    """One rollout of ``rlcr`` and ``rlcr_single`` from the warm-start on the first iterations' prompts → G_a per
     method so that generated tokens per prompt match ``rlcr``'s."""
     from flows.train import ensure_ray
     from rlcr.rollout.engine import EnginePool
@@ -49,7 +53,7 @@ def calibrate_group_sizes(cfg, sft_uri: str) -> dict:
 
     ensure_ray()
     train, _ = task_sets(cfg)
-    prompts = prompts_for_iteration(cfg, train, 1)
+    prompts = [p for k in range(1, CALIBRATION_ITERATIONS + 1) for p in prompts_for_iteration(cfg, train, k)]
     lengths: dict[str, float] = {}
     with EnginePool(cfg, sft_uri) as engines:
         for method in ("rlcr", "rlcr_single"):
@@ -109,6 +113,20 @@ def cell(ev: dict, key: str) -> str:
     from rlcr.evaluate import with_ci
 
     return with_ci(ev, key)
+
+
+def count_cell(ev: dict, n: str) -> str:
+    """``"0.63 / 0.74"``: accuracy and AUROC on the tasks of ``n`` numbers (``–`` where undefined)."""
+    b = (ev.get("by_count") or {}).get(n)
+    if not b:
+        return "–"
+    return " / ".join("–" if b.get(k) is None else f"{b[k]:.2f}" for k in ("accuracy", "auroc"))
+
+
+def by_count_text(ev: dict) -> str:
+    from rlcr.evaluate import by_count_text as text
+
+    return text(ev)
 
 
 def main() -> None:
@@ -182,7 +200,8 @@ def main() -> None:
                     seen.add((method, it))
                     print(f"{method:12s} it {it:3d}  " + "  ".join(f"{k} {cell(ev, k)}" for k in KEYS)
                           + f"  n={ev.get('n_tasks')}×{ev.get('n_answers', 0) // max(ev.get('n_tasks') or 1, 1)}"
-                          + (f"  eval {ev['seconds']:.0f} s" if "seconds" in ev else ""),
+                          + (f"  eval {ev['seconds']:.0f} s" if "seconds" in ev else "")
+                          + (f"  ({by_count_text(ev)})" if by_count_text(ev) else ""),
                           flush=True)
 
     report_new()
@@ -200,14 +219,18 @@ def main() -> None:
     # ----------------------------------------------------------------- table, picture, headline
     curves = {m: evaluations(method_cfg(m), f"{a.prefix}-{m}") for m in methods}
     costs = {m: per_iteration(method_cfg(m), f"{a.prefix}-{m}") for m in methods}
-    lines = ["| method | G_a | iteration | accuracy | ECE | Brier | AUROC | conf. parse rate | tokens generated / trained "
-             "per it. | s per it. | eval s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    counts = sorted({n for m in methods for _, ev, _ in curves[m] for n in (ev.get("by_count") or {})}, key=int)
+    lines = ["| method | G_a | iteration | accuracy | ECE | Brier | AUROC | "
+             + "".join(f"acc. / AUROC, {n} numbers | " for n in counts)
+             + "conf. parse rate | tokens generated / trained per it. | s per it. | eval s |",
+             "|---|---|---|---|---|---|---|" + "---|" * len(counts) + "---|---|---|---|"]
     for m in methods:
         c = costs[m]
         for it, ev, _ in curves[m]:
             if it in (0, curves[m][-1][0]):
                 lines.append(f"| {m} | {plan['num_generations_answer'][m]} | {it} | " + " | ".join(cell(ev, k) for k in KEYS)
-                             + f" | {ev.get('confidence_parse_rate', math.nan):.2f} | {c['generated']:.0f} ± "
+                             + " | " + "".join(f"{count_cell(ev, n)} | " for n in counts)
+                             + f"{ev.get('confidence_parse_rate', math.nan):.2f} | {c['generated']:.0f} ± "
                              f"{c['generated_sd']:.0f} / {c['trained']:.0f} | {c['seconds']:.0f} ± {c['seconds_sd']:.0f} | "
                              + (f"{ev['seconds']:.0f} |" if "seconds" in ev else "– |"))
     n_tasks = next((ev.get("n_tasks") for m in methods for _, ev, _ in curves[m]), None)
@@ -220,7 +243,7 @@ def main() -> None:
     print(note)
     (store / f"{a.prefix}.md").write_text(table + "\n\n" + note + "\n")
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4))
     for ax, key in zip(axes, ("accuracy", "ece", "auroc")):
         for m in methods:
             its = [it for it, _, _ in curves[m]]
@@ -234,6 +257,20 @@ def main() -> None:
         ax.set_title(f"held-out {key} (95% CI)")
         ax.set_xlabel("iteration")
         ax.legend()
+    ax = axes[3]  # reliability at each method's last evaluation: accuracy per confidence bin, marker area ∝ answers
+    ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--")
+    for m in methods:
+        it, ev, _ = curves[m][-1]
+        bins = [b for b in ev.get("reliability") or [] if b.get("count")]
+        ax.plot([b["mean_confidence"] for b in bins], [b["accuracy"] for b in bins], marker="o", label=f"{m} (it {it})")
+        ax.scatter([b["mean_confidence"] for b in bins], [b["accuracy"] for b in bins],
+                   s=[4 + 300 * b["count"] / max(ev.get("n", 1), 1) for b in bins], alpha=0.3)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_title("reliability at the last evaluation")
+    ax.set_xlabel("stated confidence (bin mean)")
+    ax.set_ylabel("accuracy")
+    ax.legend()
     fig.tight_layout()
     png = store / f"{a.prefix}.png"
     fig.savefig(png, dpi=100)
