@@ -161,6 +161,6 @@ def test_sft_options_override_the_configs_warm_start_settings(monkeypatch, tmp_p
                                     "sft_learning_rate=5e-5"]).exit_code == 0
     assert CliRunner().invoke(app, ["sft", store]).exit_code == 0
     (cfg, out), (over, over_out), (default, _) = seen
-    assert (cfg.sft_tasks, cfg.sft_epochs, cfg.sft_learning_rate, out) == (40, 2, 1e-4, None)  # configs/demo.yaml
+    assert (cfg.sft_tasks, cfg.sft_epochs, cfg.sft_learning_rate, out) == (60, 2, 1e-4, None)  # configs/demo.yaml
     assert (over.sft_tasks, over.sft_epochs, over.sft_learning_rate, over_out) == (5, 3, 5e-5, "o")
     assert (default.sft_tasks, default.sft_epochs) == (RLCRConfig().sft_tasks, RLCRConfig().sft_epochs)

@@ -24,7 +24,7 @@ def write_jsonl(path, rows):
 
 
 # ----------------------------------------------------------------- held-out set
-@pytest.mark.parametrize("n_sft", [40, 160])  # the demo's and bench/learning.py's warm-start sizes
+@pytest.mark.parametrize("n_sft", [60, 160])  # the demo's and bench/learning.py's warm-start sizes
 def test_demo_held_out_shares_nothing_with_training_or_sft(n_sft):
     cfg = load_config(DEMO)
     train, held_out = task_sets(cfg)

@@ -138,7 +138,7 @@ def test_sft_update_settings_come_from_the_config():
         1e-4, 2, 10, "cosine", 2)
     assert RLCRConfig().sft_tasks == 600
     demo = load_config(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml")
-    assert (demo.sft_tasks, demo.sft_epochs) == (40, 2)  # the demo's warm-start: 40 tasks × 2 epochs
+    assert (demo.sft_tasks, demo.sft_epochs) == (60, 2)  # the demo's warm-start: 60 tasks × 2 epochs
 
 
 def test_sft_objective_lowers_the_nll_of_the_targets(tiny_model_dir, tiny_tokenizer):
