@@ -299,11 +299,20 @@ def rlcr_train(
                                                                    "rollouts": manifest["rollouts_uri"]}),
                     description=f"rlcr {run_id} iteration {k}",
                 )
-                log.info("iteration %d %s: accuracy %s, ECE %s", k, "committed" if saved_uri else "staged",
-                         _fmt(metrics["eval"].get("accuracy", math.nan)), _fmt(metrics["eval"].get("ece", math.nan)))
+                log.info("iteration %d %s: %s", k, "committed" if saved_uri else "staged", _progress_line(metrics))
                 k += 1
         summary["final_checkpoint"] = run.committed()[-1]["checkpoint_uri"]
         return summary
+
+
+def _progress_line(metrics: dict) -> str:
+    """Held-out accuracy and ECE when this iteration evaluated, else the training rollout's accuracy and mean
+    confidence (labelled as such: the rollout's prompts are training prompts)."""
+    ev, ro = metrics["eval"], metrics["rollout"]
+    if ev:
+        return f"held-out accuracy {_fmt(ev.get('accuracy', math.nan))}, ECE {_fmt(ev.get('ece', math.nan))}"
+    conf = f", mean confidence {_fmt(ro['confidence/mean'])}" if "confidence/mean" in ro else ""
+    return f"rollout accuracy {_fmt(ro.get('answer/accuracy', math.nan))}{conf} (no held-out evaluation this iteration)"
 
 
 def _iteration(cfg, run, k, trainer, engines, policy, initial, train_tasks, held_out, opts, lease, staged):

@@ -129,6 +129,16 @@ def test_artifact_keys_follow_prefects_rule_and_stay_distinct():
     assert len(set(keys)) == len(keys)
 
 
+def test_progress_line_shows_held_out_figures_or_says_it_has_none():
+    from flows.train import _progress_line
+
+    assert _progress_line({"eval": {"accuracy": 0.25, "ece": 0.125}, "rollout": {"answer/accuracy": 0.5}}) == \
+        "held-out accuracy 0.25, ECE 0.125"
+    line = _progress_line({"eval": {}, "rollout": {"answer/accuracy": 0.375, "confidence/mean": 0.5}})
+    assert line == "rollout accuracy 0.375, mean confidence 0.5 (no held-out evaluation this iteration)"
+    assert "nan" not in _progress_line({"eval": {}, "rollout": {"answer/accuracy": 0.5}})  # rlvr: no confidences
+
+
 @pytest.mark.parametrize("bad", ["../../x", "a/b", ".."])
 def test_escaping_run_id_fails_before_any_work(prefect_harness, tmp_path, bad):
     from flows.train import rlcr_train
