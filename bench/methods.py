@@ -1,7 +1,8 @@
 """Does RLCR calibrate? RLVR vs one-turn RLCR vs two-turn RLCR from one warm-start (SPEC §11).
 
     python bench/methods.py [--config configs/methods.yaml] [--iterations 20] [--chunk 5] [--store DIR]
-                            [--methods rlcr,rlvr,rlcr_single] [--table-only] [field=value ...]
+                            [--methods rlcr,rlvr,rlcr_single] [--variant NAME] [--table-only]
+                            [field=value ...] [method:field=value ...]
 
 1. One warm-start for all three methods (``sft_single_turn: true``: turn-1, turn-2 and one-turn examples),
    reused when already sealed in the store.
@@ -14,6 +15,12 @@
    that resumes the method's run), evaluating on the held-out set (``num_eval_tasks`` × ``eval_samples``,
    disjoint from the training pool and the warm-start) at every chunk end, so a stopped benchmark still has
    comparable curves. Re-running continues where it stopped.
+
+``--variant NAME`` runs the methods again with other settings (the overrides) from the same warm-start and group
+sizes: run ids ``<prefix>-<method>-NAME``, outputs ``<prefix>-NAME.md/png``. ``method:field=value`` applies to that
+method only (``lambda_conf`` weighs rlcr's confidence loss but rlcr_single's Brier reward). E.g. centred-only
+advantages, which keep the Brier score proper:
+``--variant proper --chunk 10 scale_by_std=false rlcr:lambda_conf=10``.
 
 Prints each evaluation as it lands, then the table (accuracy, ECE, Brier, AUROC with 95% bootstrap CIs over
 tasks; tokens and seconds per iteration), writes ``methods.md`` and ``methods.png`` to the store, and ends
@@ -129,6 +136,24 @@ def by_count_text(ev: dict) -> str:
     return text(ev)
 
 
+def split_overrides(ap, overrides: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """``field=value`` → every method; ``method:field=value`` → that method only."""
+    shared: list[str] = []
+    per_method: dict[str, list[str]] = {}
+    for o in overrides:
+        head, eq, _ = o.partition("=")
+        if not eq:
+            ap.error(f"override {o!r}: expected field=value or method:field=value")
+        if ":" in head:
+            method, _, field = head.partition(":")
+            if method not in METHODS:
+                ap.error(f"override {o!r}: unknown method {method!r} (one of {', '.join(METHODS)})")
+            per_method.setdefault(method, []).append(o.partition(":")[2])
+        else:
+            shared.append(o)
+    return shared, per_method
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="configs/methods.yaml")
@@ -137,6 +162,8 @@ def main() -> None:
     ap.add_argument("--store", default=None, help="storage_uri (default: the config's)")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--prefix", default="methods", help="run ids: <prefix>-sft, <prefix>-<method>")
+    ap.add_argument("--variant", default="", help="run ids <prefix>-<method>-VARIANT: the methods with other settings "
+                                                  "from the same warm-start and group sizes")
     ap.add_argument("--table-only", action="store_true",
                     help="no training: the table, picture and headline from what the store holds (e.g. after "
                          "running some methods further than others)")
@@ -158,7 +185,15 @@ def main() -> None:
     from rlcr.config import load_config
     from rlcr.sft import warm_start
 
-    overrides = list(a.overrides) + ([f"storage_uri={a.store}"] if a.store else [])
+    shared, per_method = split_overrides(ap, a.overrides)
+    if a.variant and not all(c.isalnum() or c in "_." for c in a.variant):
+        ap.error(f"--variant {a.variant!r}: letters, digits, '_' and '.' only (it names runs and files)")
+    overrides = shared + ([f"storage_uri={a.store}"] if a.store else [])
+    out_name = f"{a.prefix}-{a.variant}" if a.variant else a.prefix
+
+    def run_id(method: str) -> str:
+        return f"{a.prefix}-{method}" + (f"-{a.variant}" if a.variant else "")
+
     cfg = load_config(a.config, [*overrides, "sft_single_turn=true", f"eval_every={a.chunk}"])
     store = Path(cfg.storage_uri) if "://" not in cfg.storage_uri else Path(".")
     store.mkdir(parents=True, exist_ok=True)
@@ -186,7 +221,8 @@ def main() -> None:
 
     def method_overrides(method: str) -> list[str]:
         return [*overrides, f"model={sft_uri}", f"method={method}", f"eval_every={a.chunk}",
-                f"num_generations_answer={plan['num_generations_answer'][method]}", f"save_every={a.chunk}"]
+                f"num_generations_answer={plan['num_generations_answer'][method]}", f"save_every={a.chunk}",
+                *per_method.get(method, [])]
 
     def method_cfg(method: str):
         return load_config(a.config, method_overrides(method))
@@ -195,7 +231,7 @@ def main() -> None:
 
     def report_new() -> None:
         for method in methods:
-            for it, ev, _ in evaluations(method_cfg(method), f"{a.prefix}-{method}"):
+            for it, ev, _ in evaluations(method_cfg(method), run_id(method)):
                 if (method, it) not in seen:
                     seen.add((method, it))
                     print(f"{method:12s} it {it:3d}  " + "  ".join(f"{k} {cell(ev, k)}" for k in KEYS)
@@ -209,7 +245,7 @@ def main() -> None:
         target = min(target, a.iterations)
         for method in methods:
             t0 = time.perf_counter()
-            rlcr_train(config=a.config, overrides=method_overrides(method), run_id=f"{a.prefix}-{method}",
+            rlcr_train(config=a.config, overrides=method_overrides(method), run_id=run_id(method),
                        iterations=target)
             print(f"{method}: through iteration {target} ({time.perf_counter() - t0:.0f} s)", flush=True)
             report_new()
@@ -217,8 +253,11 @@ def main() -> None:
             break
 
     # ----------------------------------------------------------------- table, picture, headline
-    curves = {m: evaluations(method_cfg(m), f"{a.prefix}-{m}") for m in methods}
-    costs = {m: per_iteration(method_cfg(m), f"{a.prefix}-{m}") for m in methods}
+    curves = {m: evaluations(method_cfg(m), run_id(m)) for m in methods}
+    costs = {m: per_iteration(method_cfg(m), run_id(m)) for m in methods}
+    # the last iteration every method has evaluated: the headline and the table compare there
+    common = sorted(set.intersection(*(set(it for it, _, _ in curves[m]) for m in methods)))
+    last_common = common[-1] if common else None
     counts = sorted({n for m in methods for _, ev, _ in curves[m] for n in (ev.get("by_count") or {})}, key=int)
     lines = ["| method | G_a | iteration | accuracy | ECE | Brier | AUROC | "
              + "".join(f"acc. / AUROC, {n} numbers | " for n in counts)
@@ -227,7 +266,7 @@ def main() -> None:
     for m in methods:
         c = costs[m]
         for it, ev, _ in curves[m]:
-            if it in (0, curves[m][-1][0]):
+            if it in (0, last_common, curves[m][-1][0]):
                 lines.append(f"| {m} | {plan['num_generations_answer'][m]} | {it} | " + " | ".join(cell(ev, k) for k in KEYS)
                              + " | " + "".join(f"{count_cell(ev, n)} | " for n in counts)
                              + f"{ev.get('confidence_parse_rate', math.nan):.2f} | {c['generated']:.0f} ± "
@@ -238,10 +277,11 @@ def main() -> None:
     table = "\n".join(lines)
     note = (f"Held-out: {n_tasks} tasks × {(n_answers or 0) // max(n_tasks or 1, 1)} answers; [95% bootstrap CI, "
             f"{cfg.eval_bootstrap_resamples} resamples of tasks]. Iteration 0 = the shared warm-start, evaluated "
-            f"with each method's own confidence query.")
+            f"with each method's own confidence query."
+            + (f" Variant '{a.variant}' of {a.config}: {' '.join(a.overrides)}." if a.variant else ""))
     print(table)
     print(note)
-    (store / f"{a.prefix}.md").write_text(table + "\n\n" + note + "\n")
+    (store / f"{out_name}.md").write_text(table + "\n\n" + note + "\n")
 
     fig, axes = plt.subplots(1, 4, figsize=(20, 4))
     for ax, key in zip(axes, ("accuracy", "ece", "auroc")):
@@ -259,7 +299,7 @@ def main() -> None:
         ax.legend()
     ax = axes[3]  # reliability at each method's last evaluation: accuracy per confidence bin, marker area ∝ answers
     ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--")
-    for m in methods:
+    for m in (m for m in methods if curves[m]):
         it, ev, _ = curves[m][-1]
         bins = [b for b in ev.get("reliability") or [] if b.get("count")]
         ax.plot([b["mean_confidence"] for b in bins], [b["accuracy"] for b in bins], marker="o", label=f"{m} (it {it})")
@@ -272,9 +312,9 @@ def main() -> None:
     ax.set_ylabel("accuracy")
     ax.legend()
     fig.tight_layout()
-    png = store / f"{a.prefix}.png"
+    png = store / f"{out_name}.png"
     fig.savefig(png, dpi=100)
-    print(f"table: {store / (a.prefix + '.md')}  picture: {png}  ({(time.perf_counter() - t_start) / 60:.1f} min)")
+    print(f"table: {store / (out_name + '.md')}  picture: {png}  ({(time.perf_counter() - t_start) / 60:.1f} min)")
 
     common = sorted(set(it for it, _, _ in curves["rlcr"]) & set(it for it, _, _ in curves["rlvr"]))
     last = common[-1] if common else None
