@@ -23,7 +23,8 @@ advantages, which keep the Brier score proper:
 ``--variant proper --chunk 10 scale_by_std=false rlcr:lambda_conf=10``.
 
 Prints each evaluation as it lands, then the table (accuracy, ECE, Brier, AUROC with 95% bootstrap CIs over
-tasks; tokens and seconds per iteration), writes ``methods.md`` and ``methods.png`` to the store, and ends
+tasks; tokens and seconds per iteration; where the runs kept per-answer evaluation rows, rlcr minus each other
+method at the last common evaluation with paired bootstrap CIs, as ``rlcr compare``), writes ``methods.md`` and ``methods.png`` to the store, and ends
 with ``methods ECE rlcr/rlvr: X`` (the ratio of the two methods' ECE at the last common evaluation).
 """
 
@@ -134,6 +135,30 @@ def by_count_text(ev: dict) -> str:
     from rlcr.evaluate import by_count_text as text
 
     return text(ev)
+
+
+def paired_lines(methods, method_cfg, run_id, iteration) -> list[str]:
+    """Markdown rows of rlcr − other at ``iteration``, paired on the same held-out tasks (where both
+    evaluations kept their per-answer rows)."""
+    from rlcr.evaluate import compare_evaluations, difference_text
+    from rlcr.runs import RunStore
+
+    if iteration is None:
+        return []
+    rows = {m: RunStore.open(method_cfg(m), run_id(m)).eval_records(iteration) for m in methods}
+    out = []
+    for other in (m for m in methods if m != "rlcr"):
+        if rows["rlcr"] is None or rows[other] is None:
+            continue
+        cfg = method_cfg(other)
+        cmp = compare_evaluations(rows["rlcr"], rows[other], n_resamples=cfg.eval_bootstrap_resamples,
+                                  seed=cfg.eval_seed)
+        if not out:
+            out = [f"Paired on the same held-out tasks at iteration {iteration} [paired 95% bootstrap CI over tasks]:",
+                   "", "| difference | tasks | accuracy | ECE | Brier | AUROC |", "|---|---|---|---|---|---|"]
+        out.append(f"| rlcr − {other} | {cmp['n_tasks']} | "
+                   + " | ".join(difference_text(cmp, k) for k in KEYS) + " |")
+    return out
 
 
 def split_overrides(ap, overrides: list[str]) -> tuple[list[str], dict[str, list[str]]]:
@@ -275,6 +300,9 @@ def main() -> None:
     n_tasks = next((ev.get("n_tasks") for m in methods for _, ev, _ in curves[m]), None)
     n_answers = next((ev.get("n_answers") for m in methods for _, ev, _ in curves[m]), None)
     table = "\n".join(lines)
+    paired = paired_lines(methods, method_cfg, run_id, last_common)
+    if paired:
+        table += "\n\n" + "\n".join(paired)
     note = (f"Held-out: {n_tasks} tasks × {(n_answers or 0) // max(n_tasks or 1, 1)} answers; [95% bootstrap CI, "
             f"{cfg.eval_bootstrap_resamples} resamples of tasks]. Iteration 0 = the shared warm-start, evaluated "
             f"with each method's own confidence query."

@@ -39,6 +39,7 @@ from rlcr.evaluate import by_count_text, evaluate_policy, with_ci
 from rlcr.models import resolve_model
 from rlcr.rollout.engine import EnginePool
 from rlcr.rollout.pipeline import finalize_rollouts, generate_rollouts, rollout_seed
+from rlcr.rollout.records import rows_to_table
 from rlcr.runs import RunLease, RunStore, new_run_id, prompts_for_iteration, task_sets
 from rlcr.storage import validate_run_id
 from rlcr.train.trainer import PolicyTrainer, StateLost
@@ -142,6 +143,7 @@ def metrics_markdown(run_id: str, iteration: int, metrics: dict[str, Any], uris:
         ("held-out Brier [95% CI]", with_ci(ev, "brier")),
         ("held-out AUROC [95% CI]", with_ci(ev, "auroc")),
         ("held-out by number count", by_count_text(ev) or "–"),
+        ("held-out per-answer rows", ev.get("records_uri") or "–"),
         ("confidence parse rate", _fmt(ev.get("confidence_parse_rate"))),
         ("update loss", _fmt(upd.get("loss"))),
         ("grad norm", _fmt(upd.get("grad_norm"))),
@@ -196,11 +198,15 @@ def sync_weights_task(engines, weights, version, iteration):
 
 
 @task(name="evaluate")
-def evaluate_task(cfg, held_out, policy, iteration, engines, tokenizer_uri):
-    """Held-out accuracy and calibration (SPEC §9) of the policy the engines hold."""
+def evaluate_task(cfg, run, held_out, policy, iteration, engines, tokenizer_uri):
+    """Held-out accuracy and calibration (SPEC §9) of the policy the engines hold; its per-answer rows go to
+    ``run.eval_records_rel(iteration)`` (``records_uri`` in the metrics) for paired comparisons."""
     _started("evaluate" if iteration else "baseline", iteration)
-    metrics, _ = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=iteration, engines=engines,
-                                 tokenizer_uri=tokenizer_uri)
+    metrics, rows = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=iteration, engines=engines,
+                                    tokenizer_uri=tokenizer_uri)
+    for r in rows:
+        r["run_id"] = run.run_id
+    metrics["records_uri"] = run.store.write_parquet(run.eval_records_rel(iteration), rows_to_table(rows))
     return metrics
 
 
@@ -269,7 +275,7 @@ def rlcr_train(
         opts = _opts(cfg)
         with EnginePool(cfg, saved) as engines, PolicyTrainer(cfg, policy_uri=saved, restore=bool(done)) as trainer:
             if not done and cfg.eval_every and not run.store.exists(run.baseline_rel):
-                baseline = evaluate_task.with_options(**opts)(cfg, held_out, saved, 0, engines, initial)
+                baseline = evaluate_task.with_options(**opts)(cfg, run, held_out, saved, 0, engines, initial)
                 run.store.write_json(run.baseline_rel, {"policy_uri": saved, "eval": baseline})
             policy, staged, rewinds = saved, [], 0
             k = len(done) + 1
@@ -343,7 +349,7 @@ def _iteration(cfg, run, k, trainer, engines, policy, initial, train_tasks, held
     ev: dict[str, Any] = {}
     if cfg.eval_every and (k % cfg.eval_every == 0 or k == cfg.iterations):
         with timed_stage("evaluate", k, t) as fig:
-            ev = evaluate_task.with_options(**opts)(cfg, held_out, version, k, engines, initial)
+            ev = evaluate_task.with_options(**opts)(cfg, run, held_out, version, k, engines, initial)
             fig.update({"accuracy": ev.get("accuracy"), "ECE": ev.get("ece")})
     save = k % cfg.save_every == 0 or k == cfg.iterations
     metrics = {"rollout": rollout.stats, "update": update.metrics, "eval": ev,

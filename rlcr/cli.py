@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
@@ -333,6 +334,8 @@ def _sft_overrides(tasks: Optional[int], epochs: Optional[int]) -> list[str]:
 def evaluate(
     config: Optional[str] = typer.Option(None, help="YAML config file."),
     checkpoint: Optional[str] = typer.Option(None, help="Checkpoint URI (default: the config's model)."),
+    records: Optional[Path] = typer.Option(None, help="Also write the per-answer rows to this new Parquet file "
+                                                      "(for `rlcr compare`)."),
     overrides: list[str] = typer.Argument(None, help="field=value overrides."),
 ):
     """Held-out accuracy, format rate and calibration (SPEC §9) of one checkpoint."""
@@ -343,12 +346,26 @@ def evaluate(
     from rlcr.runs import task_sets
 
     cfg = _config(config, overrides or [])
+    if records is not None and (records.exists() or records.suffix != ".parquet"):
+        raise typer.BadParameter(f"{records}: " + ("exists; rows are never overwritten" if records.exists()
+                                                   else "expected a .parquet file name"), param_hint="--records")
     policy = checkpoint or resolve_model(cfg.model)
     _, held_out = task_sets(cfg)
     ensure_ray()
     with _step(f"evaluating {policy} on {len(held_out)} held-out tasks"):
         with EnginePool(cfg, policy) as engines:
-            m, _ = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=0, engines=engines)
+            m, rows = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=0, engines=engines)
+    if records is not None:
+        import pyarrow.parquet as pq
+
+        from rlcr.rollout.records import rows_to_table
+
+        records.parent.mkdir(parents=True, exist_ok=True)
+        tmp = records.with_name(f".{records.name}.tmp")
+        pq.write_table(rows_to_table(rows), tmp)
+        os.link(tmp, records)  # create-only: fails rather than replace a file written meanwhile
+        tmp.unlink()
+        console.print(f"per-answer rows: {records}")
     table = Table(title=f"held-out evaluation of {policy} (method {cfg.method}; [95% bootstrap CI over tasks])")
     for k in ("n_tasks", "n_answers", "format_rate", "confidence_parse_rate", "mean_confidence"):
         table.add_row(k, _f(m.get(k)))
@@ -356,6 +373,71 @@ def evaluate(
         table.add_row(k, with_ci(m, k))
     if by_count_text(m):
         table.add_row("by number count", by_count_text(m))
+    console.print(table)
+
+
+def _evaluated_iterations(run) -> list[int]:
+    """Iterations of a run (0: its initial policy) whose held-out evaluation kept per-answer rows."""
+    its = [0] + [m["iteration"] for m in run.committed()]
+    return [k for k in its if run.store.exists(run.eval_records_rel(k))]
+
+
+@app.command()
+def compare(
+    run_a: str = typer.Argument(..., help="Run A (the difference is A minus B), or a .parquet file of "
+                                          "`rlcr eval --records`."),
+    run_b: str = typer.Argument(..., help="Run B, or a .parquet file."),
+    iteration: Optional[int] = typer.Option(None, help="Iteration of both runs (0: their initial policies); "
+                                                       "default: the last one both evaluated."),
+    config: Optional[str] = typer.Option(None, help="YAML config file (for storage_uri)."),
+    overrides: list[str] = typer.Argument(None, help="field=value overrides."),
+):
+    """Two runs' held-out evaluations, paired on the same tasks: A − B in accuracy, ECE, Brier and AUROC with
+    paired bootstrap 95% intervals over tasks (SPEC §11)."""
+    from rlcr.evaluate import compare_evaluations, difference_text
+    from rlcr.runs import RunStore
+    from rlcr.storage import validate_run_id
+
+    cfg = _config(config, overrides or [])
+    sides = (run_a, run_b)
+    files = [s.endswith(".parquet") for s in sides]
+    runs = [None if f else RunStore.open(cfg, validate_run_id(s)) for s, f in zip(sides, files)]
+    if iteration is None and not all(files):
+        its = [set(_evaluated_iterations(r)) for r in runs if r is not None]
+        common = sorted(set.intersection(*its))
+        if not common:
+            raise typer.BadParameter(f"{' and '.join(repr(r.run_id) for r in runs if r)} kept per-answer "
+                                     "held-out rows for no common iteration", param_hint="RUN_A/RUN_B")
+        iteration = common[-1]
+    rows = []
+    for side, run in zip(sides, runs):
+        if run is None:
+            if not Path(side).is_file():
+                raise typer.BadParameter(f"{side}: no such file", param_hint="RUN_A/RUN_B")
+            from rlcr.rollout.records import table_to_rows
+            import pyarrow.parquet as pq
+
+            rows.append(table_to_rows(pq.read_table(side)))
+            continue
+        r = run.eval_records(iteration)
+        if r is None:
+            raise typer.BadParameter(f"run {run.run_id!r} kept no held-out rows for iteration {iteration} "
+                                     f"(it has them for {_evaluated_iterations(run) or 'none'})",
+                                     param_hint="--iteration")
+        rows.append(r)
+    try:
+        cmp = compare_evaluations(rows[0], rows[1], n_resamples=cfg.eval_bootstrap_resamples, seed=cfg.eval_seed)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="RUN_A/RUN_B") from e
+    where = f" at iteration {iteration}" if iteration is not None and not all(files) else ""
+    table = Table(title=f"{run_a} − {run_b}{where}: {cmp['n_tasks']} shared held-out tasks "
+                        "[paired 95% bootstrap CI]")
+    table.add_column("metric")
+    table.add_column("A − B")
+    table.add_column("resolved")
+    for k in ("accuracy", "ece", "brier", "auroc"):
+        ci = cmp["differences"][k]["ci"]
+        table.add_row(k, difference_text(cmp, k), "–" if not ci else ("yes" if ci[0] > 0 or ci[1] < 0 else "no"))
     console.print(table)
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from rlcr.config import RLCRConfig
-from rlcr.metrics import bootstrap_intervals, calibration_metrics
+from rlcr.metrics import bootstrap_intervals, calibration_metrics, paired_bootstrap_differences
 from rlcr.rollout.pipeline import build_rollout_dataset, check_prompt_lengths, to_records
 from rlcr.seeds import EVAL_SALT
 from rlcr.tasks.countdown import CountdownTask
 
-__all__ = ["evaluate_policy", "summarize_eval", "stated_confidences", "by_number_count", "by_count_text", "with_ci"]
+__all__ = ["evaluate_policy", "summarize_eval", "stated_confidences", "by_number_count", "by_count_text", "with_ci",
+           "compare_evaluations", "difference_text"]
 
 CI_LEVEL = 0.95
 
@@ -87,6 +88,32 @@ def summarize_eval(rows: Sequence[dict[str, Any]], *, n_resamples: int = 1000, s
                                   n_resamples=n_resamples, level=CI_LEVEL, seed=seed),
     })
     return metrics
+
+
+def compare_evaluations(rows_a: Sequence[dict[str, Any]], rows_b: Sequence[dict[str, Any]], *,
+                        n_resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """A minus B on the held-out tasks both evaluated (accuracy, ECE, Brier, AUROC), with paired bootstrap
+    95% intervals over tasks (:func:`rlcr.metrics.paired_bootstrap_differences`). Tasks are matched by
+    ``prompt_id``; raises ``ValueError`` naming the first ``prompt_id`` whose numbers or target differ
+    between the two (evaluations of different held-out sets cannot be paired)."""
+    def tasks(rows):
+        return {r["prompt_id"]: (tuple(r["nums"]), r["target"]) for r in rows if r["sample_type"] == "answer"}
+
+    ta, tb = tasks(rows_a), tasks(rows_b)
+    for pid in sorted(set(ta) & set(tb)):
+        if ta[pid] != tb[pid]:
+            raise ValueError(f"prompt_id {pid}: task {ta[pid]} in A but {tb[pid]} in B — not the same held-out set")
+    return paired_bootstrap_differences(stated_confidences(rows_a), stated_confidences(rows_b),
+                                        n_resamples=n_resamples, level=CI_LEVEL, seed=seed)
+
+
+def difference_text(comparison: dict[str, Any], key: str, digits: int = 3) -> str:
+    """``"-0.048 [-0.090, -0.007]"``: one difference of :func:`compare_evaluations` with its interval."""
+    d = comparison["differences"][key]
+    if d["difference"] is None:
+        return "–"
+    ci = d["ci"]
+    return f"{d['difference']:+.{digits}f}" + (f" [{ci[0]:+.{digits}f}, {ci[1]:+.{digits}f}]" if ci else "")
 
 
 def with_ci(metrics: dict[str, Any], key: str, digits: int = 3) -> str:

@@ -11,7 +11,7 @@ from typing import Sequence
 import numpy as np
 
 __all__ = ["accuracy", "brier", "ece", "auroc", "reliability_bins", "calibration_metrics", "bootstrap_intervals",
-           "CI_METRICS"]
+           "paired_bootstrap_differences", "CI_METRICS"]
 
 
 def _arrays(conf: Sequence[float], correct: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
@@ -124,10 +124,7 @@ def bootstrap_intervals(
     estimates. Returns ``{metric: [low, high]}`` (``None`` where no resample defines it: AUROC needs both
     classes).
     """
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
-    if n_resamples < 1:
-        raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
+    _check_level(level, n_resamples)
     c = np.asarray(conf, dtype=float)
     y = np.asarray(correct, dtype=float)
     if not (c.shape == y.shape == (len(groups),)):
@@ -140,16 +137,90 @@ def bootstrap_intervals(
     draws: dict[str, list[float]] = {m: [] for m in CI_METRICS}
     for _ in range(n_resamples if len(keys) else 0):
         rows = np.concatenate([members[g] for g in rng.integers(0, len(keys), size=len(keys))])
-        draws["accuracy"].append(float(y[rows].mean()))
-        rows = rows[has_conf[rows]]
-        if rows.size:
-            cs, ys = c[rows], y[rows]
-            draws["brier"].append(float(np.mean((cs - ys) ** 2)))
-            draws["ece"].append(ece(cs, ys, n_bins))
-            draws["auroc"].append(auroc(cs, ys))
-    tail = (1 - level) / 2 * 100
-    out: dict[str, list[float] | None] = {}
-    for m in CI_METRICS:
-        vals = np.asarray([v for v in draws[m] if not math.isnan(v)], dtype=float)
-        out[m] = [float(np.percentile(vals, tail)), float(np.percentile(vals, 100 - tail))] if vals.size else None
+        for m, v in _subset_metrics(c, y, rows, n_bins).items():
+            draws[m].append(v)
+    return {m: _percentile_interval(draws[m], level) for m in CI_METRICS}
+
+
+def _check_level(level: float, n_resamples: int) -> None:
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    if n_resamples < 1:
+        raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
+
+
+def _subset_metrics(c: np.ndarray, y: np.ndarray, rows: np.ndarray, n_bins: int) -> dict[str, float]:
+    """Accuracy over the answers ``rows``; Brier, ECE and AUROC over those of them with a confidence (NaN
+    where none has one)."""
+    out = {"accuracy": float(y[rows].mean()) if rows.size else math.nan}
+    rows = rows[np.isfinite(c[rows])]
+    cs, ys = c[rows], y[rows]
+    out.update({"brier": float(np.mean((cs - ys) ** 2)) if rows.size else math.nan,
+                "ece": ece(cs, ys, n_bins) if rows.size else math.nan,
+                "auroc": auroc(cs, ys) if rows.size else math.nan})
     return out
+
+
+def _percentile_interval(values: Sequence[float], level: float) -> list[float] | None:
+    vals = np.asarray([v for v in values if not math.isnan(v)], dtype=float)
+    tail = (1 - level) / 2 * 100
+    return [float(np.percentile(vals, tail)), float(np.percentile(vals, 100 - tail))] if vals.size else None
+
+
+def paired_bootstrap_differences(
+    a: Sequence[tuple[object, float, float]],
+    b: Sequence[tuple[object, float, float]],
+    *,
+    n_resamples: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+    n_bins: int = 10,
+) -> dict[str, object]:
+    """Metric of ``a`` minus metric of ``b`` on the tasks both evaluated, with a paired percentile bootstrap
+    interval (SPEC §11): each resample draws tasks with replacement and scores *both* evaluations on the same
+    draw, so the variation that comes from which tasks are easy cancels out of the difference.
+
+    ``a``/``b``: one ``(task, correct, confidence or NaN)`` per evaluated answer. Tasks that only one side
+    evaluated are left out (``n_tasks`` counts the shared ones). Returns ``{"n_tasks", "level",
+    "differences": {metric: {"difference", "ci"}}}``; a difference whose interval excludes 0 is resolved at
+    ``level``. Raises ``ValueError`` when the two share no task.
+    """
+    _check_level(level, n_resamples)
+
+    def arrays(side):
+        groups = [str(g) for g, _, _ in side]
+        y = np.asarray([float(v) for _, v, _ in side], dtype=float)
+        c = np.asarray([math.nan if v is None else float(v) for _, _, v in side], dtype=float)
+        _arrays(c[np.isfinite(c)], y[np.isfinite(c)])
+        return groups, y, c
+
+    ga, ya, ca = arrays(a)
+    gb, yb, cb = arrays(b)
+    shared = sorted(set(ga) & set(gb))
+    if not shared:
+        raise ValueError("the two evaluations share no task: nothing to pair")
+    index = {k: i for i, k in enumerate(shared)}
+    members_a, members_b = [[] for _ in shared], [[] for _ in shared]
+    for i, g in enumerate(ga):
+        if g in index:
+            members_a[index[g]].append(i)
+    for i, g in enumerate(gb):
+        if g in index:
+            members_b[index[g]].append(i)
+    members_a = [np.asarray(m, dtype=int) for m in members_a]
+    members_b = [np.asarray(m, dtype=int) for m in members_b]
+
+    def difference(draw) -> dict[str, float]:
+        ma = _subset_metrics(ca, ya, np.concatenate([members_a[g] for g in draw]), n_bins)
+        mb = _subset_metrics(cb, yb, np.concatenate([members_b[g] for g in draw]), n_bins)
+        return {m: ma[m] - mb[m] for m in CI_METRICS}
+
+    point = difference(range(len(shared)))
+    rng = np.random.default_rng(seed)
+    draws: dict[str, list[float]] = {m: [] for m in CI_METRICS}
+    for _ in range(n_resamples):
+        for m, v in difference(rng.integers(0, len(shared), size=len(shared))).items():
+            draws[m].append(v)
+    return {"n_tasks": len(shared), "level": level,
+            "differences": {m: {"difference": None if math.isnan(point[m]) else point[m],
+                                "ci": _percentile_interval(draws[m], level)} for m in CI_METRICS}}

@@ -115,6 +115,19 @@ class RunStore:
         """Held-out evaluation of the initial policy (before iteration 1)."""
         return f"{self.prefix}/baseline.json"
 
+    def eval_records_rel(self, iteration: int) -> str:
+        """Per-answer rows of the held-out evaluation after iteration k (k = 0: of the initial policy, beside
+        ``baseline.json``), for paired comparisons (:func:`rlcr.evaluate.compare_evaluations`)."""
+        return f"{self.prefix}/baseline-eval.parquet" if iteration == 0 else f"{self.iteration_dir(iteration)}/eval.parquet"
+
+    def eval_records(self, iteration: int) -> list[dict[str, Any]] | None:
+        """The per-answer held-out rows after iteration k (0: the initial policy); None where that evaluation
+        kept none (no evaluation, or a run from before rows were kept)."""
+        from rlcr.rollout.records import table_to_rows
+
+        rel = self.eval_records_rel(iteration)
+        return table_to_rows(self.store.read_parquet(rel)) if self.store.exists(rel) else None
+
     def manifest_rel(self, iteration: int) -> str:
         return f"{self.iteration_dir(iteration)}/manifest.json"
 

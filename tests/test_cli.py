@@ -164,3 +164,64 @@ def test_sft_options_override_the_configs_warm_start_settings(monkeypatch, tmp_p
     assert (cfg.sft_tasks, cfg.sft_epochs, cfg.sft_learning_rate, out) == (60, 2, 1e-4, None)  # configs/demo.yaml
     assert (over.sft_tasks, over.sft_epochs, over.sft_learning_rate, over_out) == (5, 3, 5e-5, "o")
     assert (default.sft_tasks, default.sft_epochs) == (RLCRConfig().sft_tasks, RLCRConfig().sft_epochs)
+
+
+def says(output: str, message: str) -> bool:
+    """Whether a CLI error box holds ``message``, wherever rich broke its lines (spaces ignored)."""
+    squeeze = lambda t: "".join(t.replace("│", "").split())
+    return squeeze(message) in squeeze(output)
+
+
+def test_compare_pairs_two_runs_evaluations_on_the_same_tasks(tmp_path):
+    """`rlcr compare A B`: A − B from the per-answer rows the flow keeps, at the last iteration both evaluated;
+    a run without rows is refused by name."""
+    from typer.testing import CliRunner
+
+    from rlcr.cli import app
+    from rlcr.rollout.records import rollout_row, rows_to_table
+    from rlcr.tasks.countdown import CountdownTask
+
+    cfg = RLCRConfig(storage_uri=str(tmp_path / "store"))
+    for run_id, right in (("a", True), ("b", False)):
+        run = RunStore.open(cfg, run_id)
+        rows = []
+        for p in range(6):
+            task = CountdownTask([p + 1, 2], p + 3)
+            rows.append(rollout_row("answer", task=task, prompt_id=p, answer_id=0, context_text="c", context_ids=[1],
+                                    completion_text="x", completion_ids=[1], score=1.0, correct=float(right),
+                                    reward=float(right)))
+            rows.append(rollout_row("confidence", task=task, prompt_id=p, answer_id=0, confidence_id=0,
+                                    context_text="c", context_ids=[1], completion_text="y", completion_ids=[1],
+                                    correct=float(right), reward=0.0, confidence=0.9))
+        rows = [dict(r, run_id=run_id, iteration=0) for r in rows]
+        run.store.write_parquet(run.eval_records_rel(0), rows_to_table(rows))
+    runner = CliRunner()
+    res = runner.invoke(app, ["compare", "a", "b", f"storage_uri={cfg.storage_uri}"])
+    assert res.exit_code == 0, res.output
+    assert "a − b at iteration 0: 6 shared held-out tasks" in res.output
+    acc = next(line for line in res.output.splitlines() if "accuracy" in line)
+    assert "+1.000 [+1.000, +1.000]" in acc and "yes" in acc
+    res = runner.invoke(app, ["compare", "a", "c", f"storage_uri={cfg.storage_uri}"])
+    assert res.exit_code != 0 and says(res.output, "'c'")
+    # a side may be the rows `rlcr eval --records` wrote: here b's, so b − a = −1 on every draw
+    b_file = tmp_path / "b.parquet"
+    b_file.write_bytes(RunStore.open(cfg, "b").store.read_bytes(RunStore.open(cfg, "b").eval_records_rel(0)))
+    res = runner.invoke(app, ["compare", str(b_file), "a", f"storage_uri={cfg.storage_uri}"])
+    assert res.exit_code == 0, res.output
+    assert "-1.000 [-1.000, -1.000]" in next(line for line in res.output.splitlines() if "accuracy" in line)
+    res = runner.invoke(app, ["compare", str(tmp_path / "missing.parquet"), "a", f"storage_uri={cfg.storage_uri}"])
+    assert res.exit_code != 0 and says(res.output, "missing.parquet: no such file")
+
+
+def test_eval_refuses_to_overwrite_its_records_before_any_work(tmp_path):
+    from typer.testing import CliRunner
+
+    from rlcr.cli import app
+
+    existing = tmp_path / "rows.parquet"
+    existing.write_bytes(b"kept")
+    res = CliRunner().invoke(app, ["eval", "--records", str(existing), f"storage_uri={tmp_path}"])
+    assert res.exit_code != 0 and says(res.output, "exists; rows are never overwritten")
+    assert existing.read_bytes() == b"kept"
+    res = CliRunner().invoke(app, ["eval", "--records", str(tmp_path / "rows.csv"), f"storage_uri={tmp_path}"])
+    assert res.exit_code != 0 and says(res.output, "expected a .parquet file name")

@@ -6,8 +6,10 @@ One run is driven through failure, resume and an S3 outage:
   C. iterations=3, S3 endpoint stops mid-run    → the flow fails clearly, 1 and 2 stay committed
 """
 
+import io
 import json
 
+import pyarrow.parquet as pq
 import pytest
 
 import flow_hooks
@@ -80,6 +82,12 @@ def test_train_flow_fail_resume_and_s3_outage(ray_local, prefect_harness, tiny_m
         metrics = json.loads(body(f"{it}metrics.json"))
         assert {"rollout", "update", "eval", "timings"} <= set(metrics)
         assert 0.0 <= metrics["eval"]["accuracy"] <= 1.0
+        # the evaluation's per-answer rows are kept beside it, for paired comparisons (`rlcr compare`)
+        assert metrics["eval"]["records_uri"] == f"s3://{BUCKET}/{it}eval.parquet"
+        records = pq.read_table(io.BytesIO(body(f"{it}eval.parquet"))).to_pylist()
+        assert sum(r["sample_type"] == "answer" for r in records) == metrics["eval"]["n_answers"]
+        assert {r["run_id"] for r in records} == {run} and {r["iteration"] for r in records} == {m["iteration"]}
+    assert f"{prefix}baseline-eval.parquet" in keys
     from prefect.artifacts import Artifact
 
     for k in (1, 2):

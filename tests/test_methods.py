@@ -10,9 +10,9 @@ import torch
 
 from rlcr.advantages import METHOD_ADVANTAGES, answer_advantages, method_advantages
 from rlcr.config import ConfigError, RLCRConfig
-from rlcr.evaluate import summarize_eval, with_ci
+from rlcr.evaluate import compare_evaluations, difference_text, summarize_eval, with_ci
 from rlcr.masks import completion_mask, single_span
-from rlcr.metrics import auroc, bootstrap_intervals, calibration_metrics
+from rlcr.metrics import auroc, bootstrap_intervals, calibration_metrics, paired_bootstrap_differences
 from rlcr.rewards import ANSWER_REWARDS, METHODS, answer_reward
 from rlcr.rollout.pipeline import rollout_stats
 from rlcr.rollout.records import answer_scores, assign_advantages, rollout_row, validate_rollouts
@@ -194,6 +194,59 @@ def test_bootstrap_edge_cases():
         bootstrap_intervals([0.5], [1, 0], ["a", "b"])
     with pytest.raises(ValueError, match="in \\[0, 1\\]"):
         bootstrap_intervals([1.5], [1], ["a"])
+
+
+def paired_evaluations(n_tasks=200, flipped=12):
+    """A and B on the same tasks, 2 answers each, task difficulty spread from always right to always wrong;
+    B differs from A only in ``flipped`` tasks, where one wrong answer of A is right in B."""
+    rng = np.random.default_rng(3)
+    p_right = rng.uniform(0, 1, n_tasks)
+    a, b = [], []
+    for t in range(n_tasks):
+        for k in range(2):
+            y = float(rng.uniform() < p_right[t])
+            c = float(np.clip(p_right[t] + rng.normal(0, 0.1), 0, 1))
+            a.append((t, y, c))
+            b.append((t, 1.0 if (t < flipped and k == 0) else y, c))
+    return a, b
+
+
+def test_paired_bootstrap_resolves_a_difference_that_marginal_intervals_cannot():
+    a, b = paired_evaluations()
+    d = paired_bootstrap_differences(a, b, n_resamples=1000, seed=0)
+    acc = d["differences"]["accuracy"]
+    assert d["n_tasks"] == 200 and acc["difference"] < 0
+    assert acc["ci"][1] < 0  # paired: every draw scores A and B on the same tasks, so B ≥ A on each draw
+    ya, yb = [y for _, y, _ in a], [y for _, y, _ in b]
+    ca = bootstrap_intervals([c for *_, c in a], ya, [t for t, *_ in a], seed=0)["accuracy"]
+    cb = bootstrap_intervals([c for *_, c in b], yb, [t for t, *_ in b], seed=0)["accuracy"]
+    assert ca[1] > cb[0]  # the two marginal intervals overlap
+    assert acc["difference"] == pytest.approx(np.mean(ya) - np.mean(yb))
+
+
+def test_paired_bootstrap_of_identical_evaluations_is_zero_and_keeps_shared_tasks_only():
+    a, _ = paired_evaluations(n_tasks=50)
+    d = paired_bootstrap_differences(a, a, n_resamples=100)
+    assert all(v["difference"] == 0 and v["ci"] == [0, 0] for v in d["differences"].values())
+    extra = a + [(999, 1.0, 0.9), (999, 0.0, float("nan"))]  # a task only A evaluated is left out
+    assert paired_bootstrap_differences(extra, a, n_resamples=50)["n_tasks"] == 50
+    assert paired_bootstrap_differences(extra, a, n_resamples=50)["differences"]["brier"]["difference"] == 0
+    with pytest.raises(ValueError, match="share no task"):
+        paired_bootstrap_differences([(1, 1.0, 0.5)], [(2, 1.0, 0.5)])
+    with pytest.raises(ValueError, match="level"):
+        paired_bootstrap_differences(a, a, level=1.5)
+
+
+def test_compare_evaluations_pairs_two_methods_rows_by_task():
+    two_turn, one_turn = eval_rows(single=False), eval_rows(single=True)
+    cmp = compare_evaluations(two_turn, one_turn, n_resamples=200)
+    assert cmp["n_tasks"] == 4 and cmp["differences"]["accuracy"]["difference"] == 0
+    # task 0's turn-2 confidences did not parse: Brier over tasks 1–3 only vs all four in the one-turn rows
+    assert cmp["differences"]["brier"]["difference"] is not None
+    assert difference_text(cmp, "accuracy").startswith("+0.000 [")
+    other = [dict(r, target=r["target"] + 1) if r["prompt_id"] == 2 else r for r in one_turn]
+    with pytest.raises(ValueError, match="prompt_id 2"):
+        compare_evaluations(two_turn, other)
 
 
 def test_auroc_handles_ties_as_halves():
