@@ -339,16 +339,16 @@ def evaluate(
     overrides: list[str] = typer.Argument(None, help="field=value overrides."),
 ):
     """Held-out accuracy, format rate and calibration (SPEC §9) of one checkpoint."""
+    cfg = _config(config, overrides or [])
+    if records is not None and (records.exists() or records.suffix != ".parquet"):  # before any work
+        raise typer.BadParameter(f"{records}: " + ("exists; rows are never overwritten" if records.exists()
+                                                   else "expected a .parquet file name"), param_hint="--records")
     from flows.train import ensure_ray
     from rlcr.evaluate import by_count_text, evaluate_policy, with_ci
     from rlcr.models import resolve_model
     from rlcr.rollout.engine import EnginePool
     from rlcr.runs import task_sets
 
-    cfg = _config(config, overrides or [])
-    if records is not None and (records.exists() or records.suffix != ".parquet"):
-        raise typer.BadParameter(f"{records}: " + ("exists; rows are never overwritten" if records.exists()
-                                                   else "expected a .parquet file name"), param_hint="--records")
     policy = checkpoint or resolve_model(cfg.model)
     _, held_out = task_sets(cfg)
     ensure_ray()
