@@ -170,7 +170,7 @@ def split_overrides(ap, overrides: list[str]) -> tuple[list[str], dict[str, list
         if not eq:
             ap.error(f"override {o!r}: expected field=value or method:field=value")
         if ":" in head:
-            method, _, field = head.partition(":")
+            method = head.partition(":")[0]
             if method not in METHODS:
                 ap.error(f"override {o!r}: unknown method {method!r} (one of {', '.join(METHODS)})")
             per_method.setdefault(method, []).append(o.partition(":")[2])

@@ -203,9 +203,7 @@ def evaluate_task(cfg, run, held_out, policy, iteration, engines, tokenizer_uri)
     ``run.eval_records_rel(iteration)`` (``records_uri`` in the metrics) for paired comparisons."""
     _started("evaluate" if iteration else "baseline", iteration)
     metrics, rows = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=iteration, engines=engines,
-                                    tokenizer_uri=tokenizer_uri)
-    for r in rows:
-        r["run_id"] = run.run_id
+                                    tokenizer_uri=tokenizer_uri, run_id=run.run_id)
     metrics["records_uri"] = run.store.write_parquet(run.eval_records_rel(iteration), rows_to_table(rows))
     return metrics
 

@@ -356,15 +356,14 @@ def evaluate(
         with EnginePool(cfg, policy) as engines:
             m, rows = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=0, engines=engines)
     if records is not None:
-        import pyarrow.parquet as pq
-
         from rlcr.rollout.records import rows_to_table
+        from rlcr.storage import AlreadyExists, Store
 
-        records.parent.mkdir(parents=True, exist_ok=True)
-        tmp = records.with_name(f".{records.name}.tmp")
-        pq.write_table(rows_to_table(rows), tmp)
-        os.link(tmp, records)  # create-only: fails rather than replace a file written meanwhile
-        tmp.unlink()
+        try:  # create-only: a file that appeared during the evaluation is kept, not replaced
+            Store(str(records.parent)).write_parquet(records.name, rows_to_table(rows), exclusive=True)
+        except AlreadyExists:
+            console.print(f"[red]{records} appeared during the evaluation; left as it was, rows not written[/red]")
+            raise typer.Exit(1)
         console.print(f"per-answer rows: {records}")
     table = Table(title=f"held-out evaluation of {policy} (method {cfg.method}; [95% bootstrap CI over tasks])")
     for k in ("n_tasks", "n_answers", "format_rate", "confidence_parse_rate", "mean_confidence"):
@@ -380,6 +379,28 @@ def _evaluated_iterations(run) -> list[int]:
     """Iterations of a run (0: its initial policy) whose held-out evaluation kept per-answer rows."""
     its = [0] + [m["iteration"] for m in run.committed()]
     return [k for k in its if run.store.exists(run.eval_records_rel(k))]
+
+
+def _held_out_rows(side: str, run, iteration: Optional[int]) -> list[dict[str, Any]]:
+    """The per-answer held-out rows of one side of `compare`: a run's at ``iteration``, or a .parquet file's."""
+    from rlcr.rollout.records import table_to_rows
+
+    if run is not None:
+        rows = run.eval_records(iteration)
+        if rows is None:
+            raise typer.BadParameter(f"run {run.run_id!r} kept no held-out rows for iteration {iteration} "
+                                     f"(it has them for {_evaluated_iterations(run) or 'none'})",
+                                     param_hint="--iteration")
+        return rows
+    if not Path(side).is_file():
+        raise typer.BadParameter(f"{side}: no such file", param_hint="RUN_A/RUN_B")
+    import pyarrow.parquet as pq
+
+    try:
+        return table_to_rows(pq.read_table(side))
+    except Exception as e:  # not Parquet, or not the rollout schema
+        raise typer.BadParameter(f"{side}: not per-answer evaluation rows ({type(e).__name__}: {e})",
+                                 param_hint="RUN_A/RUN_B") from e
 
 
 @app.command()
@@ -409,27 +430,14 @@ def compare(
             raise typer.BadParameter(f"{' and '.join(repr(r.run_id) for r in runs if r)} kept per-answer "
                                      "held-out rows for no common iteration", param_hint="RUN_A/RUN_B")
         iteration = common[-1]
-    rows = []
-    for side, run in zip(sides, runs):
-        if run is None:
-            if not Path(side).is_file():
-                raise typer.BadParameter(f"{side}: no such file", param_hint="RUN_A/RUN_B")
-            from rlcr.rollout.records import table_to_rows
-            import pyarrow.parquet as pq
-
-            rows.append(table_to_rows(pq.read_table(side)))
-            continue
-        r = run.eval_records(iteration)
-        if r is None:
-            raise typer.BadParameter(f"run {run.run_id!r} kept no held-out rows for iteration {iteration} "
-                                     f"(it has them for {_evaluated_iterations(run) or 'none'})",
-                                     param_hint="--iteration")
-        rows.append(r)
+    elif iteration is not None and all(files):
+        raise typer.BadParameter("applies to runs, not to .parquet files", param_hint="--iteration")
+    rows = [_held_out_rows(side, run, iteration) for side, run in zip(sides, runs)]
     try:
         cmp = compare_evaluations(rows[0], rows[1], n_resamples=cfg.eval_bootstrap_resamples, seed=cfg.eval_seed)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="RUN_A/RUN_B") from e
-    where = f" at iteration {iteration}" if iteration is not None and not all(files) else ""
+    where = f" at iteration {iteration}" if iteration is not None else ""
     table = Table(title=f"{run_a} − {run_b}{where}: {cmp['n_tasks']} shared held-out tasks "
                         "[paired 95% bootstrap CI]")
     table.add_column("metric")

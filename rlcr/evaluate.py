@@ -144,14 +144,15 @@ def evaluate_policy(
     iteration: int,
     engines=None,
     tokenizer_uri: str | None = None,
+    run_id: str = "eval",
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Sample ``cfg.eval_samples`` answers per held-out task, each with one stated confidence; return
     (metrics of :func:`summarize_eval`, rows). ``policy_uri``/``engines``/``tokenizer_uri``: as in
-    :func:`rlcr.rollout.pipeline.generate_rollouts`."""
+    :func:`rlcr.rollout.pipeline.generate_rollouts`; ``run_id`` labels the rows."""
     indexed = list(enumerate(tasks))
     check_prompt_lengths(cfg, indexed, tokenizer_uri or policy_uri)
     ds = build_rollout_dataset(cfg, indexed, policy_uri, iteration, engines=engines.names if engines else None,
                                g_a=cfg.eval_samples, g_c=1, salt=EVAL_SALT,
                                confidences=cfg.method != "rlcr_single")
-    rows = to_records(ds.take_all(), "eval", iteration)
+    rows = to_records(ds.take_all(), run_id, iteration)
     return summarize_eval(rows, n_resamples=cfg.eval_bootstrap_resamples, seed=cfg.eval_seed), rows

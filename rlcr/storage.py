@@ -407,13 +407,13 @@ class Store:
         return sweep_temporaries(self._abs(rel)) if self.is_local else []
 
     # ------------------------------------------------------------------ parquet
-    def write_parquet(self, rel: str, table) -> str:
+    def write_parquet(self, rel: str, table, *, exclusive: bool = False) -> str:
         import pyarrow.parquet as pq
         import io
 
         buf = io.BytesIO()
         pq.write_table(table, buf)
-        self.write_bytes(rel, buf.getvalue())
+        self.write_bytes(rel, buf.getvalue(), exclusive=exclusive)
         return self.url(rel)
 
     def read_parquet(self, rel: str):

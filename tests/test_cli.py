@@ -211,6 +211,12 @@ def test_compare_pairs_two_runs_evaluations_on_the_same_tasks(tmp_path):
     assert "-1.000 [-1.000, -1.000]" in next(line for line in res.output.splitlines() if "accuracy" in line)
     res = runner.invoke(app, ["compare", str(tmp_path / "missing.parquet"), "a", f"storage_uri={cfg.storage_uri}"])
     assert res.exit_code != 0 and says(res.output, "missing.parquet: no such file")
+    junk = tmp_path / "junk.parquet"
+    junk.write_bytes(b"not parquet")
+    res = runner.invoke(app, ["compare", str(junk), "a", f"storage_uri={cfg.storage_uri}"])
+    assert res.exit_code != 0 and says(res.output, "junk.parquet: not per-answer evaluation rows")
+    res = runner.invoke(app, ["compare", str(b_file), str(b_file), "--iteration", "3", f"storage_uri={cfg.storage_uri}"])
+    assert res.exit_code != 0 and says(res.output, "applies to runs, not to .parquet files")
 
 
 def test_eval_refuses_to_overwrite_its_records_before_any_work(tmp_path):

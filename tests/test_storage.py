@@ -97,6 +97,12 @@ def test_exclusive_write_refuses_an_existing_object(store):
     with pytest.raises(AlreadyExists):
         store.write_bytes("runs/r/manifest.json", b"second", exclusive=True)
     assert store.read_bytes("runs/r/manifest.json") == b"first"
+    import pyarrow as pa
+
+    store.write_parquet("rows.parquet", pa.table({"x": [1]}), exclusive=True)
+    with pytest.raises(AlreadyExists):
+        store.write_parquet("rows.parquet", pa.table({"x": [2]}), exclusive=True)
+    assert store.read_parquet("rows.parquet").column("x").to_pylist() == [1]
 
 
 def test_versioned_write_is_a_compare_and_swap(store):
