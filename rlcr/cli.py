@@ -336,6 +336,9 @@ def evaluate(
     checkpoint: Optional[str] = typer.Option(None, help="Checkpoint URI (default: the config's model)."),
     records: Optional[Path] = typer.Option(None, help="Also write the per-answer rows to this new Parquet file "
                                                       "(for `rlcr compare`)."),
+    draw: int = typer.Option(0, min=0, help="Sample draw: 0 samples what the flow's evaluations sample; "
+                                            "k > 0 re-samples the same tasks with other seeds (how much "
+                                            "one evaluation moves between draws)."),
     overrides: list[str] = typer.Argument(None, help="field=value overrides."),
 ):
     """Held-out accuracy, format rate and calibration (SPEC §9) of one checkpoint."""
@@ -354,7 +357,7 @@ def evaluate(
     ensure_ray()
     with _step(f"evaluating {policy} on {len(held_out)} held-out tasks"):
         with EnginePool(cfg, policy) as engines:
-            m, rows = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=0, engines=engines)
+            m, rows = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=0, engines=engines, draw=draw)
     if records is not None:
         from rlcr.rollout.records import rows_to_table
         from rlcr.storage import AlreadyExists, Store
@@ -365,7 +368,9 @@ def evaluate(
             console.print(f"[red]{records} appeared during the evaluation; left as it was, rows not written[/red]")
             raise typer.Exit(1)
         console.print(f"per-answer rows: {records}")
-    table = Table(title=f"held-out evaluation of {policy} (method {cfg.method}; [95% bootstrap CI over tasks])")
+    drawn = f", sample draw {draw}" if draw else ""
+    table = Table(title=f"held-out evaluation of {policy} (method {cfg.method}{drawn}; "
+                        "[95% bootstrap CI over tasks])")
     for k in ("n_tasks", "n_answers", "format_rate", "confidence_parse_rate", "mean_confidence"):
         table.add_row(k, _f(m.get(k)))
     for k in ("accuracy", "ece", "brier", "auroc"):

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 from rlcr.config import RLCRConfig
 from rlcr.metrics import bootstrap_intervals, calibration_metrics, paired_bootstrap_differences
 from rlcr.rollout.pipeline import build_rollout_dataset, check_prompt_lengths, to_records
-from rlcr.seeds import EVAL_SALT
+from rlcr.seeds import eval_salt
 from rlcr.tasks.countdown import CountdownTask
 
 __all__ = ["evaluate_policy", "summarize_eval", "stated_confidences", "by_number_count", "by_count_text", "with_ci",
@@ -145,14 +145,16 @@ def evaluate_policy(
     engines=None,
     tokenizer_uri: str | None = None,
     run_id: str = "eval",
+    draw: int = 0,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Sample ``cfg.eval_samples`` answers per held-out task, each with one stated confidence; return
     (metrics of :func:`summarize_eval`, rows). ``policy_uri``/``engines``/``tokenizer_uri``: as in
-    :func:`rlcr.rollout.pipeline.generate_rollouts`; ``run_id`` labels the rows."""
+    :func:`rlcr.rollout.pipeline.generate_rollouts`; ``run_id`` labels the rows; ``draw``: which sample draw
+    (:func:`rlcr.seeds.eval_salt`; 0 is the flow's)."""
     indexed = list(enumerate(tasks))
     check_prompt_lengths(cfg, indexed, tokenizer_uri or policy_uri)
     ds = build_rollout_dataset(cfg, indexed, policy_uri, iteration, engines=engines.names if engines else None,
-                               g_a=cfg.eval_samples, g_c=1, salt=EVAL_SALT,
+                               g_a=cfg.eval_samples, g_c=1, salt=eval_salt(draw),
                                confidences=cfg.method != "rlcr_single")
     rows = to_records(ds.take_all(), run_id, iteration)
     return summarize_eval(rows, n_resamples=cfg.eval_bootstrap_resamples, seed=cfg.eval_seed), rows

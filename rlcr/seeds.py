@@ -7,7 +7,7 @@ streams share a seed by accident and the mixing constants live nowhere else::
     cfg.seed
     ├─ task_order_seed(seed, epoch)        shuffle of the training pool, per pass over it
     ├─ rollout_seed(seed, iteration)       engine seed of an iteration's rollouts
-    │   ├─ + EVAL_SALT                     … of the held-out evaluation's rollouts
+    │   ├─ + eval_salt(draw)               … of the held-out evaluation's rollouts (draw 0: + EVAL_SALT)
     │   └─ mix(·, ANSWER_SALT | CONFIDENCE_SALT, first row's key)
     │                                      one generate call of a rollout stage (per batch)
     ├─ update_seed(seed, iteration)        the update's mini-batch plan
@@ -26,6 +26,7 @@ from __future__ import annotations
 __all__ = [
     "SEED_MODULUS",
     "EVAL_SALT",
+    "eval_salt",
     "ANSWER_SALT",
     "CONFIDENCE_SALT",
     "PROBE_TURN1_SALT",
@@ -70,6 +71,15 @@ def rollout_seed(seed: int, iteration: int, *, salt: int = 0) -> int:
     """Engine seed of iteration ``iteration``'s rollouts: distinct per iteration, fixed by the run's seed.
     ``salt`` (e.g. :data:`EVAL_SALT`) is added to the mixed value."""
     return (seed * _MIX + iteration * _STEP) % SEED_MODULUS + salt
+
+
+def eval_salt(draw: int = 0) -> int:
+    """Salt of the held-out evaluation's rollouts for sample draw ``draw``: draw 0 (what every flow evaluation
+    uses) is :data:`EVAL_SALT`; draw k > 0 re-samples the same tasks with other seeds, to measure how much one
+    evaluation moves between draws (``rlcr eval --draw``)."""
+    if draw < 0:
+        raise ValueError(f"draw must be >= 0, got {draw}")
+    return EVAL_SALT if draw == 0 else mix(EVAL_SALT, draw)
 
 
 def update_seed(seed: int, iteration: int) -> int:

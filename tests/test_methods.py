@@ -317,3 +317,16 @@ def test_single_turn_answer_is_scored_on_its_answer_part():
     sneaky = WRONG + "\n<confidence>0.9</confidence> <answer>(3 + 5) * 2</answer>"
     s = answer_scores(sneaky, TASK, format_score=0.1, method="rlcr_single")
     assert s["correct"] == 0.0 and s["score"] == 0.1
+
+
+def test_evaluation_draws_keep_the_flows_draw_and_differ_from_it():
+    from rlcr.seeds import EVAL_SALT, eval_salt, rollout_seed
+
+    assert eval_salt() == eval_salt(0) == EVAL_SALT  # draw 0 is what every flow evaluation has sampled
+    salts = [eval_salt(k) for k in range(50)]
+    assert len(set(salts)) == 50
+    # no redraw of iteration i lands on another iteration's evaluation or on a training rollout's seed
+    flow_seeds = {rollout_seed(0, i, salt=s) for i in range(100) for s in (0, EVAL_SALT)}
+    assert not flow_seeds & {rollout_seed(0, i, salt=eval_salt(k)) for i in range(100) for k in range(1, 50)}
+    with pytest.raises(ValueError, match="draw must be >= 0"):
+        eval_salt(-1)

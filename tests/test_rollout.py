@@ -219,3 +219,14 @@ def test_each_methods_rollouts_and_evaluation(method, engine_pool, tiny_model_di
     assert len(answers) == P * 2 and metrics["n_tasks"] == P and metrics["n_answers"] == P * 2
     assert len(confidences) == (0 if single else P * 2)  # rlvr is asked in turn 2, rlcr_single in its answer
     assert set(metrics["ci"]) == {"accuracy", "ece", "brier", "auroc"} and metrics["ci_resamples"] == 200
+
+    def texts(rs):
+        return {(r["prompt_id"], r["answer_id"], r["sample_type"]): r["completion_text"] for r in rs}
+
+    _, again = evaluate_policy(cfg, [t for _, t in tasks], policy_uri=str(tiny_model_dir), iteration=1,
+                               engines=engine_pool)
+    _, redrawn = evaluate_policy(cfg, [t for _, t in tasks], policy_uri=str(tiny_model_dir), iteration=1,
+                                 engines=engine_pool, draw=1)
+    assert texts(again) == texts(rows)  # draw 0 is the flow's draw, reproducible
+    assert texts(redrawn).keys() == texts(rows).keys()  # the same tasks and answers…
+    assert sum(texts(redrawn)[k] != v for k, v in texts(rows).items()) >= len(rows) // 2  # …sampled anew

@@ -57,7 +57,7 @@ def build_rollout_dataset(
 
     ``engines``: names of long-lived engine actors to use instead of one engine per
     stage actor. ``g_a``/``g_c`` override the group sizes (evaluation: ``eval_samples`` and 1); ``salt`` is
-    added to the iteration's seed (evaluation: :data:`rlcr.seeds.EVAL_SALT`). ``confidences``: run the
+    added to the iteration's seed (evaluation: :func:`rlcr.seeds.eval_salt`). ``confidences``: run the
     turn-2 confidence stage (default: only where ``cfg.method`` trains it, ``rlcr``; evaluation asks
     ``rlvr`` too). ``rlcr_single`` states its confidence in the answer turn and never has a turn 2.
     """
