@@ -359,11 +359,13 @@ def evaluate(
         with EnginePool(cfg, policy) as engines:
             m, rows = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=0, engines=engines, draw=draw)
     if records is not None:
-        from rlcr.rollout.records import rows_to_table
+        from rlcr.rollout.records import rows_to_table, with_provenance
         from rlcr.storage import AlreadyExists, Store
 
+        table = with_provenance(rows_to_table(rows), policy=policy, method=cfg.method, draw=draw,
+                                eval_samples=cfg.eval_samples, eval_seed=cfg.eval_seed, config_hash=cfg.config_hash())
         try:  # create-only: a file that appeared during the evaluation is kept, not replaced
-            Store(str(records.parent)).write_parquet(records.name, rows_to_table(rows), exclusive=True)
+            Store(str(records.parent)).write_parquet(records.name, table, exclusive=True)
         except AlreadyExists:
             console.print(f"[red]{records} appeared during the evaluation; left as it was, rows not written[/red]")
             raise typer.Exit(1)
@@ -386,9 +388,10 @@ def _evaluated_iterations(run) -> list[int]:
     return [k for k in its if run.store.exists(run.eval_records_rel(k))]
 
 
-def _held_out_rows(side: str, run, iteration: Optional[int]) -> list[dict[str, Any]]:
-    """The per-answer held-out rows of one side of `compare`: a run's at ``iteration``, or a .parquet file's."""
-    from rlcr.rollout.records import table_to_rows
+def _held_out_rows(side: str, run, iteration: Optional[int]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The per-answer held-out rows of one side of `compare` — a run's at ``iteration``, or a .parquet
+    file's — and, for a file `rlcr eval --records` wrote, where they came from (policy, method, draw)."""
+    from rlcr.rollout.records import provenance, table_to_rows
 
     if run is not None:
         rows = run.eval_records(iteration)
@@ -396,16 +399,23 @@ def _held_out_rows(side: str, run, iteration: Optional[int]) -> list[dict[str, A
             raise typer.BadParameter(f"run {run.run_id!r} kept no held-out rows for iteration {iteration} "
                                      f"(it has them for {_evaluated_iterations(run) or 'none'})",
                                      param_hint="--iteration")
-        return rows
+        return rows, {}
     if not Path(side).is_file():
         raise typer.BadParameter(f"{side}: no such file", param_hint="RUN_A/RUN_B")
     import pyarrow.parquet as pq
 
     try:
-        return table_to_rows(pq.read_table(side))
+        table = pq.read_table(side)
+        return table_to_rows(table), provenance(table)
     except Exception as e:  # not Parquet, or not the rollout schema
         raise typer.BadParameter(f"{side}: not per-answer evaluation rows ({type(e).__name__}: {e})",
                                  param_hint="RUN_A/RUN_B") from e
+
+
+def _provenance_text(fields: dict[str, Any]) -> str:
+    """One line for a records file's provenance: its policy, method, sample draw and answers per task."""
+    parts = [f"{k} {fields[k]}" for k in ("policy", "method", "draw", "eval_samples") if k in fields]
+    return ", ".join(parts)
 
 
 @app.command()
@@ -437,7 +447,7 @@ def compare(
         iteration = common[-1]
     elif iteration is not None and all(files):
         raise typer.BadParameter("applies to runs, not to .parquet files", param_hint="--iteration")
-    rows = [_held_out_rows(side, run, iteration) for side, run in zip(sides, runs)]
+    rows, sources = zip(*(_held_out_rows(side, run, iteration) for side, run in zip(sides, runs)))
     try:
         cmp = compare_evaluations(rows[0], rows[1], n_resamples=cfg.eval_bootstrap_resamples, seed=cfg.eval_seed)
     except ValueError as e:
@@ -452,6 +462,9 @@ def compare(
         ci = cmp["differences"][k]["ci"]
         table.add_row(k, difference_text(cmp, k), "–" if not ci else ("yes" if ci[0] > 0 or ci[1] < 0 else "no"))
     console.print(table)
+    for name, fields in zip("AB", sources):
+        if fields:
+            console.print(f"{name}: {_provenance_text(fields)}")
 
 
 @app.command()

@@ -209,6 +209,23 @@ def test_compare_pairs_two_runs_evaluations_on_the_same_tasks(tmp_path):
     res = runner.invoke(app, ["compare", str(b_file), "a", f"storage_uri={cfg.storage_uri}"])
     assert res.exit_code == 0, res.output
     assert "-1.000 [-1.000, -1.000]" in next(line for line in res.output.splitlines() if "accuracy" in line)
+    assert "A: " not in res.output  # rows written without provenance: none is made up
+    # rows that say where they came from (as `rlcr eval --records` writes them): compare names each file's source
+    import pyarrow.parquet as pq
+
+    from rlcr.rollout.records import provenance, with_provenance
+
+    drawn = tmp_path / "b-draw1.parquet"
+    pq.write_table(with_provenance(pq.read_table(b_file), policy="ckpt/b", method="rlvr", draw=1, eval_samples=8),
+                   drawn)
+    assert provenance(pq.read_table(drawn)) == {"policy": "ckpt/b", "method": "rlvr", "draw": 1, "eval_samples": 8}
+    assert provenance(pq.read_table(b_file)) == {}
+    damaged = pq.read_table(drawn).replace_schema_metadata({b"rlcr.provenance": b"{not json"})
+    assert provenance(damaged) == {} and provenance(damaged.replace_schema_metadata({b"rlcr.provenance": b"[1]"})) == {}
+    res = runner.invoke(app, ["compare", "a", str(drawn), f"storage_uri={cfg.storage_uri}"])
+    assert res.exit_code == 0, res.output
+    assert "B: policy ckpt/b, method rlvr, draw 1, eval_samples 8" in res.output and "A: " not in res.output
+    assert "+1.000 [+1.000, +1.000]" in next(line for line in res.output.splitlines() if "accuracy" in line)
     res = runner.invoke(app, ["compare", str(tmp_path / "missing.parquet"), "a", f"storage_uri={cfg.storage_uri}"])
     assert res.exit_code != 0 and says(res.output, "missing.parquet: no such file")
     junk = tmp_path / "junk.parquet"

@@ -28,6 +28,8 @@ __all__ = [
     "assign_advantages",
     "rows_to_table",
     "table_to_rows",
+    "with_provenance",
+    "provenance",
     "validate_rollouts",
 ]
 
@@ -188,6 +190,31 @@ def table_to_rows(table: pa.Table) -> list[dict[str, Any]]:
     if missing:
         raise RolloutValidationError(f"rollout table lacks columns {missing}")
     return table.select([f.name for f in ROLLOUT_SCHEMA]).cast(ROLLOUT_SCHEMA).to_pylist()
+
+
+PROVENANCE_KEY = b"rlcr.provenance"
+
+
+def with_provenance(table: pa.Table, **fields: Any) -> pa.Table:
+    """``table`` with ``fields`` (JSON values: policy, method, sample draw, …) in its schema metadata, which
+    Parquet keeps, so a file of rows says where its rows came from without a column per fact."""
+    import json
+
+    meta = dict(table.schema.metadata or {})
+    meta[PROVENANCE_KEY] = json.dumps(fields, sort_keys=True).encode()
+    return table.replace_schema_metadata(meta)
+
+
+def provenance(table: pa.Table) -> dict[str, Any]:
+    """The fields :func:`with_provenance` stored in ``table`` ({} for rows written without them)."""
+    import json
+
+    raw = (table.schema.metadata or {}).get(PROVENANCE_KEY)
+    try:
+        fields = json.loads(raw) if raw else {}
+    except ValueError:  # a hand-made or damaged file: its rows still read, only their provenance is unknown
+        return {}
+    return fields if isinstance(fields, dict) else {}
 
 
 def validate_rollouts(
