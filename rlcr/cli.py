@@ -389,8 +389,9 @@ def _evaluated_iterations(run) -> list[int]:
 
 
 def _held_out_rows(side: str, run, iteration: Optional[int]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The per-answer held-out rows of one side of `compare` — a run's at ``iteration``, or a .parquet
-    file's — and, for a file `rlcr eval --records` wrote, where they came from (policy, method, draw)."""
+    """The per-answer held-out rows of one side of `compare` — a run's at ``iteration``, a .parquet file's,
+    or those of several files joined by '+' (sample draws of one policy, pooled by
+    :func:`rlcr.evaluate.pool_draws`) — and, for files `rlcr eval --records` wrote, where they came from."""
     from rlcr.rollout.records import provenance, table_to_rows
 
     if run is not None:
@@ -400,37 +401,67 @@ def _held_out_rows(side: str, run, iteration: Optional[int]) -> tuple[list[dict[
                                      f"(it has them for {_evaluated_iterations(run) or 'none'})",
                                      param_hint="--iteration")
         return rows, {}
-    if not Path(side).is_file():
-        raise typer.BadParameter(f"{side}: no such file", param_hint="RUN_A/RUN_B")
     import pyarrow.parquet as pq
 
+    from rlcr.evaluate import pool_draws
+
+    files = side.split("+")
+    if len(set(map(os.path.realpath, files))) < len(files):
+        raise typer.BadParameter(f"{side}: a file is named twice (its answers would count twice)",
+                                 param_hint="RUN_A/RUN_B")
+    draws, sources = [], []
+    for f in files:
+        if not Path(f).is_file():
+            raise typer.BadParameter(f"{f}: no such file", param_hint="RUN_A/RUN_B")
+        try:
+            table = pq.read_table(f)
+            draws.append(table_to_rows(table))
+        except Exception as e:  # not Parquet, or not the rollout schema
+            raise typer.BadParameter(f"{f}: not per-answer evaluation rows ({type(e).__name__}: {e})",
+                                     param_hint="RUN_A/RUN_B") from e
+        sources.append(provenance(table))
+    if len(files) == 1:
+        return draws[0], sources[0]
+    known = [(f, s) for f, s in zip(files, sources) if s]
+    for f, s in known[1:]:  # what the files say of themselves must fit one policy, drawn anew each time
+        if s.get("policy") != known[0][1].get("policy") or s.get("method") != known[0][1].get("method"):
+            raise typer.BadParameter(f"{f}: rows of {s.get('policy')} ({s.get('method')}), but {known[0][0]} "
+                                     f"holds {known[0][1].get('policy')} ({known[0][1].get('method')}); "
+                                     "pooled files must be draws of one policy", param_hint="RUN_A/RUN_B")
+    seen: dict[Any, str] = {}
+    for f, s in known:
+        if "draw" in s and seen.setdefault(s["draw"], f) != f:
+            raise typer.BadParameter(f"{f}: sample draw {s['draw']}, as {seen[s['draw']]} — the same answers "
+                                     "twice; pool different draws (`rlcr eval --draw k`)", param_hint="RUN_A/RUN_B")
     try:
-        table = pq.read_table(side)
-        return table_to_rows(table), provenance(table)
-    except Exception as e:  # not Parquet, or not the rollout schema
-        raise typer.BadParameter(f"{side}: not per-answer evaluation rows ({type(e).__name__}: {e})",
-                                 param_hint="RUN_A/RUN_B") from e
+        rows = pool_draws(draws)
+    except ValueError as e:
+        raise typer.BadParameter(f"{side}: {e}", param_hint="RUN_A/RUN_B") from e
+    pooled = {"pooled": " + ".join(Path(f).name + (f" (draw {s['draw']})" if "draw" in s else "")
+                                   for f, s in zip(files, sources))}
+    return rows, {**{k: v for k, v in (known[0][1] if known else {}).items() if k in ("policy", "method")}, **pooled}
 
 
 def _provenance_text(fields: dict[str, Any]) -> str:
     """One line for a records file's provenance: its policy, method, sample draw and answers per task."""
-    parts = [f"{k} {fields[k]}" for k in ("policy", "method", "draw", "eval_samples") if k in fields]
+    parts = [f"{k} {fields[k]}" for k in ("policy", "method", "draw", "eval_samples", "pooled") if k in fields]
     return ", ".join(parts)
 
 
 @app.command()
 def compare(
     run_a: str = typer.Argument(..., help="Run A (the difference is A minus B), or a .parquet file of "
-                                          "`rlcr eval --records`."),
-    run_b: str = typer.Argument(..., help="Run B, or a .parquet file."),
+                                          "`rlcr eval --records`, or several such files of one policy's "
+                                          "sample draws joined by '+' (pooled: more answers per task)."),
+    run_b: str = typer.Argument(..., help="Run B, or a .parquet file, or draws joined by '+'."),
     iteration: Optional[int] = typer.Option(None, help="Iteration of both runs (0: their initial policies); "
                                                        "default: the last one both evaluated."),
     config: Optional[str] = typer.Option(None, help="YAML config file (for storage_uri)."),
     overrides: list[str] = typer.Argument(None, help="field=value overrides."),
 ):
-    """Two runs' held-out evaluations, paired on the same tasks: A − B in accuracy, ECE, Brier and AUROC with
-    paired bootstrap 95% intervals over tasks (SPEC §11)."""
-    from rlcr.evaluate import compare_evaluations, difference_text
+    """Two runs' held-out evaluations, paired on the same tasks: each side's accuracy, ECE, Brier and AUROC on
+    those tasks, and A − B with paired bootstrap 95% intervals over tasks (SPEC §11)."""
+    from rlcr.evaluate import compare_evaluations, difference_text, summarize_eval, with_ci
     from rlcr.runs import RunStore
     from rlcr.storage import validate_run_id
 
@@ -455,12 +486,18 @@ def compare(
     where = f" at iteration {iteration}" if iteration is not None else ""
     table = Table(title=f"{run_a} − {run_b}{where}: {cmp['n_tasks']} shared held-out tasks "
                         "[paired 95% bootstrap CI]")
+    shared = set.intersection(*({r["prompt_id"] for r in side if r["sample_type"] == "answer"} for side in rows))
+    alone = [summarize_eval([r for r in side if r["prompt_id"] in shared], n_resamples=cfg.eval_bootstrap_resamples,
+                            seed=cfg.eval_seed) for side in rows]  # each side on the shared tasks, for scale
     table.add_column("metric")
+    for name, m in zip("AB", alone):
+        table.add_column(f"{name} ({m['n_answers']} answers)")
     table.add_column("A − B")
     table.add_column("resolved")
     for k in ("accuracy", "ece", "brier", "auroc"):
         ci = cmp["differences"][k]["ci"]
-        table.add_row(k, difference_text(cmp, k), "–" if not ci else ("yes" if ci[0] > 0 or ci[1] < 0 else "no"))
+        table.add_row(k, *(with_ci(m, k) for m in alone), difference_text(cmp, k),
+                      "–" if not ci else ("yes" if ci[0] > 0 or ci[1] < 0 else "no"))
     console.print(table)
     for name, fields in zip("AB", sources):
         if fields:

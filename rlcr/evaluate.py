@@ -16,7 +16,7 @@ from rlcr.seeds import eval_salt
 from rlcr.tasks.countdown import CountdownTask
 
 __all__ = ["evaluate_policy", "summarize_eval", "stated_confidences", "by_number_count", "by_count_text", "with_ci",
-           "compare_evaluations", "difference_text"]
+           "compare_evaluations", "pool_draws", "difference_text"]
 
 CI_LEVEL = 0.95
 
@@ -105,6 +105,27 @@ def compare_evaluations(rows_a: Sequence[dict[str, Any]], rows_b: Sequence[dict[
             raise ValueError(f"prompt_id {pid}: task {ta[pid]} in A but {tb[pid]} in B — not the same held-out set")
     return paired_bootstrap_differences(stated_confidences(rows_a), stated_confidences(rows_b),
                                         n_resamples=n_resamples, level=CI_LEVEL, seed=seed)
+
+
+def pool_draws(draws: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Several sample draws of one policy on the same held-out tasks as one evaluation with more answers per
+    task: each draw's ``answer_id`` is offset past the previous draws' (its confidences follow their answer),
+    so a task keeps all its answers and the bootstrap still resamples tasks. Raises ``ValueError`` naming the
+    draw (0-based) and ``prompt_id`` whose task differs from the first draw's (different held-out sets)."""
+    pooled: list[dict[str, Any]] = []
+    first: dict[int, tuple] = {}
+    offset = 0
+    for i, rows in enumerate(draws):
+        for r in rows:
+            if r["sample_type"] != "answer":
+                continue
+            task = (tuple(r["nums"]), r["target"])
+            if first.setdefault(r["prompt_id"], task) != task:
+                raise ValueError(f"draw {i}, prompt_id {r['prompt_id']}: task {task} but {first[r['prompt_id']]} "
+                                 "in an earlier draw — not the same held-out set")
+        pooled.extend(dict(r, answer_id=r["answer_id"] + offset) for r in rows)
+        offset += 1 + max((r["answer_id"] for r in rows), default=-1)
+    return pooled
 
 
 def difference_text(comparison: dict[str, Any], key: str, digits: int = 3) -> str:

@@ -201,6 +201,7 @@ def test_compare_pairs_two_runs_evaluations_on_the_same_tasks(tmp_path):
     assert "a − b at iteration 0: 6 shared held-out tasks" in res.output
     acc = next(line for line in res.output.splitlines() if "accuracy" in line)
     assert "+1.000 [+1.000, +1.000]" in acc and "yes" in acc
+    assert "A (6 answers)" in res.output and acc.split("│")[2:4] == [" 1.000 [1.000, 1.000] ", " 0.000 [0.000, 0.000] "]
     res = runner.invoke(app, ["compare", "a", "c", f"storage_uri={cfg.storage_uri}"])
     assert res.exit_code != 0 and says(res.output, "'c'")
     # a side may be the rows `rlcr eval --records` wrote: here b's, so b − a = −1 on every draw
@@ -226,6 +227,27 @@ def test_compare_pairs_two_runs_evaluations_on_the_same_tasks(tmp_path):
     assert res.exit_code == 0, res.output
     assert "B: policy ckpt/b, method rlvr, draw 1, eval_samples 8" in res.output and "A: " not in res.output
     assert "+1.000 [+1.000, +1.000]" in next(line for line in res.output.splitlines() if "accuracy" in line)
+    # several draws of one policy joined by '+': pooled, 2 answers per task here; a's rows as a second draw of b
+    # would be another policy's, refused by what the files say of themselves, as is one draw named twice
+    a_file = tmp_path / "a.parquet"
+    a_file.write_bytes(RunStore.open(cfg, "a").store.read_bytes(RunStore.open(cfg, "a").eval_records_rel(0)))
+    drawn2 = tmp_path / "b-draw2.parquet"
+    pq.write_table(with_provenance(pq.read_table(a_file), policy="ckpt/b", method="rlvr", draw=2, eval_samples=8),
+                   drawn2)
+    res = runner.invoke(app, ["compare", f"{drawn}+{drawn2}", "a", f"storage_uri={cfg.storage_uri}"])
+    assert res.exit_code == 0, res.output
+    assert "-0.500 [" in next(line for line in res.output.splitlines() if "accuracy" in line)  # (0 + 1) / 2 − 1
+    assert "pooled b-draw1.parquet (draw 1) + b-draw2.parquet (draw 2)" in res.output
+    other = tmp_path / "other-policy.parquet"
+    pq.write_table(with_provenance(pq.read_table(a_file), policy="ckpt/a", method="rlvr", draw=2), other)
+    res = runner.invoke(app, ["compare", f"{drawn}+{other}", "a", f"storage_uri={cfg.storage_uri}"])
+    assert res.exit_code != 0 and says(res.output, "pooled files must be draws of one policy")
+    again = tmp_path / "b-draw1-copy.parquet"
+    again.write_bytes(drawn.read_bytes())
+    res = runner.invoke(app, ["compare", f"{drawn}+{again}", "a", f"storage_uri={cfg.storage_uri}"])
+    assert res.exit_code != 0 and says(res.output, "sample draw 1, as")
+    res = runner.invoke(app, ["compare", f"{drawn}+{drawn}", "a", f"storage_uri={cfg.storage_uri}"])
+    assert res.exit_code != 0 and says(res.output, "a file is named twice")
     res = runner.invoke(app, ["compare", str(tmp_path / "missing.parquet"), "a", f"storage_uri={cfg.storage_uri}"])
     assert res.exit_code != 0 and says(res.output, "missing.parquet: no such file")
     junk = tmp_path / "junk.parquet"

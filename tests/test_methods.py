@@ -10,7 +10,7 @@ import torch
 
 from rlcr.advantages import METHOD_ADVANTAGES, answer_advantages, method_advantages
 from rlcr.config import ConfigError, RLCRConfig
-from rlcr.evaluate import compare_evaluations, difference_text, summarize_eval, with_ci
+from rlcr.evaluate import compare_evaluations, difference_text, pool_draws, summarize_eval, with_ci
 from rlcr.masks import completion_mask, single_span
 from rlcr.metrics import auroc, bootstrap_intervals, calibration_metrics, paired_bootstrap_differences
 from rlcr.rewards import ANSWER_REWARDS, METHODS, answer_reward
@@ -247,6 +247,26 @@ def test_compare_evaluations_pairs_two_methods_rows_by_task():
     other = [dict(r, target=r["target"] + 1) if r["prompt_id"] == 2 else r for r in one_turn]
     with pytest.raises(ValueError, match="prompt_id 2"):
         compare_evaluations(two_turn, other)
+
+
+def test_pooled_draws_are_one_evaluation_with_more_answers_per_task():
+    """Two draws of 2 answers per task pool into 4 answers per task: every answer kept once with its own
+    confidence, the bootstrap still over the 4 tasks; a draw of other tasks is refused by draw and prompt_id."""
+    first, second = eval_rows(single=False), eval_rows(single=False)
+    second = [dict(r, correct=1.0) for r in second]  # the same tasks, answered right this time
+    pooled = pool_draws([first, second])
+    assert len(pooled) == len(first) + len(second)
+    answers = [(r["prompt_id"], r["answer_id"]) for r in pooled if r["sample_type"] == "answer"]
+    assert len(set(answers)) == 16 and sorted({a for _, a in answers}) == [0, 1, 2, 3]
+    parents = {(r["prompt_id"], r["answer_id"]) for r in pooled if r["sample_type"] == "confidence"}
+    assert parents == set(answers)  # each confidence still follows its own answer
+    m = summarize_eval(pooled, n_resamples=200)
+    assert m["n_tasks"] == 4 and m["n_answers"] == 16 and m["accuracy"] == pytest.approx(0.75)  # (4 + 8) / 16
+    cmp = compare_evaluations(pooled, first, n_resamples=200)
+    assert cmp["n_tasks"] == 4 and cmp["differences"]["accuracy"]["difference"] == pytest.approx(0.25)
+    other = [dict(r, target=r["target"] + 1) if r["prompt_id"] == 3 else r for r in second]
+    with pytest.raises(ValueError, match="draw 1, prompt_id 3"):
+        pool_draws([first, other])
 
 
 def test_auroc_handles_ties_as_halves():
