@@ -405,7 +405,7 @@ def _held_out_rows(side: str, run, iteration: Optional[int]) -> tuple[list[dict[
 
     from rlcr.evaluate import pool_draws
 
-    files = side.split("+")
+    files = [side] if Path(side).is_file() else side.split("+")  # a file whose own name holds '+' is one file
     if len(set(map(os.path.realpath, files))) < len(files):
         raise typer.BadParameter(f"{side}: a file is named twice (its answers would count twice)",
                                  param_hint="RUN_A/RUN_B")

@@ -248,6 +248,11 @@ def test_compare_pairs_two_runs_evaluations_on_the_same_tasks(tmp_path):
     assert res.exit_code != 0 and says(res.output, "sample draw 1, as")
     res = runner.invoke(app, ["compare", f"{drawn}+{drawn}", "a", f"storage_uri={cfg.storage_uri}"])
     assert res.exit_code != 0 and says(res.output, "a file is named twice")
+    plus = tmp_path / "b+c.parquet"  # one file whose name holds '+' is read as that file, not split
+    plus.write_bytes(b_file.read_bytes())
+    res = runner.invoke(app, ["compare", str(plus), "a", f"storage_uri={cfg.storage_uri}"])
+    assert res.exit_code == 0, res.output
+    assert "-1.000 [-1.000, -1.000]" in next(line for line in res.output.splitlines() if "accuracy" in line)
     res = runner.invoke(app, ["compare", str(tmp_path / "missing.parquet"), "a", f"storage_uri={cfg.storage_uri}"])
     assert res.exit_code != 0 and says(res.output, "missing.parquet: no such file")
     junk = tmp_path / "junk.parquet"
