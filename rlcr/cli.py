@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -428,11 +430,12 @@ def _held_out_rows(side: str, run, iteration: Optional[int]) -> tuple[list[dict[
             raise typer.BadParameter(f"{f}: rows of {s.get('policy')} ({s.get('method')}), but {known[0][0]} "
                                      f"holds {known[0][1].get('policy')} ({known[0][1].get('method')}); "
                                      "pooled files must be draws of one policy", param_hint="RUN_A/RUN_B")
-    seen: dict[Any, str] = {}
-    for f, s in known:
-        if "draw" in s and seen.setdefault(s["draw"], f) != f:
-            raise typer.BadParameter(f"{f}: sample draw {s['draw']}, as {seen[s['draw']]} — the same answers "
-                                     "twice; pool different draws (`rlcr eval --draw k`)", param_hint="RUN_A/RUN_B")
+    seen: dict[str, str] = {}
+    for f, s in known:  # the draw as its JSON text: a hand-written file may hold any JSON value there
+        first = seen.setdefault(json.dumps(s["draw"]), f) if "draw" in s else f
+        if first != f:
+            raise typer.BadParameter(f"{f}: sample draw {s['draw']}, as {first} — the same answers twice; pool "
+                                     "different draws (`rlcr eval --draw k`)", param_hint="RUN_A/RUN_B")
     try:
         rows = pool_draws(draws)
     except ValueError as e:
@@ -445,7 +448,7 @@ def _held_out_rows(side: str, run, iteration: Optional[int]) -> tuple[list[dict[
 def _provenance_text(fields: dict[str, Any]) -> str:
     """One line for a records file's provenance: its policy, method, sample draw and answers per task."""
     parts = [f"{k} {fields[k]}" for k in ("policy", "method", "draw", "eval_samples", "pooled") if k in fields]
-    return ", ".join(parts)
+    return escape(", ".join(parts))  # a file's own words, never read as rich markup
 
 
 @app.command()
@@ -484,7 +487,7 @@ def compare(
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="RUN_A/RUN_B") from e
     where = f" at iteration {iteration}" if iteration is not None else ""
-    table = Table(title=f"{run_a} − {run_b}{where}: {cmp['n_tasks']} shared held-out tasks "
+    table = Table(title=f"{escape(run_a)} − {escape(run_b)}{where}: {cmp['n_tasks']} shared held-out tasks "
                         "[paired 95% bootstrap CI]")
     shared = set.intersection(*({r["prompt_id"] for r in side if r["sample_type"] == "answer"} for side in rows))
     alone = [summarize_eval([r for r in side if r["prompt_id"] in shared], n_resamples=cfg.eval_bootstrap_resamples,

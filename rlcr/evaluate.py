@@ -90,19 +90,26 @@ def summarize_eval(rows: Sequence[dict[str, Any]], *, n_resamples: int = 1000, s
     return metrics
 
 
+def _tasks(rows: Sequence[dict[str, Any]]) -> dict[int, tuple]:
+    """``{prompt_id: (numbers, target)}`` of the tasks an evaluation's answers were given."""
+    return {r["prompt_id"]: (tuple(r["nums"]), r["target"]) for r in rows if r["sample_type"] == "answer"}
+
+
+def _first_task_mismatch(ta: dict[int, tuple], tb: dict[int, tuple]) -> int | None:
+    """The first ``prompt_id`` both hold whose task differs (two evaluations of different held-out sets)."""
+    return next((pid for pid in sorted(set(ta) & set(tb)) if ta[pid] != tb[pid]), None)
+
+
 def compare_evaluations(rows_a: Sequence[dict[str, Any]], rows_b: Sequence[dict[str, Any]], *,
                         n_resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
     """A minus B on the held-out tasks both evaluated (accuracy, ECE, Brier, AUROC), with paired bootstrap
     95% intervals over tasks (:func:`rlcr.metrics.paired_bootstrap_differences`). Tasks are matched by
     ``prompt_id``; raises ``ValueError`` naming the first ``prompt_id`` whose numbers or target differ
     between the two (evaluations of different held-out sets cannot be paired)."""
-    def tasks(rows):
-        return {r["prompt_id"]: (tuple(r["nums"]), r["target"]) for r in rows if r["sample_type"] == "answer"}
-
-    ta, tb = tasks(rows_a), tasks(rows_b)
-    for pid in sorted(set(ta) & set(tb)):
-        if ta[pid] != tb[pid]:
-            raise ValueError(f"prompt_id {pid}: task {ta[pid]} in A but {tb[pid]} in B — not the same held-out set")
+    ta, tb = _tasks(rows_a), _tasks(rows_b)
+    pid = _first_task_mismatch(ta, tb)
+    if pid is not None:
+        raise ValueError(f"prompt_id {pid}: task {ta[pid]} in A but {tb[pid]} in B — not the same held-out set")
     return paired_bootstrap_differences(stated_confidences(rows_a), stated_confidences(rows_b),
                                         n_resamples=n_resamples, level=CI_LEVEL, seed=seed)
 
@@ -111,18 +118,17 @@ def pool_draws(draws: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]
     """Several sample draws of one policy on the same held-out tasks as one evaluation with more answers per
     task: each draw's ``answer_id`` is offset past the previous draws' (its confidences follow their answer),
     so a task keeps all its answers and the bootstrap still resamples tasks. Raises ``ValueError`` naming the
-    draw (0-based) and ``prompt_id`` whose task differs from the first draw's (different held-out sets)."""
+    draw (0-based) and ``prompt_id`` whose task differs from an earlier draw's (different held-out sets)."""
     pooled: list[dict[str, Any]] = []
-    first: dict[int, tuple] = {}
+    seen: dict[int, tuple] = {}
     offset = 0
     for i, rows in enumerate(draws):
-        for r in rows:
-            if r["sample_type"] != "answer":
-                continue
-            task = (tuple(r["nums"]), r["target"])
-            if first.setdefault(r["prompt_id"], task) != task:
-                raise ValueError(f"draw {i}, prompt_id {r['prompt_id']}: task {task} but {first[r['prompt_id']]} "
-                                 "in an earlier draw — not the same held-out set")
+        tasks = _tasks(rows)
+        pid = _first_task_mismatch(seen, tasks)
+        if pid is not None:
+            raise ValueError(f"draw {i}, prompt_id {pid}: task {tasks[pid]} but {seen[pid]} in an earlier draw "
+                             "— not the same held-out set")
+        seen.update(tasks)
         pooled.extend(dict(r, answer_id=r["answer_id"] + offset) for r in rows)
         offset += 1 + max((r["answer_id"] for r in rows), default=-1)
     return pooled

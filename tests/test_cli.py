@@ -248,6 +248,16 @@ def test_compare_pairs_two_runs_evaluations_on_the_same_tasks(tmp_path):
     assert res.exit_code != 0 and says(res.output, "sample draw 1, as")
     res = runner.invoke(app, ["compare", f"{drawn}+{drawn}", "a", f"storage_uri={cfg.storage_uri}"])
     assert res.exit_code != 0 and says(res.output, "a file is named twice")
+    # a hand-written file's provenance is its own words: printed as they are (no rich markup), any JSON draw
+    hostile = tmp_path / "hostile.parquet"
+    pq.write_table(with_provenance(pq.read_table(a_file), policy="[/bold] x", method="rlvr", draw=[1]), hostile)
+    res = runner.invoke(app, ["compare", "a", str(hostile), f"storage_uri={cfg.storage_uri}"])
+    assert res.exit_code == 0, res.output
+    assert "B: policy [/bold] x, method rlvr, draw [1]" in res.output
+    hostile2 = tmp_path / "hostile2.parquet"
+    pq.write_table(with_provenance(pq.read_table(a_file), policy="[/bold] x", method="rlvr", draw=[1]), hostile2)
+    res = runner.invoke(app, ["compare", "a", f"{hostile}+{hostile2}", f"storage_uri={cfg.storage_uri}"])
+    assert res.exit_code != 0 and says(res.output, "sample draw [1], as")
     plus = tmp_path / "b+c.parquet"  # one file whose name holds '+' is read as that file, not split
     plus.write_bytes(b_file.read_bytes())
     res = runner.invoke(app, ["compare", str(plus), "a", f"storage_uri={cfg.storage_uri}"])
