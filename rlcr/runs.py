@@ -1,4 +1,4 @@
-"""Run bookkeeping: manifests, commit and resume, and the run's writer lease.
+"""Run bookkeeping: manifests, commit and resume (the run's writer lease: :mod:`rlcr.lease`).
 
 A run lives under ``<storage>/runs/<run_id>/``. Iteration k (from 1) writes its
 artifacts under ``iter-<kkkk>/`` and is *committed* by writing
@@ -10,74 +10,114 @@ With ``save_every`` > 1 the training state is saved every few iterations only. A
 iteration after which nothing was saved is *staged* (``iter-<kkkk>/pending.json``:
 its manifest draft, next to its rollouts and metrics) and committed, in order, when
 the state that covers it is saved: every committed iteration is resumable exactly.
-Its manifest names that state (``state_uri``, ``state_iteration``); only the saving
-iteration's manifest has a ``checkpoint_uri``. A crash in the middle of committing a
-group is finished on resume (:meth:`RunStore.finish_group`).
+Its manifest names that state (``state_uri``, ``state_iteration``, and the seal's
+``state_content_id``); only the saving iteration's manifest has a ``checkpoint_uri``.
+``policy_in`` is the last *saved* state the iteration's policy descends from (a
+sealed checkpoint, or the initial model) and ``policy_in_updates`` the iterations
+applied to it in memory since (empty when the policy was that state itself);
+``policy_out`` names the policy after the iteration (saved there only where
+``checkpoint_uri`` is set). A crash in the middle of committing a group is finished on
+resume (:meth:`RunStore.finish_group`).
 
-One writer per run: a flow holds ``runs/<run_id>/lease.json`` (:class:`RunLease`,
-created with a conditional put) for as long as it runs and renews it every
-``heartbeat_s``; a second writer fails at once with a message naming the holder. A
-lease whose heartbeat is older than ``timeout_s`` (default :data:`LEASE_TIMEOUT_S`)
-belongs to a dead writer and is taken over (compare-and-swap on its version); so is, at
-once, a lease whose holder ran on this machine and whose process is gone (a killed local run).
+**Paths are relative to the run.** Manifests and drafts record the run's own artifacts
+as paths relative to ``runs/<run_id>/`` (``iter-0002/checkpoint``), so a store moved
+elsewhere (another directory, bucket or prefix) still resumes; :meth:`RunStore.manifest`
+returns them as absolute URIs of the store as it is now (an older manifest's absolute
+URI ``…/runs/<run_id>/<rest>`` is mapped onto the current store the same way).
+
+**Fencing.** Every write of a run's artifact goes through a :class:`RunStore` method
+that checks the writer's lease first (:class:`LeaseLost` if it was taken over) and
+refuses an iteration that is already committed (:class:`AlreadyCommitted`): a
+committed artifact is never replaced. A check cannot be atomic with an S3 upload, so
+readers verify too: resuming from a state, and finishing a group, require the seal's
+content id to be the one the manifest recorded (:class:`StateMismatch` names both).
+
+Everything read back is validated (:mod:`rlcr.untrusted`): a corrupt or hand-edited
+manifest or draft gives one line naming the file, never a ``KeyError``.
 """
 
 from __future__ import annotations
 
-import getpass
-import json
 import logging
-import os
+import re
 import secrets
-import socket
-import threading
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from rlcr.config import RLCRConfig, result_changing_diff
+from rlcr.lease import LEASE_HEARTBEAT_S, LEASE_TIMEOUT_S, LeaseLost, RunLease, RunLocked
 from rlcr.storage import (
     AlreadyExists,
     Store,
     StorageError,
-    VersionConflict,
     iteration_prefix,
-    pid_alive,
     validate_run_id,
 )
 from rlcr.tasks.sets import prompts_for_iteration, task_sets
+from rlcr.untrusted import InvalidInput, field, parse_json, printable
 
 __all__ = ["RunStore", "RunConfigMismatch", "RunLease", "RunLocked", "LeaseLost", "AlreadyCommitted",
-           "task_sets", "prompts_for_iteration", "new_run_id", "LEASE_TIMEOUT_S", "LEASE_HEARTBEAT_S"]
+           "StateMismatch", "task_sets", "prompts_for_iteration", "new_run_id", "list_runs", "check_fence",
+           "LEASE_TIMEOUT_S", "LEASE_HEARTBEAT_S", "MAX_ITERATION"]
 
 log = logging.getLogger(__name__)
 
-LEASE_TIMEOUT_S = 60.0
-"""A run's lease whose last heartbeat is older than this (seconds) is taken to belong to a dead writer."""
-LEASE_HEARTBEAT_S = 10.0
-"""How often the holder renews its lease (seconds)."""
+MAX_ITERATION = 1_000_000
+"""The largest iteration number a manifest may name."""
+URI_FIELDS = ("checkpoint_uri", "state_uri", "rollouts_uri", "metrics_uri", "policy_in", "policy_out")
+"""Manifest fields that name artifacts: recorded relative to the run where they lie under it."""
+
+_RUN_RELATIVE = re.compile(r"iter-(\d{4,})(/|$)")
+"""A recorded path relative to the run (anything else, e.g. the initial model's name, is kept as it is)."""
 
 
 class RunConfigMismatch(ValueError):
     """Resuming a run with settings that differ from the ones it started with."""
 
 
-class RunLocked(RuntimeError):
-    """Another live writer holds the run's lease; the message names it."""
-
-
-class LeaseLost(RuntimeError):
-    """This writer's lease was taken over (it stalled past the timeout): it must not commit."""
-
-
 class AlreadyCommitted(RuntimeError):
-    """An iteration that is already committed cannot be committed again."""
+    """An iteration that is already committed cannot be committed (or any of its artifacts written) again."""
+
+
+class StateMismatch(RuntimeError):
+    """A saved state's seal is not the one its manifest recorded: it was rewritten after the commit."""
 
 
 def new_run_id() -> str:
     """A fresh run id: UTC time to the second plus a random suffix (unique across calls and machines)."""
     return time.strftime("run-%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(4)
+
+
+def list_runs(store: Store) -> list[str]:
+    """The run ids under ``store``'s ``runs/``: entries that are not runs (``.DS_Store``, a README, a folder
+    whose name is no valid run id) are skipped."""
+    out = []
+    for name in store.ls("runs"):
+        try:
+            validate_run_id(name)
+        except ValueError:
+            continue
+        if store.exists(f"runs/{name}/config.json") or store.exists(f"runs/{name}/iter-0001"):
+            out.append(name)
+    return out
+
+
+def check_fence(store: Store, fence: dict[str, str]) -> None:
+    """Raise :class:`LeaseLost` unless the lease at ``fence["lease_rel"]`` still carries ``fence["token"]`` and
+    ``fence["manifest_rel"]`` is not written yet: the last check a trainer worker makes before it uploads a
+    checkpoint (see :meth:`RunStore.checkpoint_fence`)."""
+    from rlcr.lease import parse_lease
+
+    try:
+        raw = store.read_bytes(fence["lease_rel"])
+    except FileNotFoundError:
+        raw = b""
+    if parse_lease(raw, store.url(fence["lease_rel"])).get("token") != fence["token"]:
+        raise LeaseLost(f"{store.url(fence['lease_rel'])}: the lease was taken over; not writing the checkpoint")
+    if store.exists(fence["manifest_rel"]):
+        raise LeaseLost(f"{store.url(fence['manifest_rel'])} exists: the iteration was committed by another "
+                        f"writer; not writing the checkpoint")
 
 
 @dataclass
@@ -149,35 +189,148 @@ class RunStore:
             log.warning("removed %s, left by a killed writer", p)
         return removed
 
+    # ---------------------------------------------------------------- reading, validated
+    def _read_doc(self, rel: str) -> dict[str, Any] | None:
+        """A control document of the run (bounded, one-line :class:`InvalidInput` naming it), or None if absent."""
+        try:
+            raw = self.store.read_bytes(rel)
+        except FileNotFoundError:
+            return None
+        except NotADirectoryError:
+            raise InvalidInput(f"{self.store.url(rel)}: a parent of it is a file, not a folder") from None
+        return parse_json(raw, self.store.url(rel))
+
+    def _check_fields(self, doc: dict[str, Any], iteration: int, source: str, *, draft: bool) -> dict[str, Any]:
+        """Check a manifest's (or ``draft``: a pending draft's) fields; ranges relative to ``iteration``."""
+        if not draft:
+            field(doc, "iteration", int, source, lo=iteration, hi=iteration)
+            if field(doc, "run_id", str, source, default=self.run_id) != self.run_id:
+                raise InvalidInput(f"{source}: field 'run_id' is {printable(doc['run_id'], 60)!r}, not {self.run_id!r}")
+            field(doc, "committed_at", float, source, default=0.0)
+            state_it = field(doc, "state_iteration", (int, type(None)), source, default=None, lo=iteration,
+                             hi=MAX_ITERATION)
+            if state_it is not None:
+                recorded = self._relative(self._resolve(field(doc, "state_uri", str, source)))
+                m = _RUN_RELATIVE.match(recorded)
+                if m and int(m.group(1)) != state_it:
+                    raise InvalidInput(f"{source}: field 'state_iteration' = {state_it} does not match its "
+                                       f"state_uri {printable(recorded, 100)}")
+            field(doc, "state_content_id", (str, type(None)), source, default=None)
+        for key in URI_FIELDS:
+            field(doc, key, (str, type(None)), source, default=None)
+        field(doc, "policy_in_updates", list, source, default=[])
+        field(doc, "config_hash", (str, type(None)), source, default=None)
+        return doc
+
+    def _resolve(self, value: str | None) -> str | None:
+        """A recorded artifact path → an absolute URI in the store as it is now (see the module docstring)."""
+        if not value:
+            return value
+        if _RUN_RELATIVE.match(value):
+            return self.store.url(f"{self.prefix}/{value}")
+        marker = f"/runs/{self.run_id}/"
+        if marker in value:
+            try:
+                self.store.rel(value)
+            except StorageError:
+                return self.store.url(f"{self.prefix}/{value.split(marker, 1)[1]}")
+        return value
+
+    def _relative(self, value: Any) -> Any:
+        """An artifact URI under this run → its path relative to the run (others are kept as they are)."""
+        if not isinstance(value, str) or not value:
+            return value
+        try:
+            rel = self.store.rel(value)
+        except StorageError:
+            return value
+        return rel[len(self.prefix) + 1:] if rel.startswith(self.prefix + "/") else value
+
+    def _resolved(self, doc: dict[str, Any]) -> dict[str, Any]:
+        return {**doc, **{k: self._resolve(doc[k]) for k in URI_FIELDS if k in doc}}
+
+    def _recorded(self, doc: dict[str, Any]) -> dict[str, Any]:
+        return {**doc, **{k: self._relative(doc[k]) for k in URI_FIELDS if k in doc}}
+
     # ---------------------------------------------------------------- config
-    def check_config(self, cfg: RLCRConfig) -> None:
+    def check_config(self, cfg: RLCRConfig, *, lease: RunLease | None = None) -> None:
         """Record the run's config on first use; on resume refuse a config with other settings."""
         rel = self.config_rel
         current = cfg.model_dump(mode="json")
-        if not self.store.exists(rel):
-            self.store.write_json(rel, {"config": current, "config_hash": cfg.config_hash()})
+        saved = self._read_doc(rel)
+        if saved is None:
+            if lease is not None:
+                lease.check()
+            try:
+                self.store.write_json(rel, {"config": current, "config_hash": cfg.config_hash()}, exclusive=True)
+            except AlreadyExists:
+                return self.check_config(cfg, lease=lease)
             return
-        saved = self.store.read_json(rel)
-        if saved["config_hash"] == cfg.config_hash():
+        source = self.store.url(rel)
+        if field(saved, "config_hash", str, source) == cfg.config_hash():
             return
-        diff = result_changing_diff(saved["config"], cfg)
+        diff = result_changing_diff(field(saved, "config", dict, source), cfg)
         if diff:
-            details = ", ".join(f"{k}: {saved['config'].get(k)!r} → {current.get(k)!r}" for k in diff)
+            details = ", ".join(f"{k}: {printable(repr(saved['config'].get(k)), 60)} → {current.get(k)!r}"
+                                for k in diff)
             raise RunConfigMismatch(f"run {self.run_id!r} was started with other settings ({details}); "
                                     "use a new run_id or the original config")
 
+    # ---------------------------------------------------------------- fenced writes
+    def guard(self, iteration: int, lease: RunLease | None, what: str) -> None:
+        """Before writing ``what`` of iteration k (0: the baseline): the lease is still held (else
+        :class:`LeaseLost`) and k is not committed yet (else :class:`AlreadyCommitted`)."""
+        if lease is not None:
+            lease.check()
+        done = self.baseline_rel if iteration == 0 else self.manifest_rel(iteration)
+        if self.store.exists(done):
+            raise AlreadyCommitted(f"iteration {iteration} of run {self.run_id!r} is already committed "
+                                   f"({self.store.url(done)}); refusing to write its {what}")
+
+    def write_metrics(self, iteration: int, metrics: dict[str, Any], *, lease: RunLease | None = None) -> str:
+        self.guard(iteration, lease, "metrics")
+        self.store.write_json(self.metrics_rel(iteration), metrics)
+        return self.store.url(self.metrics_rel(iteration))
+
+    def write_rollouts(self, iteration: int, table, *, lease: RunLease | None = None) -> str:
+        """The iteration's rollouts Parquet (``iter-<k>/rollouts/rollouts.parquet``); returns its URI."""
+        self.guard(iteration, lease, "rollouts")
+        return self.store.write_parquet(f"{self.iteration_dir(iteration)}/rollouts/rollouts.parquet", table)
+
+    def write_eval_records(self, iteration: int, table, *, lease: RunLease | None = None) -> str:
+        self.guard(iteration, lease, "evaluation records")
+        return self.store.write_parquet(self.eval_records_rel(iteration), table)
+
+    def write_baseline(self, doc: dict[str, Any], *, lease: RunLease | None = None) -> None:
+        """``baseline.json``, create-only (written once, before iteration 1)."""
+        self.guard(0, lease, "baseline")
+        try:
+            self.store.write_json(self.baseline_rel, doc, exclusive=True)
+        except AlreadyExists:
+            raise AlreadyCommitted(f"{self.store.url(self.baseline_rel)} is already written") from None
+
+    def checkpoint_fence(self, iteration: int, lease: RunLease | None) -> dict[str, str] | None:
+        """Check as :meth:`guard` does, and return what the process that uploads iteration k's checkpoint
+        checks again just before it does (:func:`check_fence`); None without a lease."""
+        self.guard(iteration, lease, "checkpoint")
+        if lease is None:
+            return None
+        return {"lease_rel": self.lease_rel, "token": lease.token, "manifest_rel": self.manifest_rel(iteration)}
+
     # ---------------------------------------------------------------- manifests
     def manifest(self, iteration: int) -> dict[str, Any] | None:
-        try:
-            return self.store.read_json(self.manifest_rel(iteration))
-        except FileNotFoundError:
+        """Iteration k's manifest, checked, with its artifact paths as absolute URIs; None if not committed."""
+        rel = self.manifest_rel(iteration)
+        doc = self._read_doc(rel)
+        if doc is None:
             return None
+        return self._resolved(self._check_fields(doc, iteration, self.store.url(rel), draft=False))
 
     def committed(self) -> list[dict[str, Any]]:
         """Manifests of the committed iterations 1..k, in order (stops at the first gap)."""
         out = []
         k = 1
-        while (m := self.manifest(k)) is not None:
+        while k <= MAX_ITERATION and (m := self.manifest(k)) is not None:
             out.append(m)
             k += 1
         return out
@@ -186,17 +339,32 @@ class RunStore:
         done = self.committed()
         return done[-1] if done else None
 
+    def verified_state(self, manifest: dict[str, Any]) -> str | None:
+        """The manifest's saved state (URI), after checking its seal is the one the manifest recorded
+        (:class:`StateMismatch` naming both content ids otherwise); None when it names no state."""
+        uri = manifest.get("state_uri") or manifest.get("checkpoint_uri")
+        if not uri:
+            return None
+        recorded = manifest.get("state_content_id")
+        if recorded is None:  # a manifest from before content ids were recorded
+            return uri
+        try:
+            actual = self.store.content_id(self.store.rel(uri))
+        except StorageError as e:
+            raise StateMismatch(f"run {self.run_id!r}, iteration {manifest['iteration']}: its state {uri} cannot "
+                                f"be verified ({printable(e, 200)})") from None
+        if actual != recorded:
+            raise StateMismatch(f"run {self.run_id!r}, iteration {manifest['iteration']}: the manifest recorded "
+                                f"state content id {printable(recorded, 80)} but {uri} is sealed with {actual}: it "
+                                f"was rewritten after the commit; refusing to resume from it")
+        return uri
+
     def stage(self, iteration: int, manifest: dict[str, Any], metrics: dict[str, Any], *,
-              lease: "RunLease | None" = None) -> None:
+              lease: RunLease | None = None) -> None:
         """Write iteration k's metrics and manifest draft (pending; a re-run overwrites both)."""
-        if self.manifest(iteration) is not None:
-            raise AlreadyCommitted(f"iteration {iteration} of run {self.run_id!r} is already committed; "
-                                   f"refusing to stage it again")
-        if lease is not None:
-            lease.check()
-        self.store.write_json(self.metrics_rel(iteration), metrics)
-        self.store.write_json(self.pending_rel(iteration),
-                              {**manifest, "metrics_uri": self.store.url(self.metrics_rel(iteration))})
+        self.write_metrics(iteration, metrics, lease=lease)
+        draft = self._recorded({**manifest, "metrics_uri": self.store.url(self.metrics_rel(iteration))})
+        self.store.write_json(self.pending_rel(iteration), draft)
 
     def pending(self) -> list[int]:
         """Staged iterations after the last committed one, in order (stops at the first gap)."""
@@ -206,34 +374,43 @@ class RunStore:
             k += 1
         return out
 
+    def _draft(self, iteration: int) -> dict[str, Any]:
+        rel = self.pending_rel(iteration)
+        doc = self._read_doc(rel)
+        if doc is None:
+            raise FileNotFoundError(f"{self.store.url(rel)}: the staged manifest is gone")
+        return self._check_fields(doc, iteration, self.store.url(rel), draft=True)
+
     def commit_staged(self, iterations: list[int], state_uri: str, state_iteration: int, *,
-                      lease: "RunLease | None" = None) -> list[str]:
-        """Commit staged iterations, in order, as covered by the sealed state saved after ``state_iteration``."""
+                      lease: RunLease | None = None, content_id: str | None = None) -> list[str]:
+        """Commit staged iterations, in order, as covered by the sealed state saved after ``state_iteration``
+        (``content_id``: its seal's, when the caller knows it; else read now)."""
         uris = []
-        content_id = self.store.content_id(self.store.rel(state_uri))
+        content_id = content_id or self.store.content_id(self.store.rel(state_uri))
         for k in iterations:
-            draft = self.store.read_json(self.pending_rel(k))
-            manifest = {**draft, "state_uri": state_uri, "state_iteration": state_iteration,
+            manifest = {**self._draft(k), "state_uri": state_uri, "state_iteration": state_iteration,
                         "state_content_id": content_id,
                         "checkpoint_uri": state_uri if k == state_iteration else None}
             uris.append(self.commit(k, manifest, lease=lease))
             self.store.rm(self.pending_rel(k))
         return uris
 
-    def finish_group(self, *, lease: "RunLease | None" = None) -> list[str]:
+    def finish_group(self, *, lease: RunLease | None = None) -> list[str]:
         """Commit the rest of a group a crash interrupted: the last committed manifest names a saved state
         after a later iteration, whose staged iterations are committed now. Returns the manifests written."""
         last = self.last_committed()
         if not last or not last.get("state_iteration") or last["state_iteration"] <= last["iteration"]:
             return []
-        todo = list(range(last["iteration"] + 1, last["state_iteration"] + 1))
-        missing = [k for k in todo if not self.store.exists(self.pending_rel(k))]
-        if missing:
-            raise RuntimeError(f"run {self.run_id!r}: iterations {missing} are covered by {last['state_uri']} "
-                               f"but their staged manifests are gone; cannot finish committing them")
-        return self.commit_staged(todo, last["state_uri"], last["state_iteration"], lease=lease)
+        state_uri = self.verified_state(last)
+        first, end = last["iteration"] + 1, last["state_iteration"]
+        for k in range(first, end + 1):  # stops at the first missing draft: bounded by what exists
+            if not self.store.exists(self.pending_rel(k)):
+                raise RuntimeError(f"run {self.run_id!r}: iterations {k}..{end} are covered by {state_uri} but "
+                                   f"the staged manifest of {k} is gone; cannot finish committing them")
+        return self.commit_staged(list(range(first, end + 1)), state_uri, end, lease=lease,
+                                  content_id=last.get("state_content_id"))
 
-    def commit(self, iteration: int, manifest: dict[str, Any], *, lease: "RunLease | None" = None) -> str:
+    def commit(self, iteration: int, manifest: dict[str, Any], *, lease: RunLease | None = None) -> str:
         """Write the manifest last, create-only and durably: after this, the iteration exists.
 
         Refused (nothing written) when the checkpoint is not sealed, when iteration k−1 is not
@@ -242,12 +419,13 @@ class RunStore:
         ckpt = manifest.get("checkpoint_uri") or manifest.get("state_uri")
         if ckpt and not self.store.is_complete(self.store.rel(ckpt)):
             raise RuntimeError(f"refusing to commit iteration {iteration}: checkpoint {ckpt} is not sealed")
-        if iteration > 1 and self.manifest(iteration - 1) is None:
+        if iteration > 1 and not self.store.exists(self.manifest_rel(iteration - 1)):
             raise RuntimeError(f"refusing to commit iteration {iteration} of run {self.run_id!r}: "
                                f"iteration {iteration - 1} is not committed")
         if lease is not None:
             lease.check()
-        manifest = {**manifest, "run_id": self.run_id, "iteration": iteration, "committed_at": time.time()}
+        manifest = self._recorded({**manifest, "run_id": self.run_id, "iteration": iteration,
+                                   "committed_at": time.time()})
         rel = self.manifest_rel(iteration)
         try:
             self.store.write_json(rel, manifest, exclusive=True)
@@ -255,179 +433,3 @@ class RunStore:
             raise AlreadyCommitted(f"iteration {iteration} of run {self.run_id!r} is already committed "
                                    f"({self.store.url(rel)}); refusing to overwrite it") from None
         return self.store.url(rel)
-
-
-def _now() -> float:
-    return time.time()
-
-
-class RunLease:
-    """The exclusive writer lease of one run (see the module docstring).
-
-    ``with RunLease(run, owner="flow run 1234"):`` acquires on entry (raising
-    :class:`RunLocked` naming the live holder), renews the heartbeat from a daemon
-    thread, and releases on exit. :meth:`check` raises :class:`LeaseLost` if the lease
-    was taken over meanwhile (e.g. this process stalled past ``timeout_s``).
-    """
-
-    def __init__(self, run: RunStore, *, owner: str | None = None, timeout_s: float = LEASE_TIMEOUT_S,
-                 heartbeat_s: float = LEASE_HEARTBEAT_S):
-        if heartbeat_s <= 0 or timeout_s <= heartbeat_s:
-            raise ValueError(f"lease timeout ({timeout_s} s) must exceed the heartbeat interval ({heartbeat_s} s) > 0")
-        self.run, self.store, self.rel = run, run.store, run.lease_rel
-        self.timeout_s, self.heartbeat_s = timeout_s, heartbeat_s
-        self.token = uuid.uuid4().hex
-        self.owner = owner or "rlcr"
-        self.version: str | None = None
-        self.lost: str | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    # ------------------------------------------------------------------ document
-    def _doc(self, acquired_at: float) -> bytes:
-        return json.dumps({
-            "run_id": self.run.run_id, "owner": self.owner, "token": self.token,
-            "host": socket.gethostname(), "machine": _machine_id(), "pid": os.getpid(), "user": _user(),
-            "acquired_at": acquired_at, "heartbeat_at": _now(), "timeout_s": self.timeout_s,
-        }, indent=1).encode()
-
-    @staticmethod
-    def describe(holder: dict[str, Any]) -> str:
-        """``holder``: a lease as :func:`_parse_lease` reads it."""
-        age = _now() - holder["heartbeat_at"]
-        return (f"{holder.get('owner')} ({holder.get('user')}@{holder.get('host')}, pid {holder.get('pid')}), "
-                f"last heartbeat {age:.0f} s ago")
-
-    # ------------------------------------------------------------------ acquire / renew / release
-    def acquire(self) -> "RunLease":
-        self._acquired_at = _now()
-        data = self._doc(self._acquired_at)
-        try:
-            self.store.write_bytes(self.rel, data, exclusive=True)
-        except AlreadyExists:
-            self._take_over_if_stale(data)
-        raw, self.version = self.store.read_versioned(self.rel)
-        holder = _parse_lease(raw)
-        if holder.get("token") != self.token:  # lost a race right after acquiring
-            raise RunLocked(self._locked_message(holder))
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._heartbeat_loop, name=f"lease-{self.run.run_id}", daemon=True)
-        self._thread.start()
-        return self
-
-    def _locked_message(self, holder: dict[str, Any]) -> str:
-        return (f"run {self.run.run_id!r} is being written by {self.describe(holder)}; only one writer per run. "
-                f"Wait for it to finish, use another run id, or — if that writer is dead — retry after "
-                f"{self.timeout_s:.0f} s without a heartbeat, when its lease ({self.store.url(self.rel)}) is taken over")
-
-    def _take_over_if_stale(self, data: bytes) -> None:
-        try:
-            raw, version = self.store.read_versioned(self.rel)
-        except FileNotFoundError:  # released in between: try once more from scratch
-            try:
-                self.store.write_bytes(self.rel, data, exclusive=True)
-            except AlreadyExists:
-                raise RunLocked(f"run {self.run.run_id!r}: another writer acquired the lease just now") from None
-            return
-        holder = _parse_lease(raw)
-        age = _now() - holder["heartbeat_at"]
-        dead_here = holder["machine"] == _machine_id() and not pid_alive(holder["pid"])
-        if age <= holder["timeout_s"] and not dead_here:
-            raise RunLocked(self._locked_message(holder))
-        try:
-            self.store.write_if_version(self.rel, data, version)
-        except VersionConflict:
-            raise RunLocked(f"run {self.run.run_id!r}: another writer took over the stale lease first") from None
-        log.warning("run %s: took over the lease of %s", self.run.run_id, self.describe(holder))
-
-    def renew(self) -> None:
-        """Write a fresh heartbeat if the lease is still ours (else mark it lost)."""
-        with self._lock:
-            if self.lost or self.version is None:
-                return
-            try:
-                self.store.write_if_version(self.rel, self._doc(self._acquired_at), self.version)
-                _, self.version = self.store.read_versioned(self.rel)
-                self._last_ok = _now()
-            except (VersionConflict, FileNotFoundError):
-                self.lost = "the lease was taken over by another writer"
-            except StorageError as e:  # storage unreachable: keep trying until the timeout
-                if _now() - getattr(self, "_last_ok", self._acquired_at) > self.timeout_s:
-                    self.lost = f"the heartbeat could not be written for {self.timeout_s:.0f} s ({e})"
-
-    def _heartbeat_loop(self) -> None:
-        while not self._stop.wait(self.heartbeat_s):
-            self.renew()
-            if self.lost:
-                log.error("run %s: %s", self.run.run_id, self.lost)
-                return
-
-    def check(self) -> None:
-        """Raise :class:`LeaseLost` unless this writer still holds the lease (reads it: one GET)."""
-        if self.lost is None:
-            try:
-                raw, _ = self.store.read_versioned(self.rel)
-                if _parse_lease(raw).get("token") != self.token:
-                    self.lost = "the lease was taken over by another writer"
-            except FileNotFoundError:
-                self.lost = "the lease was removed"
-        if self.lost:
-            raise LeaseLost(f"run {self.run.run_id!r}: {self.lost}; this writer stops without committing")
-
-    def release(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-        with self._lock:
-            if self.version is not None and not self.lost:
-                try:
-                    self.store.delete_if_version(self.rel, self.version)
-                except StorageError as e:
-                    log.warning("run %s: could not release the lease (%s); it expires after %.0f s",
-                                self.run.run_id, e, self.timeout_s)
-            self.version = None
-
-    def __enter__(self) -> "RunLease":
-        return self.acquire()
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-
-def _parse_lease(raw: bytes) -> dict[str, Any]:
-    """A lease document read from storage, with typed fields; anything unreadable counts as a heartbeat at
-    time 0 (stale: taken over, by compare-and-swap, like a dead holder's)."""
-    try:
-        doc = json.loads(raw)
-        doc = doc if isinstance(doc, dict) else {}
-    except ValueError:
-        doc = {}
-
-    def num(key, default, kind=float):
-        try:
-            value = kind(doc.get(key, default))
-            return value if value == value else default  # NaN → default
-        except (TypeError, ValueError, OverflowError):
-            return default
-
-    return {**doc, "owner": str(doc.get("owner", "an unreadable lease")), "heartbeat_at": num("heartbeat_at", 0.0),
-            "timeout_s": num("timeout_s", LEASE_TIMEOUT_S), "pid": num("pid", -1, int),
-            "machine": str(doc.get("machine", ""))}
-
-
-def _machine_id() -> str:
-    """This machine (host name + boot id): a lease whose holder ran here and whose pid is gone is free at once."""
-    try:
-        boot = open("/proc/sys/kernel/random/boot_id").read().strip()
-    except OSError:
-        boot = "?"
-    return f"{socket.gethostname()}/{boot}"
-
-
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:
-        return "?"
