@@ -40,11 +40,12 @@ from rlcr.models import resolve_model
 from rlcr.rollout.engine import EnginePool
 from rlcr.rollout.pipeline import finalize_rollouts, generate_rollouts, rollout_seed
 from rlcr.rollout.records import rows_to_table
-from rlcr.runs import RunLease, RunStore, new_run_id, prompts_for_iteration, task_sets
+from rlcr.runs import (AlreadyCommitted, LeaseLost, RunLease, RunStore, StateMismatch, new_run_id,
+                       prompts_for_iteration, task_sets)
 from rlcr.storage import validate_run_id
 from rlcr.train.trainer import PolicyTrainer, StateLost
 
-__all__ = ["rlcr_train", "ensure_ray", "resolve_config", "add_listener", "remove_listener", "artifact_key"]
+__all__ = ["rlcr_train", "ensure_ray", "resolve_config", "add_listener", "remove_listener", "artifact_key", "run_key"]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -111,16 +112,22 @@ def timed_stage(stage: str, iteration: int, timings: dict[str, float]):
     events.emit(events.StageEvent(stage, iteration, "end", elapsed, figures))
 
 
-def artifact_key(run_id: str, iteration: int) -> str:
-    """A Prefect artifact key (``[a-z0-9-]``) for any valid run id; a short hash keeps distinct ids distinct."""
+def run_key(run_id: str) -> str:
+    """Any valid run id as part of a Prefect artifact key (``[a-z0-9-]``): a slug and a short hash of the id,
+    which keeps distinct ids distinct."""
     slug = re.sub(r"[^a-z0-9]+", "-", run_id.lower()).strip("-")[:60] or "run"
     digest = hashlib.sha256(run_id.encode()).hexdigest()[:6]
-    return f"rlcr-{slug}-{digest}-iter-{iteration}"
+    return f"{slug}-{digest}"
+
+
+def artifact_key(run_id: str, iteration: int) -> str:
+    """A Prefect artifact key (``[a-z0-9-]``) for any valid run id (:func:`run_key`)."""
+    return f"rlcr-{run_key(run_id)}-iter-{iteration}"
 
 
 def _opts(cfg: RLCRConfig) -> dict:
     return dict(retries=cfg.retries, retry_delay_seconds=exponential_backoff(backoff_factor=cfg.retry_delay_s),
-                cache_policy=NO_CACHE)
+                cache_policy=NO_CACHE, retry_condition_fn=_retry_unless_final)
 
 
 def _fmt(v) -> str:
@@ -165,24 +172,27 @@ def rollouts_task(cfg, prompts, policy, run_id, iteration, engines, tokenizer_ur
 
 
 @task(name="advantages")
-def advantages_task(cfg, rows, run, iteration):
-    """Two-level advantages (SPEC §6) and the rollouts Parquet."""
+def advantages_task(cfg, rows, run, iteration, lease):
+    """Two-level advantages (SPEC §6) and the rollouts Parquet (written under the run's lease)."""
     _started("advantages", iteration)
-    return finalize_rollouts(cfg, rows, run_id=run.run_id, iteration=iteration, store=run.store)
+    result = finalize_rollouts(cfg, rows, run_id=run.run_id, iteration=iteration)
+    result.uri = run.write_rollouts(iteration, rows_to_table(result.rows), lease=lease)
+    return result
 
 
-def _retry_unless_state_lost(task, task_run, state) -> bool:
-    """A retry cannot bring back unsaved updates: :class:`StateLost` goes to the flow, which rewinds."""
+def _retry_unless_final(task, task_run, state) -> bool:
+    """A retry cannot bring back unsaved updates (:class:`StateLost` goes to the flow, which rewinds), nor a
+    lost lease, nor a committed iteration or a rewritten state: those go to the flow at once."""
     try:
         state.result()
-    except StateLost:
+    except (StateLost, LeaseLost, AlreadyCommitted, StateMismatch):
         return False
     except BaseException:  # noqa: BLE001 - any other failure is retried
         return True
     return True
 
 
-@task(name="update", retry_condition_fn=_retry_unless_state_lost)
+@task(name="update", retry_condition_fn=_retry_unless_final)
 def update_task(trainer, rows, iteration):
     """Masked GRPO update on the run's long-lived Ray Train workers (their AdamW carries over)."""
     _started("update", iteration)
@@ -198,13 +208,13 @@ def sync_weights_task(engines, weights, version, iteration):
 
 
 @task(name="evaluate")
-def evaluate_task(cfg, run, held_out, policy, iteration, engines, tokenizer_uri):
+def evaluate_task(cfg, run, held_out, policy, iteration, engines, tokenizer_uri, lease):
     """Held-out accuracy and calibration (SPEC §9) of the policy the engines hold; its per-answer rows go to
     ``run.eval_records_rel(iteration)`` (``records_uri`` in the metrics) for paired comparisons."""
     _started("evaluate" if iteration else "baseline", iteration)
     metrics, rows = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=iteration, engines=engines,
                                     tokenizer_uri=tokenizer_uri, run_id=run.run_id)
-    metrics["records_uri"] = run.store.write_parquet(run.eval_records_rel(iteration), rows_to_table(rows))
+    metrics["records_uri"] = run.write_eval_records(iteration, rows_to_table(rows), lease=lease)
     return metrics
 
 
@@ -215,12 +225,14 @@ def stage_task(run, iteration, manifest, metrics, lease):
     run.stage(iteration, manifest, metrics, lease=lease)
 
 
-@task(name="save", retry_condition_fn=_retry_unless_state_lost)
-def save_task(trainer, run, iteration, extra):
-    """The full training state (weights, AdamW, schedule, RNG), sealed, after iteration ``iteration``."""
+@task(name="save", retry_condition_fn=_retry_unless_final)
+def save_task(trainer, run, iteration, extra, lease):
+    """The full training state (weights, AdamW, schedule, RNG), sealed, after iteration ``iteration``; fenced
+    by the run's lease (checked here and again by the worker just before it uploads)."""
     _started("save", iteration)
+    fence = run.checkpoint_fence(iteration, lease)
     trainer.ensure_running()
-    return trainer.save(run.checkpoint_rel(iteration), extra=extra)
+    return trainer.save(run.checkpoint_rel(iteration), extra=extra, fence=fence)
 
 
 @task(name="commit")
@@ -253,7 +265,7 @@ def rlcr_train(
     from prefect.context import get_run_context
 
     with RunLease(run, owner=f"prefect flow run {get_run_context().flow_run.id}") as lease:
-        run.check_config(cfg)
+        run.check_config(cfg, lease=lease)
         run.sweep_temporaries()
         run.finish_group(lease=lease)
         train_tasks, held_out = task_sets(cfg)
@@ -264,7 +276,7 @@ def rlcr_train(
             log.info("run %s already has %d committed iterations", run_id, len(done))
             summary["iterations"] = [m["iteration"] for m in done]
             return summary
-        saved = done[-1]["checkpoint_uri"] if done else initial
+        saved = run.verified_state(done[-1]) if done else initial
         log.info("run %s: iterations %d..%d from %s", run_id, len(done) + 1, cfg.iterations, saved)
 
         ensure_ray()
@@ -273,30 +285,30 @@ def rlcr_train(
         opts = _opts(cfg)
         with EnginePool(cfg, saved) as engines, PolicyTrainer(cfg, policy_uri=saved, restore=bool(done)) as trainer:
             if not done and cfg.eval_every and not run.store.exists(run.baseline_rel):
-                baseline = evaluate_task.with_options(**opts)(cfg, run, held_out, saved, 0, engines, initial)
-                run.store.write_json(run.baseline_rel, {"policy_uri": saved, "eval": baseline})
-            policy, staged, rewinds = saved, [], 0
+                baseline = evaluate_task.with_options(**opts)(cfg, run, held_out, saved, 0, engines, initial, lease)
+                run.write_baseline({"policy_uri": saved, "eval": baseline}, lease=lease)
+            policy, staged, rewinds = saved, [], 0  # staged: the iterations applied in memory since `saved`
             k = len(done) + 1
             while k <= cfg.iterations:
                 try:
-                    metrics, manifest, saved_uri = _iteration(cfg, run, k, trainer, engines, policy, initial,
+                    metrics, manifest, saved_uri = _iteration(cfg, run, k, trainer, engines, (saved, policy), initial,
                                                               train_tasks, held_out, opts, lease, staged)
                 except StateLost as e:  # the workers died with unsaved updates: rewind to the last saved state
                     rewinds += 1
                     if rewinds > cfg.retries:
                         raise
                     done = run.committed()
-                    policy = done[-1]["checkpoint_uri"] if done else initial
+                    saved = policy = run.verified_state(done[-1]) if done else initial
                     log.warning("%s; rewinding to %s and re-running iterations %d..%d (rewind %d of %d)",
                                 e, policy, len(done) + 1, k, rewinds, cfg.retries)
                     trainer.restart_from(policy, restore=bool(done))
                     engines.load(policy)
                     staged, k = [], len(done) + 1
                     continue
-                policy = manifest["policy_out"]
+                policy = metrics["engines"]["policy"]
                 if saved_uri:
                     summary["iterations"].extend(staged)
-                    staged = []
+                    saved, staged = saved_uri, []
                 create_markdown_artifact(
                     key=artifact_key(run_id, k),
                     markdown=metrics_markdown(run_id, k, metrics, {"checkpoint": saved_uri or "pending (not saved yet)",
@@ -319,19 +331,22 @@ def _progress_line(metrics: dict) -> str:
     return f"rollout accuracy {_fmt(ro.get('answer/accuracy', math.nan))}{conf} (no held-out evaluation this iteration)"
 
 
-def _iteration(cfg, run, k, trainer, engines, policy, initial, train_tasks, held_out, opts, lease, staged):
+def _iteration(cfg, run, k, trainer, engines, policies, initial, train_tasks, held_out, opts, lease, staged):
     """One iteration: rollouts → advantages → update → weight sync → evaluate → stage (→ save → commit).
 
-    Returns (metrics, manifest draft, URI of the saved state or None). ``staged`` collects the iterations
-    staged since the last save; on a save they are committed and the list is left for the caller to clear.
+    ``policies``: (the last saved state, the policy the engines hold: that state plus the updates of the
+    iterations in ``staged``). Returns (metrics, manifest draft, URI of the saved state or None). ``staged``
+    collects the iterations staged since the last save; on a save they are committed and the list is left
+    for the caller to clear.
     """
+    base, policy = policies
     t: dict[str, float] = {}
     prompts = prompts_for_iteration(cfg, train_tasks, k)
     with timed_stage("rollouts", k, t) as fig:
         rows, gen_timings = rollouts_task.with_options(**opts)(cfg, prompts, policy, run.run_id, k, engines, initial)
         fig["samples"] = len(rows)
     with timed_stage("advantages", k, t) as fig:
-        rollout = advantages_task.with_options(**opts)(cfg, rows, run, k)
+        rollout = advantages_task.with_options(**opts)(cfg, rows, run, k, lease)
         fig.update({"answer reward": rollout.stats.get("answer/reward_mean"),
                     "confidence reward": rollout.stats.get("confidence/reward_mean")})
     if cfg.engine_release_during_update:
@@ -347,14 +362,15 @@ def _iteration(cfg, run, k, trainer, engines, policy, initial, train_tasks, held
     ev: dict[str, Any] = {}
     if cfg.eval_every and (k % cfg.eval_every == 0 or k == cfg.iterations):
         with timed_stage("evaluate", k, t) as fig:
-            ev = evaluate_task.with_options(**opts)(cfg, run, held_out, version, k, engines, initial)
+            ev = evaluate_task.with_options(**opts)(cfg, run, held_out, version, k, engines, initial, lease)
             fig.update({"accuracy": ev.get("accuracy"), "ECE": ev.get("ece")})
     save = k % cfg.save_every == 0 or k == cfg.iterations
     metrics = {"rollout": rollout.stats, "update": update.metrics, "eval": ev,
                "engines": {"policy": version, "sync": synced},
                "timings": {**t, **gen_timings}}
-    manifest = {
-        "policy_in": policy, "policy_out": version, "rollouts_uri": rollout.uri, "config_hash": cfg.config_hash(),
+    manifest = {  # policy_in: a saved state (+ policy_in_updates applied in memory); policy_out: where it is saved
+        "policy_in": base, "policy_in_updates": list(staged), "policy_out": version if save else None,
+        "rollouts_uri": rollout.uri, "config_hash": cfg.config_hash(),
         "seeds": {"run": cfg.seed, "rollout": rollout_seed(cfg, k), "eval": cfg.eval_seed},
     }
     with timed_stage("stage", k, t):
@@ -365,8 +381,8 @@ def _iteration(cfg, run, k, trainer, engines, policy, initial, train_tasks, held
     with timed_stage("save", k, t):
         extra = {k_: v for k_, v in update.metrics.items() if k_ != "history"}
         extra.update(run_id=run.run_id, iteration=k, parent=policy, covers=list(staged))
-        uri = save_task.with_options(**opts)(trainer, run, k, extra)
-    run.store.write_json(run.metrics_rel(k), metrics)  # still pending: now with the save's time
+        uri = save_task.with_options(**opts)(trainer, run, k, extra, lease)
+    run.write_metrics(k, metrics, lease=lease)  # still pending: now with the save's time
     with timed_stage("commit", k, t):
         commit_task.with_options(**opts)(run, list(staged), uri, k, lease)
     return metrics, manifest, uri

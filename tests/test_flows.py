@@ -74,7 +74,12 @@ def test_train_flow_fail_resume_and_s3_outage(ray_local, prefect_harness, tiny_m
     manifests = [k for k in keys if k.endswith("manifest.json")]
     assert manifests == [f"{prefix}iter-0001/manifest.json", f"{prefix}iter-0002/manifest.json"]
     body = lambda k: s3.client().get_object(Bucket=BUCKET, Key=k)["Body"].read()
-    m1, m2 = (json.loads(body(k)) for k in manifests)
+    raw1, raw2 = (json.loads(body(k)) for k in manifests)
+    assert raw2["checkpoint_uri"] == "iter-0002/checkpoint"  # recorded relative to the run (a store may move)
+    from rlcr.config import RLCRConfig
+    from rlcr.runs import RunStore
+
+    m1, m2 = RunStore.open(RLCRConfig(**overrides(tiny_model_dir, s3)), run).committed()
     assert m2["policy_in"] == m1["checkpoint_uri"] and m2["checkpoint_uri"].startswith(f"s3://{BUCKET}/{prefix}iter-0002/")
     for m in (m1, m2):
         it = f"{prefix}iter-{m['iteration']:04d}/"
@@ -233,6 +238,9 @@ def test_save_every_stages_rewinds_and_resumes_exactly(ray_local, prefect_harnes
     m1, m2, m3 = straight.committed()
     assert m1["checkpoint_uri"] is None and m1["state_uri"] == m2["checkpoint_uri"] and m1["state_iteration"] == 2
     assert m2["checkpoint_uri"].endswith("iter-0002/checkpoint") and m3["checkpoint_uri"].endswith("iter-0003/checkpoint")
+    # policy_in names a state that exists: the initial model + iteration 1 applied in memory, for iteration 2
+    assert m2["policy_in"] == m1["policy_in"] == str(tiny_model_dir) and m2["policy_in_updates"] == [1]
+    assert m3["policy_in"] == m2["checkpoint_uri"] and m3["policy_in_updates"] == [] and m1["policy_out"] is None
     assert not straight.store.exists(straight.checkpoint_rel(1))  # nothing saved after iteration 1
     assert straight.pending() == [] and not straight.store.exists(straight.pending_rel(1))
 

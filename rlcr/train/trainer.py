@@ -235,6 +235,15 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                                   "rng": {"torch": torch.get_rng_state()}, "format": 1}
             if rank == 0:
                 store = Store(cfg.storage_uri, endpoint_url=cfg.s3_endpoint_url)
+                if cmd.get("fence"):  # the writer's lease, checked again just before the upload
+                    from rlcr.runs import LeaseLost, check_fence
+
+                    try:
+                        check_fence(store, cmd["fence"])
+                    except LeaseLost as e:
+                        reply["refused"] = str(e)
+                        outbox.put(reply)
+                        continue
                 reply["uri"] = save_checkpoint(lm, tokenizer, store, cmd["rel"], state_dict=state,
                                                extra=cmd["extra"], training_state=training_state)
         else:
@@ -428,10 +437,18 @@ class PolicyTrainer:
         metrics = {**r["metrics"], "workers": self.workers, "trainer_starts": self.starts}
         return UpdateResult(metrics=metrics, weights=r["weights"][0])
 
-    def save(self, rel: str, *, extra: dict[str, Any] | None = None, with_optimizer: bool = True) -> str:
+    def save(self, rel: str, *, extra: dict[str, Any] | None = None, with_optimizer: bool = True,
+             fence: dict[str, str] | None = None) -> str:
         """Write the training state (weights, tokenizer; with ``with_optimizer`` AdamW, schedule and RNG),
-        sealed, at ``rel`` in ``cfg.storage_uri``; returns its URI. Later rewinds/restarts start from it."""
-        r = self._request("save", SAVE_TIMEOUT_S, rel=rel, extra=extra or {}, with_optimizer=with_optimizer)
+        sealed, at ``rel`` in ``cfg.storage_uri``; returns its URI. Later rewinds/restarts start from it.
+        ``fence``: :meth:`rlcr.runs.RunStore.checkpoint_fence`, checked by rank 0 just before the upload
+        (:class:`~rlcr.runs.LeaseLost` if the writer lost its lease)."""
+        r = self._request("save", SAVE_TIMEOUT_S, rel=rel, extra=extra or {}, with_optimizer=with_optimizer,
+                          fence=fence)
+        if r.get("refused"):
+            from rlcr.runs import LeaseLost
+
+            raise LeaseLost(r["refused"])
         self.saved_uri, self.saved_restore, self.unsaved = r["uri"], with_optimizer, 0
         return r["uri"]
 
