@@ -19,7 +19,22 @@ from typing import Any, Literal, Mapping, Sequence
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-__all__ = ["RLCRConfig", "ConfigError", "load_config", "result_changing_diff", "OPERATIONAL_FIELDS"]
+from rlcr.seeds import SEED_MODULUS
+from rlcr.untrusted import MAX_DEPTH, InvalidInput, decode_text, printable
+
+__all__ = ["RLCRConfig", "ConfigError", "load_config", "result_changing_diff", "OPERATIONAL_FIELDS", "MAX_SEED",
+           "MAX_CONFIG_BYTES", "MAX_OVERRIDE_CHARS"]
+
+MAX_SEED = SEED_MODULUS
+"""Largest ``seed`` / ``eval_seed`` (2^31 − 1). Every seed derived from them stays in range where it is used:
+engine seeds (:func:`rlcr.seeds.rollout_seed` plus a salt) below 2^32 for NumPy, the update's
+:func:`rlcr.seeds.mini_batch_seed` of :func:`rlcr.seeds.update_seed` below 2^64 for ``torch.Generator``."""
+MAX_CONFIG_BYTES = 256 * 1024
+"""Largest YAML config file read, in bytes (configs are a few kB)."""
+MAX_OVERRIDE_CHARS = 16 * 1024
+"""Longest ``field=value`` override accepted."""
+_MAX_ERRORS = 10
+"""Validation errors listed in one :class:`ConfigError` (the rest are counted)."""
 
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 ConfNormMode = Literal["answer", "answer_then_prompt"]
@@ -52,8 +67,8 @@ class RLCRConfig(BaseModel):
     s3_endpoint_url: str | None = None
     """Endpoint of an S3-compatible server (MinIO, moto); None uses AWS. Credentials come from the AWS environment.
     Operational: may differ on resume."""
-    seed: int = 0
-    """Master seed: task sampling, engine sampling and the update's shuffling derive from it."""
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+    """Master seed, in [0, 2^31 − 1]: task sampling, engine sampling and the update's shuffling derive from it."""
     iterations: int = Field(1, ge=1)
     """Number of RL iterations (rollout → update → eval → commit) to run. Operational: raising it on resume
     extends the run (iteration k does not depend on the total)."""
@@ -76,9 +91,9 @@ class RLCRConfig(BaseModel):
     once, so the pool can hold fewer distinct tasks in a small task space."""
     num_eval_tasks: int = Field(64, ge=1)
     """How many held-out tasks to generate when ``eval_tasks`` is None: distinct, and none a training task."""
-    eval_seed: int = 1_000_003
-    """Seed of the generated evaluation set (kept apart from ``seed``; candidates that are training tasks are
-    skipped, so the set is fixed across runs with the same training pool)."""
+    eval_seed: int = Field(1_000_003, ge=0, le=MAX_SEED)
+    """Seed of the generated evaluation set, in [0, 2^31 − 1] (kept apart from ``seed``; candidates that are
+    training tasks are skipped, so the set is fixed across runs with the same training pool)."""
     eval_stratify_counts: bool = True
     """Generated held-out sets hold each number count (``task_min_count`` … ``task_max_count``) in the share the
     generator draws it (equal shares), whatever the training pool took. Without it the candidates are taken as
@@ -319,10 +334,13 @@ class RLCRConfig(BaseModel):
         """Local paths become absolute: Ray workers run in other working directories."""
         if value is None or "://" in value:
             return value
-        path = Path(value).expanduser()
-        if info.field_name == "model" and not path.exists():
-            return value  # a model name such as smollm2-135m-instruct
-        return str(path.resolve())
+        try:
+            path = Path(value).expanduser()
+            if info.field_name == "model" and not path.exists():
+                return value  # a model name such as smollm2-135m-instruct
+            return str(path.resolve())
+        except OSError as e:  # a name too long for the filesystem, …: a ValueError names the field
+            raise ValueError(f"not a usable local path ({e.strerror or type(e).__name__})") from None
 
     @field_validator("engine_resources", "trainer_resources")
     @classmethod
@@ -357,6 +375,11 @@ class RLCRConfig(BaseModel):
                 raise ValueError(f"{name} must be (low, high) with low <= high, got {(lo, hi)}")
         if self.task_num_range[0] < 1:
             raise ValueError("task_num_range must hold positive numbers")
+        from rlcr.tasks.countdown import MAX_TASK_NUMBER  # here: that module imports this one
+
+        if self.task_num_range[1] > MAX_TASK_NUMBER or max(map(abs, self.task_target_range)) > MAX_TASK_NUMBER:
+            raise ValueError(f"task_num_range and task_target_range must lie within ±{MAX_TASK_NUMBER} (the longest "
+                             "number the scorer reads)")
         if self.fsdp and not self.use_gpu:
             raise ValueError("fsdp requires use_gpu")
         if self.engine_block_size is not None and not self.use_gpu and self.engine_block_size % 32:
@@ -384,26 +407,102 @@ class RLCRConfig(BaseModel):
     def from_yaml(
         cls, path: str | Path | None = None, overrides: Mapping[str, Any] | Sequence[str] | None = None
     ) -> "RLCRConfig":
-        """Load a YAML file (or defaults if None) and apply overrides (``{"k": v}`` or ``["k=v", …]``)."""
+        """Load a YAML file (or defaults if None) and apply overrides (``{"k": v}`` or ``["k=v", …]``).
+
+        The file is bounded (:data:`MAX_CONFIG_BYTES`, UTF-8, nesting :data:`~rlcr.untrusted.MAX_DEPTH`, no
+        anchors or aliases), as is each override (:data:`MAX_OVERRIDE_CHARS`); anything else is a one-line
+        :class:`ConfigError` naming the file or the override."""
         data: dict[str, Any] = {}
         source = "config"
         if path is not None:
-            source = str(path)
-            try:
-                text = Path(path).read_text(encoding="utf-8")
-            except FileNotFoundError:
-                raise ConfigError(f"{path}: config file not found") from None
-            try:
-                loaded = yaml.safe_load(text)
-            except yaml.YAMLError as e:
-                raise ConfigError(f"{path}: not valid YAML ({e})") from None
+            source = printable(path)
+            loaded = safe_yaml(_read_config_text(path), source)
             if loaded is None:
                 loaded = {}
             if not isinstance(loaded, dict):
-                raise ConfigError(f"{path}: expected a mapping of field: value, got {type(loaded).__name__}")
+                raise ConfigError(f"{source}: expected a mapping of field: value, got {type(loaded).__name__}")
             data.update(loaded)
         data.update(_parse_overrides(overrides))
         return cls.from_dict(data, source=source)
+
+
+def _read_config_text(path: str | Path) -> str:
+    """The text of a config file: at most :data:`MAX_CONFIG_BYTES`, UTF-8; else a :class:`ConfigError`."""
+    name = printable(path)
+    try:
+        with open(Path(path).expanduser(), "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError(f"{name}: config file not found") from None
+    except OSError as e:
+        reason = printable(e.strerror or type(e).__name__)
+        raise ConfigError(f"{name}: cannot read the config file ({reason})") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{name}: more than the {MAX_CONFIG_BYTES:,} bytes a config file may hold")
+    try:
+        return decode_text(data, name)
+    except InvalidInput as e:
+        raise ConfigError(str(e)) from None
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses anchors and aliases (no exponential expansion: "billion laughs") and
+    collections nested deeper than :data:`~rlcr.untrusted.MAX_DEPTH`, block or flow style alike. Both are
+    checked in the composer, as each node starts, before it is built: the constructor never recurses
+    further than that."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise yaml.composer.ComposerError(None, None, "anchors and aliases (& and *) are not allowed",
+                                              event.start_mark)
+        if not isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            return super().compose_node(parent, index)
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels",
+                                                  event.start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _yaml_reason(e: Exception) -> str:
+    """One line for a YAML error: the problem and where (PyYAML's own message spans several lines)."""
+    if isinstance(e, yaml.MarkedYAMLError):
+        mark = e.problem_mark or e.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        return printable(" ".join(str(e.problem or e.context or "invalid YAML").split()), 160) + where
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    return printable(" ".join(str(e).split()) or type(e).__name__, 160)
+
+
+class _YAMLProblem(ValueError):
+    """A YAML text was refused; the message is the one-line reason."""
+
+
+def _load_yaml(text: str) -> Any:
+    """Parse YAML text from outside with :class:`_BoundedLoader`, or raise :class:`_YAMLProblem` (one line) for
+    invalid YAML, anchors or aliases, too deep nesting, or a value Python will not build (an integer beyond
+    its int-string limit)."""
+    try:
+        return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 — a SafeLoader subclass
+    except (yaml.YAMLError, ValueError, OverflowError, RecursionError) as e:
+        raise _YAMLProblem(_yaml_reason(e)) from None
+
+
+def safe_yaml(text: str, source: str) -> Any:
+    """:func:`_load_yaml`, or a :class:`ConfigError` naming ``source``."""
+    try:
+        return _load_yaml(text)
+    except _YAMLProblem as e:
+        raise ConfigError(f"{source}: not valid YAML ({e})") from None
 
 
 def _parse_overrides(overrides: Mapping[str, Any] | Sequence[str] | None) -> dict[str, Any]:
@@ -413,30 +512,61 @@ def _parse_overrides(overrides: Mapping[str, Any] | Sequence[str] | None) -> dic
         return dict(overrides)
     out: dict[str, Any] = {}
     for item in overrides:
+        shown = printable(repr(item), 120)
         if "=" not in item:
-            raise ConfigError(f"override {item!r}: expected field=value")
+            raise ConfigError(f"override {shown}: expected field=value")
+        if len(item) > MAX_OVERRIDE_CHARS:
+            raise ConfigError(f"override {shown}: longer than the {MAX_OVERRIDE_CHARS:,} characters allowed")
         key, raw = item.split("=", 1)
+        key = key.strip()
         try:
-            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError as e:
-            reason = " ".join(str(getattr(e, "problem", None) or e).split())
-            raise ConfigError(f"override {item!r}: the value of '{key.strip()}' is not valid YAML ({reason})") from None
+            out[key] = _load_yaml(raw) if raw.strip() else None
+        except _YAMLProblem as e:
+            raise ConfigError(f"override {shown}: the value of {printable(repr(key), 80)} is not valid YAML "
+                              f"({e})") from None
     return out
 
 
 def _describe(error: ValidationError, source: str) -> str:
+    """One line per validation error (the first :data:`_MAX_ERRORS`), joined by ``; ``; field names and the
+    values that failed are shown bounded and without control characters (they come from the file)."""
     lines = []
-    for err in error.errors():
-        loc = ".".join(str(p) for p in err["loc"])
+    errors = error.errors()
+    for err in errors[:_MAX_ERRORS]:
+        loc = printable(".".join(str(p) for p in err["loc"]), 80)
+        msg = printable(err["msg"], 300)
         if not loc:  # a check across fields: its message names them
-            lines.append(f"{source}: {err['msg']}")
+            lines.append(f"{source}: {msg}")
         elif err["type"] == "extra_forbidden":
             lines.append(f"{source}: unknown field '{loc}'")
         else:
             got = err.get("input")
-            got_text = "" if isinstance(got, dict) else f" (got {got!r})"
-            lines.append(f"{source}: field '{loc}': {err['msg']}{got_text}")
+            got_text = "" if isinstance(got, dict) else f" (got {_bounded_repr(got)})"
+            lines.append(f"{source}: field '{loc}': {msg}{got_text}")
+    if len(errors) > _MAX_ERRORS:
+        lines.append(f"and {len(errors) - _MAX_ERRORS} more errors")
     return "; ".join(lines)
+
+
+def _bounded_repr(value: Any, limit: int = 80, depth: int = 0) -> str:
+    """``repr(value)`` in at most ``limit`` characters, built in time bounded by ``limit`` (a value from a file
+    may be a long string or a large collection): long strings are cut, collections show a few items."""
+    if isinstance(value, str):
+        extra = len(value) - limit
+        text = printable(repr(value[:limit]), 4 * limit + 2)
+        return text + (f"… ({extra} more characters)" if extra > 0 else "")
+    if isinstance(value, (list, tuple, dict)):
+        items = list(value.items())[:4] if isinstance(value, dict) else list(value[:4])
+        if depth >= 2 or not items:
+            inner = "…" if value else ""
+        elif isinstance(value, dict):
+            inner = ", ".join(f"{_bounded_repr(k, 20, depth + 1)}: {_bounded_repr(v, 20, depth + 1)}" for k, v in items)
+        else:
+            inner = ", ".join(_bounded_repr(v, 20, depth + 1) for v in items)
+        more = f", … ({len(value)} items)" if len(value) > len(items) else ""
+        opening, closing = ("{", "}") if isinstance(value, dict) else ("[", "]")
+        return printable(opening + inner + more + closing, limit + 30)
+    return printable(repr(value), limit)
 
 
 def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | Sequence[str] | None = None) -> RLCRConfig:
