@@ -26,10 +26,13 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from rlcr.config import RLCRConfig
+from rlcr.untrusted import InvalidInput, check_depth, decode_text, printable
 
 __all__ = [
     "CountdownTask",
     "TaskFormatError",
+    "MAX_LITERAL_DIGITS",
+    "MAX_TASK_NUMBER",
     "solve",
     "generate_tasks",
     "task_candidates",
@@ -49,8 +52,14 @@ __all__ = [
 # An extracted equation longer than this is not a plausible answer for 3-6
 # small numbers; it scores format_score without being parsed.
 MAX_EQUATION_CHARS = 256
-# Integer literals longer than this cannot be one of the task's numbers.
+# Integer literals longer than this cannot be one of the task's numbers: the scorer refuses them, and
+# the task loader refuses a task whose numbers or target are longer (MAX_TASK_NUMBER), so every task
+# it accepts can be solved.
 MAX_LITERAL_DIGITS = 12
+MAX_TASK_NUMBER = 10**MAX_LITERAL_DIGITS - 1
+"""Largest number (and largest target in absolute value) of a task: the longest literal the scorer reads."""
+# A JSONL task row longer than this (in bytes) is refused before it is parsed.
+MAX_TASK_ROW_BYTES = 64 * 1024
 ABS_TOL = 1e-5
 # compute_score's default format_score: the config's (RLCRConfig.format_score), the one place it is set.
 _FORMAT_SCORE: float = RLCRConfig.model_fields["format_score"].default
@@ -87,7 +96,8 @@ class CountdownTask:
 
 
 class TaskFormatError(ValueError):
-    """A task file has a malformed row; the message names file, row, field and reason."""
+    """A task file cannot be read or has a malformed row; the one-line message names file, row, field and
+    reason."""
 
 
 # --------------------------------------------------------------------------- solver
@@ -289,8 +299,13 @@ def generate_tasks(
 # --------------------------------------------------------------------------- files
 
 
+def _integer(value: Any) -> Any:
+    """A NumPy/Arrow scalar as a Python value (other values unchanged)."""
+    return value.item() if hasattr(value, "item") and not isinstance(value, (list, tuple, dict)) else value
+
+
 def _check_row(row: Any, path: str, index: int) -> CountdownTask:
-    where = f"{path}: row {index}"
+    where = f"{printable(path)}: row {index}"
     if not isinstance(row, dict):
         raise TaskFormatError(f"{where}: expected an object with fields 'nums' and 'target', got {type(row).__name__}")
     for name in ("nums", "target"):
@@ -304,17 +319,23 @@ def _check_row(row: Any, path: str, index: int) -> CountdownTask:
     if not 2 <= len(nums) <= 6:
         raise TaskFormatError(f"{where}: field 'nums' must hold 2 to 6 numbers, got {len(nums)}")
     for k, x in enumerate(nums):
+        x = _integer(x)
         if isinstance(x, bool) or not isinstance(x, int) or x <= 0:
-            raise TaskFormatError(f"{where}: field 'nums' item {k} must be a positive integer, got {x!r}")
-    target = row["target"]
-    if hasattr(target, "item"):
-        target = target.item()
+            raise TaskFormatError(f"{where}: field 'nums' item {k} must be a positive integer, got "
+                                  f"{printable(repr(x), 60)}")
+        if x > MAX_TASK_NUMBER:
+            raise TaskFormatError(f"{where}: field 'nums' item {k} has more than {MAX_LITERAL_DIGITS} digits (at "
+                                  f"most {MAX_TASK_NUMBER}: the scorer reads no longer number)")
+    target = _integer(row["target"])
     if isinstance(target, bool) or not isinstance(target, int):
-        raise TaskFormatError(f"{where}: field 'target' must be an integer, got {target!r}")
+        raise TaskFormatError(f"{where}: field 'target' must be an integer, got {printable(repr(target), 60)}")
+    if abs(target) > MAX_TASK_NUMBER:
+        raise TaskFormatError(f"{where}: field 'target' has more than {MAX_LITERAL_DIGITS} digits (at most "
+                              f"{MAX_TASK_NUMBER} in absolute value, as the task's numbers)")
     solution = row.get("solution")
     if solution is not None and not isinstance(solution, str):
         raise TaskFormatError(f"{where}: field 'solution' must be a string, got {type(solution).__name__}")
-    return CountdownTask(nums=[int(x) for x in nums], target=int(target), solution=solution)
+    return CountdownTask(nums=[int(_integer(x)) for x in nums], target=int(target), solution=solution)
 
 
 def load_tasks(path: str | Path) -> list[CountdownTask]:
@@ -322,38 +343,80 @@ def load_tasks(path: str | Path) -> list[CountdownTask]:
 
     Accepts local paths and fsspec URIs (``s3://…``). Rows are numbered from 1
     (JSONL: the line number). A malformed row raises :class:`TaskFormatError`
-    naming the file, the row, the field and the reason.
+    naming the file, the row, the field and the reason, in one line: a value out of
+    range (numbers and target of at most :data:`MAX_LITERAL_DIGITS` digits), a JSONL
+    row that is not UTF-8, longer than :data:`MAX_TASK_ROW_BYTES` or nested deeper
+    than :data:`rlcr.untrusted.MAX_DEPTH`, a file that is not Parquet.
     """
     import fsspec
 
     path = str(path)
     if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
+        return _load_parquet_tasks(path)
+    if not (path.endswith(".jsonl") or path.endswith(".json")):
+        raise TaskFormatError(f"{printable(path)}: unsupported task file type (expected .jsonl or .parquet)")
+    tasks = []
+    try:
+        with fsspec.open(path, "rb") as f:
+            lineno = 0
+            while line := f.readline(MAX_TASK_ROW_BYTES + 1):
+                lineno += 1
+                if len(line) > MAX_TASK_ROW_BYTES:
+                    raise TaskFormatError(f"{printable(path)}: row {lineno}: longer than the "
+                                          f"{MAX_TASK_ROW_BYTES:,} bytes a task row may hold")
+                row = _json_row(line, path, lineno)
+                if row is not _BLANK:
+                    tasks.append(_check_row(row, path, lineno))
+    except OSError as e:  # missing, unreadable, a name too long …
+        raise TaskFormatError(f"{printable(path)}: cannot read the task file ({_reason(e)})") from None
+    return tasks
 
+
+def _reason(e: OSError) -> str:
+    return printable(e.strerror or f"{type(e).__name__}: {e}", 160)
+
+
+_BLANK = object()
+
+
+def _json_row(line: bytes, path: str, lineno: int) -> Any:
+    """One JSONL row, parsed after the checks that keep the parser bounded (UTF-8, bracket depth)."""
+    where = f"{printable(path)}: row {lineno}"
+    try:
+        text = decode_text(line, where)
+        if not text.strip():
+            return _BLANK
+        check_depth(text, where)
+    except InvalidInput as e:
+        raise TaskFormatError(str(e)) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TaskFormatError(f"{where}: not valid JSON ({e.msg})") from None
+    except (ValueError, RecursionError) as e:
+        # valid JSON Python will not read: an integer beyond the int-string conversion limit (4300 digits)
+        reason = printable(e, 120) if isinstance(e, ValueError) else "nested too deeply"
+        raise TaskFormatError(f"{where}: not readable ({reason})") from None
+
+
+def _load_parquet_tasks(path: str) -> list[CountdownTask]:
+    import fsspec
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
         with fsspec.open(path, "rb") as f:
             table = pq.read_table(f)
-        missing = [c for c in ("nums", "target") if c not in table.column_names]
-        if missing:
-            raise TaskFormatError(f"{path}: field '{missing[0]}' is missing (columns: {table.column_names})")
-        return [_check_row(row, path, i + 1) for i, row in enumerate(table.to_pylist())]
-    if not (path.endswith(".jsonl") or path.endswith(".json")):
-        raise TaskFormatError(f"{path}: unsupported task file type (expected .jsonl or .parquet)")
-    tasks = []
-    with fsspec.open(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TaskFormatError(f"{path}: row {lineno}: not valid JSON ({e.msg})") from None
-            except (ValueError, RecursionError) as e:
-                # valid JSON Python will not read: an integer beyond the int-string conversion limit
-                # (4300 digits), or nesting deeper than the recursion limit
-                reason = str(e) if isinstance(e, ValueError) else "nested too deeply"
-                raise TaskFormatError(f"{path}: row {lineno}: not readable ({reason})") from None
-            tasks.append(_check_row(row, path, lineno))
-    return tasks
+    except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
+        raise TaskFormatError(f"{printable(path)}: cannot read the task file ({_reason(e)})") from None
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise TaskFormatError(f"{printable(path)}: not a readable Parquet file ({type(e).__name__}: "
+                              f"{printable(e, 160)})") from None
+    missing = [c for c in ("nums", "target") if c not in table.column_names]
+    if missing:
+        raise TaskFormatError(f"{printable(path)}: field '{missing[0]}' is missing (columns: "
+                              f"{printable(table.column_names, 200)})")
+    return [_check_row(row, path, i + 1) for i, row in enumerate(table.to_pylist())]
 
 
 def save_tasks(tasks: Sequence[CountdownTask], path: str | Path) -> None:
