@@ -7,6 +7,7 @@ Every method states a confidence: ``rlcr`` and ``rlvr`` in a second turn (the sa
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 from rlcr.config import RLCRConfig
@@ -14,9 +15,10 @@ from rlcr.metrics import bootstrap_intervals, calibration_metrics, paired_bootst
 from rlcr.rollout.pipeline import build_rollout_dataset, check_prompt_lengths, to_records
 from rlcr.seeds import eval_salt
 from rlcr.tasks.countdown import CountdownTask
+from rlcr.untrusted import InvalidInput, printable
 
 __all__ = ["evaluate_policy", "summarize_eval", "stated_confidences", "by_number_count", "by_count_text", "with_ci",
-           "compare_evaluations", "pool_draws", "difference_text"]
+           "compare_evaluations", "pool_draws", "difference_text", "check_eval_rows"]
 
 CI_LEVEL = 0.95
 
@@ -90,6 +92,59 @@ def summarize_eval(rows: Sequence[dict[str, Any]], *, n_resamples: int = 1000, s
     return metrics
 
 
+_REQUIRED = ("prompt_id", "answer_id", "sample_type", "nums", "target", "correct")
+
+
+def _check_values(r: dict[str, Any], where: str) -> None:
+    """One row's own values: present, finite, in range."""
+    for name in _REQUIRED:
+        if r.get(name) is None:
+            raise InvalidInput(f"{where}: field {name!r} is null")
+    if r["sample_type"] not in ("answer", "confidence"):
+        raise InvalidInput(f"{where}: sample_type must be 'answer' or 'confidence', found "
+                           f"{printable(repr(r['sample_type']), 40)}")
+    if r["sample_type"] == "confidence" and r.get("confidence_id") is None:
+        raise InvalidInput(f"{where}: a confidence row without confidence_id")
+    for name, lo, hi in (("correct", 0.0, 1.0), ("confidence", 0.0, 1.0), ("score", -math.inf, math.inf)):
+        v = r.get(name)
+        if v is not None and not (math.isfinite(v) and lo <= v <= hi):
+            bounds = f" in [{lo}, {hi}]" if lo == 0 else ""
+            raise InvalidInput(f"{where}: {name} is {v!r}, not a finite number{bounds}")
+
+
+def check_eval_rows(rows: Sequence[dict[str, Any]], source: str) -> None:
+    """Refuse per-answer evaluation rows (from a file: ``source`` names it) that are not one evaluation, with
+    an :class:`~rlcr.untrusted.InvalidInput` naming the file and the row (counted from 1), in one line:
+    a null required field, a NaN or out-of-range ``correct``/``confidence``/``score``, a second answer row
+    with the same (``prompt_id``, ``answer_id``) or confidence row with the same (…, ``confidence_id``) —
+    it would count twice —, or rows of one ``prompt_id`` that disagree on its task (numbers and target) or,
+    between its answers, on the prompt they were given — two tasks merged into one."""
+    seen: dict[tuple, int] = {}
+    tasks: dict[Any, tuple[tuple, int]] = {}
+    prompts: dict[Any, tuple[str, int]] = {}
+    name = printable(source)
+    for i, r in enumerate(rows, start=1):
+        where = f"{name}: row {i}"
+        _check_values(r, where)
+        pid, kind = r["prompt_id"], r["sample_type"]
+        key = (kind, pid, r["answer_id"]) + ((r["confidence_id"],) if kind == "confidence" else ())
+        if key in seen:
+            ids = "answer_id" + (", confidence_id" if kind == "confidence" else "")
+            raise InvalidInput(f"{where}: the same {kind} as row {seen[key]} (prompt_id, {ids} "
+                               f"{', '.join(map(str, key[1:]))}): its rows would count twice")
+        seen[key] = i
+        task = (tuple(r["nums"]), r["target"])
+        first, at = tasks.setdefault(pid, (task, i))
+        if task != first:
+            raise InvalidInput(f"{where}: prompt_id {pid} holds task {printable(task, 80)}, but row {at} holds "
+                               f"{printable(first, 80)}: two tasks under one prompt_id")
+        if kind == "answer":
+            context, at = prompts.setdefault(pid, (r.get("context_text"), i))
+            if r.get("context_text") != context:
+                raise InvalidInput(f"{where}: prompt_id {pid} was given another prompt than in row {at}: two "
+                                   "prompts under one prompt_id")
+
+
 def _tasks(rows: Sequence[dict[str, Any]]) -> dict[int, tuple]:
     """``{prompt_id: (numbers, target)}`` of the tasks an evaluation's answers were given."""
     return {r["prompt_id"]: (tuple(r["nums"]), r["target"]) for r in rows if r["sample_type"] == "answer"}
@@ -146,11 +201,17 @@ def difference_text(comparison: dict[str, Any], key: str, digits: int = 3) -> st
 def with_ci(metrics: dict[str, Any], key: str, digits: int = 3) -> str:
     """``"0.312 [0.271, 0.355]"``: a metric with its bootstrap interval (just the value where there is none)."""
     value = metrics.get(key)
-    if value is None or (isinstance(value, float) and value != value):
+    if not _is_number(value) or value != value:  # missing, NaN, or not a number (a hand-edited metrics file)
         return "–"
     text = f"{value:.{digits}f}"
-    interval = (metrics.get("ci") or {}).get(key)
-    return f"{text} [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]" if interval else text
+    interval = (metrics.get("ci") or {}).get(key) if isinstance(metrics.get("ci"), dict) else None
+    if not (isinstance(interval, (list, tuple)) and len(interval) == 2 and all(map(_is_number, interval))):
+        return text
+    return f"{text} [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def by_count_text(metrics: dict[str, Any]) -> str:

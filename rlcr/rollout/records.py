@@ -18,6 +18,7 @@ import torch
 from rlcr.advantages import method_advantages
 from rlcr.rewards import accuracy_reward, answer_reward, brier_reward, parse_confidence, split_single_turn
 from rlcr.tasks.countdown import CountdownTask, compute_score
+from rlcr.untrusted import InvalidInput
 
 __all__ = [
     "ROLLOUT_SCHEMA",
@@ -193,6 +194,8 @@ def table_to_rows(table: pa.Table) -> list[dict[str, Any]]:
 
 
 PROVENANCE_KEY = b"rlcr.provenance"
+MAX_PROVENANCE_BYTES = 64 * 1024
+"""Largest provenance document read from a file's metadata (it holds a few short fields)."""
 
 
 def with_provenance(table: pa.Table, **fields: Any) -> pa.Table:
@@ -205,14 +208,25 @@ def with_provenance(table: pa.Table, **fields: Any) -> pa.Table:
     return table.replace_schema_metadata(meta)
 
 
-def provenance(table: pa.Table) -> dict[str, Any]:
-    """The fields :func:`with_provenance` stored in ``table`` ({} for rows written without them)."""
+def provenance(table: pa.Table, source: str = "rows") -> dict[str, Any]:
+    """The fields :func:`with_provenance` stored in ``table`` ({} for rows written without them, or whose
+    provenance is damaged: not JSON, not an object). Provenance larger than :data:`MAX_PROVENANCE_BYTES` or
+    nested deeper than :data:`rlcr.untrusted.MAX_DEPTH` is no damage but a hostile file: :class:`InvalidInput`
+    naming ``source``, before any parser recurses."""
     import json
 
+    from rlcr.untrusted import check_depth, printable
+
     raw = (table.schema.metadata or {}).get(PROVENANCE_KEY)
+    if not raw:
+        return {}
+    if len(raw) > MAX_PROVENANCE_BYTES:
+        raise InvalidInput(f"{printable(source)}: provenance metadata of {len(raw):,} bytes, more than the "
+                           f"{MAX_PROVENANCE_BYTES:,} allowed")
+    check_depth(raw, f"{source}: provenance metadata")
     try:
-        fields = json.loads(raw) if raw else {}
-    except ValueError:  # a hand-made or damaged file: its rows still read, only their provenance is unknown
+        fields = json.loads(raw)
+    except (ValueError, RecursionError):  # a damaged file: its rows still read, their provenance is unknown
         return {}
     return fields if isinstance(fields, dict) else {}
 
