@@ -22,6 +22,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
+
+from rlcr.untrusted import InvalidInput, printable
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RLCR: RL with calibration rewards on Countdown.")
 models_app = typer.Typer(no_args_is_help=True, help="Local models.")
@@ -39,7 +42,16 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
 def _f(v: Any, digits: int = 3) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
-    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v) if isinstance(v, int) else _show(v, 40)  # a hand-edited metrics file may hold anything
+
+
+def _show(value: Any, limit: int = 200) -> str:
+    """A value that came from a file (or from a value read from one) for rich output that reads markup: one
+    line without control characters, at most ``limit`` characters (:func:`rlcr.untrusted.printable`), and its
+    ``[`` escaped so rich shows it as it is."""
+    return escape(printable(value, limit))
 
 
 def _quiet_ray_data() -> None:
@@ -58,7 +70,7 @@ def _config(config: Optional[str], overrides: list[str]):
     try:
         return load_config(config, overrides)
     except ConfigError as e:
-        console.print(f"[red]config error:[/red] {e}")
+        console.print(f"[red]config error:[/red] {_show(e, 2000)}")
         raise typer.Exit(2)
 
 
@@ -78,7 +90,7 @@ def _step(label: str, out: Optional[Console] = None) -> Iterator[None]:
     a plain line when it starts and one when it is done or failed, with its elapsed time."""
     out = out or console
     if out.is_terminal:
-        with out.status(label):
+        with out.status(Text(label)):  # not markup: a label may name a file
             yield
         return
     t0 = time.perf_counter()
@@ -194,7 +206,7 @@ class StageProgress:
             self.current = None
         name, took = self._name(stage, iteration), _elapsed(now - t0)
         if exc is not None:
-            _plain(self.console, f"{name}: failed after {took} ({type(exc).__name__}: {exc})")
+            _plain(self.console, f"{name}: failed after {took} ({type(exc).__name__}: {printable(exc, 500)})")
             return
         parts = []
         if stage == "stage" and iteration in self.iteration_t0:
@@ -211,7 +223,7 @@ class StageProgress:
             return fn(*args)
         except Exception as e:  # noqa: BLE001 — the display must never fail a stage of the flow
             try:
-                _plain(self.console, f"(progress display error: {type(e).__name__}: {e})")
+                _plain(self.console, f"(progress display error: {type(e).__name__}: {printable(e, 500)})")
             except Exception:  # noqa: BLE001
                 pass
             return None
@@ -282,7 +294,7 @@ def models_prepare(force: bool = typer.Option(False, help="Convert again even if
     t0 = time.perf_counter()
     with _step("converting GGUF → safetensors"):
         path = prepare_smollm2(force=force)
-    console.print(f"SmolLM2-135M-Instruct: [bold]{path}[/bold] ({time.perf_counter() - t0:.1f} s)")
+    console.print(f"SmolLM2-135M-Instruct: [bold]{_show(path)}[/bold] ({time.perf_counter() - t0:.1f} s)")
 
 
 @app.command()
@@ -324,7 +336,7 @@ def sft(
     cfg = _config(config, [*(overrides or []), *_sft_overrides(tasks, epochs)])
     with _step(f"SFT warm-start on {cfg.sft_tasks} solver tasks × {cfg.sft_epochs} epochs (Ray Train)"):
         uri, metrics = run_sft(cfg, out=out)
-    console.print(f"warm-started checkpoint: [bold]{uri}[/bold]  (loss {_f(metrics.get('loss'))})")
+    console.print(f"warm-started checkpoint: [bold]{_show(uri)}[/bold]  (loss {_f(metrics.get('loss'))})")
 
 
 def _sft_overrides(tasks: Optional[int], epochs: Optional[int]) -> list[str]:
@@ -332,12 +344,60 @@ def _sft_overrides(tasks: Optional[int], epochs: Optional[int]) -> list[str]:
     return [f"{k}={v}" for k, v in (("sft_tasks", tasks), ("sft_epochs", epochs)) if v is not None]
 
 
+def _records_target(records: str, cfg) -> tuple[Any, str]:
+    """Where `rlcr eval --records` writes its rows: (the store of the file's parent, the file's name). A local
+    path or a URI (``s3://bucket/prefix/rows.parquet``, through :class:`rlcr.storage.Store` with the config's
+    ``s3_endpoint_url``). Checked before any work: a name ending in ``.parquet``, no file there yet."""
+    from rlcr.storage import Store
+
+    shown = printable(records)
+    if "://" in records:
+        parent, _, name = records.rstrip("/").rpartition("/")
+        if "://" not in parent or not parent.split("://", 1)[1]:
+            raise typer.BadParameter(f"{shown}: expected a URI of a file, such as s3://bucket/prefix/rows.parquet",
+                                     param_hint="--records")
+    else:
+        path = Path(records).expanduser()
+        parent, name = str(path.parent), path.name
+    if not name.endswith(".parquet") or name == ".parquet":
+        raise typer.BadParameter(f"{shown}: expected a .parquet file name", param_hint="--records")
+    try:
+        store = Store(parent, endpoint_url=cfg.s3_endpoint_url) if "://" in parent else None
+        exists = store.exists(name) if store is not None else Path(parent, name).exists()
+    except Exception as e:  # noqa: BLE001 — an unknown protocol, an unreachable endpoint …
+        raise typer.BadParameter(f"{shown}: cannot be checked ({type(e).__name__}: {printable(e, 300)})",
+                                 param_hint="--records") from None
+    if exists:
+        raise typer.BadParameter(f"{shown}: exists; rows are never overwritten", param_hint="--records")
+    return store, name
+
+
+def _write_records(records: str, target: tuple[Any, str], rows, cfg, policy: str, draw: int) -> None:
+    """The per-answer rows, with their provenance, to the file :func:`_records_target` checked: create-only
+    (a file that appeared during the evaluation is kept, not replaced)."""
+    from rlcr.rollout.records import rows_to_table, with_provenance
+    from rlcr.storage import AlreadyExists, Store
+
+    store, name = target
+    if store is None:  # local: the directory is made now, after the evaluation
+        store = Store(str(Path(records).expanduser().parent))
+    table = with_provenance(rows_to_table(rows), policy=policy, method=cfg.method, draw=draw,
+                            eval_samples=cfg.eval_samples, eval_seed=cfg.eval_seed, config_hash=cfg.config_hash())
+    try:
+        store.write_parquet(name, table, exclusive=True)
+    except AlreadyExists:
+        console.print(f"[red]{_show(records)} appeared during the evaluation; left as it was, rows not written[/red]")
+        raise typer.Exit(1)
+    console.print(f"per-answer rows: {_show(store.url(name))}")
+
+
 @app.command("eval")
 def evaluate(
     config: Optional[str] = typer.Option(None, help="YAML config file."),
     checkpoint: Optional[str] = typer.Option(None, help="Checkpoint URI (default: the config's model)."),
-    records: Optional[Path] = typer.Option(None, help="Also write the per-answer rows to this new Parquet file "
-                                                      "(for `rlcr compare`)."),
+    records: Optional[str] = typer.Option(None, help="Also write the per-answer rows to this new Parquet file, "
+                                                     "a local path or a URI such as s3://bucket/prefix/rows.parquet "
+                                                     "(for `rlcr compare`)."),
     draw: int = typer.Option(0, min=0, help="Sample draw: 0 samples what the flow's evaluations sample; "
                                             "k > 0 re-samples the same tasks with other seeds (how much "
                                             "one evaluation moves between draws)."),
@@ -345,9 +405,7 @@ def evaluate(
 ):
     """Held-out accuracy, format rate and calibration (SPEC §9) of one checkpoint."""
     cfg = _config(config, overrides or [])
-    if records is not None and (records.exists() or records.suffix != ".parquet"):  # before any work
-        raise typer.BadParameter(f"{records}: " + ("exists; rows are never overwritten" if records.exists()
-                                                   else "expected a .parquet file name"), param_hint="--records")
+    target = _records_target(records, cfg) if records is not None else None  # before any work
     from flows.train import ensure_ray
     from rlcr.evaluate import by_count_text, evaluate_policy, with_ci
     from rlcr.models import resolve_model
@@ -355,25 +413,19 @@ def evaluate(
     from rlcr.runs import task_sets
 
     policy = checkpoint or resolve_model(cfg.model)
-    _, held_out = task_sets(cfg)
+    try:
+        _, held_out = task_sets(cfg)
+    except ValueError as e:  # a task file's row (TaskFormatError), or sets that cannot be made
+        console.print(f"[red]task error:[/red] {_show(e, 1000)}")
+        raise typer.Exit(2)
     ensure_ray()
-    with _step(f"evaluating {policy} on {len(held_out)} held-out tasks"):
+    with _step(f"evaluating {printable(policy)} on {len(held_out)} held-out tasks"):
         with EnginePool(cfg, policy) as engines:
             m, rows = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=0, engines=engines, draw=draw)
-    if records is not None:
-        from rlcr.rollout.records import rows_to_table, with_provenance
-        from rlcr.storage import AlreadyExists, Store
-
-        table = with_provenance(rows_to_table(rows), policy=policy, method=cfg.method, draw=draw,
-                                eval_samples=cfg.eval_samples, eval_seed=cfg.eval_seed, config_hash=cfg.config_hash())
-        try:  # create-only: a file that appeared during the evaluation is kept, not replaced
-            Store(str(records.parent)).write_parquet(records.name, table, exclusive=True)
-        except AlreadyExists:
-            console.print(f"[red]{records} appeared during the evaluation; left as it was, rows not written[/red]")
-            raise typer.Exit(1)
-        console.print(f"per-answer rows: {records}")
+    if target is not None:
+        _write_records(records, target, rows, cfg, policy, draw)
     drawn = f", sample draw {draw}" if draw else ""
-    table = Table(title=f"held-out evaluation of {policy} (method {cfg.method}{drawn}; "
+    table = Table(title=f"held-out evaluation of {_show(policy)} (method {cfg.method}{drawn}; "
                         "[95% bootstrap CI over tasks])")
     for k in ("n_tasks", "n_answers", "format_rate", "confidence_parse_rate", "mean_confidence"):
         table.add_row(k, _f(m.get(k)))
@@ -390,11 +442,54 @@ def _evaluated_iterations(run) -> list[int]:
     return [k for k in its if run.store.exists(run.eval_records_rel(k))]
 
 
+def _read_records(f: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The per-answer rows of one .parquet file of `rlcr eval --records`, checked to be one evaluation
+    (:func:`rlcr.evaluate.check_eval_rows`), and the provenance it holds; a one-line error naming the file."""
+    import pyarrow.parquet as pq
+
+    from rlcr.evaluate import check_eval_rows
+    from rlcr.rollout.records import provenance, table_to_rows
+
+    name = printable(f)
+    if not Path(f).is_file():
+        raise typer.BadParameter(f"{name}: no such file", param_hint="RUN_A/RUN_B")
+    try:
+        table = pq.read_table(f)
+        rows = table_to_rows(table)
+    except Exception as e:  # not Parquet, or not the rollout schema
+        raise typer.BadParameter(f"{name}: not per-answer evaluation rows ({type(e).__name__}: {printable(e, 300)})",
+                                 param_hint="RUN_A/RUN_B") from None
+    try:
+        check_eval_rows(rows, f)
+        return rows, provenance(table, f)
+    except InvalidInput as e:
+        raise typer.BadParameter(str(e), param_hint="RUN_A/RUN_B") from None
+
+
+def _check_draws(files: list[str], sources: list[dict[str, Any]]) -> None:
+    """What pooled files say of themselves must fit one policy, drawn anew each time."""
+    known = [(f, s) for f, s in zip(files, sources) if s]
+    for f, s in known[1:]:
+        if s.get("policy") != known[0][1].get("policy") or s.get("method") != known[0][1].get("method"):
+            raise typer.BadParameter(f"{printable(f)}: rows of {printable(s.get('policy'), 100)} "
+                                     f"({printable(s.get('method'), 40)}), but {printable(known[0][0])} holds "
+                                     f"{printable(known[0][1].get('policy'), 100)} "
+                                     f"({printable(known[0][1].get('method'), 40)}); "
+                                     "pooled files must be draws of one policy", param_hint="RUN_A/RUN_B")
+    seen: dict[str, str] = {}
+    for f, s in known:  # the draw as its JSON text: a hand-written file may hold any JSON value there
+        first = seen.setdefault(json.dumps(s["draw"]), f) if "draw" in s else f
+        if first != f:
+            raise typer.BadParameter(f"{printable(f)}: sample draw {printable(s['draw'], 60)}, as {printable(first)} "
+                                     "— the same answers twice; pool different draws (`rlcr eval --draw k`)",
+                                     param_hint="RUN_A/RUN_B")
+
+
 def _held_out_rows(side: str, run, iteration: Optional[int]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The per-answer held-out rows of one side of `compare` — a run's at ``iteration``, a .parquet file's,
     or those of several files joined by '+' (sample draws of one policy, pooled by
     :func:`rlcr.evaluate.pool_draws`) — and, for files `rlcr eval --records` wrote, where they came from."""
-    from rlcr.rollout.records import provenance, table_to_rows
+    from rlcr.evaluate import check_eval_rows, pool_draws
 
     if run is not None:
         rows = run.eval_records(iteration)
@@ -402,53 +497,36 @@ def _held_out_rows(side: str, run, iteration: Optional[int]) -> tuple[list[dict[
             raise typer.BadParameter(f"run {run.run_id!r} kept no held-out rows for iteration {iteration} "
                                      f"(it has them for {_evaluated_iterations(run) or 'none'})",
                                      param_hint="--iteration")
+        try:
+            check_eval_rows(rows, run.store.url(run.eval_records_rel(iteration)))
+        except InvalidInput as e:
+            raise typer.BadParameter(str(e), param_hint="RUN_A/RUN_B") from None
         return rows, {}
-    import pyarrow.parquet as pq
-
-    from rlcr.evaluate import pool_draws
-
     files = [side] if Path(side).is_file() else side.split("+")  # a file whose own name holds '+' is one file
     if len(set(map(os.path.realpath, files))) < len(files):
-        raise typer.BadParameter(f"{side}: a file is named twice (its answers would count twice)",
+        raise typer.BadParameter(f"{printable(side)}: a file is named twice (its answers would count twice)",
                                  param_hint="RUN_A/RUN_B")
-    draws, sources = [], []
-    for f in files:
-        if not Path(f).is_file():
-            raise typer.BadParameter(f"{f}: no such file", param_hint="RUN_A/RUN_B")
-        try:
-            table = pq.read_table(f)
-            draws.append(table_to_rows(table))
-        except Exception as e:  # not Parquet, or not the rollout schema
-            raise typer.BadParameter(f"{f}: not per-answer evaluation rows ({type(e).__name__}: {e})",
-                                     param_hint="RUN_A/RUN_B") from e
-        sources.append(provenance(table))
+    draws, sources = zip(*(_read_records(f) for f in files))
     if len(files) == 1:
         return draws[0], sources[0]
-    known = [(f, s) for f, s in zip(files, sources) if s]
-    for f, s in known[1:]:  # what the files say of themselves must fit one policy, drawn anew each time
-        if s.get("policy") != known[0][1].get("policy") or s.get("method") != known[0][1].get("method"):
-            raise typer.BadParameter(f"{f}: rows of {s.get('policy')} ({s.get('method')}), but {known[0][0]} "
-                                     f"holds {known[0][1].get('policy')} ({known[0][1].get('method')}); "
-                                     "pooled files must be draws of one policy", param_hint="RUN_A/RUN_B")
-    seen: dict[str, str] = {}
-    for f, s in known:  # the draw as its JSON text: a hand-written file may hold any JSON value there
-        first = seen.setdefault(json.dumps(s["draw"]), f) if "draw" in s else f
-        if first != f:
-            raise typer.BadParameter(f"{f}: sample draw {s['draw']}, as {first} — the same answers twice; pool "
-                                     "different draws (`rlcr eval --draw k`)", param_hint="RUN_A/RUN_B")
+    _check_draws(files, list(sources))
     try:
         rows = pool_draws(draws)
     except ValueError as e:
-        raise typer.BadParameter(f"{side}: {e}", param_hint="RUN_A/RUN_B") from e
+        raise typer.BadParameter(f"{printable(side)}: {printable(e, 300)}", param_hint="RUN_A/RUN_B") from None
+    known = [s for s in sources if s]
     pooled = {"pooled": " + ".join(Path(f).name + (f" (draw {s['draw']})" if "draw" in s else "")
                                    for f, s in zip(files, sources))}
-    return rows, {**{k: v for k, v in (known[0][1] if known else {}).items() if k in ("policy", "method")}, **pooled}
+    return rows, {**{k: v for k, v in (known[0] if known else {}).items() if k in ("policy", "method")}, **pooled}
 
 
 def _provenance_text(fields: dict[str, Any]) -> str:
-    """One line for a records file's provenance: its policy, method, sample draw and answers per task."""
-    parts = [f"{k} {fields[k]}" for k in ("policy", "method", "draw", "eval_samples", "pooled") if k in fields]
-    return escape(", ".join(parts))  # a file's own words, never read as rich markup
+    """One line for a records file's provenance: its policy, method, sample draw and answers per task; each
+    field is a file's own words, shown bounded, without control characters and never read as rich markup."""
+    parts = [f"{k} {printable(fields[k], 200)}" for k in ("policy", "method", "draw", "eval_samples") if k in fields]
+    if "pooled" in fields:
+        parts.append(f"pooled {printable(fields['pooled'], 600)}")
+    return escape(", ".join(parts))
 
 
 @app.command()
@@ -485,9 +563,9 @@ def compare(
     try:
         cmp = compare_evaluations(rows[0], rows[1], n_resamples=cfg.eval_bootstrap_resamples, seed=cfg.eval_seed)
     except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="RUN_A/RUN_B") from e
+        raise typer.BadParameter(printable(e, 500), param_hint="RUN_A/RUN_B") from None
     where = f" at iteration {iteration}" if iteration is not None else ""
-    table = Table(title=f"{escape(run_a)} − {escape(run_b)}{where}: {cmp['n_tasks']} shared held-out tasks "
+    table = Table(title=f"{_show(run_a)} − {_show(run_b)}{where}: {cmp['n_tasks']} shared held-out tasks "
                         "[paired 95% bootstrap CI]")
     shared = set.intersection(*({r["prompt_id"] for r in side if r["sample_type"] == "answer"} for side in rows))
     alone = [summarize_eval([r for r in side if r["prompt_id"] in shared], n_resamples=cfg.eval_bootstrap_resamples,
@@ -523,7 +601,7 @@ def probe(
     for k, v in result["metrics"].items():
         table.add_row(k, _f(v))
     console.print(table)
-    console.print(f"report: [bold]{result['report'].get('html')}[/bold]")
+    console.print(f"report: [bold]{_show(result['report'].get('html'))}[/bold]")
 
 
 @app.command()
@@ -567,7 +645,7 @@ def demo(
                "(Ray Train; reused if sealed)"):
         sft_uri, _ = warm_start(cfg, run_id=f"{run_id}-sft")
     times["sft"] = time.perf_counter() - t0
-    console.print(f"warm-started checkpoint: {sft_uri}")
+    console.print(f"warm-started checkpoint: {_show(sft_uri)}")
 
     t0 = time.perf_counter()
     overrides = [f"model={sft_uri}"]
@@ -597,7 +675,7 @@ def demo(
     console.print(t)
     console.print(f"ECE before RLCR (after SFT): {_f(after_sft.get('ece'))}  →  after RLCR: {_f(last.get('ece'))}")
     html = probe_result.get("report", {}).get("html") if isinstance(probe_result, dict) else None
-    console.print(f"probe report: [bold]{html or probe_result}[/bold]")
+    console.print(f"probe report: [bold]{_show(html or probe_result)}[/bold]")
     console.print("time: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in times.items())
                   + f"; total {(time.perf_counter() - t_start) / 60:.1f} min")
 
