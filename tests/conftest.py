@@ -133,6 +133,7 @@ SLOW_FIXTURES = {
     "engine", "engine_pool", "rollout_runs", "tiny_reports", "run_store",  # vLLM engines (run_store: a real probe)
     "prefect_harness", "prefect_server",  # Prefect test API server / `prefect server start` subprocess
     "s3", "s3_server",  # moto S3 server
+    "mlflow_server", "doomed_mlflow_server",  # `mlflow server` subprocess (tests/test_tracking.py)
     "smollm2_dir", "smollm2_tokenizer",  # the real SmolLM2-135M (GGUF → safetensors conversion)
 }
 SLOW_MODULES = {"test_deployment.py", "test_notebook.py"}  # a served deployment; notebook execution (kernel)

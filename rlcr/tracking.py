@@ -1,0 +1,447 @@
+"""Experiment tracking: one MLflow run per rlcr run, fed from each committed iteration's ``metrics.json``.
+
+    tracker = open_tracker("mlflow", None, cfg.storage_uri, run_id, cfg.model_dump(mode="json"))
+    tracker.log_iteration(k, metrics)          # after iteration k is committed; idempotent
+    tracker.log_artifact("probe/report.html")  # reports, plots
+    tracker.close()                            # or: with open_tracker(...) as tracker: ...
+
+Where the run goes (:func:`resolve_backend`):
+
+* ``tracking_uri`` given (``http://mlflow.cluster:5000``, ``sqlite:///…``, ``databricks``…): there.
+* else ``$MLFLOW_TRACKING_URI`` if set.
+* else, local storage: ``sqlite:///<storage>/mlflow.db`` with artifacts under ``<storage>/mlflow-artifacts``
+  (MLflow 3 defaults to a SQLite store; its ``./mlruns`` file store is deprecated). View it with
+  ``mlflow ui --backend-store-uri sqlite:///<storage>/mlflow.db`` (:attr:`Tracker.ui_hint`).
+* else (S3 or other remote storage, no tracking URI): tracking is off for the run, with one warning — a
+  SQLite file in the driver's working directory would be lost with the driver on a cluster, so a server
+  must be named instead.
+
+One MLflow run per rlcr run id: experiment ``rlcr``, the run tagged ``rlcr.run_id`` = the run id (and named so). A
+resumed run finds and continues it (status back to RUNNING). Params are the flattened config, logged once:
+on resume only new keys are logged; a key whose value changed keeps its first value (MLflow refuses to change
+a param) and is listed in the tag ``rlcr.params_changed``.
+
+Metrics: :func:`flatten_metrics` (``eval/ece``, ``eval/ece_ci_low``, ``rollout/answer/reward_mean``,
+``timings/update_s``…), step = iteration, non-finite values skipped. Each iteration goes in one ``log_batch``
+(chunks of 1000 when larger, each led by a marker key, the first chunk's being the sentinel
+``rlcr/iteration``); a chunk whose marker already holds the step is not sent again, and the SQL store
+commits a batch's metrics at once, so after a SIGKILL and resume re-logging leaves exactly one value per step.
+
+Never fails or stalls training: every call runs in a daemon thread joined with a deadline (``timeout_s``);
+MLflow's HTTP client gets a short timeout and few retries (``MLFLOW_HTTP_REQUEST_TIMEOUT`` /
+``_MAX_RETRIES`` / ``_BACKOFF_FACTOR``, unless already set in the environment). The first failure or
+timeout logs one warning and turns the tracker off for the rest of the process; a later resume opens a new
+tracker and can back-fill the missed iterations (:meth:`Tracker.log_iteration` is idempotent).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import posixpath
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+__all__ = ["Tracker", "MlflowTracker", "open_tracker", "tracker_from_config", "flatten_params", "flatten_metrics",
+           "metric_key", "resolve_backend", "log_iterations", "TRACKING_KINDS", "EXPERIMENT", "RUN_ID_TAG", "SENTINEL"]
+
+TRACKING_KINDS = ("mlflow", "none")
+EXPERIMENT = "rlcr"
+"""The MLflow experiment every rlcr run goes to."""
+RUN_ID_TAG = "rlcr.run_id"
+PARENT_TAG = "mlflow.parentRunId"
+CHANGED_TAG = "rlcr.params_changed"
+SENTINEL = "rlcr/iteration"
+"""Metric logged with each iteration's batch (value and step = the iteration): the steps it holds are the
+iterations already logged."""
+LOCAL_DB = "mlflow.db"
+LOCAL_ARTIFACTS = "mlflow-artifacts"
+DEFAULT_TIMEOUT_S = 60.0
+"""Longest one tracker call may take (opening included) before the tracker turns itself off."""
+HTTP_ENV = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+            "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+"""MLflow's HTTP client settings (environment; values already set are kept): ~10 s per request, 2 retries."""
+MAX_KEY = 250          # mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH
+MAX_PARAM_VALUE = 6000  # MAX_PARAM_VAL_LENGTH
+MAX_TAG_VALUE = 8000    # MAX_TAG_VAL_LENGTH
+PARAMS_PER_BATCH = 100  # MAX_PARAMS_TAGS_PER_BATCH
+METRICS_PER_BATCH = 1000  # MAX_METRICS_PER_BATCH
+SKIPPED_LISTS = frozenset({"history"})
+"""List-valued keys not flattened into metrics: ``update/history`` holds every optimizer step (its summaries,
+``loss_first``, ``grad_norm_last``…, are logged); it stays in ``metrics.json``."""
+
+_log = logging.getLogger(__name__)
+_BAD_CHARS = re.compile(r"[^A-Za-z0-9_./\- ]")
+
+
+# ----------------------------------------------------------------------------- flattening
+
+
+def metric_key(key: str) -> str:
+    """``key`` made a valid MLflow metric/param name: characters other than letters, digits, ``_ . / -`` and
+    space become ``_``; empty, ``.`` and ``..`` path segments are dropped or made ``_``; at most 250 chars."""
+    parts = [_BAD_CHARS.sub("_", p) for p in str(key).split("/")]
+    parts = [("_" * len(p) if p in (".", "..") else p) for p in parts if p]
+    out = "/".join(parts)[:MAX_KEY].rstrip("/") or "_"
+    return out if posixpath.normpath(out) == out else out.replace(".", "_")
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, (bool, int, float)) and not isinstance(value, complex):
+        f = float(value)
+        return f if math.isfinite(f) else None
+    return None
+
+
+def flatten_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The finite numeric leaves of a ``metrics.json`` dict as ``{"eval/ece": 0.12, …}``: nested keys joined
+    with ``/``; ``ci: {name: [low, high]}`` → ``<name>_ci_low`` / ``<name>_ci_high`` (and ``<name>_ci: [l, h]``
+    the same); other lists by index (``eval/reliability/3/accuracy``) except :data:`SKIPPED_LISTS`; bools as
+    0/1; strings, None, NaN and ±inf skipped."""
+    out: dict[str, float] = {}
+
+    def walk(value: Any, path: str) -> None:
+        if isinstance(value, Mapping):
+            for k, v in value.items():
+                k = str(k)
+                sub = f"{path}/{k}" if path else k
+                if k == "ci" and isinstance(v, Mapping):
+                    for ck, cv in v.items():
+                        pair(cv, f"{path}/{ck}_ci" if path else f"{ck}_ci")
+                elif k.endswith("_ci"):
+                    pair(v, sub)
+                elif not (k in SKIPPED_LISTS and isinstance(v, (list, tuple))):
+                    walk(v, sub)
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                walk(v, f"{path}/{i}" if path else str(i))
+        elif (f := _number(value)) is not None:
+            out[metric_key(path)] = f
+
+    def pair(value: Any, path: str) -> None:
+        if isinstance(value, (list, tuple)) and len(value) == 2:
+            walk(value[0], f"{path}_low")
+            walk(value[1], f"{path}_high")
+        else:
+            walk(value, path)
+
+    walk(metrics, "")
+    return out
+
+
+def flatten_params(params: Mapping[str, Any]) -> dict[str, str]:
+    """A config dict as MLflow params: nested dicts joined with ``.`` (``engine_resources.GPU``), every value
+    ``str()``-ed (lists and None included), keys made valid and values cut to MLflow's 6000 characters."""
+    out: dict[str, str] = {}
+
+    def walk(value: Any, path: str) -> None:
+        if isinstance(value, Mapping) and value:
+            for k, v in value.items():
+                walk(v, f"{path}.{k}" if path else str(k))
+        else:
+            out[metric_key(path)] = str(value)[:MAX_PARAM_VALUE]
+
+    walk(params, "")
+    return out
+
+
+# ----------------------------------------------------------------------------- where the run goes
+
+
+def _is_local(storage_uri: str) -> bool:
+    return "://" not in storage_uri or storage_uri.startswith("file://")
+
+
+def resolve_backend(tracking_uri: str | None, storage_uri: str) -> tuple[str, str | None] | None:
+    """``(tracking URI, artifact location for a new experiment or None for the server's default)``, or None
+    when there is nowhere to track to (remote storage and no tracking URI; see the module doc)."""
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or None
+    if uri:
+        return uri, None
+    if not _is_local(storage_uri):
+        return None
+    root = Path(storage_uri.removeprefix("file://")).expanduser().resolve()
+    return f"sqlite:///{root / LOCAL_DB}", (root / LOCAL_ARTIFACTS).as_uri()
+
+
+# ----------------------------------------------------------------------------- trackers
+
+
+class Tracker:
+    """The no-op tracker (``kind="none"``, or tracking off): every method does nothing and returns at once."""
+
+    enabled = False
+    tracking_uri: str | None = None
+    mlflow_run_id: str | None = None
+    experiment_id: str | None = None
+    run_url: str | None = None
+    """The run's page in the MLflow UI (for a Prefect link artifact); None when no UI address is known."""
+    ui_hint: str | None = None
+    """How to view the runs (``mlflow ui --backend-store-uri …`` for a local store)."""
+
+    def log_iteration(self, iteration: int, metrics: Mapping[str, Any]) -> bool:
+        """Log iteration ``iteration``'s ``metrics.json`` dict (step = iteration); True if it is logged now or
+        was already. Idempotent."""
+        return False
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int = 0) -> bool:
+        """Log a (nested) dict of numbers once at ``step`` (not deduplicated: for one-off summaries)."""
+        return False
+
+    def log_artifact(self, local_path: str | os.PathLike, artifact_path: str | None = None) -> bool:
+        """Upload a file or directory under the run's artifacts (``artifact_path``: a sub-folder)."""
+        return False
+
+    def set_tags(self, tags: Mapping[str, Any]) -> bool:
+        return False
+
+    def close(self, status: str = "FINISHED") -> None:
+        """End the run (``FINISHED``, ``FAILED`` or ``KILLED``); the tracker is off afterwards."""
+
+    def __enter__(self) -> "Tracker":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close("FINISHED" if exc_type is None else ("KILLED" if exc_type is KeyboardInterrupt else "FAILED"))
+
+
+class MlflowTracker(Tracker):
+    """A run in an MLflow tracking store; built by :func:`open_tracker`."""
+
+    def __init__(self, tracking_uri: str, *, timeout_s: float, logger: Any, ui_url: str | None = None):
+        self.tracking_uri = tracking_uri
+        self.enabled = True
+        self._timeout_s = timeout_s
+        self._logger = logger or _log
+        self._ui_url = ui_url
+        self._client = None
+        self._steps: dict[str, set[int]] = {}  # marker metric → steps it holds (read once, then kept)
+        if tracking_uri.startswith("sqlite:"):
+            self.ui_hint = f"mlflow ui --backend-store-uri {tracking_uri}"
+
+    # -- the guard: bounded time, one warning, then off
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        if not self.enabled:
+            return None
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                box["value"] = fn(*args)
+            except BaseException as e:  # noqa: BLE001 - reported below, never raised into training
+                box["error"] = e
+
+        t = threading.Thread(target=target, name=f"rlcr-tracking-{what}", daemon=True)
+        t.start()
+        t.join(self._timeout_s)
+        if t.is_alive():
+            self._disable(f"{what} did not finish within {self._timeout_s:g} s")
+            return None
+        if "error" in box:
+            e = box["error"]
+            self._disable(f"{what} failed: {type(e).__name__}: {_short(e)}")
+            return None
+        return box.get("value")
+
+    def _disable(self, reason: str) -> None:
+        if self.enabled:
+            self.enabled = False
+            self._logger.warning("MLflow tracking (%s) is off for the rest of this run: %s. Training goes on; "
+                                 "a resumed run logs the missed iterations.", self.tracking_uri, reason)
+
+    # -- opening
+
+    def _open(self, experiment: str, artifact_location: str | None, run_id: str, params: Mapping[str, str],
+              parent_run_id: str | None) -> bool:
+        from mlflow.tracking import MlflowClient
+
+        self._client = client = MlflowClient(tracking_uri=self.tracking_uri)
+        self.experiment_id = _experiment(client, experiment, artifact_location)
+        run = _find_run(client, self.experiment_id, run_id)
+        if run is None:
+            tags = {RUN_ID_TAG: run_id, **({PARENT_TAG: parent_run_id} if parent_run_id else {})}
+            run = client.create_run(self.experiment_id, tags=tags, run_name=run_id)
+        else:
+            if parent_run_id and run.data.tags.get(PARENT_TAG) != parent_run_id:
+                client.set_tag(run.info.run_id, PARENT_TAG, parent_run_id)
+            if run.info.status != "RUNNING":
+                client.update_run(run.info.run_id, status="RUNNING")
+        self.mlflow_run_id = run.info.run_id
+        self._log_params(run.data.params, params)
+        base = self.tracking_uri if self.tracking_uri.startswith(("http://", "https://")) else self._ui_url
+        if base:
+            self.run_url = f"{base.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.mlflow_run_id}"
+        return True
+
+    def _log_params(self, existing: Mapping[str, str], params: Mapping[str, str]) -> None:
+        from mlflow.entities import Param
+
+        new = [Param(k, v) for k, v in params.items() if k not in existing]
+        for i in range(0, len(new), PARAMS_PER_BATCH):
+            self._client.log_batch(self.mlflow_run_id, params=new[i:i + PARAMS_PER_BATCH], synchronous=True)
+        changed = sorted(k for k, v in params.items() if k in existing and existing[k] != v)
+        if changed:
+            self._logger.info("MLflow run %s keeps the first value of params changed since: %s",
+                              self.mlflow_run_id, ", ".join(changed))
+            self._client.set_tag(self.mlflow_run_id, CHANGED_TAG, ", ".join(changed)[:MAX_TAG_VALUE])
+
+    # -- logging
+
+    def _logged_steps(self, key: str) -> set[int]:
+        if key not in self._steps:
+            self._steps[key] = {m.step for m in self._client.get_metric_history(self.mlflow_run_id, key)}
+        return self._steps[key]
+
+    def _log_iteration(self, iteration: int, flat: dict[str, float]) -> bool:
+        from mlflow.entities import Metric
+
+        keys = [SENTINEL, *sorted(k for k in flat if k != SENTINEL)]
+        ts = int(time.time() * 1000)
+        for i in range(0, len(keys), METRICS_PER_BATCH):
+            chunk = keys[i:i + METRICS_PER_BATCH]
+            if iteration in self._logged_steps(chunk[0]):
+                continue
+            batch = [Metric(k, flat[k], ts, iteration) for k in chunk]
+            self._client.log_batch(self.mlflow_run_id, metrics=batch, synchronous=True)
+            self._logged_steps(chunk[0]).add(iteration)
+        return True
+
+    def log_iteration(self, iteration: int, metrics: Mapping[str, Any]) -> bool:
+        flat = {**flatten_metrics(metrics), SENTINEL: float(iteration)}
+        return bool(self._call(f"logging iteration {iteration}", self._log_iteration, int(iteration), flat))
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int = 0) -> bool:
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        batch = [Metric(k, v, ts, int(step)) for k, v in flatten_metrics(metrics).items()]
+
+        def log() -> bool:
+            for i in range(0, len(batch), METRICS_PER_BATCH):
+                self._client.log_batch(self.mlflow_run_id, metrics=batch[i:i + METRICS_PER_BATCH], synchronous=True)
+            return True
+
+        return bool(self._call("logging metrics", log))
+
+    def log_artifact(self, local_path: str | os.PathLike, artifact_path: str | None = None) -> bool:
+        path = Path(local_path)
+
+        def upload() -> bool:
+            if path.is_dir():
+                self._client.log_artifacts(self.mlflow_run_id, str(path), artifact_path)
+            else:
+                self._client.log_artifact(self.mlflow_run_id, str(path), artifact_path)
+            return True
+
+        return bool(self._call(f"uploading {path.name}", upload))
+
+    def set_tags(self, tags: Mapping[str, Any]) -> bool:
+        from mlflow.entities import RunTag
+
+        batch = [RunTag(metric_key(k), str(v)[:MAX_TAG_VALUE]) for k, v in tags.items()]
+        return bool(self._call("setting tags", lambda: self._client.log_batch(
+            self.mlflow_run_id, tags=batch, synchronous=True) or True))
+
+    def close(self, status: str = "FINISHED") -> None:
+        if self.enabled and self.mlflow_run_id:
+            self._call("ending the run", self._client.set_terminated, self.mlflow_run_id, status)
+        self.enabled = False
+
+
+def _short(e: BaseException, limit: int = 300) -> str:
+    from rlcr.untrusted import printable
+
+    return printable(str(e), limit)
+
+
+def _experiment(client: Any, name: str, artifact_location: str | None) -> str:
+    """The id of experiment ``name``, created (or restored from deleted) if need be."""
+    from mlflow.exceptions import MlflowException
+
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        try:
+            return client.create_experiment(name, artifact_location=artifact_location)
+        except MlflowException:  # created meanwhile by another process
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+    if exp.lifecycle_stage == "deleted":
+        client.restore_experiment(exp.experiment_id)
+    return exp.experiment_id
+
+
+def _find_run(client: Any, experiment_id: str, run_id: str) -> Any:
+    """The oldest active MLflow run tagged ``rlcr.run_id = run_id``, or None."""
+    found = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{run_id}'",
+                               max_results=1, order_by=["attributes.start_time ASC"])
+    return found[0] if found else None
+
+
+def _set_http_env() -> None:
+    for k, v in HTTP_ENV.items():
+        os.environ.setdefault(k, v)
+
+
+def open_tracker(kind: str, tracking_uri: str | None, storage_uri: str, run_id: str, params: Mapping[str, Any],
+                 *, parent: Tracker | str | None = None, experiment: str = EXPERIMENT, ui_url: str | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, logger: Any = None) -> Tracker:
+    """The tracker of rlcr run ``run_id``: ``kind="none"`` → the no-op :class:`Tracker`; ``"mlflow"`` → the
+    MLflow run tagged with ``run_id`` in ``experiment`` (created, or found and continued), its params the
+    flattened ``params`` (:func:`flatten_params`). ``parent``: a tracker or MLflow run id whose child this run
+    is (tag ``mlflow.parentRunId``). ``ui_url``: the MLflow UI serving a non-HTTP store (for
+    :attr:`Tracker.run_url`). ``logger``: where the one warning goes (e.g. Prefect's run logger).
+
+    Never raises for an unreachable, slow or failing store: after ``timeout_s`` or an error it warns once and
+    returns a disabled tracker (``enabled`` False, every call a no-op). Raises ValueError for an unknown kind."""
+    if kind not in TRACKING_KINDS:
+        raise ValueError(f"tracking kind {kind!r}: expected one of {', '.join(TRACKING_KINDS)}")
+    if kind == "none":
+        return Tracker()
+    log = logger or _log
+    backend = resolve_backend(tracking_uri, storage_uri)
+    if backend is None:
+        log.warning("MLflow tracking is off for run %s: storage %s is not local and no tracking_uri (or "
+                    "MLFLOW_TRACKING_URI) names a tracking server", run_id, storage_uri)
+        return Tracker()
+    if "'" in run_id or "\\" in run_id:
+        log.warning("MLflow tracking is off: run id %r cannot be searched for", run_id)
+        return Tracker()
+    _set_http_env()
+    uri, artifact_location = backend
+    if uri.startswith("sqlite:///"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    tracker = MlflowTracker(uri, timeout_s=timeout_s, logger=log, ui_url=ui_url)
+    parent_id = parent.mlflow_run_id if isinstance(parent, Tracker) else parent
+    tracker._call(f"opening run {run_id}", tracker._open, experiment, artifact_location, run_id,
+                  flatten_params(params), parent_id)
+    if tracker.enabled and tracker.mlflow_run_id is None:  # pragma: no cover - _open either sets it or raises
+        tracker.enabled = False
+    return tracker
+
+
+def tracker_from_config(cfg: Any, run_id: str, *, parent: Tracker | str | None = None,
+                        params: Mapping[str, Any] | None = None, logger: Any = None) -> Tracker:
+    """:func:`open_tracker` with the config's ``tracking`` (default ``"mlflow"``), ``tracking_uri``,
+    ``tracking_ui_url`` and ``storage_uri``; params: ``params`` or the whole config (``model_dump``)."""
+    if params is None:
+        params = cfg.model_dump(mode="json")
+    return open_tracker(getattr(cfg, "tracking", "mlflow"), getattr(cfg, "tracking_uri", None), cfg.storage_uri,
+                        run_id, params, parent=parent, ui_url=getattr(cfg, "tracking_ui_url", None),
+                        timeout_s=getattr(cfg, "tracking_timeout_s", DEFAULT_TIMEOUT_S), logger=logger)
+
+
+def log_iterations(tracker: Tracker, items: Iterable[tuple[int, Mapping[str, Any]]]) -> int:
+    """Log several iterations (e.g. every committed one on resume: those already logged are skipped cheaply);
+    the number logged or already there. Stops when the tracker turns off."""
+    n = 0
+    for iteration, metrics in items:
+        if not tracker.enabled or not tracker.log_iteration(iteration, metrics):
+            break
+        n += 1
+    return n
