@@ -179,6 +179,33 @@ def split_overrides(ap, overrides: list[str]) -> tuple[list[str], dict[str, list
     return shared, per_method
 
 
+def open_tracking(cfg, a, methods, out_name, sft_uri, plan, method_cfg, run_id):
+    """The benchmark's MLflow run (``<out_name>/benchmark``: no rlcr run id has a ``/``), and each method's run
+    as its child (tag ``mlflow.parentRunId``): created here, then found and continued by the flow's tracker."""
+    from rlcr.tracking import tracker_from_config
+
+    params = {"config": a.config, "methods": ",".join(methods), "iterations": a.iterations, "chunk": a.chunk,
+              "prefix": a.prefix, "variant": a.variant, "overrides": " ".join(a.overrides), "warm_start": sft_uri,
+              "num_generations_answer": plan["num_generations_answer"]}
+    parent = tracker_from_config(cfg, f"{out_name}/benchmark", params=params)
+    for method in methods:
+        tracker_from_config(method_cfg(method), run_id(method), parent=parent).close()
+    if parent.run_url or parent.ui_hint:
+        print(f"MLflow: {parent.run_url or parent.ui_hint}", flush=True)
+    return parent
+
+
+def finish_tracking(parent, curves, last_common, ratio, files) -> None:
+    """Each method's evaluation at the last common iteration (step = that iteration), the ECE ratio, and the
+    table, picture and plan as artifacts of the benchmark's run."""
+    if last_common is not None:
+        at = {m: next(ev for it, ev, _ in curve if it == last_common) for m, curve in curves.items()}
+        parent.log_metrics({**at, "ece_ratio_rlcr_rlvr": ratio}, step=last_common)
+    for f in files:
+        parent.log_artifact(f)
+    parent.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="configs/methods.yaml")
@@ -251,6 +278,8 @@ def main() -> None:
 
     def method_cfg(method: str):
         return load_config(a.config, method_overrides(method))
+
+    parent = open_tracking(cfg, a, methods, out_name, sft_uri, plan, method_cfg, run_id)
 
     seen: set[tuple[str, int]] = set()
 
@@ -350,6 +379,7 @@ def main() -> None:
     ratio = ece["rlcr"] / ece["rlvr"] if ece["rlvr"] else math.nan
     print(f"(at iteration {last}: ECE rlcr {ece['rlcr']:.3f}, rlvr {ece['rlvr']:.3f})")
     print(f"methods ECE rlcr/rlvr: {ratio:.3f}")
+    finish_tracking(parent, curves, last_common, ratio, [store / f"{out_name}.md", png, plan_path])
 
 
 if __name__ == "__main__":
