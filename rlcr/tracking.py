@@ -188,6 +188,11 @@ class Tracker:
         was already. Idempotent."""
         return False
 
+    def logged_iterations(self) -> set[int]:
+        """The iterations already logged (the steps of :data:`SENTINEL`): what a resumed flow need not read
+        again to back-fill. Empty when off."""
+        return set()
+
     def log_metrics(self, metrics: Mapping[str, Any], step: int = 0) -> bool:
         """Log a (nested) dict of numbers once at ``step`` (not deduplicated: for one-off summaries)."""
         return False
@@ -314,6 +319,9 @@ class MlflowTracker(Tracker):
     def log_iteration(self, iteration: int, metrics: Mapping[str, Any]) -> bool:
         flat = {**flatten_metrics(metrics), SENTINEL: float(iteration)}
         return bool(self._call(f"logging iteration {iteration}", self._log_iteration, int(iteration), flat))
+
+    def logged_iterations(self) -> set[int]:
+        return set(self._call("reading the logged iterations", self._logged_steps, SENTINEL) or ())
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int = 0) -> bool:
         from mlflow.entities import Metric

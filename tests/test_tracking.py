@@ -142,7 +142,7 @@ def test_kind_none_writes_nothing(tmp_path):
     store = tmp_path / "store"
     tracker = open_tracker("none", None, str(store), "r1", {"lr": 1})
     assert type(tracker) is Tracker and not tracker.enabled and tracker.run_url is None
-    assert tracker.log_iteration(1, iteration_metrics(1)) is False
+    assert tracker.log_iteration(1, iteration_metrics(1)) is False and tracker.logged_iterations() == set()
     assert tracker.log_artifact(__file__) is False and tracker.log_metrics({"a": 1}) is False
     tracker.close()
     assert not store.exists() and list(tmp_path.iterdir()) == []
@@ -235,6 +235,7 @@ def test_resume_continues_the_run_and_never_duplicates(mlflow_server, tmp_path):
     # no close(): the process died
     again = open_tracker("mlflow", mlflow_server.url, str(tmp_path), "resumed run", {**params, "iterations": 5})
     assert again.enabled and again.mlflow_run_id == first.mlflow_run_id
+    assert again.logged_iterations() == {1, 2}
     for k in (1, 2, 3, 4):  # the flow back-fills every committed iteration, then goes on
         assert again.log_iteration(k, iteration_metrics(k))
     assert again.log_iteration(4, iteration_metrics(4))  # and twice is still once
