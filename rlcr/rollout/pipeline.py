@@ -37,7 +37,8 @@ class RolloutResult:
 
 
 def rollout_seed(cfg: RLCRConfig, iteration: int) -> int:
-    """Engine seed of an iteration: :func:`rlcr.seeds.rollout_seed` of the run's seed."""
+    """Seed of an iteration's rollouts (:func:`rlcr.seeds.rollout_seed` of the run's seed), from which each
+    sample's request seed is derived (:func:`rlcr.seeds.answer_seed`, :func:`~rlcr.seeds.confidence_seed`)."""
     return seeds.rollout_seed(cfg.seed, iteration)
 
 
@@ -55,6 +56,11 @@ def build_rollout_dataset(
 ):
     """The lazy Ray Dataset of one iteration's rollout tree (answer and confidence rows).
 
+    Every sample has its own request seed, derived from (run seed, iteration, ``salt``, stage, the row's
+    prompt/answer id and sample index): the tree does not depend on how Ray Data bundles the rows, on
+    ``rollout_batch_size``, on timing or on the number of engines; log-probs up to float rounding
+    (docs/reproducibility.md).
+
     ``engines``: names of long-lived engine actors to use instead of one engine per
     stage actor. ``g_a``/``g_c`` override the group sizes (evaluation: ``eval_samples`` and 1); ``salt`` is
     added to the iteration's seed (evaluation: :func:`rlcr.seeds.eval_salt`). ``confidences``: run the
@@ -68,7 +74,8 @@ def build_rollout_dataset(
     import ray.data
 
     ctx = ray.data.DataContext.get_current()
-    ctx.execution_options.preserve_order = True  # same request order → reproducible samples
+    # A stable row order; the samples themselves do not depend on it (each has its own request seed).
+    ctx.execution_options.preserve_order = True
     ctx.enable_progress_bars = cfg.rollout_progress
     seed = seeds.rollout_seed(cfg.seed, iteration, salt=salt)
     common = dict(cfg=cfg.model_dump(mode="json"), policy_uri=policy_uri, seed=seed, engines=engines)

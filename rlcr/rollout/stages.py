@@ -31,7 +31,7 @@ import pandas as pd
 
 from rlcr.config import RLCRConfig
 from rlcr.rollout.records import answer_scores, confidence_scores, rollout_row
-from rlcr.seeds import ANSWER_SALT, CONFIDENCE_SALT, mix
+from rlcr.seeds import answer_seed, confidence_seed
 from rlcr.tasks.countdown import CountdownTask, single_turn_messages, turn1_messages, turn2_messages
 
 __all__ = [
@@ -63,7 +63,6 @@ class _EngineStage:
     """
 
     stage_name = "stage"
-    stage_salt = 0
     mask_kind = "answer"
 
     def __init__(self, cfg: dict[str, Any], policy_uri: str, seed: int,
@@ -89,13 +88,15 @@ class _EngineStage:
         self.init_s = time.perf_counter() - t0
         self.batches = 0
 
-    def _generate(self, conversations, labels: list[str], n: int, max_tokens: int, stop, first_key: tuple[int, ...]):
-        """Render, sample and mask one batch where the engine is; returns (contexts, samples)."""
+    def _generate(self, conversations, labels: list[str], max_tokens: int, stop, n: int, seeds: list[list[int]]):
+        """Render, sample and mask one batch where the engine is; returns (contexts, samples).
+
+        ``seeds``: per conversation, the request seed of each of its ``n`` samples (:mod:`rlcr.seeds`): a sample
+        depends on its own seed, not on how Ray Data bundled the rows into batches."""
         from rlcr.rollout.engine import sample_chats
 
-        kwargs = dict(labels=labels, mask_kind=self.mask_kind, seed=mix(self.seed, self.stage_salt, *first_key),
-                      n=self.n or n, temperature=self.cfg.temperature, top_p=self.cfg.top_p, max_tokens=max_tokens,
-                      stop=stop)
+        kwargs = dict(labels=labels, mask_kind=self.mask_kind, seeds=seeds, n=n,
+                      temperature=self.cfg.temperature, top_p=self.cfg.top_p, max_tokens=max_tokens, stop=stop)
         t0 = time.perf_counter()
         if self.engine is not None:
             import ray
@@ -132,7 +133,6 @@ class AnswerStage(_EngineStage):
     (stops at ``</confidence>``; ``max_answer_tokens + max_confidence_tokens`` tokens; the ``single`` mask)."""
 
     stage_name = "answer"
-    stage_salt = ANSWER_SALT
 
     @property
     def mask_kind(self) -> str:
@@ -140,12 +140,13 @@ class AnswerStage(_EngineStage):
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
         single = self.cfg.method == "rlcr_single"
+        g = self.n or self.cfg.num_generations_answer
         contexts, samples = self._generate(
             [(single_turn_messages if single else turn1_messages)(_task(r)) for _, r in batch.iterrows()],
             [f"prompt_id={r['prompt_id']}" for _, r in batch.iterrows()],
-            self.cfg.num_generations_answer,
             self.cfg.max_answer_tokens + (self.cfg.max_confidence_tokens if single else 0),
-            CONFIDENCE_STOP if single else ANSWER_STOP, (int(batch["prompt_id"].iloc[0]),))
+            CONFIDENCE_STOP if single else ANSWER_STOP, g,
+            [[answer_seed(self.seed, int(r["prompt_id"]), k) for k in range(g)] for _, r in batch.iterrows()])
         rows = [self._row("answer", _task(r), context, s, prompt_id=r["prompt_id"], answer_id=k, confidence_id=-1)
                 for (_, r), context, group in zip(batch.iterrows(), contexts, samples) for k, s in enumerate(group)]
         return self._timing(pd.DataFrame(rows))
@@ -183,15 +184,16 @@ class ConfidenceStage(_EngineStage):
     """
 
     stage_name = "confidence"
-    stage_salt = CONFIDENCE_SALT
     mask_kind = "confidence"
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
-        first = (int(batch["prompt_id"].iloc[0]), int(batch["answer_id"].iloc[0]))
+        g = self.n or self.cfg.num_generations_confidence
         contexts, samples = self._generate(
             [json.loads(r["turn2_messages"]) for _, r in batch.iterrows()],
             [f"prompt_id={r['prompt_id']} answer_id={r['answer_id']}" for _, r in batch.iterrows()],
-            self.cfg.num_generations_confidence, self.cfg.max_confidence_tokens, CONFIDENCE_STOP, first)
+            self.cfg.max_confidence_tokens, CONFIDENCE_STOP, g,
+            [[confidence_seed(self.seed, int(r["prompt_id"]), int(r["answer_id"]), h) for h in range(g)]
+             for _, r in batch.iterrows()])
         answers = batch.drop(columns=["turn2_messages"])
         rows = [self._row("confidence", _task(r), context, s, prompt_id=r["prompt_id"], answer_id=r["answer_id"],
                           confidence_id=h, score=math.nan, correct=float(r["correct"]), reward=0.0, confidence=math.nan)
