@@ -46,6 +46,8 @@ __all__ = [
     "pack_prefix_trees",
     "collate_prefix_tree",
     "prefix_tree",
+    "TreeSegments",
+    "tree_segments",
     "dummy_sample",
     "type_stats",
 ]
@@ -204,13 +206,14 @@ class MicroBatch:
     sel_seq: torch.Tensor | None = None  # [N] input row holding sel_pos (None: = sel_row)
     position_ids: torch.Tensor | None = None  # [R, T] (prefix tree: token depths); None: 0..T−1
     attention_mask: torch.Tensor | None = None  # [R, 1, T, T] bool, True = may attend; None: causal
+    tree: "TreeSegments | None" = None  # prefix tree: the same mask as chains of nodes (sparse attention)
 
-    def model_inputs(self) -> dict[str, torch.Tensor | None]:
+    def model_inputs(self) -> dict[str, Any]:
         """Keyword arguments of :class:`rlcr.train.update.CompletionLogProbs`."""
         return {
             "input_ids": self.input_ids, "sel_seq": self.sel_row if self.sel_seq is None else self.sel_seq,
             "sel_pos": self.sel_pos, "sel_label": self.sel_label, "position_ids": self.position_ids,
-            "attention_mask": self.attention_mask,
+            "attention_mask": self.attention_mask, "tree": self.tree,
         }
 
     @property
@@ -222,7 +225,7 @@ class MicroBatch:
         return int(self.input_ids.numel())
 
     def to(self, device) -> "MicroBatch":
-        moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
+        moved = {k: (v.to(device) if isinstance(v, (torch.Tensor, TreeSegments)) else v) for k, v in self.__dict__.items()}
         return MicroBatch(**moved)
 
 
@@ -343,6 +346,46 @@ def pack_prefix_trees(samples: Sequence[Sample], token_budget: int) -> list[list
     return out
 
 
+@dataclass
+class TreeSegments:
+    """A prefix tree's attention mask as *segments*: maximal chains of nodes (each the parent of the
+    next), contiguous in pre-order and covering all nodes in order.
+
+    Segment ``s`` = nodes ``bounds[s] = (a, b)``; its queries see the ancestors of node ``a`` (every
+    node of them, a fixed key set) and, causally, the segment itself. Its keys are
+    ``key_index[offset_s : offset_s + sizes[s]]`` (the ancestors, then ``a .. b−1``) and
+    ``masks[s]`` (``[b−a, sizes[s]]`` bool, True = may attend) is the tree mask restricted to those
+    queries and keys: every key outside them is masked for these queries. Attention computed per
+    segment over its keys alone is therefore the dense tree-masked attention (masked keys weigh
+    exactly 0), up to float reassociation, at the cost of the visible pairs instead of ``T²``
+    (:func:`rlcr.train.update.tree_sdpa_attention`).
+    """
+
+    bounds: list[tuple[int, int]]
+    sizes: list[int]
+    key_index: torch.Tensor  # [Σ sizes] long
+    masks: list[torch.Tensor]
+
+    def to(self, device) -> "TreeSegments":
+        return TreeSegments(self.bounds, self.sizes, self.key_index.to(device), [m.to(device) for m in self.masks])
+
+
+def tree_segments(depth: Sequence[int], visible: torch.Tensor) -> TreeSegments:
+    """The :class:`TreeSegments` of a pre-order prefix tree: node depths and its ``[T, T]`` mask."""
+    t = len(depth)
+    starts = [k for k in range(t) if k == 0 or depth[k] != depth[k - 1] + 1] + [t]  # k−1 is k's parent iff depth+1
+    bounds, sizes, index, masks = [], [], [], []
+    for a, b in zip(starts[:-1], starts[1:]):
+        anc = visible[a, :a].nonzero().squeeze(-1)
+        m = b - a
+        bounds.append((a, b))
+        sizes.append(len(anc) + m)
+        index.append(torch.cat([anc, torch.arange(a, b)]))
+        masks.append(torch.cat([torch.ones(m, len(anc), dtype=torch.bool),
+                                torch.ones(m, m, dtype=torch.bool).tril()], 1))
+    return TreeSegments(bounds, sizes, torch.cat(index), masks)
+
+
 def collate_prefix_tree(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
     """One prefix tree of ``samples`` as a single input row with a tree attention mask.
 
@@ -353,7 +396,8 @@ def collate_prefix_tree(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
     k = torch.arange(len(tokens))
     visible = (k[None, :] <= k[:, None]) & (k[:, None] < torch.tensor(end)[None, :])  # [query, key]: an ancestor
     mb = _micro_batch(samples, paths, pad_id, input_ids=torch.tensor([tokens], dtype=torch.long),
-                      position_ids=torch.tensor([depth], dtype=torch.long), attention_mask=visible[None, None])
+                      position_ids=torch.tensor([depth], dtype=torch.long), attention_mask=visible[None, None],
+                      tree=tree_segments(depth, visible))
     mb.sel_seq = torch.zeros_like(mb.sel_pos)
     return mb
 
