@@ -6,7 +6,6 @@ holding its formula. Pure PyTorch.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Callable
 
 import torch
@@ -23,6 +22,56 @@ __all__ = [
 # ----------------------------------------------------------------------------- log-probs
 
 
+_BLOCK_ELEMENTS = 1 << 19
+"""Logit elements per block of :class:`_LabelLogProb` (2 MiB of float32): a block's passes (logsumexp,
+exp, scale, scatter) then run in cache instead of streaming the whole ``[N, V]`` logits through
+memory once per pass."""
+
+
+class _LabelLogProb(torch.autograd.Function):
+    """``log π(y) = z_y − logsumexp(z)`` per row of ``[N, V]`` logits, and optionally the entropy (no
+    gradient), in row blocks of ``block`` rows; saves the logits and the logsumexp, not a float32 copy.
+
+    Backward, per block: ``∂/∂z = g·(onehot(y) − exp(z − lse))``, written straight into the gradient —
+    the same floats autograd's logsumexp + gather backward give, in one buffer instead of four.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, labels, block: int, with_entropy: bool):
+        n = logits.shape[0]
+        lse = torch.empty(n, dtype=torch.float32, device=logits.device)
+        logp = torch.empty(n, dtype=torch.float32, device=logits.device)
+        ent = torch.empty(n, dtype=torch.float32, device=logits.device) if with_entropy else None
+        for s in range(0, n, block):
+            z = logits[s:s + block].float()
+            l_ = torch.logsumexp(z, dim=-1)
+            lse[s:s + block] = l_
+            logp[s:s + block] = z.gather(-1, labels[s:s + block, None]).squeeze(-1) - l_
+            if with_entropy:  # H = lse − Σ softmax·z, sharing the logsumexp
+                ent[s:s + block] = l_ - (torch.exp(z - l_[:, None]) * z).sum(-1)
+        ctx.save_for_backward(logits, labels, lse)
+        ctx.block = block
+        if with_entropy:
+            ctx.mark_non_differentiable(ent)
+            return logp, ent
+        return logp, logp.new_zeros(0)
+
+    @staticmethod
+    def backward(ctx, grad_logp, _grad_ent):
+        logits, labels, lse = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        for s in range(0, logits.shape[0], ctx.block):
+            g = grad_logp[s:s + ctx.block, None].float()
+            z = logits[s:s + ctx.block].float()
+            out = grad[s:s + ctx.block] if grad.dtype == torch.float32 else torch.empty_like(z)
+            torch.sub(z, lse[s:s + ctx.block, None], out=out)
+            out.exp_().mul_(-g)  # logsumexp's share: −g·softmax(z)
+            out.scatter_add_(1, labels[s:s + ctx.block, None], g)  # gather's share: +g at the label
+            if out.data_ptr() != grad[s:s + ctx.block].data_ptr():
+                grad[s:s + ctx.block] = out
+        return grad, None, None, None
+
+
 def token_logprobs(
     logits: torch.Tensor,
     labels: torch.Tensor,
@@ -33,28 +82,38 @@ def token_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(label) and (optionally) the entropy per position.
 
-    ``logits``: ``[..., V]`` (any dtype), ``labels``: ``[...]``. Rows are processed
-    ``chunk_rows`` at a time, each chunk upcast to float32 on its own, so at most
-    one chunk's full-vocab float32 copy exists outside autograd's saved tensors.
+    ``logits``: ``[..., V]`` (any dtype), ``labels``: ``[...]``. Rows are processed in
+    blocks of at most ``chunk_rows`` (and at most :data:`_BLOCK_ELEMENTS` logits, so each
+    block's passes stay in cache), each upcast to float32 on its own, so at most one
+    block's full-vocab float32 copy exists outside autograd's saved tensors (which hold
+    the logits themselves and the logsumexp, :class:`_LabelLogProb`).
     ``log π(y) = z_y − logsumexp(z)``; ``H = logsumexp(z) − Σ softmax(z)·z``.
     ``entropy_grad=False`` keeps the entropy out of autograd (a metric only).
     """
     shape = labels.shape
     flat_logits = logits.reshape(-1, logits.shape[-1])
     flat_labels = labels.reshape(-1)
+    if return_entropy and entropy_grad and torch.is_grad_enabled() and flat_logits.requires_grad:
+        return _token_logprobs_autograd(flat_logits, flat_labels, shape, chunk_rows)
+    if flat_logits.shape[0] == 0:
+        empty = flat_logits.new_zeros(shape, dtype=torch.float32)
+        return empty, (empty.clone() if return_entropy else None)
+    block = max(1, min(chunk_rows, _BLOCK_ELEMENTS // max(1, flat_logits.shape[-1])))
+    logp, ent = _LabelLogProb.apply(flat_logits, flat_labels, block, return_entropy)
+    return logp.reshape(shape), (ent.reshape(shape) if return_entropy else None)
+
+
+def _token_logprobs_autograd(flat_logits, flat_labels, shape, chunk_rows):
+    """:func:`token_logprobs` with the entropy in autograd (an entropy bonus): plain autograd ops."""
     logps, ents = [], []
     for start in range(0, flat_logits.shape[0], chunk_rows):
         z = flat_logits[start:start + chunk_rows].float()
         y = flat_labels[start:start + chunk_rows]
         lse = torch.logsumexp(z, dim=-1)
         logps.append(z.gather(-1, y[:, None]).squeeze(-1) - lse)
-        if return_entropy:  # H = lse − Σ softmax·z, sharing the logsumexp
-            with contextlib.nullcontext() if entropy_grad else torch.no_grad():
-                ents.append(lse - (torch.exp(z - lse[:, None]) * z).sum(-1))
+        ents.append(lse - (torch.exp(z - lse[:, None]) * z).sum(-1))
     logp = torch.cat(logps).reshape(shape) if logps else flat_logits.new_zeros(shape, dtype=torch.float32)
-    ent = None
-    if return_entropy:
-        ent = torch.cat(ents).reshape(shape) if ents else flat_logits.new_zeros(shape, dtype=torch.float32)
+    ent = torch.cat(ents).reshape(shape) if ents else flat_logits.new_zeros(shape, dtype=torch.float32)
     return logp, ent
 
 
