@@ -9,8 +9,10 @@ by file and then *sealed* by a ``_COMPLETE`` file written last. The seal is a
 small JSON document with a fresh random ``content_id`` and the size of every file:
 readers only trust sealed directories, and the local checkpoint cache is keyed by
 (URI, content_id), so a directory rewritten at the same URI is never served from
-a stale cache. Downloads refuse any key that would land outside their
-destination. Small control files (manifests, leases) can be written exclusively
+a stale cache. A seal is input from outside: :func:`parse_seal` checks every field
+(a content id of 32 lowercase hex digits, safe relative file names, sizes) before
+anything uses it, and a download fetches exactly the files the seal lists, each
+inside its destination and of its listed size. Small control files (manifests, leases) can be written exclusively
 (create-only: ``If-None-Match: *`` on S3, a hard link locally) or as a
 compare-and-swap on their version (``If-Match`` on S3, a lock file locally).
 """
@@ -25,6 +27,8 @@ import json
 import os
 import re
 import shutil
+import socket
+import stat
 import tempfile
 import time
 import uuid
@@ -33,15 +37,27 @@ from typing import Any
 
 import fsspec
 
+from rlcr.untrusted import InvalidInput, field, parse_json, printable
+
 __all__ = [
     "Store", "COMPLETE_MARKER", "fetch_checkpoint", "StorageError", "AlreadyExists", "VersionConflict",
     "iteration_prefix", "atomic_directory", "sweep_temporaries", "default_cache_dir", "validate_run_id",
-    "safe_join", "checkpoint_content_id", "pid_alive",
+    "safe_join", "checkpoint_content_id", "pid_alive", "InvalidSeal", "parse_seal", "new_seal",
 ]
 
 COMPLETE_MARKER = "_COMPLETE"
-_TEMP_TAG = ".tmp-"  # every temporary this module creates has ".tmp-<pid>-" in its name
-_TEMP_RE = re.compile(r"\.tmp-(\d+)-")
+_TEMP_TAG = ".tmp-"  # every temporary this module creates is named ".<name>.tmp-<host id>-<pid>-<random>"
+_TEMP_RE = re.compile(r"\.tmp-([0-9a-f]{12})-([0-9]{1,10})-[A-Za-z0-9_]*$")
+MAX_SEAL_BYTES = 4 * 1024 * 1024
+"""Largest ``_COMPLETE`` document read (bytes); a larger one is refused before it is parsed."""
+MAX_SEAL_FILES = 100_000
+"""Most files one sealed directory may hold."""
+MAX_NAME_CHARS = 1024
+"""Longest relative file name in a seal (characters); each ``/``-separated segment: at most 255 bytes."""
+MAX_FILE_BYTES = 2 ** 44
+"""Largest size a seal may give a file (16 TiB)."""
+_CONTENT_ID_RE = re.compile(r"[0-9a-f]{32}")
+_CACHE_ENTRY_RE = re.compile(r"[0-9a-f]{20}-[0-9a-f]{24}")
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+,@ -]{0,127}")
 """Valid run ids: 1–128 characters, letters, digits and ``. _ = + , @ -`` and space, starting with a
 letter or digit, without ``..`` and without a trailing space or dot (no ``/``: a run id is one path segment)."""
@@ -74,8 +90,25 @@ def safe_join(root: str | Path, rel: str) -> Path:
     return target
 
 
+def _host_id() -> str:
+    """12 hex digits naming this host *and* its pid namespace, the scope in which a pid means something.
+
+    A digest of the host name, ``/etc/machine-id`` and the pid namespace (containers sharing a host name
+    but not their pids get different ids). Stable across restarts of a process on the same host."""
+    parts = [socket.gethostname()]
+    with contextlib.suppress(OSError):
+        parts.append(Path("/etc/machine-id").read_text().strip())
+    with contextlib.suppress(OSError):
+        parts.append(os.readlink("/proc/self/ns/pid"))
+    return hashlib.sha256("\0".join(parts).encode("utf-8", "replace")).hexdigest()[:12]
+
+
+_HOST_ID = _host_id()
+
+
 def _temp_name(name: str) -> str:
-    return f".{name}{_TEMP_TAG}{os.getpid()}-"
+    """Prefix of a temporary for ``name``: ``.<name>.tmp-<host id>-<pid>-`` (the caller adds a random tail)."""
+    return f".{name}{_TEMP_TAG}{_HOST_ID}-{os.getpid()}-"
 
 
 def pid_alive(pid: int) -> bool:
@@ -94,7 +127,10 @@ def pid_alive(pid: int) -> bool:
 def sweep_temporaries(root: str | Path, *, max_depth: int = 4) -> list[Path]:
     """Remove temporaries left under ``root`` by killed writers on this host (their pid is gone).
 
-    Only names this module creates (``.<name>.tmp-<pid>-…``) are touched; returns what was removed.
+    Only names this module creates (``.<name>.tmp-<host id>-<pid>-…``) *with this host's id* are touched:
+    a pid says nothing about another host's processes, so on a shared cache or store other hosts'
+    temporaries (possibly downloads in progress) are left alone, and so are names of the older
+    ``.<name>.tmp-<pid>-…`` format, which do not say their host. Returns what was removed.
     """
     root = Path(root)
     removed: list[Path] = []
@@ -108,7 +144,8 @@ def sweep_temporaries(root: str | Path, *, max_depth: int = 4) -> list[Path]:
             return
         for e in entries:
             m = _TEMP_RE.search(e.name)
-            if e.name.startswith(".") and m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))):
+            pid = int(m.group(2)) if m and m.group(1) == _HOST_ID else 0
+            if e.name.startswith(".") and pid and pid != os.getpid() and not pid_alive(pid):
                 path = Path(e.path)
                 if e.is_dir(follow_symlinks=False):
                     shutil.rmtree(path, ignore_errors=True)
@@ -146,10 +183,14 @@ def atomic_directory(dest: str | Path, *, durable: bool = False):
     """Yield a temp sibling of ``dest`` to fill; on success it replaces ``dest`` in one rename.
 
     On failure it is removed, so ``dest`` is never seen half-written; a writer killed before
-    that leaves a ``.<name>.tmp-<pid>-…`` sibling that :func:`sweep_temporaries` removes later.
-    ``durable``: fsync the files and directories before and after the rename.
+    that leaves a ``.<name>.tmp-<host id>-<pid>-…`` sibling that :func:`sweep_temporaries` removes later.
+    ``durable``: fsync the files and directories before and after the rename. An existing ``dest``
+    must be a real directory (it is moved aside, then removed): a symbolic link or anything else
+    there is refused with StorageError before anything is written, never moved or deleted.
     """
     dest = Path(dest)
+    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
+        raise StorageError(f"refusing to replace {dest}: it is a symbolic link or not a directory")
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=_temp_name(dest.name), dir=dest.parent))
     try:
@@ -190,21 +231,146 @@ def _split(uri: str) -> tuple[str, str]:
     return "file", str(Path(uri).expanduser().resolve())
 
 
+class InvalidSeal(StorageError, InvalidInput):
+    """A ``_COMPLETE`` seal failed a check; the one-line message names it and what is wrong."""
+
+
+def _name_problem(name: Any) -> str | None:
+    """Why ``name`` is not a safe relative file name for a sealed directory, or None if it is.
+
+    Safe: a non-empty string of at most :data:`MAX_NAME_CHARS` printable characters, not absolute,
+    no backslash, ``/``-separated segments that are neither empty nor ``.`` nor ``..`` and at most
+    255 bytes each, and not the seal's own name."""
+    if not isinstance(name, str) or not name:
+        return "is not a non-empty string"
+    if len(name) > MAX_NAME_CHARS:
+        return f"is longer than {MAX_NAME_CHARS} characters"
+    if name.startswith("/"):
+        return "is absolute"
+    if "\\" in name:
+        return "holds a backslash"
+    if not name.isprintable():
+        return "holds a control or non-printing character"
+    parts = name.split("/")
+    if ".." in parts:
+        return "climbs out with '..' (it would resolve outside the directory)"
+    if any(p in ("", ".") for p in parts):
+        return "has an empty or '.' segment"
+    if any(len(p.encode("utf-8", "surrogatepass")) > 255 for p in parts):
+        return "has a segment longer than 255 bytes"
+    if name == COMPLETE_MARKER:
+        return "is the seal itself"
+    return None
+
+
 def new_seal(files: dict[str, int]) -> bytes:
-    """The ``_COMPLETE`` document of a directory: a fresh content id and every file's size."""
+    """The ``_COMPLETE`` document of a directory: a fresh content id and every file's size.
+
+    Raises StorageError if a name or size would not pass :func:`parse_seal`."""
+    for name, size in files.items():
+        problem = _name_problem(name)
+        if problem:
+            raise StorageError(f"cannot seal a file named {printable(repr(name), 120)}: the name {problem}")
+        if type(size) is not int or not 0 <= size <= MAX_FILE_BYTES:
+            raise StorageError(f"cannot seal {printable(name)}: size {size!r} is not an int in [0, {MAX_FILE_BYTES}]")
+    if len(files) > MAX_SEAL_FILES:
+        raise StorageError(f"cannot seal {len(files):,} files: at most {MAX_SEAL_FILES:,}")
     return json.dumps({"content_id": uuid.uuid4().hex, "files": dict(sorted(files.items())),
                        "sealed_at": time.time()}, indent=1).encode()
 
 
-def parse_seal(data: bytes) -> dict[str, Any]:
-    """A seal's fields; a legacy plain ``ok`` seal gets a content id from its bytes (no file list)."""
+def parse_seal(data: bytes, source: str = COMPLETE_MARKER) -> dict[str, Any]:
+    """The checked fields of a seal read from ``source`` (a URI or path, named in errors).
+
+    Guaranteed on return: ``content_id`` is 32 lowercase hex digits (what :func:`new_seal` writes);
+    ``files`` maps at most :data:`MAX_SEAL_FILES` safe relative names (see :func:`_name_problem`; no
+    name is also another's directory) to int sizes in ``[0, MAX_FILE_BYTES]``; ``sealed_at`` is a
+    finite number or None. Anything else — too large, not JSON, a missing or ill-typed field — raises
+    :class:`InvalidSeal` in one line. Plain ``ok`` seals of the first storage version are refused too:
+    they list no files and all share one content id, so neither the download check nor the cache key
+    could be trusted; writing the directory again (:meth:`Store.put_dir`) seals it anew."""
     try:
-        seal = json.loads(data)
-        if isinstance(seal, dict) and isinstance(seal.get("content_id"), str):
-            return seal
-    except ValueError:
-        pass
-    return {"content_id": "legacy-" + hashlib.sha256(data).hexdigest()[:16], "files": None}
+        doc = parse_json(data, source, max_bytes=MAX_SEAL_BYTES)
+        content_id = field(doc, "content_id", str, source)
+        files = field(doc, "files", dict, source)
+        sealed_at = field(doc, "sealed_at", float, source, default=None)
+    except InvalidInput as e:
+        hint = "; a plain seal from before content ids: write the directory again to reseal it" \
+            if data.strip() == b"ok" else ""
+        raise InvalidSeal(f"{e}{hint}") from None
+    where = printable(source)
+    if not _CONTENT_ID_RE.fullmatch(content_id):
+        raise InvalidSeal(f"{where}: content_id {printable(repr(content_id), 80)} is not 32 lowercase hex digits")
+    if len(files) > MAX_SEAL_FILES:
+        raise InvalidSeal(f"{where}: lists {len(files):,} files, more than the {MAX_SEAL_FILES:,} allowed")
+    for name, size in files.items():
+        problem = _name_problem(name)
+        if problem:
+            raise InvalidSeal(f"{where}: file name {printable(repr(name), 120)} {problem}")
+        if type(size) is not int or not 0 <= size <= MAX_FILE_BYTES:
+            raise InvalidSeal(f"{where}: size of {printable(name, 120)} must be an int in [0, {MAX_FILE_BYTES}], "
+                              f"found {printable(repr(size), 40)}")
+    for name in files:
+        cut = name.rfind("/")
+        while cut > 0:
+            if name[:cut] in files:
+                raise InvalidSeal(f"{where}: {printable(name[:cut], 120)} is listed as a file and as a directory")
+            cut = name.rfind("/", 0, cut)
+    return {"content_id": content_id, "files": dict(files), "sealed_at": sealed_at}
+
+
+def _read_bounded(path: str | Path, limit: int = MAX_SEAL_BYTES) -> bytes:
+    """At most ``limit + 1`` bytes of a local file (enough to tell that it is too large)."""
+    with open(path, "rb") as f:
+        return f.read(limit + 1)
+
+
+def _sealable_files(root: Path) -> list[tuple[str, Path, int]]:
+    """(name, path, size) of every regular file under ``root``, symbolic links followed, sorted by name.
+
+    The top-level ``_COMPLETE`` (a seal already there) is left out. Raises StorageError naming the
+    entry for a dangling link, a link loop (a directory reached again inside itself), anything not a
+    file or directory (FIFO, socket, device), a name :func:`parse_seal` would refuse, or more than
+    :data:`MAX_SEAL_FILES` files; so what is sealed is everything the directory shows, or nothing."""
+    found: list[tuple[str, Path, int]] = []
+
+    def walk(d: Path, prefix: str, ancestors: frozenset) -> None:
+        try:
+            entries = sorted(os.scandir(d), key=lambda e: e.name)
+        except OSError as e:
+            raise StorageError(f"cannot list {d}: {e.strerror}") from None
+        for e in entries:
+            name, path = prefix + e.name, Path(e.path)
+            if name == COMPLETE_MARKER:
+                continue
+            try:
+                st = os.stat(path)  # follows symbolic links
+            except OSError as err:
+                if path.is_symlink():
+                    what = "a symbolic link loop" if err.errno == errno.ELOOP else "a dangling symbolic link"
+                    raise StorageError(f"{path}: {what} (to {os.readlink(path)!r}); refusing to seal "
+                                       f"{root} without its target") from None
+                raise StorageError(f"{path}: {err.strerror}") from None
+            problem = _name_problem(name)
+            if problem:
+                raise StorageError(f"{path}: cannot be sealed, its name {problem}")
+            if stat.S_ISDIR(st.st_mode):
+                if (st.st_dev, st.st_ino) in ancestors:
+                    raise StorageError(f"{path}: a symbolic link loop (it leads back to a directory that holds it)")
+                walk(path, name + "/", ancestors | {(st.st_dev, st.st_ino)})
+            elif stat.S_ISREG(st.st_mode):
+                found.append((name, path, st.st_size))
+                if len(found) > MAX_SEAL_FILES:
+                    raise StorageError(f"{root}: more than {MAX_SEAL_FILES:,} files; refusing to seal it")
+            else:
+                raise StorageError(f"{path}: neither a file nor a directory; refusing to seal it")
+
+    try:
+        st = os.stat(root)
+    except OSError as e:
+        raise StorageError(f"{root}: {e.strerror}") from None
+    walk(root, "", frozenset({(st.st_dev, st.st_ino)}))
+    return sorted(found)
 
 
 class Store:
@@ -430,16 +596,23 @@ class Store:
         stores upload every file and write the seal last. Anything already at ``rel``
         is replaced, and the new seal carries a fresh content id, so caches of the old
         content are never served for the new one.
+
+        What is copied and sealed is every file the directory shows: symbolic links to files
+        and directories are followed (their content is copied, not the link). A dangling link,
+        a link loop or a FIFO/socket/device raises StorageError naming it, before anything is
+        written (see :func:`_sealable_files`); so does a file whose size changes while copied.
         """
         local_dir = Path(local_dir)
-        files = sorted(p for p in local_dir.rglob("*") if p.is_file() and p.name != COMPLETE_MARKER)
-        seal = new_seal({p.relative_to(local_dir).as_posix(): p.stat().st_size for p in files})
+        files = _sealable_files(local_dir)
+        seal = new_seal({name: size for name, _, size in files})
         if self.is_local:
             with atomic_directory(self._abs(rel), durable=True) as tmp:
-                for p in files:
-                    target = tmp / p.relative_to(local_dir)
+                for name, src, size in files:
+                    target = tmp / name
                     target.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copy2(p, target)
+                    shutil.copy2(src, target)
+                    if target.stat().st_size != size:
+                        raise StorageError(f"{src} changed while it was copied to {self.url(rel)}")
                 (tmp / COMPLETE_MARKER).write_bytes(seal)
             return self.url(rel)
 
@@ -447,8 +620,8 @@ class Store:
             base = self._abs(rel)
             if self.fs.exists(base):
                 self.fs.rm(base, recursive=True)
-            for p in files:
-                self.fs.put_file(str(p), f"{base}/{p.relative_to(local_dir).as_posix()}")
+            for name, src, _ in files:
+                self.fs.put_file(str(src), f"{base}/{name}")
             self.fs.pipe_file(f"{base}/{COMPLETE_MARKER}", seal)
         self._wrap("uploading", rel, run)
         return self.url(rel)
@@ -457,59 +630,85 @@ class Store:
         return self.exists(f"{rel.rstrip('/')}/{COMPLETE_MARKER}")
 
     def read_seal(self, rel: str) -> bytes | None:
-        """The raw seal of a sealed directory, or None if it is not sealed."""
+        """The raw seal of a sealed directory, or None if it is not sealed.
+
+        Bounded: a seal over :data:`MAX_SEAL_BYTES` raises :class:`InvalidSeal` after reading no more
+        than one byte past the limit. The bytes are not checked here: :func:`parse_seal` does that."""
+        marker = f"{rel.rstrip('/')}/{COMPLETE_MARKER}"
+        path = self._abs(marker)
+
+        def run():
+            if self.is_local:
+                return _read_bounded(path)
+            return self.fs.cat_file(path, start=0, end=MAX_SEAL_BYTES + 1)
         try:
-            return self.read_bytes(f"{rel.rstrip('/')}/{COMPLETE_MARKER}")
+            data = self._wrap("reading", marker, run)
         except FileNotFoundError:
             return None
+        if len(data) > MAX_SEAL_BYTES:
+            raise InvalidSeal(f"{self.url(marker)}: more than the {MAX_SEAL_BYTES:,} bytes allowed for a seal")
+        return data
 
-    def content_id(self, rel: str) -> str:
-        """The content id of a sealed directory (changes whenever it is rewritten)."""
-        seal = self.read_seal(rel)
+    def parse_seal(self, rel: str, seal: bytes | None = None) -> dict[str, Any]:
+        """The checked fields (:func:`parse_seal`) of the seal of ``rel`` (``seal``: its bytes, if already read).
+
+        Raises StorageError if ``rel`` is not sealed, :class:`InvalidSeal` if its seal fails a check."""
+        seal = seal if seal is not None else self.read_seal(rel)
         if seal is None:
             raise StorageError(f"{self.url(rel)} is not a complete (sealed) directory")
-        return parse_seal(seal)["content_id"]
+        return parse_seal(seal, self.url(f"{rel.rstrip('/')}/{COMPLETE_MARKER}"))
+
+    def content_id(self, rel: str) -> str:
+        """The content id of a sealed directory (changes whenever it is rewritten): 32 lowercase hex digits.
+
+        Raises StorageError if it is not sealed, :class:`InvalidSeal` if its seal fails a check."""
+        return self.parse_seal(rel)["content_id"]
 
     def get_dir(self, rel: str, local_dir: str | Path, *, seal: bytes | None = None) -> Path:
         """Download a sealed directory into ``local_dir`` (atomically); raises if it is not sealed.
 
-        Every key must land inside ``local_dir`` (a key with ``..`` is refused), every file
-        the seal lists must arrive with its size, and the seal must not change during the
-        download (a concurrent rewrite): otherwise StorageError and nothing is left behind.
+        Exactly the files the seal lists are downloaded (anything else in the store directory is left
+        there), each to its own name inside ``local_dir`` and checked to have its listed size; the seal
+        is checked first (:func:`parse_seal`) and must not change during the download (a concurrent
+        rewrite). Otherwise StorageError (:class:`InvalidSeal` for a bad seal) and ``local_dir`` is left
+        as it was, with nothing half-written. ``seal``: the seal's bytes, if the caller read them already.
         """
         seal = seal if seal is not None else self.read_seal(rel)
-        if seal is None:
-            raise StorageError(f"{self.url(rel)} is not a complete (sealed) directory")
-        expected = parse_seal(seal).get("files")
+        files = self.parse_seal(rel, seal)["files"]
         base = self._abs(rel)
         with atomic_directory(local_dir) as tmp:
-            def run():
-                for entry in sorted(self.fs.find(base)):
-                    entry = entry if self.is_local else entry.split("://", 1)[-1]
-                    if not entry.startswith(base + "/"):
-                        raise StorageError(f"refusing {entry!r}: not under {self.url(rel)}")
-                    key = entry[len(base) + 1:]
-                    target = safe_join(tmp, key)
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    self.fs.get_file(entry, str(target))
-            self._wrap("downloading", rel, run)
-            if (tmp / COMPLETE_MARKER).read_bytes() != seal:
+            for name, size in files.items():
+                self._get_sealed_file(rel, name, size, tmp)
+            if self.read_seal(rel) != seal:
                 raise StorageError(f"{self.url(rel)} was rewritten while it was being downloaded; retry")
-            if expected is not None:
-                for name, size in expected.items():
-                    p = safe_join(tmp, name)
-                    if not p.is_file() or p.stat().st_size != size:
-                        raise StorageError(f"{self.url(rel)}: {name} is missing or has the wrong size")
+            (tmp / COMPLETE_MARKER).write_bytes(seal)
         return Path(local_dir)
+
+    def _get_sealed_file(self, rel: str, name: str, size: int, dest_root: Path) -> None:
+        """Download the file ``name`` (a checked seal name) of the sealed directory ``rel`` to ``dest_root/name``.
+
+        The target must stay inside ``dest_root`` and, on a local store, the source inside ``rel`` (a
+        symbolic link there leading out is refused); the file must exist and have ``size`` bytes."""
+        target = safe_join(dest_root, name)
+        source = str(safe_join(self._abs(rel), name)) if self.is_local else f"{self._abs(rel)}/{name}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        what = f"{rel.rstrip('/')}/{name}"
+        try:
+            self._wrap("downloading", what, lambda: self.fs.get_file(source, str(target)))
+        except FileNotFoundError:
+            raise StorageError(f"{self.url(rel)}: {printable(name)} is missing (the seal lists it)") from None
+        if not target.is_file() or target.stat().st_size != size:
+            raise StorageError(f"{self.url(rel)}: {printable(name)} has the wrong size (the seal says {size:,} bytes)")
 
 
 def checkpoint_content_id(local_dir: str | Path) -> str:
-    """Content id of a local checkpoint directory: its seal's, or (unsealed, e.g. a prepared base model)
-    a digest of its files' names, sizes and modification times."""
+    """Content id of a local checkpoint directory: its seal's (checked by :func:`parse_seal`, else
+    :class:`InvalidSeal`), or (unsealed, e.g. a prepared base model) ``unsealed-`` and a digest of its
+    files' names, sizes and modification times."""
     local_dir = Path(local_dir)
     marker = local_dir / COMPLETE_MARKER
     if marker.exists():
-        return parse_seal(marker.read_bytes())["content_id"]
+        return parse_seal(_read_bounded(marker), str(marker))["content_id"]
     h = hashlib.sha256()
     for p in sorted(local_dir.rglob("*")):
         if p.is_file():
@@ -526,6 +725,11 @@ def fetch_checkpoint(uri: str, *, endpoint_url: str | None = None, cache_dir: st
     ``$RLCR_CACHE/checkpoints``) under a name made of the URI *and the seal's content
     id*, so a checkpoint rewritten at the same URI is downloaded again, never served
     stale. Each call reads the remote seal (one small GET).
+
+    The seal is checked (:func:`parse_seal`, else :class:`InvalidSeal`) before its content id names
+    anything, and the cache entry is always a direct child of the cache named
+    ``<20 hex>-<24 hex>``. An entry already there is replaced only if it is a real directory with a
+    seal (one this cache wrote); anything else at that name raises StorageError and is left alone.
     """
     if "://" not in uri or uri.startswith("file://"):
         path = Path(uri.removeprefix("file://")).expanduser()
@@ -538,13 +742,26 @@ def fetch_checkpoint(uri: str, *, endpoint_url: str | None = None, cache_dir: st
     seal = store.read_seal(name)
     if seal is None:
         raise StorageError(f"{uri} is not a complete (sealed) directory")
-    content_id = parse_seal(seal)["content_id"]
-    local = cache / f"{hashlib.sha256(uri.encode()).hexdigest()[:20]}-{content_id[:24]}"
+    content_id = store.parse_seal(name, seal)["content_id"]
+    local = _cache_entry(cache, uri, content_id)
     marker = local / COMPLETE_MARKER
-    if marker.exists() and marker.read_bytes() == seal:
+    if not local.is_symlink() and marker.is_file() and _read_bounded(marker) == seal:
         return local
+    if local.is_symlink() or local.exists():
+        if local.is_symlink() or not local.is_dir() or not marker.is_file() or marker.is_symlink():
+            raise StorageError(f"{local}: in the checkpoint cache but not a checkpoint it wrote; refusing to replace "
+                               f"it (remove it to fetch {uri} again)")
     sweep_temporaries(cache, max_depth=0)
     return store.get_dir(name, local, seal=seal)
+
+
+def _cache_entry(cache: Path, uri: str, content_id: str) -> Path:
+    """``cache/<sha256(uri)[:20]>-<content_id[:24]>`` for a checked content id; refuses any other shape."""
+    name = f"{hashlib.sha256(uri.encode()).hexdigest()[:20]}-{content_id[:24]}"
+    local = cache / name
+    if not _CACHE_ENTRY_RE.fullmatch(name) or local.parent != cache:
+        raise StorageError(f"refusing cache entry {printable(name)!r} for {printable(uri)}: not a plain name")
+    return local
 
 
 def iteration_prefix(run_id: str, iteration: int) -> str:
