@@ -3,6 +3,7 @@ temporaries of killed writers, durable local writes. Local directories and a rea
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -19,6 +20,7 @@ from rlcr.storage import (
     sweep_temporaries,
     validate_run_id,
 )
+from rlcr.storage import _HOST_ID
 from s3server import BUCKET
 
 
@@ -53,15 +55,15 @@ def test_seal_lists_files_and_a_fresh_content_id(store, tmp_path):
     assert store.content_id("ck") != first
 
 
-def test_download_refuses_a_key_that_escapes_its_destination(s3, tmp_path):
+def test_download_ignores_a_key_that_escapes_its_destination(s3, tmp_path):
+    """A key with ``..`` that the seal does not list is never downloaded (a listed one: see test_seals.py)."""
     store = Store(f"s3://{BUCKET}/escape", endpoint_url=s3.endpoint)
     uri = store.put_dir(checkpoint_dir(tmp_path / "src", "w"), "ck")
     s3.client().put_object(Bucket=BUCKET, Key="escape/ck/../../../evil.txt", Body=b"pwned")
     cache = tmp_path / "a" / "b" / "cache"
-    with pytest.raises(StorageError, match="outside"):
-        fetch_checkpoint(uri, endpoint_url=s3.endpoint, cache_dir=cache)
+    got = fetch_checkpoint(uri, endpoint_url=s3.endpoint, cache_dir=cache)
+    assert sorted(p.name for p in got.iterdir()) == [COMPLETE_MARKER, "config.json", "model.safetensors"]
     assert not [p for p in tmp_path.rglob("evil.txt")]
-    assert not cache.exists() or not any(cache.iterdir())  # nothing half-written left behind
 
 
 def test_download_checks_the_files_the_seal_lists(s3, tmp_path):
@@ -125,20 +127,105 @@ def _dead_pid() -> int:
 
 
 def test_temporaries_of_dead_writers_are_swept(tmp_path):
+    """Only this host's temporaries whose pid is gone; other hosts' and old-format names are left alone."""
     dead, live = _dead_pid(), os.getpid()
-    litter = tmp_path / "runs" / "r" / "iter-0001" / f".checkpoint.tmp-{dead}-abc"
+    litter = tmp_path / "runs" / "r" / "iter-0001" / f".checkpoint.tmp-{_HOST_ID}-{dead}-abc"
     litter.mkdir(parents=True)
     (litter / "model.safetensors").write_bytes(b"0" * 1000)
-    stray = tmp_path / "runs" / "r" / f".metrics.json.tmp-{dead}-xyz"
+    stray = tmp_path / "runs" / "r" / f".metrics.json.tmp-{_HOST_ID}-{dead}-xyz"
     stray.write_text("{")
-    mine = tmp_path / "runs" / "r" / f".checkpoint.tmp-{live}-def"
+    mine = tmp_path / "runs" / "r" / f".checkpoint.tmp-{_HOST_ID}-{live}-def"
     mine.mkdir()
+    other_host = tmp_path / "runs" / "r" / f".checkpoint.tmp-{'0' * 12}-{dead}-ghi"
+    other_host.mkdir()
+    old_format = tmp_path / "runs" / "r" / f".checkpoint.tmp-{dead}-jkl"
+    old_format.mkdir()
     keep = tmp_path / "runs" / "r" / ".hidden-by-user"
     keep.mkdir()
     removed = Store(str(tmp_path)).sweep_temporaries("runs/r")
     assert sorted(removed) == sorted([litter, stray])
     assert not litter.exists() and not stray.exists() and mine.exists() and keep.exists()
+    assert other_host.exists() and old_format.exists()
     assert sweep_temporaries(tmp_path / "missing") == []
+
+
+def test_another_hosts_download_in_progress_is_not_swept_from_a_shared_cache(tmp_path):
+    """Issue 30 item 9: a pid is only meaningful on its own host. A writer of another host (simulated: a
+    process with another host id) killed, or just unknown here, keeps its temporary; one of this host goes."""
+    code = """
+import os, signal, sys
+import rlcr.storage as s
+if sys.argv[2] != "this":
+    s._HOST_ID = sys.argv[2]
+with s.atomic_directory(sys.argv[1]) as tmp:
+    (tmp / "model.safetensors").write_bytes(b"half")
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+    cache = tmp_path / "shared-cache"
+    for who, entry in (("feedfacecafe", "a"), ("this", "b")):
+        proc = subprocess.run([sys.executable, "-c", code, str(cache / entry), who], capture_output=True)
+        assert proc.returncode == -9, proc.stderr
+    before = sorted(p.name for p in cache.iterdir())
+    assert len(before) == 2 and all(".tmp-" in n for n in before)
+    removed = sweep_temporaries(cache, max_depth=0)
+    assert [p.name for p in removed] == [n for n in before if n.startswith(".b.")]
+    left = [p for p in cache.iterdir()]
+    assert [p.name for p in left] == [n for n in before if n.startswith(".a.")]
+    assert (left[0] / "model.safetensors").read_bytes() == b"half"
+
+
+@pytest.fixture
+def linked_checkpoint(tmp_path):
+    """A checkpoint whose tokenizer directory and one weight file are symbolic links."""
+    src = checkpoint_dir(tmp_path / "src", "w")
+    shared = tmp_path / "shared-tokenizer"
+    (shared / "nested").mkdir(parents=True)
+    (shared / "tokenizer.json").write_text('{"v": 1}')
+    (shared / "nested" / "merges.txt").write_text("a b")
+    (src / "tokenizer").symlink_to(shared, target_is_directory=True)
+    (tmp_path / "extra.bin").write_bytes(b"12345")
+    (src / "extra.bin").symlink_to(tmp_path / "extra.bin")
+    return src
+
+
+def test_put_dir_copies_the_content_of_symbolic_links(store, linked_checkpoint, tmp_path):
+    """Issue 30 item 9: a symlinked ``tokenizer/`` was left out of the checkpoint and its seal."""
+    store.put_dir(linked_checkpoint, "ck")
+    seal = json.loads(store.read_seal("ck"))
+    assert seal["files"] == {"config.json": 2, "extra.bin": 5, "model.safetensors": 1,
+                             "tokenizer/nested/merges.txt": 3, "tokenizer/tokenizer.json": 8}
+    got = store.get_dir("ck", tmp_path / "out")
+    assert (got / "tokenizer" / "nested" / "merges.txt").read_text() == "a b"
+    assert not (got / "tokenizer").is_symlink() and not (got / "extra.bin").is_symlink()
+    assert (got / "extra.bin").read_bytes() == b"12345"
+
+
+def test_put_dir_refuses_a_dangling_link(store, tmp_path):
+    src = checkpoint_dir(tmp_path / "src", "w")
+    (src / "tokenizer.json").symlink_to(tmp_path / "gone.json")
+    with pytest.raises(StorageError, match=re.escape(str(src / "tokenizer.json")) + ": a dangling symbolic link"):
+        store.put_dir(src, "ck")
+    assert not store.exists("ck") and not store.is_complete("ck")
+
+
+@pytest.mark.parametrize("loop", ["parent", "self"])
+def test_put_dir_refuses_a_symlink_loop(loop, tmp_path):
+    src = checkpoint_dir(tmp_path / "src", "w")
+    (src / "sub").mkdir()
+    link = src / "sub" / "loop"
+    link.symlink_to(src if loop == "parent" else link)
+    store = Store(str(tmp_path / "store"))
+    with pytest.raises(StorageError, match=re.escape(str(link)) + ": a symbolic link loop"):
+        store.put_dir(src, "ck")
+    assert not store.exists("ck")
+    assert not [p for p in (tmp_path / "store").rglob("*") if ".tmp-" in p.name]
+
+
+def test_put_dir_refuses_a_fifo(tmp_path):
+    src = checkpoint_dir(tmp_path / "src", "w")
+    os.mkfifo(src / "pipe")
+    with pytest.raises(StorageError, match="neither a file nor a directory"):
+        Store(str(tmp_path / "store")).put_dir(src, "ck")
 
 
 def test_a_killed_upload_leaves_only_sweepable_litter(tmp_path):
