@@ -264,7 +264,8 @@ def summary_table(run_id: str, cfg) -> Table:
     from rlcr.runs import RunStore
 
     run = RunStore.open(cfg, run_id)
-    table = Table(title=f"run {run_id}  ({run.store.url(run.prefix)}); held-out figures with [95% bootstrap CI]")
+    table = Table(title=f"run {_show(run_id)}  ({_show(run.store.url(run.prefix))}); held-out figures with "
+                        "[95% bootstrap CI]")
     for col in ("iter", "accuracy", "answer reward", "conf reward", "mean conf", "ECE", "Brier", "AUROC", "parse rate"):
         table.add_column(col, justify="right")
 

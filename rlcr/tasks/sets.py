@@ -23,6 +23,7 @@ from typing import Iterable, Sequence
 from rlcr.config import RLCRConfig
 from rlcr.seeds import sft_task_order_seed, task_order_seed
 from rlcr.tasks.countdown import CountdownTask, compute_score, generate_tasks, load_tasks, solve, task_candidates
+from rlcr.untrusted import printable
 
 __all__ = ["task_sets", "training_pool", "held_out_set", "sft_tasks", "prompts_for_iteration"]
 
@@ -67,7 +68,7 @@ def training_pool(cfg: RLCRConfig) -> list[CountdownTask]:
     """
     if cfg.train_tasks:
         raw = load_tasks(cfg.train_tasks)
-        source = cfg.train_tasks
+        source = printable(cfg.train_tasks)  # a path: shown without control characters, bounded
     else:
         raw = list(_generated(cfg.num_train_tasks, cfg.seed, **_generation(cfg)))
         source = f"generated training tasks (seed {cfg.seed})"
@@ -95,6 +96,7 @@ def held_out_set(cfg: RLCRConfig, train: Sequence[CountdownTask]) -> list[Countd
     taken = {t.identity for t in train}
     if cfg.eval_tasks:
         rows = load_tasks(cfg.eval_tasks)
+        name = printable(cfg.eval_tasks)
         out, seen, overlap = [], set(), 0
         for t in rows:
             if t.identity in taken:
@@ -104,14 +106,14 @@ def held_out_set(cfg: RLCRConfig, train: Sequence[CountdownTask]) -> list[Countd
                 out.append(t)
         repeats = len(rows) - len(out) - overlap
         if not out:
-            raise ValueError(f"{cfg.eval_tasks}: no held-out task left: of its {len(rows)} rows, {overlap} share "
+            raise ValueError(f"{name}: no held-out task left: of its {len(rows)} rows, {overlap} share "
                              f"numbers and target with a training task and {repeats} repeat an earlier row")
         if overlap:
             log.warning("%s: dropped %d of %d held-out rows that share numbers and target with a training task "
-                        "(%d held-out tasks remain)", cfg.eval_tasks, overlap, len(rows), len(out))
+                        "(%d held-out tasks remain)", name, overlap, len(rows), len(out))
         if repeats:
             log.warning("%s: dropped %d of %d held-out rows that repeat an earlier row's numbers and target",
-                        cfg.eval_tasks, repeats, len(rows))
+                        name, repeats, len(rows))
         return out
 
     n = cfg.num_eval_tasks
@@ -162,7 +164,7 @@ def task_sets(cfg: RLCRConfig) -> tuple[list[CountdownTask], list[CountdownTask]
     """
     train = training_pool(cfg)
     if cfg.prompts_per_iteration > len(train):
-        source = cfg.train_tasks or f"num_train_tasks={cfg.num_train_tasks} generated"
+        source = printable(cfg.train_tasks) if cfg.train_tasks else f"num_train_tasks={cfg.num_train_tasks} generated"
         raise ValueError(f"prompts_per_iteration={cfg.prompts_per_iteration} exceeds the {len(train)} distinct "
                          f"training tasks ({source}): an iteration's prompts must be distinct tasks")
     return train, held_out_set(cfg, train)
