@@ -308,6 +308,23 @@ class RLCRConfig(BaseModel):
     retry_delay_s: float = Field(5.0, ge=0.0)
     """Backoff factor of the retries: delays are retry_delay_s · 2^attempt seconds. Operational."""
 
+    # ------------------------------------------------------------------ experiment tracking (MLflow)
+    tracking: Literal["mlflow", "none"] = "mlflow"
+    """Experiment tracking: ``mlflow`` (one MLflow run per rlcr run: the config as params, each committed
+    iteration's metrics with step = iteration, the probe's report as artifacts) or ``none``. A tracker that is
+    down or slow never stops training: one warning, then tracking is off for the rest of the flow run and the
+    next resume fills in what was missed. Operational."""
+    tracking_uri: str | None = None
+    """MLflow tracking server (``http://mlflow:5000``). None: ``$MLFLOW_TRACKING_URI`` if set, else a SQLite
+    store next to a local ``storage_uri`` (``<storage>/mlflow.db``; view it with ``mlflow ui
+    --backend-store-uri sqlite:///<storage>/mlflow.db``); with S3 storage and neither, tracking is off with a
+    warning. Operational."""
+    tracking_ui_url: str | None = None
+    """Address of an MLflow UI serving a non-HTTP ``tracking_uri`` (the Prefect artifact links the run there).
+    Operational."""
+    tracking_timeout_s: float = Field(60.0, gt=0.0, le=3600.0)
+    """Longest one tracking call may take before tracking turns off for the flow run. Operational."""
+
     # ------------------------------------------------------------------ evaluation & probe
     eval_every: int = Field(1, ge=0)
     """Evaluate on the held-out set every this many iterations (0: never). Operational: evaluation does not
@@ -592,6 +609,7 @@ OPERATIONAL_FIELDS: frozenset[str] = frozenset({
     "probe_samples", "probe_truncation", "probe_forced_answer_tokens", "probe_cron",
     "sft_tasks", "sft_epochs", "sft_learning_rate", "sft_batch_size", "sft_lr_schedule", "sft_warmup_steps",
     "sft_single_turn",
+    "tracking", "tracking_uri", "tracking_ui_url", "tracking_timeout_s",
 })
 
 
