@@ -49,10 +49,13 @@ def sample_answers(pool, version: str):
     """Seeded answers straight from the (single) engine actor: [(completion ids, log-probs)] per sample."""
     import ray
 
+    from rlcr.seeds import answer_seed
+
     conversations = [turn1_messages(t) for _, t in TASKS]
     _, samples = ray.get(pool.actors[0].generate_chats.remote(
         conversations, policy_uri=version, labels=[f"prompt_id={i}" for i, _ in TASKS], mask_kind="answer",
-        seed=7, n=3, temperature=1.0, top_p=1.0, max_tokens=20))
+        seeds=[[answer_seed(7, i, k) for k in range(3)] for i, _ in TASKS], n=3, temperature=1.0, top_p=1.0,
+        max_tokens=20))
     return [(s.completion_ids, s.completion_logprobs) for group in samples for s in group]
 
 
