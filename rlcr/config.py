@@ -593,11 +593,11 @@ def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | S
 
 # Fields that cannot change a run's results (rollouts, updates, checkpoints, evaluation numbers): where it
 # runs and is stored, how long, how failures are retried, what is displayed, how often it is evaluated
-# (every generate call re-seeds its engine, so an evaluation between iterations leaves the rollouts
+# (every sample has its own request seed, so an evaluation between iterations leaves the rollouts
 # unchanged), the probe's settings (the probe reads checkpoints; it does not train) and the warm-start's
 # ``sft_*`` settings (the training flow never reads them; the warm-start's checkpoint enters a run as
 # ``model``, which is result-changing). A resume may change them. Every other field is result-changing,
-# conservatively so: e.g. ``rollout_batch_size`` (the engine is seeded per batch),
+# conservatively so: e.g. ``rollout_batch_size`` (batching moves log-probs by float rounding, ~1e-6),
 # ``micro_batch_tokens``/``num_workers`` (floating-point reduction order) and the ``engine_*`` settings
 # (scheduling and kernels) change the numbers even where they do not change the method. The placement
 # fields (``engine_resources``, ``trainer_resources``, ``storage_shared``) choose nodes, not kernels or batches.
