@@ -328,7 +328,7 @@ class RLCRConfig(BaseModel):
     # ------------------------------------------------------------------ evaluation & probe
     eval_every: int = Field(1, ge=0)
     """Evaluate on the held-out set every this many iterations (0: never). Operational: evaluation does not
-    change training (every generate call re-seeds its engine), only which iterations carry eval metrics."""
+    change training (every sample has its own request seed), only which iterations carry eval metrics."""
     eval_samples: int = Field(1, ge=1)
     """Answers sampled per held-out task at evaluation (each with one confidence). More samples narrow the
     intervals at the same task count; the bootstrap resamples tasks, keeping a task's answers together."""
