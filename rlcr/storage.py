@@ -12,9 +12,10 @@ readers only trust sealed directories, and the local checkpoint cache is keyed b
 a stale cache. A seal is input from outside: :func:`parse_seal` checks every field
 (a content id of 32 lowercase hex digits, safe relative file names, sizes) before
 anything uses it, and a download fetches exactly the files the seal lists, each
-inside its destination and of its listed size. Small control files (manifests, leases) can be written exclusively
-(create-only: ``If-None-Match: *`` on S3, a hard link locally) or as a
-compare-and-swap on their version (``If-Match`` on S3, a lock file locally).
+inside its destination and of its listed size. Small control files (manifests,
+leases) can be written exclusively (create-only: ``If-None-Match: *`` on S3, a hard
+link locally) or as a compare-and-swap on their version (``If-Match`` on S3, a lock
+file locally).
 """
 
 from __future__ import annotations
@@ -300,7 +301,7 @@ def parse_seal(data: bytes, source: str = COMPLETE_MARKER) -> dict[str, Any]:
         raise InvalidSeal(f"{e}{hint}") from None
     where = printable(source)
     if not _CONTENT_ID_RE.fullmatch(content_id):
-        raise InvalidSeal(f"{where}: content_id {printable(repr(content_id), 80)} is not 32 lowercase hex digits")
+        raise InvalidSeal(f"{where}: content_id {printable(repr(content_id[:100]), 80)} is not 32 lowercase hex digits")
     if len(files) > MAX_SEAL_FILES:
         raise InvalidSeal(f"{where}: lists {len(files):,} files, more than the {MAX_SEAL_FILES:,} allowed")
     for name, size in files.items():
@@ -675,7 +676,6 @@ class Store:
         """
         seal = seal if seal is not None else self.read_seal(rel)
         files = self.parse_seal(rel, seal)["files"]
-        base = self._abs(rel)
         with atomic_directory(local_dir) as tmp:
             for name, size in files.items():
                 self._get_sealed_file(rel, name, size, tmp)
