@@ -40,7 +40,7 @@ from rlcr.models import resolve_model
 from rlcr.rollout.engine import EnginePool
 from rlcr.rollout.pipeline import finalize_rollouts, generate_rollouts, rollout_seed
 from rlcr.rollout.records import rows_to_table
-from rlcr.runs import (AlreadyCommitted, LeaseLost, RunLease, RunStore, StateMismatch, new_run_id,
+from rlcr.runs import (AlreadyCommitted, LeaseLost, RunLease, RunStore, StateMismatch, attempt_id, new_run_id,
                        prompts_for_iteration, task_sets)
 from rlcr.storage import validate_run_id
 from rlcr.train.trainer import PolicyTrainer, StateLost
@@ -210,7 +210,8 @@ def sync_weights_task(engines, weights, version, iteration):
 @task(name="evaluate")
 def evaluate_task(cfg, run, held_out, policy, iteration, engines, tokenizer_uri, lease):
     """Held-out accuracy and calibration (SPEC §9) of the policy the engines hold; its per-answer rows go to
-    ``run.eval_records_rel(iteration)`` (``records_uri`` in the metrics) for paired comparisons."""
+    this attempt's ``run.eval_records_rel(iteration, attempt)`` (``records_uri`` in the metrics and the
+    manifest) for paired comparisons."""
     _started("evaluate" if iteration else "baseline", iteration)
     metrics, rows = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=iteration, engines=engines,
                                     tokenizer_uri=tokenizer_uri, run_id=run.run_id)
@@ -227,12 +228,13 @@ def stage_task(run, iteration, manifest, metrics, lease):
 
 @task(name="save", retry_condition_fn=_retry_unless_final)
 def save_task(trainer, run, iteration, extra, lease):
-    """The full training state (weights, AdamW, schedule, RNG), sealed, after iteration ``iteration``; fenced
-    by the run's lease (checked here and again by the worker just before it uploads)."""
+    """The full training state (weights, AdamW, schedule, RNG), sealed, after iteration ``iteration``, under
+    this attempt's path (which no other writer's manifest names); fenced by the run's lease (checked here and
+    again by the worker just before it uploads)."""
     _started("save", iteration)
     fence = run.checkpoint_fence(iteration, lease)
     trainer.ensure_running()
-    return trainer.save(run.checkpoint_rel(iteration), extra=extra, fence=fence)
+    return trainer.save(run.checkpoint_rel(iteration, attempt_id(lease)), extra=extra, fence=fence)
 
 
 @task(name="commit")
@@ -354,7 +356,7 @@ def _iteration(cfg, run, k, trainer, engines, policies, initial, train_tasks, he
     with timed_stage("update", k, t) as fig:
         update = update_task.with_options(**opts)(trainer, rollout.rows, k)
         fig["loss"] = update.metrics.get("loss")
-    version = run.store.url(run.checkpoint_rel(k))  # "the policy after iteration k", saved there or not
+    version = run.store.url(run.checkpoint_rel(k, attempt_id(lease)))  # "the policy after k": save_task's path
     with timed_stage("sync_weights", k, t) as fig:
         synced = sync_weights_task.with_options(**opts)(engines, update.weights, version, k)
         fig["mode"] = synced[0].get("mode") if synced else None
@@ -370,7 +372,7 @@ def _iteration(cfg, run, k, trainer, engines, policies, initial, train_tasks, he
                "timings": {**t, **gen_timings}}
     manifest = {  # policy_in: a saved state (+ policy_in_updates applied in memory); policy_out: where it is saved
         "policy_in": base, "policy_in_updates": list(staged), "policy_out": version if save else None,
-        "rollouts_uri": rollout.uri, "config_hash": cfg.config_hash(),
+        "rollouts_uri": rollout.uri, "records_uri": ev.get("records_uri"), "config_hash": cfg.config_hash(),
         "seeds": {"run": cfg.seed, "rollout": rollout_seed(cfg, k), "eval": cfg.eval_seed},
     }
     with timed_stage("stage", k, t):

@@ -110,6 +110,12 @@ class RunLease:
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ document
+    @property
+    def attempt(self) -> str:
+        """The id of this writer's attempt (the first 12 hex digits of its token): it names the paths its
+        artifacts go to (``iter-<k>/attempt-<id>/``, :mod:`rlcr.runs`)."""
+        return self.token[:12]
+
     def _doc(self) -> bytes:
         return json.dumps({
             "run_id": self.run.run_id, "owner": self.owner, "token": self.token,

@@ -1,13 +1,33 @@
 """Run bookkeeping: manifests, commit and resume (the run's writer lease: :mod:`rlcr.lease`).
 
-A run lives under ``<storage>/runs/<run_id>/``. Iteration k (from 1) writes its
-artifacts under ``iter-<kkkk>/`` and is *committed* by writing
-``iter-<kkkk>/manifest.json`` last, create-only: an iteration is committed once and
-never overwritten. Anything without a manifest is an uncommitted attempt: a re-run
-overwrites it, and readers ignore it.
+A run lives under ``<storage>/runs/<run_id>/``. Iteration k (from 1) is *committed* by
+writing ``iter-<kkkk>/manifest.json`` last, create-only: an iteration is committed once and
+never overwritten. Its artifacts are **attempt-scoped**: each writer (*attempt*: one lease,
+:attr:`RunLease.attempt`, the first 12 hex digits of its token; without a lease, one id per
+process) writes iteration k's only under its own ``iter-<kkkk>/attempt-<id>/``::
+
+    iter-0002/manifest.json                      create-only; names the paths below
+    iter-0002/attempt-3f2a9c01b7de/checkpoint/   sealed (where the state was saved)
+    iter-0002/attempt-3f2a9c01b7de/metrics.json
+    iter-0002/attempt-3f2a9c01b7de/rollouts/rollouts.parquet
+    iter-0002/attempt-3f2a9c01b7de/eval.parquet  (held-out rows; k = 0: the baseline's, under iter-0000/)
+    iter-0002/attempt-3f2a9c01b7de/pending.json  the manifest draft while staged
+
+The manifest names exactly the paths of the attempt that committed (``checkpoint_uri``,
+``state_uri``, ``metrics_uri``, ``rollouts_uri``, ``records_uri``, and that ``attempt``). So a
+writer that passed its lease check and then stalled past the lease timeout can only ever
+write into its own attempt's paths, which no manifest names: nothing committed is replaced,
+whatever the timing. **Readers go through the manifest** (or, for a staged iteration, the
+draft of the lease holder's attempt): :meth:`RunStore.metrics`, ``metrics_rel``,
+``checkpoint_rel``, ``eval_records_rel`` (without an attempt) look the path up. Runs from
+before attempts (``iter-<k>/checkpoint``, ``iter-<k>/metrics.json``, ``iter-<k>/pending.json``)
+read as before: their manifests name those paths, and a lookup that finds no recorded path
+falls back to them. An attempt's directory that no manifest names is garbage (a crashed or
+taken-over writer's leftovers, or a stale writer's late upload): readers never look at it,
+and it may be deleted once its iteration is committed.
 
 With ``save_every`` > 1 the training state is saved every few iterations only. An
-iteration after which nothing was saved is *staged* (``iter-<kkkk>/pending.json``:
+iteration after which nothing was saved is *staged* (``iter-<kkkk>/attempt-<id>/pending.json``:
 its manifest draft, next to its rollouts and metrics) and committed, in order, when
 the state that covers it is saved: every committed iteration is resumable exactly.
 Its manifest names that state (``state_uri``, ``state_iteration``, and the seal's
@@ -17,19 +37,19 @@ sealed checkpoint, or the initial model) and ``policy_in_updates`` the iteration
 applied to it in memory since (empty when the policy was that state itself);
 ``policy_out`` names the policy after the iteration (saved there only where
 ``checkpoint_uri`` is set). A crash in the middle of committing a group is finished on
-resume (:meth:`RunStore.finish_group`).
+resume (:meth:`RunStore.finish_group`, from the drafts of the attempt the last manifest names).
 
 **Paths are relative to the run.** Manifests and drafts record the run's own artifacts
-as paths relative to ``runs/<run_id>/`` (``iter-0002/checkpoint``), so a store moved
+as paths relative to ``runs/<run_id>/`` (``iter-0002/attempt-<id>/checkpoint``), so a store moved
 elsewhere (another directory, bucket or prefix) still resumes; :meth:`RunStore.manifest`
 returns them as absolute URIs of the store as it is now (an older manifest's absolute
 URI ``…/runs/<run_id>/<rest>`` is mapped onto the current store the same way).
 
 **Fencing.** Every write of a run's artifact goes through a :class:`RunStore` method
 that checks the writer's lease first (:class:`LeaseLost` if it was taken over) and
-refuses an iteration that is already committed (:class:`AlreadyCommitted`): a
-committed artifact is never replaced. A check cannot be atomic with an S3 upload, so
-readers verify too: resuming from a state, and finishing a group, require the seal's
+refuses an iteration that is already committed (:class:`AlreadyCommitted`). A check cannot
+be atomic with an upload; attempt-scoped paths make that harmless (a late write lands in
+its own attempt's paths), and readers verify too: resuming from a state, and finishing a group, require the seal's
 content id to be the one the manifest recorded (:class:`StateMismatch` names both).
 
 Everything read back is validated (:mod:`rlcr.untrusted`): a corrupt or hand-edited
@@ -39,37 +59,22 @@ manifest or draft gives one line naming the file, never a ``KeyError``.
 from __future__ import annotations
 
 import logging
-import re
 import secrets
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from rlcr.config import RLCRConfig, result_changing_diff
 from rlcr.lease import LEASE_HEARTBEAT_S, LEASE_TIMEOUT_S, LeaseLost, RunLease, RunLocked
-from rlcr.storage import (
-    AlreadyExists,
-    Store,
-    StorageError,
-    iteration_prefix,
-    validate_run_id,
-)
+from rlcr.run_layout import MAX_ITERATION, PROCESS_ATTEMPT, RunLayout, attempt_id
+from rlcr.storage import AlreadyExists, Store, StorageError, validate_run_id
 from rlcr.tasks.sets import prompts_for_iteration, task_sets
-from rlcr.untrusted import InvalidInput, field, parse_json, printable
+from rlcr.untrusted import field, printable
 
 __all__ = ["RunStore", "RunConfigMismatch", "RunLease", "RunLocked", "LeaseLost", "AlreadyCommitted",
            "StateMismatch", "task_sets", "prompts_for_iteration", "new_run_id", "list_runs", "check_fence",
-           "LEASE_TIMEOUT_S", "LEASE_HEARTBEAT_S", "MAX_ITERATION"]
+           "LEASE_TIMEOUT_S", "LEASE_HEARTBEAT_S", "MAX_ITERATION", "attempt_id", "PROCESS_ATTEMPT"]
 
 log = logging.getLogger(__name__)
-
-MAX_ITERATION = 1_000_000
-"""The largest iteration number a manifest may name."""
-URI_FIELDS = ("checkpoint_uri", "state_uri", "rollouts_uri", "metrics_uri", "policy_in", "policy_out")
-"""Manifest fields that name artifacts: recorded relative to the run where they lie under it."""
-
-_RUN_RELATIVE = re.compile(r"iter-(\d{4,})(/|$)")
-"""A recorded path relative to the run (anything else, e.g. the initial model's name, is kept as it is)."""
 
 
 class RunConfigMismatch(ValueError):
@@ -120,137 +125,13 @@ def check_fence(store: Store, fence: dict[str, str]) -> None:
                         f"writer; not writing the checkpoint")
 
 
-@dataclass
-class RunStore:
-    """The artifacts of one run in a :class:`~rlcr.storage.Store`."""
-
-    store: Store
-    run_id: str
-
-    def __post_init__(self) -> None:
-        validate_run_id(self.run_id)
+class RunStore(RunLayout):
+    """The artifacts of one run in a :class:`~rlcr.storage.Store`: its layout and reads (:class:`RunLayout`), and
+    its fenced writes and commits."""
 
     @classmethod
     def open(cls, cfg: RLCRConfig, run_id: str) -> "RunStore":
         return cls(Store(cfg.storage_uri, endpoint_url=cfg.s3_endpoint_url), run_id)
-
-    @property
-    def prefix(self) -> str:
-        return f"runs/{self.run_id}"
-
-    def iteration_dir(self, iteration: int) -> str:
-        return iteration_prefix(self.run_id, iteration)
-
-    # every path of a run, in one place
-    @property
-    def config_rel(self) -> str:
-        return f"{self.prefix}/config.json"
-
-    @property
-    def lease_rel(self) -> str:
-        return f"{self.prefix}/lease.json"
-
-    @property
-    def baseline_rel(self) -> str:
-        """Held-out evaluation of the initial policy (before iteration 1)."""
-        return f"{self.prefix}/baseline.json"
-
-    def eval_records_rel(self, iteration: int) -> str:
-        """Per-answer rows of the held-out evaluation after iteration k (k = 0: of the initial policy, beside
-        ``baseline.json``), for paired comparisons (:func:`rlcr.evaluate.compare_evaluations`)."""
-        return f"{self.prefix}/baseline-eval.parquet" if iteration == 0 else f"{self.iteration_dir(iteration)}/eval.parquet"
-
-    def eval_records(self, iteration: int) -> list[dict[str, Any]] | None:
-        """The per-answer held-out rows after iteration k (0: the initial policy); None where that evaluation
-        kept none (no evaluation, or a run from before rows were kept)."""
-        from rlcr.rollout.records import table_to_rows
-
-        rel = self.eval_records_rel(iteration)
-        return table_to_rows(self.store.read_parquet(rel)) if self.store.exists(rel) else None
-
-    def manifest_rel(self, iteration: int) -> str:
-        return f"{self.iteration_dir(iteration)}/manifest.json"
-
-    def metrics_rel(self, iteration: int) -> str:
-        return f"{self.iteration_dir(iteration)}/metrics.json"
-
-    def pending_rel(self, iteration: int) -> str:
-        """The manifest draft of a staged iteration (see the module docstring)."""
-        return f"{self.iteration_dir(iteration)}/pending.json"
-
-    def checkpoint_rel(self, iteration: int) -> str:
-        """The policy after iteration k (k = 0: a warm-start run's SFT checkpoint)."""
-        return f"{self.iteration_dir(iteration)}/checkpoint"
-
-    def sweep_temporaries(self) -> list:
-        """Remove what killed writers of this run left behind (local stores; S3 writes no temporaries)."""
-        removed = self.store.sweep_temporaries(self.prefix)
-        for p in removed:
-            log.warning("removed %s, left by a killed writer", p)
-        return removed
-
-    # ---------------------------------------------------------------- reading, validated
-    def _read_doc(self, rel: str) -> dict[str, Any] | None:
-        """A control document of the run (bounded, one-line :class:`InvalidInput` naming it), or None if absent."""
-        try:
-            raw = self.store.read_bytes(rel)
-        except FileNotFoundError:
-            return None
-        except NotADirectoryError:
-            raise InvalidInput(f"{self.store.url(rel)}: a parent of it is a file, not a folder") from None
-        return parse_json(raw, self.store.url(rel))
-
-    def _check_fields(self, doc: dict[str, Any], iteration: int, source: str, *, draft: bool) -> dict[str, Any]:
-        """Check a manifest's (or ``draft``: a pending draft's) fields; ranges relative to ``iteration``."""
-        if not draft:
-            field(doc, "iteration", int, source, lo=iteration, hi=iteration)
-            if field(doc, "run_id", str, source, default=self.run_id) != self.run_id:
-                raise InvalidInput(f"{source}: field 'run_id' is {printable(doc['run_id'], 60)!r}, not {self.run_id!r}")
-            field(doc, "committed_at", float, source, default=0.0)
-            state_it = field(doc, "state_iteration", (int, type(None)), source, default=None, lo=iteration,
-                             hi=MAX_ITERATION)
-            if state_it is not None:
-                recorded = self._relative(self._resolve(field(doc, "state_uri", str, source)))
-                m = _RUN_RELATIVE.match(recorded)
-                if m and int(m.group(1)) != state_it:
-                    raise InvalidInput(f"{source}: field 'state_iteration' = {state_it} does not match its "
-                                       f"state_uri {printable(recorded, 100)}")
-            field(doc, "state_content_id", (str, type(None)), source, default=None)
-        for key in URI_FIELDS:
-            field(doc, key, (str, type(None)), source, default=None)
-        field(doc, "policy_in_updates", list, source, default=[])
-        field(doc, "config_hash", (str, type(None)), source, default=None)
-        return doc
-
-    def _resolve(self, value: str | None) -> str | None:
-        """A recorded artifact path → an absolute URI in the store as it is now (see the module docstring)."""
-        if not value:
-            return value
-        if _RUN_RELATIVE.match(value):
-            return self.store.url(f"{self.prefix}/{value}")
-        marker = f"/runs/{self.run_id}/"
-        if marker in value:
-            try:
-                self.store.rel(value)
-            except StorageError:
-                return self.store.url(f"{self.prefix}/{value.split(marker, 1)[1]}")
-        return value
-
-    def _relative(self, value: Any) -> Any:
-        """An artifact URI under this run → its path relative to the run (others are kept as they are)."""
-        if not isinstance(value, str) or not value:
-            return value
-        try:
-            rel = self.store.rel(value)
-        except StorageError:
-            return value
-        return rel[len(self.prefix) + 1:] if rel.startswith(self.prefix + "/") else value
-
-    def _resolved(self, doc: dict[str, Any]) -> dict[str, Any]:
-        return {**doc, **{k: self._resolve(doc[k]) for k in URI_FIELDS if k in doc}}
-
-    def _recorded(self, doc: dict[str, Any]) -> dict[str, Any]:
-        return {**doc, **{k: self._relative(doc[k]) for k in URI_FIELDS if k in doc}}
 
     # ---------------------------------------------------------------- config
     def check_config(self, cfg: RLCRConfig, *, lease: RunLease | None = None) -> None:
@@ -288,18 +169,22 @@ class RunStore:
                                    f"({self.store.url(done)}); refusing to write its {what}")
 
     def write_metrics(self, iteration: int, metrics: dict[str, Any], *, lease: RunLease | None = None) -> str:
+        """The iteration's metrics, at the writer's attempt's path; returns its URI."""
         self.guard(iteration, lease, "metrics")
-        self.store.write_json(self.metrics_rel(iteration), metrics)
-        return self.store.url(self.metrics_rel(iteration))
+        rel = self.metrics_rel(iteration, attempt_id(lease))
+        self.store.write_json(rel, metrics)
+        return self.store.url(rel)
 
     def write_rollouts(self, iteration: int, table, *, lease: RunLease | None = None) -> str:
-        """The iteration's rollouts Parquet (``iter-<k>/rollouts/rollouts.parquet``); returns its URI."""
+        """The iteration's rollouts Parquet (``iter-<k>/attempt-<id>/rollouts/rollouts.parquet``); its URI."""
         self.guard(iteration, lease, "rollouts")
-        return self.store.write_parquet(f"{self.iteration_dir(iteration)}/rollouts/rollouts.parquet", table)
+        return self.store.write_parquet(f"{self.attempt_dir(iteration, attempt_id(lease))}/rollouts/rollouts.parquet",
+                                        table)
 
     def write_eval_records(self, iteration: int, table, *, lease: RunLease | None = None) -> str:
+        """The held-out rows after iteration k (0: the baseline's), at the writer's attempt's path; its URI."""
         self.guard(iteration, lease, "evaluation records")
-        return self.store.write_parquet(self.eval_records_rel(iteration), table)
+        return self.store.write_parquet(self.eval_records_rel(iteration, attempt_id(lease)), table)
 
     def write_baseline(self, doc: dict[str, Any], *, lease: RunLease | None = None) -> None:
         """``baseline.json``, create-only (written once, before iteration 1)."""
@@ -310,34 +195,13 @@ class RunStore:
             raise AlreadyCommitted(f"{self.store.url(self.baseline_rel)} is already written") from None
 
     def checkpoint_fence(self, iteration: int, lease: RunLease | None) -> dict[str, str] | None:
-        """Check as :meth:`guard` does, and return what the process that uploads iteration k's checkpoint
-        checks again just before it does (:func:`check_fence`); None without a lease."""
+        """Check as :meth:`guard` does, and return what the process that uploads iteration k's checkpoint (to
+        ``checkpoint_rel(k, attempt_id(lease))``) checks again just before it does (:func:`check_fence`); None
+        without a lease."""
         self.guard(iteration, lease, "checkpoint")
         if lease is None:
             return None
         return {"lease_rel": self.lease_rel, "token": lease.token, "manifest_rel": self.manifest_rel(iteration)}
-
-    # ---------------------------------------------------------------- manifests
-    def manifest(self, iteration: int) -> dict[str, Any] | None:
-        """Iteration k's manifest, checked, with its artifact paths as absolute URIs; None if not committed."""
-        rel = self.manifest_rel(iteration)
-        doc = self._read_doc(rel)
-        if doc is None:
-            return None
-        return self._resolved(self._check_fields(doc, iteration, self.store.url(rel), draft=False))
-
-    def committed(self) -> list[dict[str, Any]]:
-        """Manifests of the committed iterations 1..k, in order (stops at the first gap)."""
-        out = []
-        k = 1
-        while k <= MAX_ITERATION and (m := self.manifest(k)) is not None:
-            out.append(m)
-            k += 1
-        return out
-
-    def last_committed(self) -> dict[str, Any] | None:
-        done = self.committed()
-        return done[-1] if done else None
 
     def verified_state(self, manifest: dict[str, Any]) -> str | None:
         """The manifest's saved state (URI), after checking its seal is the one the manifest recorded
@@ -361,21 +225,24 @@ class RunStore:
 
     def stage(self, iteration: int, manifest: dict[str, Any], metrics: dict[str, Any], *,
               lease: RunLease | None = None) -> None:
-        """Write iteration k's metrics and manifest draft (pending; a re-run overwrites both)."""
-        self.write_metrics(iteration, metrics, lease=lease)
-        draft = self._recorded({**manifest, "metrics_uri": self.store.url(self.metrics_rel(iteration))})
-        self.store.write_json(self.pending_rel(iteration), draft)
+        """Write iteration k's metrics and manifest draft at the writer's attempt's paths (pending; the same
+        attempt re-running k overwrites both)."""
+        uri = self.write_metrics(iteration, metrics, lease=lease)
+        draft = self._recorded({**manifest, "metrics_uri": uri, "attempt": attempt_id(lease)})
+        self.store.write_json(self.pending_rel(iteration, attempt_id(lease)), draft)
 
     def pending(self) -> list[int]:
-        """Staged iterations after the last committed one, in order (stops at the first gap)."""
+        """Staged iterations after the last committed one (the lease holder's: :meth:`pending_rel`), in order
+        (stops at the first gap)."""
         k, out = len(self.committed()) + 1, []
         while self.store.exists(self.pending_rel(k)):
             out.append(k)
             k += 1
         return out
 
-    def _draft(self, iteration: int) -> dict[str, Any]:
-        rel = self.pending_rel(iteration)
+    def _draft(self, iteration: int, attempt: str | None) -> dict[str, Any]:
+        """Attempt ``attempt``'s draft of iteration k (None: a run's from before attempts, ``iter-<k>/pending.json``)."""
+        rel = self._draft_rel(iteration, attempt)
         doc = self._read_doc(rel)
         if doc is None:
             raise FileNotFoundError(f"{self.store.url(rel)}: the staged manifest is gone")
@@ -383,32 +250,38 @@ class RunStore:
 
     def commit_staged(self, iterations: list[int], state_uri: str, state_iteration: int, *,
                       lease: RunLease | None = None, content_id: str | None = None) -> list[str]:
-        """Commit staged iterations, in order, as covered by the sealed state saved after ``state_iteration``
-        (``content_id``: its seal's, when the caller knows it; else read now)."""
+        """Commit the writer's own staged iterations, in order, as covered by the sealed state saved after
+        ``state_iteration`` (``content_id``: its seal's, when the caller knows it; else read now)."""
+        return self._commit_drafts(iterations, attempt_id(lease), state_uri, state_iteration, lease, content_id)
+
+    def _commit_drafts(self, iterations: list[int], attempt: str | None, state_uri: str, state_iteration: int,
+                       lease: RunLease | None, content_id: str | None) -> list[str]:
         uris = []
         content_id = content_id or self.store.content_id(self.store.rel(state_uri))
         for k in iterations:
-            manifest = {**self._draft(k), "state_uri": state_uri, "state_iteration": state_iteration,
+            draft = self._draft(k, attempt)
+            manifest = {**draft, "state_uri": state_uri, "state_iteration": state_iteration,
                         "state_content_id": content_id,
                         "checkpoint_uri": state_uri if k == state_iteration else None}
             uris.append(self.commit(k, manifest, lease=lease))
-            self.store.rm(self.pending_rel(k))
+            self.store.rm(self._draft_rel(k, attempt))
         return uris
 
     def finish_group(self, *, lease: RunLease | None = None) -> list[str]:
         """Commit the rest of a group a crash interrupted: the last committed manifest names a saved state
-        after a later iteration, whose staged iterations are committed now. Returns the manifests written."""
+        after a later iteration, whose staged iterations (the drafts of the attempt that manifest names) are
+        committed now. Returns the manifests written."""
         last = self.last_committed()
         if not last or not last.get("state_iteration") or last["state_iteration"] <= last["iteration"]:
             return []
         state_uri = self.verified_state(last)
-        first, end = last["iteration"] + 1, last["state_iteration"]
+        first, end, attempt = last["iteration"] + 1, last["state_iteration"], last.get("attempt")
         for k in range(first, end + 1):  # stops at the first missing draft: bounded by what exists
-            if not self.store.exists(self.pending_rel(k)):
+            if not self.store.exists(self._draft_rel(k, attempt)):
                 raise RuntimeError(f"run {self.run_id!r}: iterations {k}..{end} are covered by {state_uri} but "
                                    f"the staged manifest of {k} is gone; cannot finish committing them")
-        return self.commit_staged(list(range(first, end + 1)), state_uri, end, lease=lease,
-                                  content_id=last.get("state_content_id"))
+        return self._commit_drafts(list(range(first, end + 1)), attempt, state_uri, end, lease,
+                                   last.get("state_content_id"))
 
     def commit(self, iteration: int, manifest: dict[str, Any], *, lease: RunLease | None = None) -> str:
         """Write the manifest last, create-only and durably: after this, the iteration exists.
