@@ -401,16 +401,17 @@ def test_probe_flow_probes_the_newest_committed_checkpoint(engine, tiny_model_di
 
     run = RunStore(store, "flow-run")
     for k in (1, 2):  # two committed iterations and an uncommitted third: the probe takes iteration 2
-        uri = store.put_dir(tiny_model_dir, f"{run.iteration_dir(k)}/checkpoint")
+        uri = store.put_dir(tiny_model_dir, run.checkpoint_rel(k, "writer1"))
         run.commit(k, {"checkpoint_uri": uri})
-    store.put_dir(tiny_model_dir, f"{run.iteration_dir(3)}/checkpoint")
+    store.put_dir(tiny_model_dir, run.checkpoint_rel(2, "stalewriter"))  # another attempt's: no manifest names it
+    store.put_dir(tiny_model_dir, run.checkpoint_rel(3, "writer1"))
     used = []
     monkeypatch.setattr(rlcr.rollout.engine, "create_engine", lambda path, cfg, seed: used.append(path) or engine)
 
     out = rlcr_probe(overrides=overrides, run_id=None, num_tasks=2, samples=3)  # newest run in storage
     assert out["run_id"] == "flow-run" and out["iteration"] == 2
-    assert out["checkpoint_uri"] == store.url("runs/flow-run/iter-0002/checkpoint")
-    assert [str(p) for p in used] == [store.url("runs/flow-run/iter-0002/checkpoint")]
+    assert out["checkpoint_uri"] == run.manifest(2)["checkpoint_uri"] == store.url("runs/flow-run/iter-0002/attempt-writer1/checkpoint")
+    assert [str(p) for p in used] == [out["checkpoint_uri"]]
     ts, rep = latest_report(store, "flow-run")
     assert out["report"]["json"] == store.url(f"runs/flow-run/probes/{ts}/report.json")
     assert rep["iteration"] == 2 and rep["settings"]["samples"] == 3 and len(rep["tasks"]) == 2
