@@ -13,18 +13,29 @@ Ray resources to what each engine actor and each Ray Train worker asks for (e.g.
 check counts them, per node as well as in total. :func:`check_storage` refuses, right
 after connecting, local paths that the other nodes of a multi-node cluster would not
 see (``storage_uri``, ``model``) unless ``storage_shared`` says they do.
+
+Before any of that, :func:`check_storage_reachable` asks the run's storage itself, within a bounded time
+and without writing: a local directory that can be created or written, an ``s3://`` bucket that exists
+at a reachable endpoint with credentials it accepts. The CLI calls it before Ray or Prefect start.
+
+A local Ray starts its dashboard when ``ray[default]``'s dashboard packages are installed
+(:func:`ray_dashboard`; ``RLCR_RAY_DASHBOARD=0`` turns it off, ``=1`` insists on it).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import threading
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from rlcr.config import ConfigError, RLCRConfig
 
 __all__ = ["ensure_ray", "engine_actor_resources", "trainer_worker_resources", "ENGINE_ACTOR_CPUS", "STAGE_ACTOR_CPUS",
            "run_demand", "check_fits", "check_cluster_fits", "ResourceError", "check_storage", "StorageNotShared",
-           "alive_nodes"]
+           "alive_nodes", "StorageUnreachable", "check_storage_reachable", "storage_problem", "ray_dashboard",
+           "DASHBOARD_ENV", "ray_log_dir"]
 
 ENGINE_ACTOR_CPUS = 0.5
 """Logical CPUs of one long-lived engine actor (it mostly waits; its threads use the node's cores)."""
@@ -40,18 +51,72 @@ class StorageNotShared(ConfigError):
     """A local path of the run would not be the same files on every node of the cluster."""
 
 
-def ensure_ray() -> None:
-    """Connect to the cluster at ``RAY_ADDRESS``, or start a local Ray."""
+class StorageUnreachable(ConfigError):
+    """The run's storage cannot be used as configured (no credentials, no such bucket, no answer, not writable)."""
+
+
+DASHBOARD_ENV = "RLCR_RAY_DASHBOARD"
+"""``1``: a local Ray starts its dashboard (an error without its packages); ``0``: it does not; unset or
+``auto``: it does when ``ray[default]``'s dashboard packages are installed."""
+_DASHBOARD_MODULES = ("aiohttp", "aiohttp_cors", "grpc", "opencensus", "opentelemetry",
+                      "opentelemetry.exporter.prometheus", "opentelemetry.proto", "prometheus_client")
+"""What ``ray.dashboard.optional_deps`` imports (Ray 2.60): without them Ray cannot serve its dashboard."""
+
+
+def _missing_dashboard_modules() -> list[str]:
+    missing = []
+    for name in _DASHBOARD_MODULES:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a parent package is missing
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def ray_dashboard() -> tuple[bool, str]:
+    """Whether a local Ray should start its dashboard, and why (for the log-locations line): ``$RLCR_RAY_DASHBOARD``
+    (``1``/``0``), else whether the dashboard's packages (``pip install 'ray[default]'``) are installed.
+    ``RLCR_RAY_DASHBOARD=1`` without them is a :class:`~rlcr.config.ConfigError`. Imports nothing."""
+    setting = os.environ.get(DASHBOARD_ENV, "auto").strip().lower() or "auto"
+    if setting in ("0", "false", "no", "off"):
+        return False, f"{DASHBOARD_ENV}={setting}"
+    if setting not in ("1", "true", "yes", "on", "auto"):
+        raise ConfigError(f"{DASHBOARD_ENV}={setting!r}: expected 1, 0 or auto")
+    missing = _missing_dashboard_modules()
+    if missing and setting != "auto":
+        raise ConfigError(f"{DASHBOARD_ENV}={setting}: the Ray dashboard needs ray[default] (missing: "
+                          f"{', '.join(missing)}); pip install 'ray[default]', or unset {DASHBOARD_ENV}")
+    if missing:
+        return False, f"needs ray[default]: missing {', '.join(missing[:3])}"
+    return True, f"{DASHBOARD_ENV}={setting}" if setting != "auto" else "ray[default] installed"
+
+
+def ray_log_dir() -> str:
+    """Where a local Ray writes its logs (the newest session's): Ray's own rule for its temp dir."""
+    base = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+    return str(Path(base) / "ray" / "session_latest" / "logs")
+
+
+def ensure_ray() -> str | None:
+    """Connect to the cluster at ``RAY_ADDRESS``, or start a local Ray (with its dashboard where
+    :func:`ray_dashboard` says so). Returns the dashboard's address when this call started one."""
     import ray
 
     if ray.is_initialized():
-        return
-    ray.init(
-        address=os.environ.get("RAY_ADDRESS") or None,
-        include_dashboard=False,
+        return None
+    address = os.environ.get("RAY_ADDRESS") or None
+    dashboard = ray_dashboard()[0] if address is None else False
+    context = ray.init(
+        address=address,
+        include_dashboard=dashboard,
         log_to_driver=False,
         runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}},
     )
+    if not dashboard:
+        return None
+    return getattr(context, "dashboard_url", None) or None
 
 
 def engine_actor_resources(cfg: RLCRConfig) -> dict[str, float]:
@@ -179,3 +244,113 @@ def check_storage(cfg: RLCRConfig, nodes: Sequence[Mapping[str, Any]] | None = N
         f"nodes would read and write their own disks, not this one. Use s3:// (storage_uri=s3://bucket/prefix, "
         f"model=s3://… a sealed checkpoint, s3_endpoint_url for an S3-compatible server), or set "
         f"storage_shared=true if the path is the same filesystem on every node (e.g. an NFS mount).")
+
+
+# ----------------------------------------------------------------------------- storage reachability
+
+
+def check_storage_reachable(cfg: RLCRConfig, timeout_s: float = 15.0, *, uri: str | None = None) -> None:
+    """Raise :class:`StorageUnreachable` naming the field, the URI and what to do unless the run's storage
+    (``storage_uri``, or ``uri``) and an ``s3://`` ``model`` can be used (:func:`storage_problem`); each
+    check answers within about ``timeout_s`` seconds and writes nothing."""
+    checks = [("storage_uri", uri or cfg.storage_uri)]
+    if cfg.model.startswith("s3://"):
+        checks.append(("model", cfg.model))
+    for name, value in checks:
+        problem = storage_problem(value, cfg.s3_endpoint_url, timeout_s)
+        if problem:
+            from rlcr.untrusted import printable
+
+            raise StorageUnreachable(f"{name} {printable(value, 300)}: {problem}")
+
+
+def storage_problem(uri: str, endpoint_url: str | None = None, timeout_s: float = 15.0) -> str | None:
+    """What keeps ``uri`` from being used as a store (one line: the cause and what to do), or None.
+
+    A local directory must exist and be writable, or be creatable (its nearest existing parent writable);
+    an ``s3://bucket/prefix`` must answer a one-key listing within ``timeout_s`` (one attempt, at
+    ``endpoint_url``, else ``$AWS_ENDPOINT_URL_S3``/``$AWS_ENDPOINT_URL`` as :class:`rlcr.storage.Store`
+    reads them, else AWS); any other protocol must be one fsspec has installed."""
+    if "://" not in uri or uri.startswith("file://"):
+        return _local_problem(Path(uri.removeprefix("file://")).expanduser())
+    protocol = uri.split("://", 1)[0]
+    if protocol in ("s3", "s3a"):
+        endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        return _s3_problem(uri, endpoint, timeout_s)
+    try:
+        import fsspec
+
+        fsspec.get_filesystem_class(protocol)
+    except (ImportError, ValueError) as e:
+        from rlcr.untrusted import printable
+
+        return f"protocol {protocol!r} is not available ({printable(e, 200)}); use a local path or s3://"
+    return None
+
+
+def _local_problem(path: Path) -> str | None:
+    if path.exists():
+        if not path.is_dir():
+            return "exists and is not a directory"
+        return None if os.access(path, os.W_OK | os.X_OK) else "the directory is not writable by this user"
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"cannot be created: {parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot be created: {parent} is not writable by this user"
+    return None
+
+
+def _s3_problem(uri: str, endpoint: str | None, timeout_s: float) -> str | None:
+    """One listing of at most one key under the prefix, in a thread that is given up on after ``timeout_s``."""
+    bucket, _, prefix = uri.split("://", 1)[1].partition("/")
+    if not bucket:
+        return "no bucket named: expected s3://bucket/prefix"
+    where = f"the S3 endpoint {endpoint}" if endpoint else "AWS S3"
+    answer: list[str | None] = []
+
+    def ask() -> None:
+        try:
+            answer.append(_list_one(bucket, prefix, endpoint, timeout_s, where))
+        except Exception as e:  # noqa: BLE001 — reported, not raised, from this thread
+            answer.append(f"{type(e).__name__}: {e}")
+
+    thread = threading.Thread(target=ask, name="rlcr-storage-check", daemon=True)
+    thread.start()
+    thread.join(timeout_s + 1.0)
+    if not answer:
+        return (f"no answer from {where} within {timeout_s:.0f} s; check s3_endpoint_url (or AWS_ENDPOINT_URL) "
+                "and that the server is up")
+    return answer[0]
+
+
+def _list_one(bucket: str, prefix: str, endpoint: str | None, timeout_s: float, where: str) -> str | None:
+    from botocore import exceptions as bx
+    from botocore.config import Config
+    from botocore.session import get_session
+
+    config = Config(connect_timeout=min(5.0, timeout_s), read_timeout=timeout_s,
+                    retries={"total_max_attempts": 1, "mode": "standard"})
+    try:
+        client = get_session().create_client("s3", endpoint_url=endpoint, config=config)
+        client.list_objects_v2(Bucket=bucket, Prefix=prefix.strip("/"), MaxKeys=1)
+    except (bx.NoCredentialsError, bx.PartialCredentialsError):
+        return ("no AWS credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), "
+                "or use a local storage_uri")
+    except (bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError) as e:
+        return f"cannot reach {where} ({type(e).__name__}); check s3_endpoint_url (or AWS_ENDPOINT_URL) and that " \
+               "the server is up"
+    except bx.ClientError as e:
+        code = str(e.response.get("Error", {}).get("Code", ""))
+        if code in ("NoSuchBucket", "404"):
+            return f"bucket {bucket!r} does not exist at {where}; create it (aws s3 mb s3://{bucket}) or fix storage_uri"
+        if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "ExpiredToken",
+                    "InvalidToken", "AllAccessDisabled"):
+            return (f"{where} refused the request ({code}); check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or "
+                    f"AWS_PROFILE) and the permissions on bucket {bucket!r}")
+        return f"{where} answered {code or type(e).__name__}: {e}"
+    except ValueError as e:  # an endpoint URL botocore cannot use
+        return f"cannot use the endpoint {endpoint!r} ({e}); fix s3_endpoint_url"
+    return None
