@@ -9,9 +9,12 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
+import re
+import sys
 from pathlib import Path
 import time
 from contextlib import contextmanager
@@ -23,20 +26,124 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
+from typer.core import TyperGroup
+
+try:  # typer vendors click (its own exceptions); an older typer uses click's
+    from typer._click import exceptions as _cx
+except ImportError:  # pragma: no cover
+    from click import exceptions as _cx
 
 from rlcr.untrusted import InvalidInput, printable
-
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="RLCR: RL with calibration rewards on Countdown.")
-models_app = typer.Typer(no_args_is_help=True, help="Local models.")
-app.add_typer(models_app, name="models")
-console = Console()
-if not console.is_terminal and not os.environ.get("COLUMNS"):
-    console.width = 140  # a log file has no width: rich would squeeze the summary tables into 80 columns
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # A busy 2-core machine can take a while to start Prefect's ephemeral API server.
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
+
+
+# ----------------------------------------------------------------------------- user errors: one line
+
+
+class UserError(Exception):
+    """A mistake in the command's input (an option, a run that does not exist, …): one line, exit code 2."""
+
+
+_DEBUG = {"on": False}
+"""``rlcr --debug``: an error's traceback is shown before its line."""
+_USER_ERROR_TYPES = {("rlcr.runs", "RunConfigMismatch"), ("rlcr.lease", "RunLocked"), ("rlcr.cluster", "ResourceError"),
+                     ("rlcr.probe.probe", "NoCommittedIteration")}
+"""Refusals of the input raised past the CLI's own checks (by class, without importing their modules)."""
+
+
+def _user_error_line(e: BaseException) -> Optional[str]:
+    """The one line for an error the input caused, or None for anything else (a bug, an outage: traceback)."""
+    from rlcr.config import ConfigError
+
+    if isinstance(e, UserError):
+        return f"error: {e}"
+    if (type(e).__module__, type(e).__name__) == ("rlcr.cluster", "StorageUnreachable"):
+        return f"storage error: {e}"
+    if isinstance(e, ConfigError):
+        text = str(e)
+        return text if text.startswith("config error:") else f"config error: {text}"
+    if isinstance(e, InvalidInput) or any((c.__module__, c.__name__) in _USER_ERROR_TYPES for c in type(e).__mro__):
+        return f"error: {e}"
+    return None
+
+
+def _usage_line(e: _cx.ClickException) -> str:
+    """click's usage error (missing or invalid option, unknown command …) as one line with the --help hint."""
+    ctx = getattr(e, "ctx", None)
+    hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+    return f"error: {e.format_message()}{hint}"
+
+
+def _fail(line: str, exc: Optional[BaseException], code: int) -> None:
+    if exc is not None and _DEBUG["on"]:
+        import traceback
+
+        traceback.print_exception(exc)
+    sys.stderr.write(printable(line, 2000) + "\n")
+    sys.stderr.flush()
+    sys.exit(code)
+
+
+class _Group(TyperGroup):
+    """The ``rlcr`` command group: a user error (a :class:`UserError`, a config error, a click usage error, a
+    refusal of the run's files or state) ends the command with one line on stderr and exit code 2, before
+    Ray or Prefect start wherever the input alone shows it; ``rlcr --debug`` adds the traceback."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _cx.NoArgsIsHelpError as e:
+            typer.echo(e.format_message())
+            sys.exit(e.exit_code)
+        except typer.Abort:
+            _fail("Aborted!", None, 1)
+        except _cx.ClickException as e:
+            _fail(_usage_line(e), e, e.exit_code)
+        except Exception as e:  # noqa: BLE001 — user errors: one line; anything else: the traceback
+            line = _user_error_line(e)
+            if line is None:
+                raise
+            _fail(line, e, 2)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True,
+                  help="RLCR: RL with calibration rewards on Countdown.")
+models_app = typer.Typer(no_args_is_help=True, help="Local models.")
+app.add_typer(models_app, name="models")
+config_app = typer.Typer(no_args_is_help=True, help="The run configuration.")
+app.add_typer(config_app, name="config")
+console = Console()
+if not console.is_terminal and not os.environ.get("COLUMNS"):
+    console.width = 140  # a log file has no width: rich would squeeze the summary tables into 80 columns
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"rlcr {version('rlcr')}")
+        except PackageNotFoundError:
+            typer.echo("rlcr (not installed: no package metadata)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="On an error, show its traceback (a user error is otherwise "
+                                                      "one line, exit code 2)."),
+    version: Optional[bool] = typer.Option(None, "--version", callback=_version, is_eager=True,
+                                           help="Print the version and exit."),
+):
+    """RLCR: RL with calibration rewards on Countdown."""
+    _DEBUG["on"] = debug
 
 
 def _f(v: Any, digits: int = 3) -> str:
@@ -64,14 +171,124 @@ def _quiet_ray_data() -> None:
 
 
 def _config(config: Optional[str], overrides: list[str]):
+    """The resolved config, or a one-line config error that names the field and whether the file or the command
+    line set it (an unknown field: with the nearest field names)."""
     from rlcr.config import ConfigError, load_config
 
     _quiet_ray_data()
+    keys = _override_keys(overrides)
     try:
         return load_config(config, overrides)
     except ConfigError as e:
-        console.print(f"[red]config error:[/red] {_show(e, 2000)}")
-        raise typer.Exit(2)
+        raise ConfigError(_explained(str(e), config, keys)) from None
+
+
+def _override_keys(overrides: list[str]) -> dict[str, str]:
+    """The fields that ``field=value`` arguments set (each with its argument); an unknown field is refused here,
+    as the command line's, with the nearest field names."""
+    from rlcr.config import ConfigError, RLCRConfig
+
+    keys: dict[str, str] = {}
+    for item in overrides:
+        if "=" not in item:
+            continue  # load_config names it: expected field=value
+        key = item.split("=", 1)[0].strip()
+        if key not in RLCRConfig.model_fields:
+            raise ConfigError(f"unknown field {printable(repr(key), 80)} in the command-line argument "
+                              f"{printable(repr(item), 120)}{_did_you_mean(key)}")
+        keys[key] = item
+    return keys
+
+
+def _did_you_mean(name: str) -> str:
+    from rlcr.config import RLCRConfig
+
+    close = difflib.get_close_matches(name, list(RLCRConfig.model_fields), n=3, cutoff=0.6)
+    hint = "; did you mean " + " or ".join(repr(c) for c in close) + "?" if close else ""
+    return f"{hint} (`rlcr config show` lists the fields)"
+
+
+def _explained(message: str, config: Optional[str], keys: dict[str, str]) -> str:
+    """A :class:`~rlcr.config.ConfigError`'s message with where each named field was set: an unknown field can
+    only be the file's (the command line's were checked first); a field's bad value, the command line's when
+    an argument set it."""
+    names = re.findall(r"unknown field '([^']*)'", message)
+    if names and config is not None:
+        return f"{message} in the config file{_did_you_mean(names[0])}"
+    fields = [f for f in re.findall(r"field '([^'.]*)[^']*'", message) if f in keys]
+    if fields:
+        return f"{message} (set on the command line: {', '.join(printable(keys[f], 120) for f in fields)})"
+    return message
+
+
+def _run_id(run_id: Optional[str], cfg, option: str = "--run-id") -> str:
+    """A valid run id, or a one-line error naming where it came from."""
+    from rlcr.storage import validate_run_id
+
+    try:
+        return validate_run_id(run_id if run_id is not None else cfg.run_id)
+    except ValueError as e:
+        raise UserError(f"{option if run_id is not None else 'run_id (config)'}: {e}") from None
+
+
+def _storage(cfg, uri: Optional[str] = None) -> None:
+    """The run's storage answers (:func:`rlcr.cluster.check_storage_reachable`, bounded), before Ray or Prefect."""
+    from rlcr.cluster import check_storage_reachable
+
+    check_storage_reachable(cfg, timeout_s=float(os.environ.get("RLCR_STORAGE_CHECK_TIMEOUT_S", "15")), uri=uri)
+
+
+def _check_inputs(cfg, model: Optional[str] = None, option: str = "model") -> None:
+    """Local files the run reads exist: the model (unless a name the CLI builds), the task files."""
+    from rlcr.models import SMOLLM2
+
+    model = model if model is not None else cfg.model
+    if "://" not in model and model not in (SMOLLM2, "tiny") and not Path(model).expanduser().is_dir():
+        raise UserError(f"{option} {printable(model, 300)}: no such directory (a Hugging Face checkpoint "
+                        f"directory, an s3:// URI, or one of the names {SMOLLM2}, tiny)")
+    for name in ("train_tasks", "eval_tasks"):
+        path = getattr(cfg, name)
+        if path is not None and "://" not in path and not Path(path).is_file():
+            raise UserError(f"{name} {printable(path, 300)}: no such file")
+
+
+def _existing_run(cfg, run_id: str):
+    """Run ``run_id`` under the config's storage, or a one-line error naming the storage and the runs it holds."""
+    from rlcr.runs import RunStore, list_runs
+
+    run = RunStore.open(cfg, run_id)
+    if run.store.exists(run.prefix):
+        return run
+    runs = sorted(list_runs(run.store))
+    shown = ", ".join(printable(r, 60) for r in runs[:10]) + (f", … ({len(runs)} runs)" if len(runs) > 10 else "")
+    raise UserError(f"run {printable(repr(run_id), 140)} not found under {printable(run.store.url('runs'), 300)} "
+                    f"(runs there: {shown or 'none'}; storage_uri chooses the storage)")
+
+
+def _check_resume(run, cfg) -> None:
+    """A run that exists is resumed with settings that give the same results (else RunConfigMismatch)."""
+    if run.store.exists(run.config_rel):
+        run.check_config(cfg)  # reads only: the file is there
+
+
+def _logs_line(out: Optional[Console] = None) -> None:
+    """One line at the start of a run: where the driver's, the engines' and trainer's, and the flow's logs go,
+    and the Ray dashboard."""
+    from rlcr.cluster import ray_dashboard, ray_log_dir
+
+    address = os.environ.get("RAY_ADDRESS")
+    on, why = ray_dashboard()  # a wrong RLCR_RAY_DASHBOARD is refused here, before Ray starts
+    if address:
+        workers = f"{ray_log_dir()} on each node of the Ray cluster at {address} (and its dashboard)"
+        dashboard = "the cluster's"
+    else:
+        workers = ray_log_dir()
+        dashboard = f"http://127.0.0.1:8265 ({why})" if on else f"off ({why})"
+    prefect = os.environ.get("PREFECT_API_URL") or (
+        f"{os.environ.get('PREFECT_HOME') or '~/.prefect'}/prefect.db (`prefect server start` to browse)")
+    (out or console).print(f"logs: driver → this terminal; engines and trainer (Ray workers) → {workers} "
+                           f"(worker-*.out/.err); flow runs → Prefect, {prefect}; Ray dashboard: {dashboard}",
+                           markup=False, highlight=False, soft_wrap=True)
 
 
 def _elapsed(seconds: float) -> str:
@@ -298,23 +515,65 @@ def models_prepare(force: bool = typer.Option(False, help="Convert again even if
     console.print(f"SmolLM2-135M-Instruct: [bold]{_show(path)}[/bold] ({time.perf_counter() - t0:.1f} s)")
 
 
+@config_app.command("show")
+def config_show(
+    config: Optional[str] = typer.Option(None, help="YAML config file."),
+    as_json: bool = typer.Option(False, "--json", help="A JSON list of the fields instead of a table."),
+    overrides: list[str] = typer.Argument(None, help="field=value overrides."),
+):
+    """The resolved config: each field's value, where it was set (default, file, command line), whether it can
+    change a run's results (else operational: a resume may change it) and its documentation."""
+    from rlcr.config import OPERATIONAL_FIELDS, RLCRConfig
+
+    cfg = _config(config, overrides or [])
+    keys = _override_keys(overrides or [])
+    values = cfg.model_dump(mode="json")
+    rows = [{"field": name, "value": values[name],
+             "set_by": "command line" if name in keys else "file" if name in cfg.model_fields_set else "default",
+             "changes_results": name not in OPERATIONAL_FIELDS,
+             "doc": " ".join((field.description or "").split())}
+            for name, field in RLCRConfig.model_fields.items()]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=1, ensure_ascii=False))
+        return
+    source = f"{_show(config)} + defaults" if config else "defaults"
+    table = Table(title=f"rlcr config ({source}{' + command line' if keys else ''}); results: whether a field "
+                        "can change a run's results (operational: may differ on resume)", show_lines=True)
+    for col, kw in (("field", {"no_wrap": True}), ("value", {"max_width": 40}), ("set by", {}), ("results", {}),
+                    ("documentation", {"ratio": 1})):
+        table.add_column(col, **kw)
+    for r in rows:
+        table.add_row(r["field"], _show(json.dumps(r["value"], ensure_ascii=False), 300), r["set_by"],
+                      "changes" if r["changes_results"] else "operational", escape(r["doc"]))
+    console.print(table)
+
+
 @app.command()
 def train(
     config: Optional[str] = typer.Option(None, help="YAML config file."),
     run_id: Optional[str] = typer.Option(None, help="Run name; an existing run is resumed."),
-    iterations: Optional[int] = typer.Option(None, help="Total iterations (overrides the config)."),
+    iterations: Optional[int] = typer.Option(None, min=1, help="Total iterations (overrides the config)."),
     overrides: list[str] = typer.Argument(None, help="field=value overrides."),
 ):
-    """Run (or resume) the `rlcr` training flow locally (ephemeral Prefect, local or $RAY_ADDRESS Ray)."""
-    from flows.train import rlcr_train
-    from rlcr import events
+    """Run (or resume) the `rlcr` training flow locally (ephemeral Prefect, local or $RAY_ADDRESS Ray).
+
+    What the input alone shows wrong (config, run id, storage, model and task files, a resume with other
+    settings) is one line, exit code 2, before Ray or Prefect start."""
     from rlcr.runs import RunStore, new_run_id
 
     cfg = _config(config, overrides or [])
     if iterations is not None:
         cfg = cfg.model_copy(update={"iterations": iterations})
-    run_id = run_id or cfg.run_id or new_run_id()
-    done = len(RunStore.open(cfg, run_id).committed())
+    run_id = _run_id(run_id, cfg) if (run_id or cfg.run_id) else new_run_id()
+    _check_inputs(cfg)
+    _storage(cfg)
+    run = RunStore.open(cfg, run_id)
+    _check_resume(run, cfg)
+    done = len(run.committed())
+    _logs_line()
+    from flows.train import rlcr_train
+    from rlcr import events
+
     bar = StageProgress(cfg.iterations, done + 1, figures=committed_figures(cfg, run_id))
     with events.subscribed(bar.on_event), bar:
         rlcr_train(config=config, overrides=list(overrides or []), run_id=run_id, iterations=cfg.iterations)
@@ -335,6 +594,8 @@ def sft(
     from rlcr.sft import run_sft
 
     cfg = _config(config, [*(overrides or []), *_sft_overrides(tasks, epochs)])
+    _check_inputs(cfg)
+    _storage(cfg, uri=out)
     with _step(f"SFT warm-start on {cfg.sft_tasks} solver tasks × {cfg.sft_epochs} epochs (Ray Train)"):
         uri, metrics = run_sft(cfg, out=out)
     console.print(f"warm-started checkpoint: [bold]{_show(uri)}[/bold]  (loss {_f(metrics.get('loss'))})")
@@ -407,6 +668,9 @@ def evaluate(
     """Held-out accuracy, format rate and calibration (SPEC §9) of one checkpoint."""
     cfg = _config(config, overrides or [])
     target = _records_target(records, cfg) if records is not None else None  # before any work
+    _check_inputs(cfg, checkpoint, "--checkpoint" if checkpoint else "model")
+    if checkpoint and "://" in checkpoint:
+        _storage(cfg, uri=checkpoint)
     from flows.train import ensure_ray
     from rlcr.evaluate import by_count_text, evaluate_policy, with_ci
     from rlcr.models import resolve_model
@@ -417,8 +681,7 @@ def evaluate(
     try:
         _, held_out = task_sets(cfg)
     except ValueError as e:  # a task file's row (TaskFormatError), or sets that cannot be made
-        console.print(f"[red]task error:[/red] {_show(e, 1000)}")
-        raise typer.Exit(2)
+        raise UserError(f"task error: {printable(e, 1000)}") from None
     ensure_ray()
     with _step(f"evaluating {printable(policy)} on {len(held_out)} held-out tasks"):
         with EnginePool(cfg, policy) as engines:
@@ -543,14 +806,13 @@ def compare(
 ):
     """Two runs' held-out evaluations, paired on the same tasks: each side's accuracy, ECE, Brier and AUROC on
     those tasks, and A − B with paired bootstrap 95% intervals over tasks (SPEC §11)."""
-    from rlcr.evaluate import compare_evaluations, difference_text, summarize_eval, with_ci
-    from rlcr.runs import RunStore
-    from rlcr.storage import validate_run_id
-
     cfg = _config(config, overrides or [])
     sides = (run_a, run_b)
     files = [s.endswith(".parquet") for s in sides]
-    runs = [None if f else RunStore.open(cfg, validate_run_id(s)) for s, f in zip(sides, files)]
+    if not all(files):
+        _storage(cfg)
+    runs = [None if f else _existing_run(cfg, _run_id(s, cfg, name)) for s, f, name in zip(sides, files, ("RUN_A", "RUN_B"))]
+    from rlcr.evaluate import compare_evaluations, difference_text, summarize_eval, with_ci
     if iteration is None and not all(files):
         its = [set(_evaluated_iterations(r)) for r in runs if r is not None]
         common = sorted(set.intersection(*its))
@@ -592,10 +854,17 @@ def probe(
     run_id: str = typer.Option(..., help="Run whose newest committed checkpoint is probed."),
     overrides: list[str] = typer.Argument(None, help="field=value overrides."),
 ):
-    """Faithfulness probe + calibration report of a run's newest checkpoint (the `rlcr-probe` flow)."""
+    """Faithfulness probe + calibration report of a run's newest checkpoint (the `rlcr-probe` flow). A run that
+    does not exist or has no committed iteration is one line, exit code 2, before Prefect starts."""
+    cfg = _config(config, overrides or [])
+    run_id = _run_id(run_id, cfg)
+    _storage(cfg)
+    last = _existing_run(cfg, run_id).last_committed()
+    if last is None or not last.get("checkpoint_uri"):
+        raise UserError(f"run {printable(repr(run_id), 140)} has no committed iteration yet: nothing to probe (train "
+                        f"it first: rlcr train --run-id {printable(run_id, 140)})")
     from flows.probe import rlcr_probe
 
-    _config(config, overrides or [])
     with _step("probing (forced answers along the reasoning)"):
         result = rlcr_probe(config=config, overrides=list(overrides or []), run_id=run_id)
     table = Table(title=f"probe of {result['run_id']} iteration {result['iteration']}")
@@ -615,6 +884,13 @@ def demo(
     probe_samples: int = typer.Option(16, help="Forced answers per truncation point in the final probe."),
 ):
     """The main job: SmolLM2 → format warm-start → RLCR iterations → probe, with a summary."""
+    t_start = time.perf_counter()
+    cfg = _config(config, _sft_overrides(sft_tasks, sft_epochs))
+    run_id = _run_id(run_id, cfg)
+    _run_id(f"{run_id}-sft", cfg, "--run-id (its warm-start run, <run-id>-sft)")
+    _check_inputs(cfg)
+    _storage(cfg)
+    _logs_line()
     from flows.probe import rlcr_probe
     from flows.train import ensure_ray, rlcr_train
     from rlcr import events
@@ -624,8 +900,6 @@ def demo(
     from rlcr.runs import RunStore, task_sets
     from rlcr.sft import warm_start
 
-    t_start = time.perf_counter()
-    cfg = _config(config, _sft_overrides(sft_tasks, sft_epochs))
     times: dict[str, float] = {}
 
     t0 = time.perf_counter()

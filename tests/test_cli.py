@@ -285,3 +285,101 @@ def test_eval_refuses_to_overwrite_its_records_before_any_work(tmp_path):
     assert existing.read_bytes() == b"kept"
     res = CliRunner().invoke(app, ["eval", "--records", str(tmp_path / "rows.csv"), f"storage_uri={tmp_path}"])
     assert res.exit_code != 0 and says(res.output, "expected a .parquet file name")
+
+
+# ----------------------------------------------------------------------------- issue 33 items 5 and 8
+
+
+def test_config_show_lists_every_field_with_its_value_source_effect_and_documentation(tmp_path):
+    """`rlcr config show`: the resolved config, each field documented (its docstring) and marked as changing
+    results or operational (OPERATIONAL_FIELDS), and where its value came from; `--json` the same as data."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from rlcr.cli import app
+    from rlcr.config import OPERATIONAL_FIELDS
+
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("seed: 7\nretries: 4\n")
+    res = CliRunner().invoke(app, ["config", "show", "--json", "--config", str(cfg_file), "retries=5", "iterations=3"])
+    assert res.exit_code == 0, res.output
+    rows = {r["field"]: r for r in json.loads(res.output)}
+    assert list(rows) == list(RLCRConfig.model_fields)
+    assert rows["seed"] == {"field": "seed", "value": 7, "set_by": "file", "changes_results": True,
+                            "doc": " ".join(RLCRConfig.model_fields["seed"].description.split())}
+    assert (rows["retries"]["value"], rows["retries"]["set_by"], rows["retries"]["changes_results"]) == (5, "command line", False)
+    assert (rows["iterations"]["value"], rows["iterations"]["set_by"]) == (3, "command line")
+    assert rows["learning_rate"]["set_by"] == "default" and rows["learning_rate"]["doc"].startswith("AdamW learning rate")
+    assert all(r["changes_results"] == (name not in OPERATIONAL_FIELDS) and r["doc"] for name, r in rows.items())
+    res = CliRunner().invoke(app, ["config", "show", "seed=3"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    seed = next(line for line in res.output.splitlines() if line.startswith("│ seed "))
+    assert "│ 3 " in seed and "command line" in seed and "changes" in seed and "Master seed" in seed
+    retries = next(line for line in res.output.splitlines() if line.startswith("│ retries "))
+    assert "default" in retries and "operational" in retries
+
+
+def test_version_prints_the_package_version():
+    from importlib.metadata import version
+
+    from typer.testing import CliRunner
+
+    from rlcr.cli import app
+
+    res = CliRunner().invoke(app, ["--version"])
+    assert res.exit_code == 0 and res.output.strip() == f"rlcr {version('rlcr')}", res.output
+
+
+def test_the_ray_dashboard_follows_its_packages_or_the_environment(monkeypatch):
+    """On for a local Ray when ray[default]'s dashboard packages import; RLCR_RAY_DASHBOARD=0/1 decides otherwise
+    (1 without the packages, or a value that is neither, is a one-line config error)."""
+    import rlcr.cluster as cluster
+    from rlcr.config import ConfigError
+
+    monkeypatch.delenv("RLCR_RAY_DASHBOARD", raising=False)
+    installed = not cluster._missing_dashboard_modules()
+    assert cluster.ray_dashboard()[0] == installed
+    monkeypatch.setenv("RLCR_RAY_DASHBOARD", "0")
+    assert cluster.ray_dashboard() == (False, "RLCR_RAY_DASHBOARD=0")
+    monkeypatch.setenv("RLCR_RAY_DASHBOARD", "1")
+    if installed:
+        assert cluster.ray_dashboard()[0] is True
+    else:
+        with pytest.raises(ConfigError, match="pip install 'ray\\[default\\]'"):
+            cluster.ray_dashboard()
+    monkeypatch.setenv("RLCR_RAY_DASHBOARD", "sometimes")
+    with pytest.raises(ConfigError, match="expected 1, 0 or auto"):
+        cluster.ray_dashboard()
+    monkeypatch.setattr(cluster, "_DASHBOARD_MODULES", ("json", "no_such_module_rlcr"))
+    monkeypatch.delenv("RLCR_RAY_DASHBOARD")
+    assert cluster.ray_dashboard() == (False, "needs ray[default]: missing no_such_module_rlcr")
+    monkeypatch.setattr(cluster, "_DASHBOARD_MODULES", ("json",))
+    assert cluster.ray_dashboard() == (True, "ray[default] installed")
+
+
+def test_train_says_where_the_logs_go_once_before_it_starts(tmp_path):
+    """`rlcr train` prints one line naming where the driver's, the Ray workers' (engines, trainer) and the
+    flow's logs go and the dashboard, before the flow starts: here the flow cannot reach its Prefect API (a
+    closed port), so nothing heavy starts after the line."""
+    import os
+    import subprocess
+    import sys
+
+    from s3server import free_port
+
+    from rlcr.cluster import ray_log_dir
+
+    api = f"http://127.0.0.1:{free_port()}/api"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(PREFECT_API_URL=api, RLCR_RAY_DASHBOARD="0", COLUMNS="400")
+    res = subprocess.run([sys.executable, "-m", "rlcr.cli", "train", "--run-id", "logs", f"storage_uri={tmp_path}"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    lines = [line for line in res.stdout.splitlines() if line.startswith("logs: ")]
+    assert len(lines) == 1, res.stdout + res.stderr[-2000:]
+    line = lines[0]
+    assert res.stdout.strip().splitlines()[0] == line  # first, before the flow
+    assert f"engines and trainer (Ray workers) → {ray_log_dir()} (worker-*.out/.err)" in line
+    assert f"flow runs → Prefect, {api}" in line and "driver → this terminal" in line
+    assert line.endswith("Ray dashboard: off (RLCR_RAY_DASHBOARD=0)")
+    assert res.returncode != 0  # the flow could not reach Prefect
