@@ -5,27 +5,28 @@
     rlcr train --config configs/demo.yaml --run-id demo [field=value ...]
     rlcr eval  --config configs/demo.yaml --checkpoint <uri>
     rlcr probe --config configs/demo.yaml --run-id demo
+    rlcr config show [--config F] [field=value ...] [--json]   # every field: value, source, effect, documentation
+
+A user error (a wrong option or field, a run or bucket that is not there) is one line on stderr and exit
+code 2, before Ray or Prefect start wherever the input alone shows it; ``rlcr --debug`` adds the traceback.
+Tables and progress displays are in :mod:`rlcr.presentation`.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
-import math
 import os
 import re
 import sys
 from pathlib import Path
 import time
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from rich.text import Text
 from typer.core import TyperGroup
 
 try:  # typer vendors click (its own exceptions); an older typer uses click's
@@ -33,6 +34,11 @@ try:  # typer vendors click (its own exceptions); an older typer uses click's
 except ImportError:  # pragma: no cover
     from click import exceptions as _cx
 
+from rlcr.presentation import StageProgress, committed_figures, console, summary_table
+from rlcr.presentation import fmt as _f  # the CLI's short names of these
+from rlcr.presentation import provenance_text as _provenance_text
+from rlcr.presentation import show as _show
+from rlcr.presentation import step as _step
 from rlcr.untrusted import InvalidInput, printable
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -119,10 +125,6 @@ models_app = typer.Typer(no_args_is_help=True, help="Local models.")
 app.add_typer(models_app, name="models")
 config_app = typer.Typer(no_args_is_help=True, help="The run configuration.")
 app.add_typer(config_app, name="config")
-console = Console()
-if not console.is_terminal and not os.environ.get("COLUMNS"):
-    console.width = 140  # a log file has no width: rich would squeeze the summary tables into 80 columns
-
 
 def _version(value: bool) -> None:
     if value:
@@ -144,21 +146,6 @@ def _root(
 ):
     """RLCR: RL with calibration rewards on Countdown."""
     _DEBUG["on"] = debug
-
-
-def _f(v: Any, digits: int = 3) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "–"
-    if isinstance(v, float):
-        return f"{v:.{digits}f}"
-    return str(v) if isinstance(v, int) else _show(v, 40)  # a hand-edited metrics file may hold anything
-
-
-def _show(value: Any, limit: int = 200) -> str:
-    """A value that came from a file (or from a value read from one) for rich output that reads markup: one
-    line without control characters, at most ``limit`` characters (:func:`rlcr.untrusted.printable`), and its
-    ``[`` escaped so rich shows it as it is."""
-    return escape(printable(value, limit))
 
 
 def _quiet_ray_data() -> None:
@@ -289,219 +276,6 @@ def _logs_line(out: Optional[Console] = None) -> None:
     (out or console).print(f"logs: driver → this terminal; engines and trainer (Ray workers) → {workers} "
                            f"(worker-*.out/.err); flow runs → Prefect, {prefect}; Ray dashboard: {dashboard}",
                            markup=False, highlight=False, soft_wrap=True)
-
-
-def _elapsed(seconds: float) -> str:
-    return f"{seconds:.1f} s" if seconds < 100 else f"{seconds / 60:.1f} min"
-
-
-def _plain(out: Console, message: str) -> None:
-    """One timestamped plain line, flushed now (off a terminal stdout is block-buffered)."""
-    out.print(f"[{time.strftime('%H:%M:%S')}] {message}", markup=False, highlight=False, emoji=False, soft_wrap=True)
-    out.file.flush()
-
-
-@contextmanager
-def _step(label: str, out: Optional[Console] = None) -> Iterator[None]:
-    """A long step: a spinner on a terminal; off one (a log file, CI), where a spinner prints nothing,
-    a plain line when it starts and one when it is done or failed, with its elapsed time."""
-    out = out or console
-    if out.is_terminal:
-        with out.status(Text(label)):  # not markup: a label may name a file
-            yield
-        return
-    t0 = time.perf_counter()
-    _plain(out, f"{label}: started")
-    try:
-        yield
-    except BaseException as e:
-        _plain(out, f"{label}: failed after {_elapsed(time.perf_counter() - t0)} ({type(e).__name__})")
-        raise
-    _plain(out, f"{label}: done in {_elapsed(time.perf_counter() - t0)}")
-
-
-class StageProgress:
-    """Progress of the training flow, fed by its stage events; use as
-    ``with events.subscribed(bar.on_event), bar: rlcr_train(...)``.
-
-    On a terminal: a rich progress bar. Off one (``make demo > demo.log``, CI), where rich's bars print
-    nothing: one plain, flushed line per stage start and per stage finish, with the elapsed time and,
-    where known, the stage's headline figures. :meth:`on_event` takes :class:`rlcr.events.StageEvent`
-    (start; end with elapsed time and figures); ``bar(stage, iteration)`` takes start events alone
-    (``flows.train.add_listener``). A stage without an end event is done when the next one starts or
-    when the flow returns; the same stage started again means Prefect retried it. When an end event
-    carries no figures, ``figures(stage, iteration)`` may supply them (:func:`committed_figures` reads
-    the baseline evaluation and a committed iteration's metrics from the run's files). A display
-    never fails the flow it watches.
-    """
-
-    LABELS = {"baseline": "held-out evaluation of the starting policy",
-              "rollouts": "generating answers → confidences", "advantages": "advantages + rollouts Parquet",
-              "update": "GRPO update (Ray Train)", "sync_weights": "new weights → engines (in memory)",
-              "evaluate": "held-out evaluation", "stage": "metrics written (pending until the state is saved)",
-              "save": "training state → storage", "commit": "commit"}
-
-    def __init__(self, total: int, start: int, figures: Optional[Callable[[str, int], Optional[str]]] = None,
-                 out: Optional[Console] = None, title: str = "training"):
-        self.console = out or console
-        self.plain = not self.console.is_terminal
-        self.total, self.start, self.figures, self.title = total, start, figures, title
-        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                 TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                                 console=self.console, disable=self.plain)
-        self.task = self.progress.add_task("iterations", total=total, completed=start - 1)
-        self.current: Optional[tuple[str, int, float]] = None  # (stage, iteration, started at)
-        self.iteration_t0: dict[int, float] = {}
-        self.t0 = time.perf_counter()
-
-    def __enter__(self) -> "StageProgress":
-        self.t0 = time.perf_counter()
-        if self.plain:
-            todo = (f"iterations {self.start}..{self.total}" if self.start <= self.total
-                    else f"all {self.total} iterations already committed")
-            _plain(self.console, f"{self.title}: started ({todo})")
-        else:
-            self.progress.start()
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if not self.plain:
-            self.progress.stop()
-            return
-        self._safely(self._finish, time.perf_counter(), exc)
-        took = _elapsed(time.perf_counter() - self.t0)
-        _plain(self.console, f"{self.title}: failed after {took} ({exc_type.__name__})" if exc_type
-               else f"{self.title}: done in {took}")
-
-    def __call__(self, stage: str, iteration: int) -> None:
-        if self.plain:
-            self._safely(self._plain_event, stage, iteration)
-            return
-        if stage == "stage":  # the iteration's work is done (committed with the next save)
-            self.progress.advance(self.task)
-        label = self.LABELS.get(stage, stage)
-        self.progress.update(self.task, description=f"iteration {iteration}: {label}" if iteration else label)
-
-    def on_event(self, event) -> None:
-        """A stage event with a phase: ``event.stage``, ``.iteration``, ``.phase`` (``"start"`` or
-        ``"end"``) and, at the end, ``.elapsed_s`` and ``.figures`` (``{"answer reward": 0.31, …}``)."""
-        if event.phase == "start":
-            self(event.stage, event.iteration)
-        elif self.plain:
-            self._safely(self._finish, time.perf_counter(), None, event)
-
-    # ---------------------------------------------------------------- off a terminal
-    @staticmethod
-    def _name(stage: str, iteration: int) -> str:
-        return f"iteration {iteration} {stage}" if iteration else "baseline evaluation"
-
-    def _plain_event(self, stage: str, iteration: int) -> None:
-        now = time.perf_counter()
-        if self.current is not None and self.current[:2] == (stage, iteration):
-            _plain(self.console, f"{self._name(stage, iteration)}: failed after {_elapsed(now - self.current[2])}, "
-                                 "retrying")
-        else:
-            self._finish(now)
-            if stage == "rollouts":
-                self.iteration_t0[iteration] = now
-            _plain(self.console, f"{self._name(stage, iteration)}: started — {self.LABELS.get(stage, stage)}")
-        self.current = (stage, iteration, now)
-
-    def _finish(self, now: float, exc: Optional[BaseException] = None, event=None) -> None:
-        """The line for the stage in progress (or the one ``event`` ends): done with its figures, or
-        failed with ``exc``."""
-        if event is not None:
-            stage, iteration = event.stage, event.iteration
-            t0 = self.current[2] if self.current and self.current[:2] == (stage, iteration) else now
-            if event.elapsed_s is not None:
-                t0 = now - event.elapsed_s
-        elif self.current is not None:
-            stage, iteration, t0 = self.current
-        else:
-            return
-        if self.current is not None and self.current[:2] == (stage, iteration):
-            self.current = None
-        name, took = self._name(stage, iteration), _elapsed(now - t0)
-        if exc is not None:
-            _plain(self.console, f"{name}: failed after {took} ({type(exc).__name__}: {printable(exc, 500)})")
-            return
-        parts = []
-        if stage == "stage" and iteration in self.iteration_t0:
-            parts.append(f"iteration {iteration}/{self.total} in {_elapsed(now - self.iteration_t0[iteration])}")
-        figure = _figures((getattr(event, "figures", None) or {}).items())
-        if figure is None and self.figures:
-            figure = self._safely(self.figures, stage, iteration)
-        if figure:
-            parts.append(figure)
-        _plain(self.console, f"{name}: done in {took}" + (f" ({'; '.join(parts)})" if parts else ""))
-
-    def _safely(self, fn, *args):
-        try:
-            return fn(*args)
-        except Exception as e:  # noqa: BLE001 — the display must never fail a stage of the flow
-            try:
-                _plain(self.console, f"(progress display error: {type(e).__name__}: {printable(e, 500)})")
-            except Exception:  # noqa: BLE001
-                pass
-            return None
-
-
-def committed_figures(cfg, run_id: str) -> Callable[[str, int], Optional[str]]:
-    """Headline figures of finished stages, read from run ``run_id``'s files: the baseline evaluation
-    once it is written, an iteration's rollout rewards, update loss and held-out accuracy and ECE once
-    its metrics are written (``stage``; before that, None)."""
-    from rlcr.runs import RunStore
-
-    run = RunStore.open(cfg, run_id)
-
-    def figures(stage: str, iteration: int) -> Optional[str]:
-        if iteration == 0 and stage in ("evaluate", "baseline"):
-            rel = run.baseline_rel
-            ev = run.store.read_json(rel)["eval"] if run.store.exists(rel) else {}
-            return _figures((("accuracy", ev.get("accuracy")), ("ECE", ev.get("ece"))))
-        if stage != "stage" or not run.store.exists(run.metrics_rel(iteration)):
-            return None
-        met = run.store.read_json(run.metrics_rel(iteration))
-        ro, up, ev = met.get("rollout", {}), met.get("update", {}), met.get("eval", {})
-        return _figures((("answer reward", ro.get("answer/reward_mean")),
-                         ("confidence reward", ro.get("confidence/reward_mean")), ("loss", up.get("loss")),
-                         ("held-out accuracy", ev.get("accuracy")), ("ECE", ev.get("ece"))))
-
-    return figures
-
-
-def _figures(pairs) -> Optional[str]:
-    text = ", ".join(f"{k} {_f(v)}" for k, v in pairs if v is not None)
-    return text or None
-
-
-def summary_table(run_id: str, cfg) -> Table:
-    """Per-iteration held-out accuracy, rewards and calibration of a run, baseline first."""
-    from rlcr.evaluate import with_ci
-    from rlcr.runs import RunStore
-
-    run = RunStore.open(cfg, run_id)
-    table = Table(title=f"run {_show(run_id)}  ({_show(run.store.url(run.prefix))}); held-out figures with "
-                        "[95% bootstrap CI]")
-    for col in ("iter", "accuracy", "answer reward", "conf reward", "mean conf", "ECE", "Brier", "AUROC", "parse rate"):
-        table.add_column(col, justify="right")
-
-    def held_out(ev: dict) -> list[str]:
-        return [with_ci(ev, "accuracy")]
-
-    def calibration(ev: dict) -> list[str]:
-        return [_f(ev.get("mean_confidence")), with_ci(ev, "ece"), with_ci(ev, "brier"), with_ci(ev, "auroc"),
-                _f(ev.get("confidence_parse_rate"))]
-
-    if run.store.exists(run.baseline_rel):
-        ev = run.store.read_json(run.baseline_rel)["eval"]
-        table.add_row("0 (start)", *held_out(ev), "–", "–", *calibration(ev))
-    for m in run.committed():
-        met = run.store.read_json(run.store.rel(m["metrics_uri"]))
-        ev, ro = met.get("eval", {}), met.get("rollout", {})
-        table.add_row(str(m["iteration"]), *held_out(ev), _f(ro.get("answer/reward_mean")),
-                      _f(ro.get("confidence/reward_mean")), *calibration(ev))
-    return table
 
 
 @models_app.command("prepare")
@@ -782,15 +556,6 @@ def _held_out_rows(side: str, run, iteration: Optional[int]) -> tuple[list[dict[
     pooled = {"pooled": " + ".join(Path(f).name + (f" (draw {s['draw']})" if "draw" in s else "")
                                    for f, s in zip(files, sources))}
     return rows, {**{k: v for k, v in (known[0] if known else {}).items() if k in ("policy", "method")}, **pooled}
-
-
-def _provenance_text(fields: dict[str, Any]) -> str:
-    """One line for a records file's provenance: its policy, method, sample draw and answers per task; each
-    field is a file's own words, shown bounded, without control characters and never read as rich markup."""
-    parts = [f"{k} {printable(fields[k], 200)}" for k in ("policy", "method", "draw", "eval_samples") if k in fields]
-    if "pooled" in fields:
-        parts.append(f"pooled {printable(fields['pooled'], 600)}")
-    return escape(", ".join(parts))
 
 
 @app.command()

@@ -1,0 +1,263 @@
+"""What the ``rlcr`` command shows: the console, numbers and file-given values made safe for it, the progress
+of long steps and of the training flow (a rich bar on a terminal, plain timestamped lines off one), and a
+run's summary table. Nothing here starts work; a display never fails the flow it watches."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from rlcr.untrusted import printable
+
+__all__ = ["console", "fmt", "show", "elapsed", "plain", "step", "StageProgress", "committed_figures",
+           "figures_text", "summary_table", "provenance_text"]
+
+console = Console()
+if not console.is_terminal and not os.environ.get("COLUMNS"):
+    console.width = 140  # a log file has no width: rich would squeeze the summary tables into 80 columns
+
+
+def fmt(v: Any, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v) if isinstance(v, int) else show(v, 40)  # a hand-edited metrics file may hold anything
+
+
+def show(value: Any, limit: int = 200) -> str:
+    """A value that came from a file (or from a value read from one) for rich output that reads markup: one
+    line without control characters, at most ``limit`` characters (:func:`rlcr.untrusted.printable`), and its
+    ``[`` escaped so rich shows it as it is."""
+    return escape(printable(value, limit))
+
+
+def elapsed(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 100 else f"{seconds / 60:.1f} min"
+
+
+def plain(out: Console, message: str) -> None:
+    """One timestamped plain line, flushed now (off a terminal stdout is block-buffered)."""
+    out.print(f"[{time.strftime('%H:%M:%S')}] {message}", markup=False, highlight=False, emoji=False, soft_wrap=True)
+    out.file.flush()
+
+
+@contextmanager
+def step(label: str, out: Optional[Console] = None) -> Iterator[None]:
+    """A long step: a spinner on a terminal; off one (a log file, CI), where a spinner prints nothing,
+    a plain line when it starts and one when it is done or failed, with its elapsed time."""
+    out = out or console
+    if out.is_terminal:
+        with out.status(Text(label)):  # not markup: a label may name a file
+            yield
+        return
+    t0 = time.perf_counter()
+    plain(out, f"{label}: started")
+    try:
+        yield
+    except BaseException as e:
+        plain(out, f"{label}: failed after {elapsed(time.perf_counter() - t0)} ({type(e).__name__})")
+        raise
+    plain(out, f"{label}: done in {elapsed(time.perf_counter() - t0)}")
+
+
+class StageProgress:
+    """Progress of the training flow, fed by its stage events; use as
+    ``with events.subscribed(bar.on_event), bar: rlcr_train(...)``.
+
+    On a terminal: a rich progress bar. Off one (``make demo > demo.log``, CI), where rich's bars print
+    nothing: one plain, flushed line per stage start and per stage finish, with the elapsed time and,
+    where known, the stage's headline figures. :meth:`on_event` takes :class:`rlcr.events.StageEvent`
+    (start; end with elapsed time and figures); ``bar(stage, iteration)`` takes start events alone
+    (``flows.train.add_listener``). A stage without an end event is done when the next one starts or
+    when the flow returns; the same stage started again means Prefect retried it. When an end event
+    carries no figures, ``figures(stage, iteration)`` may supply them (:func:`committed_figures` reads
+    the baseline evaluation and a committed iteration's metrics from the run's files). A display
+    never fails the flow it watches.
+    """
+
+    LABELS = {"baseline": "held-out evaluation of the starting policy",
+              "rollouts": "generating answers → confidences", "advantages": "advantages + rollouts Parquet",
+              "update": "GRPO update (Ray Train)", "sync_weights": "new weights → engines (in memory)",
+              "evaluate": "held-out evaluation", "stage": "metrics written (pending until the state is saved)",
+              "save": "training state → storage", "commit": "commit"}
+
+    def __init__(self, total: int, start: int, figures: Optional[Callable[[str, int], Optional[str]]] = None,
+                 out: Optional[Console] = None, title: str = "training"):
+        self.console = out or console
+        self.plain = not self.console.is_terminal
+        self.total, self.start, self.figures, self.title = total, start, figures, title
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                 TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                                 console=self.console, disable=self.plain)
+        self.task = self.progress.add_task("iterations", total=total, completed=start - 1)
+        self.current: Optional[tuple[str, int, float]] = None  # (stage, iteration, started at)
+        self.iteration_t0: dict[int, float] = {}
+        self.t0 = time.perf_counter()
+
+    def __enter__(self) -> "StageProgress":
+        self.t0 = time.perf_counter()
+        if self.plain:
+            todo = (f"iterations {self.start}..{self.total}" if self.start <= self.total
+                    else f"all {self.total} iterations already committed")
+            plain(self.console, f"{self.title}: started ({todo})")
+        else:
+            self.progress.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self.plain:
+            self.progress.stop()
+            return
+        self._safely(self._finish, time.perf_counter(), exc)
+        took = elapsed(time.perf_counter() - self.t0)
+        plain(self.console, f"{self.title}: failed after {took} ({exc_type.__name__})" if exc_type
+               else f"{self.title}: done in {took}")
+
+    def __call__(self, stage: str, iteration: int) -> None:
+        if self.plain:
+            self._safely(self._plain_event, stage, iteration)
+            return
+        if stage == "stage":  # the iteration's work is done (committed with the next save)
+            self.progress.advance(self.task)
+        label = self.LABELS.get(stage, stage)
+        self.progress.update(self.task, description=f"iteration {iteration}: {label}" if iteration else label)
+
+    def on_event(self, event) -> None:
+        """A stage event with a phase: ``event.stage``, ``.iteration``, ``.phase`` (``"start"`` or
+        ``"end"``) and, at the end, ``.elapsed_s`` and ``.figures`` (``{"answer reward": 0.31, …}``)."""
+        if event.phase == "start":
+            self(event.stage, event.iteration)
+        elif self.plain:
+            self._safely(self._finish, time.perf_counter(), None, event)
+
+    # ---------------------------------------------------------------- off a terminal
+    @staticmethod
+    def _name(stage: str, iteration: int) -> str:
+        return f"iteration {iteration} {stage}" if iteration else "baseline evaluation"
+
+    def _plain_event(self, stage: str, iteration: int) -> None:
+        now = time.perf_counter()
+        if self.current is not None and self.current[:2] == (stage, iteration):
+            plain(self.console, f"{self._name(stage, iteration)}: failed after {elapsed(now - self.current[2])}, "
+                                 "retrying")
+        else:
+            self._finish(now)
+            if stage == "rollouts":
+                self.iteration_t0[iteration] = now
+            plain(self.console, f"{self._name(stage, iteration)}: started — {self.LABELS.get(stage, stage)}")
+        self.current = (stage, iteration, now)
+
+    def _finish(self, now: float, exc: Optional[BaseException] = None, event=None) -> None:
+        """The line for the stage in progress (or the one ``event`` ends): done with its figures, or
+        failed with ``exc``."""
+        if event is not None:
+            stage, iteration = event.stage, event.iteration
+            t0 = self.current[2] if self.current and self.current[:2] == (stage, iteration) else now
+            if event.elapsed_s is not None:
+                t0 = now - event.elapsed_s
+        elif self.current is not None:
+            stage, iteration, t0 = self.current
+        else:
+            return
+        if self.current is not None and self.current[:2] == (stage, iteration):
+            self.current = None
+        name, took = self._name(stage, iteration), elapsed(now - t0)
+        if exc is not None:
+            plain(self.console, f"{name}: failed after {took} ({type(exc).__name__}: {printable(exc, 500)})")
+            return
+        parts = []
+        if stage == "stage" and iteration in self.iteration_t0:
+            parts.append(f"iteration {iteration}/{self.total} in {elapsed(now - self.iteration_t0[iteration])}")
+        figure = figures_text((getattr(event, "figures", None) or {}).items())
+        if figure is None and self.figures:
+            figure = self._safely(self.figures, stage, iteration)
+        if figure:
+            parts.append(figure)
+        plain(self.console, f"{name}: done in {took}" + (f" ({'; '.join(parts)})" if parts else ""))
+
+    def _safely(self, fn, *args):
+        try:
+            return fn(*args)
+        except Exception as e:  # noqa: BLE001 — the display must never fail a stage of the flow
+            try:
+                plain(self.console, f"(progress display error: {type(e).__name__}: {printable(e, 500)})")
+            except Exception:  # noqa: BLE001
+                pass
+            return None
+
+
+def committed_figures(cfg, run_id: str) -> Callable[[str, int], Optional[str]]:
+    """Headline figures of finished stages, read from run ``run_id``'s files: the baseline evaluation
+    once it is written, an iteration's rollout rewards, update loss and held-out accuracy and ECE once
+    its metrics are written (``stage``; before that, None)."""
+    from rlcr.runs import RunStore
+
+    run = RunStore.open(cfg, run_id)
+
+    def figures(stage: str, iteration: int) -> Optional[str]:
+        if iteration == 0 and stage in ("evaluate", "baseline"):
+            rel = run.baseline_rel
+            ev = run.store.read_json(rel)["eval"] if run.store.exists(rel) else {}
+            return figures_text((("accuracy", ev.get("accuracy")), ("ECE", ev.get("ece"))))
+        if stage != "stage" or not run.store.exists(run.metrics_rel(iteration)):
+            return None
+        met = run.store.read_json(run.metrics_rel(iteration))
+        ro, up, ev = met.get("rollout", {}), met.get("update", {}), met.get("eval", {})
+        return figures_text((("answer reward", ro.get("answer/reward_mean")),
+                         ("confidence reward", ro.get("confidence/reward_mean")), ("loss", up.get("loss")),
+                         ("held-out accuracy", ev.get("accuracy")), ("ECE", ev.get("ece"))))
+
+    return figures
+
+
+def figures_text(pairs) -> Optional[str]:
+    text = ", ".join(f"{k} {fmt(v)}" for k, v in pairs if v is not None)
+    return text or None
+
+
+def summary_table(run_id: str, cfg) -> Table:
+    """Per-iteration held-out accuracy, rewards and calibration of a run, baseline first."""
+    from rlcr.evaluate import with_ci
+    from rlcr.runs import RunStore
+
+    run = RunStore.open(cfg, run_id)
+    table = Table(title=f"run {show(run_id)}  ({show(run.store.url(run.prefix))}); held-out figures with "
+                        "[95% bootstrap CI]")
+    for col in ("iter", "accuracy", "answer reward", "conf reward", "mean conf", "ECE", "Brier", "AUROC", "parse rate"):
+        table.add_column(col, justify="right")
+
+    def held_out(ev: dict) -> list[str]:
+        return [with_ci(ev, "accuracy")]
+
+    def calibration(ev: dict) -> list[str]:
+        return [fmt(ev.get("mean_confidence")), with_ci(ev, "ece"), with_ci(ev, "brier"), with_ci(ev, "auroc"),
+                fmt(ev.get("confidence_parse_rate"))]
+
+    if run.store.exists(run.baseline_rel):
+        ev = run.store.read_json(run.baseline_rel)["eval"]
+        table.add_row("0 (start)", *held_out(ev), "–", "–", *calibration(ev))
+    for m in run.committed():
+        met = run.store.read_json(run.store.rel(m["metrics_uri"]))
+        ev, ro = met.get("eval", {}), met.get("rollout", {})
+        table.add_row(str(m["iteration"]), *held_out(ev), fmt(ro.get("answer/reward_mean")),
+                      fmt(ro.get("confidence/reward_mean")), *calibration(ev))
+    return table
+
+
+def provenance_text(fields: dict[str, Any]) -> str:
+    """One line for a records file's provenance: its policy, method, sample draw and answers per task; each
+    field is a file's own words, shown bounded, without control characters and never read as rich markup."""
+    parts = [f"{k} {printable(fields[k], 200)}" for k in ("policy", "method", "draw", "eval_samples") if k in fields]
+    if "pooled" in fields:
+        parts.append(f"pooled {printable(fields['pooled'], 600)}")
+    return escape(", ".join(parts))
