@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rlcr.seeds import SEED_MODULUS
+from rlcr.tasks.limits import MAX_TASK_NUMBER
 from rlcr.untrusted import MAX_DEPTH, InvalidInput, decode_text, printable
 
 __all__ = ["RLCRConfig", "ConfigError", "load_config", "result_changing_diff", "OPERATIONAL_FIELDS", "MAX_SEED",
@@ -392,8 +393,6 @@ class RLCRConfig(BaseModel):
                 raise ValueError(f"{name} must be (low, high) with low <= high, got {(lo, hi)}")
         if self.task_num_range[0] < 1:
             raise ValueError("task_num_range must hold positive numbers")
-        from rlcr.tasks.countdown import MAX_TASK_NUMBER  # here: that module imports this one
-
         if self.task_num_range[1] > MAX_TASK_NUMBER or max(map(abs, self.task_target_range)) > MAX_TASK_NUMBER:
             raise ValueError(f"task_num_range and task_target_range must lie within ±{MAX_TASK_NUMBER} (the longest "
                              "number the scorer reads)")

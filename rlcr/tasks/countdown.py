@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from rlcr.config import RLCRConfig
+from rlcr.tasks.limits import MAX_LITERAL_DIGITS, MAX_TASK_NUMBER
 from rlcr.untrusted import InvalidInput, check_depth, decode_text, printable
 
 __all__ = [
@@ -52,12 +53,8 @@ __all__ = [
 # An extracted equation longer than this is not a plausible answer for 3-6
 # small numbers; it scores format_score without being parsed.
 MAX_EQUATION_CHARS = 256
-# Integer literals longer than this cannot be one of the task's numbers: the scorer refuses them, and
-# the task loader refuses a task whose numbers or target are longer (MAX_TASK_NUMBER), so every task
-# it accepts can be solved.
-MAX_LITERAL_DIGITS = 12
-MAX_TASK_NUMBER = 10**MAX_LITERAL_DIGITS - 1
-"""Largest number (and largest target in absolute value) of a task: the longest literal the scorer reads."""
+# MAX_LITERAL_DIGITS / MAX_TASK_NUMBER (rlcr.tasks.limits): the scorer refuses longer integer literals and
+# the task loader refuses a task whose numbers or target are longer, so every task it accepts can be solved.
 # A JSONL task row longer than this (in bytes) is refused before it is parsed.
 MAX_TASK_ROW_BYTES = 64 * 1024
 ABS_TOL = 1e-5
