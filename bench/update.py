@@ -1,30 +1,32 @@
-"""Benchmark of the masked GRPO update against a plain causal-LM training step.
+"""Benchmark of the masked GRPO update's compute rate against a plain fp32 matmul, old vs new settings.
 
-Same model (SmolLM2-135M-Instruct, float32, CPU), same token batch, measured side
-by side with interleaved repeats:
+Same model (SmolLM2-135M-Instruct, float32, CPU), same RLCR-shaped batch, measured side by side
+with interleaved repeats (the order rotates between rounds, each round printed as it finishes):
 
-* ``update``: the full in-process update, :func:`rlcr.train.update.train_update`
-  — micro-batch packing, log-probs at the masked completion tokens only,
-  ``policy_loss`` (token-mean, global count), backward, grad clipping, AdamW step
-  (one on-policy step, ``old_logp_source="recompute"``: π_old is the detached
-  current log-prob, exact, no extra forward);
-  run twice: ``update-tree`` packs samples sharing a prefix into prefix trees
-  (``share_prefixes``, the default), ``update-pad`` uses right-padded rows;
-* ``plain``: ``lm(input_ids).logits`` over the padded ``[B, T]`` batch,
-  cross-entropy over every position, backward, AdamW step — what a generic
-  trainer does with the same rows.
+* ``matmul``: a plain fp32 ``torch.mm`` of two 2048×2048 matrices (2·n³ FLOP), the CPU's peak as
+  PyTorch reaches it, measured in every round;
+* ``new``: the update as the code runs it, :func:`rlcr.train.update.train_update` — prefix-tree
+  micro-batches, prefix-tree attention per segment (:func:`rlcr.train.update.tree_sdpa_attention`),
+  blocked log-probs at the masked completion tokens only (:func:`rlcr.loss.token_logprobs`),
+  ``policy_loss``, backward, grad clipping, fused AdamW (:func:`rlcr.train.update.make_optimizer`);
+  one on-policy step (``old_logp_source="recompute"``, one mini-batch);
+* ``old``: the same update with the settings before docs/update-performance.md — SDPA over the
+  dense ``[T, T]`` tree mask, log-probs through plain autograd (logsumexp + gather), the
+  per-parameter-loop AdamW;
+* ``plain`` (``--plain``): ``lm(input_ids).logits`` over the padded batch, cross-entropy over every
+  position, backward, AdamW — what a generic trainer does with the same rows.
 
-The batch has the shape of an RLCR rollout (defaults: the demo's measured
-lengths): per prompt a context, G_a answers, and per answer a turn-2 context
-(prompt + that answer + the confidence query) with G_c confidences. All create
-a fresh AdamW per step (as the update does per iteration). Throughput is the
-batch's masked (completion) tokens per second of wall time.
+Each setting keeps one AdamW across rounds, as a training run does (:mod:`rlcr.train.trainer`).
+GFLOP/s = 6 × parameters (all of them, the tied embedding once) × prefix-tree tokens (the nodes the
+model processes, every micro-batch's) / wall seconds of the step. Other processes share this CPU:
+the median over rounds and the per-round ratio to the matmul of the same round are the robust figures.
 
-Run from the repo root:  python bench/update.py [--prompts 4] [--ga 4] [--gc 2] [--repeats 3]
-The last line is ``update/plain tokens/s: <ratio>`` (the default update, prefix trees).
+Run from the repo root:  python bench/update.py [--repeats 4] [--micro-batch-tokens 2048] [--profile]
+The last line is ``update/matmul GFLOP/s: <ratio>`` (the new settings' median per-round ratio).
 """
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -34,9 +36,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+import rlcr.train.update as update_mod  # noqa: E402
 from rlcr.config import RLCRConfig  # noqa: E402
 from rlcr.train.batching import Sample, collate  # noqa: E402
-from rlcr.train.update import CompletionLogProbs, train_update  # noqa: E402
+from rlcr.train.update import CompletionLogProbs, make_optimizer, train_update  # noqa: E402
 
 
 def make_samples(prompts: int, g_a: int, g_c: int, *, prompt_len: int, answer_len: int, query_len: int,
@@ -64,27 +67,68 @@ def make_samples(prompts: int, g_a: int, g_c: int, *, prompt_len: int, answer_le
     return out
 
 
-def run_update(lm, samples, cfg, pad_id) -> float:
-    """One iteration's update (a single on-policy optimizer step)."""
-    t = time.perf_counter()
-    m = train_update(CompletionLogProbs(lm), samples, cfg, pad_id=pad_id)
-    dt = time.perf_counter() - t
-    assert m["optimizer_steps"] == 1, m
-    return dt
+# ----------------------------------------------------------------------------- the old settings
 
 
-def run_plain(lm, samples, cfg, pad_id) -> float:
+def old_token_logprobs(logits, labels, *, return_entropy=False, entropy_grad=True, chunk_rows=1024):
+    """rlcr.loss.token_logprobs before the blocked version (dc21110): plain autograd ops."""
+    shape = labels.shape
+    flat_logits = logits.reshape(-1, logits.shape[-1])
+    flat_labels = labels.reshape(-1)
+    logps, ents = [], []
+    for start in range(0, flat_logits.shape[0], chunk_rows):
+        z = flat_logits[start:start + chunk_rows].float()
+        y = flat_labels[start:start + chunk_rows]
+        lse = torch.logsumexp(z, dim=-1)
+        logps.append(z.gather(-1, y[:, None]).squeeze(-1) - lse)
+        if return_entropy:
+            with contextlib.nullcontext() if entropy_grad else torch.no_grad():
+                ents.append(lse - (torch.exp(z - lse[:, None]) * z).sum(-1))
+    logp = torch.cat(logps).reshape(shape)
+    return logp, (torch.cat(ents).reshape(shape) if return_entropy else None)
+
+
+class DenseTreeMask(CompletionLogProbs):
+    """The policy with a prefix tree's attention as SDPA over its dense [T, T] mask (``tree`` dropped)."""
+
+    def forward(self, *args, tree=None, **kwargs):
+        return super().forward(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def old_logprobs():
+    saved = update_mod.token_logprobs
+    update_mod.token_logprobs = old_token_logprobs
+    try:
+        yield
+    finally:
+        update_mod.token_logprobs = saved
+
+
+# ----------------------------------------------------------------------------- steps
+
+
+def matmul_gflops(n: int = 2048, reps: int = 3) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = min(_timed(lambda: torch.mm(a, b)) for _ in range(reps))
+    return 2 * n ** 3 / best / 1e9
+
+
+def _timed(fn) -> float:
     t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def run_plain(lm, samples, cfg, pad_id, opt) -> None:
     mb = collate(samples, pad_id)
-    opt = torch.optim.AdamW(lm.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
-                            betas=tuple(cfg.adam_betas))
     logits = lm(mb.input_ids).logits
     loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), mb.input_ids[:, 1:].reshape(-1))
     loss.backward()
     torch.nn.utils.clip_grad_norm_(lm.parameters(), cfg.grad_clip)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return time.perf_counter() - t
 
 
 def main() -> None:
@@ -96,8 +140,11 @@ def main() -> None:
     ap.add_argument("--answer-len", type=int, default=68)
     ap.add_argument("--query-len", type=int, default=50)
     ap.add_argument("--confidence-len", type=int, default=31)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=4)
     ap.add_argument("--micro-batch-tokens", type=int, default=None, help="default: the config's")
+    ap.add_argument("--settings", default="old,new", help="comma-separated: old, new, plain")
+    ap.add_argument("--plain", action="store_true", help="add the plain causal-LM step")
+    ap.add_argument("--profile", action="store_true", help="after the rounds, one profiled step per setting")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
@@ -114,38 +161,73 @@ def main() -> None:
     samples = make_samples(args.prompts, args.ga, args.gc, prompt_len=args.prompt_len, answer_len=args.answer_len,
                            query_len=args.query_len, confidence_len=args.confidence_len, vocab=len(tok), seed=args.seed)
     extra = {} if args.micro_batch_tokens is None else {"micro_batch_tokens": args.micro_batch_tokens}
-    cfgs = {"update-tree": RLCRConfig(learning_rate=1e-7, share_prefixes=True, **extra),
-            "update-pad": RLCRConfig(learning_rate=1e-7, share_prefixes=False, **extra)}
-    budget = cfgs["update-tree"].micro_batch_tokens
-    masked = sum(s.masked_tokens for s in samples)
-    real = sum(s.length for s in samples)
-    padded = collate(samples, pad_id).padded_tokens
+    cfg = RLCRConfig(learning_rate=1e-7, **extra)
+    budget = cfg.micro_batch_tokens
+    params = sum(p.numel() for p in lm.parameters())
     trees = pack_prefix_trees(samples, budget)
-    tree_nodes = sum(collate_prefix_tree(t, pad_id).padded_tokens for t in trees)
-    print(f"model SmolLM2-135M-Instruct fp32, torch threads {torch.get_num_threads()}, {len(samples)} samples "
-          f"({args.prompts} prompts x G_a={args.ga} x G_c={args.gc}), micro_batch_tokens {budget}")
-    print(f"tokens: {real} in the samples, {padded} as one padded batch, {tree_nodes} in {len(trees)} prefix trees; "
-          f"{masked} masked")
+    tree_tokens = sum(collate_prefix_tree(t, pad_id).padded_tokens for t in trees)
+    flop = 6 * params * tree_tokens
+    masked = sum(s.masked_tokens for s in samples)
+    print(f"model SmolLM2-135M-Instruct fp32, {params / 1e6:.1f}M parameters, torch threads {torch.get_num_threads()} "
+          f"(os.cpu_count {os.cpu_count()}), {len(samples)} samples ({args.prompts} prompts x G_a={args.ga} x "
+          f"G_c={args.gc}), micro_batch_tokens {budget}")
+    print(f"tokens: {sum(s.length for s in samples)} in the samples, {tree_tokens} in {len(trees)} prefix trees "
+          f"(GFLOP/s = 6 x params x {tree_tokens} / s), {masked} masked")
 
-    fns = {name: (lambda c: (lambda: run_update(lm, samples, c, pad_id)))(c) for name, c in cfgs.items()}
-    fns["plain"] = lambda: run_plain(lm, samples, cfgs["update-pad"], pad_id)
-    for fn in fns.values():  # warm-up
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    names = list(fns)
+    new_policy, old_policy = CompletionLogProbs(lm), DenseTreeMask(lm)
+    opts = {"new": make_optimizer(lm, cfg),
+            "old": torch.optim.AdamW(lm.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
+                                     betas=tuple(cfg.adam_betas)),
+            "plain": torch.optim.AdamW(lm.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
+                                       betas=tuple(cfg.adam_betas))}
+
+    def step_new():
+        m = train_update(new_policy, samples, cfg, pad_id=pad_id, optimizer=opts["new"])
+        assert m["optimizer_steps"] == 1, m
+
+    def step_old():
+        with old_logprobs():
+            m = train_update(old_policy, samples, cfg, pad_id=pad_id, optimizer=opts["old"])
+        assert m["optimizer_steps"] == 1, m
+
+    fns = {"old": step_old, "new": step_new, "plain": lambda: run_plain(lm, samples, cfg, pad_id, opts["plain"])}
+    names = [n for n in args.settings.split(",") if n] + (["plain"] if args.plain and "plain" not in args.settings else [])
+    for name in names:  # warm-up (and the optimizers' state)
+        fns[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    peaks: list[float] = []
     for r in range(args.repeats):
-        for name in names[r % len(names):] + names[: r % len(names)]:  # rotate the order between repeats
-            times[name].append(fns[name]())
+        peaks.append(matmul_gflops())
+        line = [f"round {r + 1}/{args.repeats}: matmul {peaks[-1]:6.1f} GFLOP/s"]
+        for name in names[r % len(names):] + names[: r % len(names)]:  # rotate the order between rounds
+            times[name].append(_timed(fns[name]))
+        for name in names:
+            line.append(f"{name} {times[name][-1]:6.2f} s {flop / times[name][-1] / 1e9:6.1f} GFLOP/s")
+        print(" | ".join(line), flush=True)
 
-    print(f"{'step':<12} {'median s':>9} {'min s':>7} {'masked tok/s':>13}")
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        print(f"{name:<12} {med:9.3f} {min(ts):7.3f} {masked / med:13.1f}")
-    # runs of one repeat share the machine's load: the median of per-repeat ratios is the robust estimate
-    pad_ratio = statistics.median(p / u for u, p in zip(times["update-pad"], times["plain"]))
-    tree_ratio = statistics.median(p / u for u, p in zip(times["update-tree"], times["plain"]))
-    print(f"update-pad/plain tokens/s: {pad_ratio:.2f}")
-    print(f"update/plain tokens/s: {tree_ratio:.2f}")
+    def spread(xs):
+        return f"median {statistics.median(xs):6.1f} (min {min(xs):6.1f}, max {max(xs):6.1f})"
+
+    print(f"{'':<7} GFLOP/s over {args.repeats} rounds")
+    print(f"{'matmul':<7} {spread(peaks)}")
+    ratios = {}
+    for name in names:
+        g = [flop / t / 1e9 for t in times[name]]
+        ratios[name] = statistics.median(x / p for x, p in zip(g, peaks))
+        extra = "" if name == "plain" else f", {masked / statistics.median(times[name]):.0f} masked tok/s"
+        print(f"{name:<7} {spread(g)}, {statistics.median(times[name]):.2f} s/step, "
+              f"{ratios[name]:.2f} of the round's matmul{extra}")
+
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        for name in names:
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                fns[name]()
+            print(f"--- profile: {name} (one step, profiler on)")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=50))
+    if "new" in ratios:
+        print(f"update/matmul GFLOP/s: {ratios['new']:.2f}")
 
 
 if __name__ == "__main__":
