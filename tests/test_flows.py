@@ -8,6 +8,7 @@ One run is driven through failure, resume and an S3 outage:
 
 import io
 import json
+import re
 
 import pyarrow.parquet as pq
 import pytest
@@ -56,12 +57,18 @@ def test_train_flow_fail_resume_and_s3_outage(ray_local, prefect_harness, tiny_m
     stage_hook.ACTIONS[("update", 2)] = RuntimeError("injected update failure")
     with pytest.raises(RuntimeError, match="injected update failure"):
         rlcr_train(overrides=overrides(tiny_model_dir, s3), run_id=run, iterations=2)
+    from rlcr.config import RLCRConfig
+    from rlcr.runs import RunStore
+
+    key = lambda uri: uri.removeprefix(f"s3://{BUCKET}/")  # a manifest's URI → its S3 key
     keys = s3.keys(prefix)
     assert f"{prefix}iter-0001/manifest.json" in keys
-    assert f"{prefix}iter-0001/checkpoint/_COMPLETE" in keys
-    assert f"{prefix}iter-0001/checkpoint/model.safetensors" in keys
+    ckpt1 = key(RunStore.open(RLCRConfig(**overrides(tiny_model_dir, s3)), run).manifest(1)["checkpoint_uri"])
+    assert re.fullmatch(rf"{re.escape(prefix)}iter-0001/attempt-[0-9a-f]{{12}}/checkpoint", ckpt1)
+    assert f"{ckpt1}/_COMPLETE" in keys and f"{ckpt1}/model.safetensors" in keys
     assert f"{prefix}iter-0002/manifest.json" not in keys
-    assert f"{prefix}iter-0002/rollouts/rollouts.parquet" in keys  # an uncommitted attempt, ignored on resume
+    stale = [k for k in keys if re.fullmatch(rf"{re.escape(prefix)}iter-0002/attempt-\w+/rollouts/rollouts.parquet", k)]
+    assert len(stale) == 1  # an uncommitted attempt, ignored on resume
     assert stage_hook.SEEN.count(("update", 2)) == 2  # first try + 1 retry
 
     # B: resume with the same run_id
@@ -75,24 +82,29 @@ def test_train_flow_fail_resume_and_s3_outage(ray_local, prefect_harness, tiny_m
     assert manifests == [f"{prefix}iter-0001/manifest.json", f"{prefix}iter-0002/manifest.json"]
     body = lambda k: s3.client().get_object(Bucket=BUCKET, Key=k)["Body"].read()
     raw1, raw2 = (json.loads(body(k)) for k in manifests)
-    assert raw2["checkpoint_uri"] == "iter-0002/checkpoint"  # recorded relative to the run (a store may move)
-    from rlcr.config import RLCRConfig
-    from rlcr.runs import RunStore
+    # recorded relative to the run (a store may move), under the attempt (lease) that committed it
+    assert raw2["checkpoint_uri"] == f"iter-0002/attempt-{raw2['attempt']}/checkpoint" and raw2["attempt"] != raw1["attempt"]
+    assert f"{prefix}{raw2['rollouts_uri']}" not in stale  # the failed attempt's rollouts are not the committed ones
 
     m1, m2 = RunStore.open(RLCRConfig(**overrides(tiny_model_dir, s3)), run).committed()
     assert m2["policy_in"] == m1["checkpoint_uri"] and m2["checkpoint_uri"].startswith(f"s3://{BUCKET}/{prefix}iter-0002/")
     for m in (m1, m2):
-        it = f"{prefix}iter-{m['iteration']:04d}/"
+        it = f"{prefix}iter-{m['iteration']:04d}/attempt-{m['attempt']}/"  # every artifact under its attempt
+        assert [key(m[f]) for f in ("checkpoint_uri", "rollouts_uri", "metrics_uri", "records_uri")] == [
+            f"{it}checkpoint", f"{it}rollouts/rollouts.parquet", f"{it}metrics.json", f"{it}eval.parquet"]
         assert {f"{it}checkpoint/_COMPLETE", f"{it}rollouts/rollouts.parquet", f"{it}metrics.json"} <= set(keys)
-        metrics = json.loads(body(f"{it}metrics.json"))
+        metrics = json.loads(body(key(m["metrics_uri"])))
         assert {"rollout", "update", "eval", "timings"} <= set(metrics)
         assert 0.0 <= metrics["eval"]["accuracy"] <= 1.0
+        assert metrics["engines"]["policy"] == m["checkpoint_uri"]  # the version label is the saved checkpoint
         # the evaluation's per-answer rows are kept beside it, for paired comparisons (`rlcr compare`)
-        assert metrics["eval"]["records_uri"] == f"s3://{BUCKET}/{it}eval.parquet"
-        records = pq.read_table(io.BytesIO(body(f"{it}eval.parquet"))).to_pylist()
+        assert metrics["eval"]["records_uri"] == m["records_uri"] == f"s3://{BUCKET}/{it}eval.parquet"
+        records = pq.read_table(io.BytesIO(body(key(m["records_uri"])))).to_pylist()
         assert sum(r["sample_type"] == "answer" for r in records) == metrics["eval"]["n_answers"]
         assert {r["run_id"] for r in records} == {run} and {r["iteration"] for r in records} == {m["iteration"]}
-    assert f"{prefix}baseline-eval.parquet" in keys
+    baseline = json.loads(body(f"{prefix}baseline.json"))
+    assert re.fullmatch(rf"{re.escape(prefix)}iter-0000/attempt-\w+/eval.parquet", key(baseline["eval"]["records_uri"]))
+    assert key(baseline["eval"]["records_uri"]) in keys
     from prefect.artifacts import Artifact
 
     for k in (1, 2):
@@ -107,7 +119,7 @@ def test_train_flow_fail_resume_and_s3_outage(ray_local, prefect_harness, tiny_m
     s3.start()
     keys = s3.keys(prefix)
     assert [k for k in keys if k.endswith("manifest.json")] == manifests
-    assert f"{prefix}iter-0003/checkpoint/_COMPLETE" not in keys
+    assert not [k for k in keys if k.startswith(f"{prefix}iter-0003/") and k.endswith("/checkpoint/_COMPLETE")]
 
 
 def test_invalid_config_fails_before_any_work(prefect_harness, tmp_path):
@@ -237,12 +249,14 @@ def test_save_every_stages_rewinds_and_resumes_exactly(ray_local, prefect_harnes
     rlcr_train(overrides=cfg_for("a"), run_id="r", iterations=3)
     m1, m2, m3 = straight.committed()
     assert m1["checkpoint_uri"] is None and m1["state_uri"] == m2["checkpoint_uri"] and m1["state_iteration"] == 2
-    assert m2["checkpoint_uri"].endswith("iter-0002/checkpoint") and m3["checkpoint_uri"].endswith("iter-0003/checkpoint")
+    a = m1["attempt"]  # one flow run: one attempt
+    assert m2["attempt"] == m3["attempt"] == a and m2["checkpoint_uri"].endswith(f"iter-0002/attempt-{a}/checkpoint")
+    assert m3["checkpoint_uri"].endswith(f"iter-0003/attempt-{a}/checkpoint")
     # policy_in names a state that exists: the initial model + iteration 1 applied in memory, for iteration 2
     assert m2["policy_in"] == m1["policy_in"] == str(tiny_model_dir) and m2["policy_in_updates"] == [1]
     assert m3["policy_in"] == m2["checkpoint_uri"] and m3["policy_in_updates"] == [] and m1["policy_out"] is None
-    assert not straight.store.exists(straight.checkpoint_rel(1))  # nothing saved after iteration 1
-    assert straight.pending() == [] and not straight.store.exists(straight.pending_rel(1))
+    assert not straight.store.exists(straight.checkpoint_rel(1, a))  # nothing saved after iteration 1
+    assert straight.pending() == [] and not straight.store.exists(straight.pending_rel(1, a))
 
     crashed = RunStore.open(RLCRConfig(**cfg_for("b")), "r")
 
@@ -253,7 +267,7 @@ def test_save_every_stages_rewinds_and_resumes_exactly(ray_local, prefect_harnes
             return
         assert crashed.pending() == [1, 2]  # staged, not committed
         assert crashed.committed() == []
-        pid = crashed.store.read_json(crashed.metrics_rel(2))["update"]["workers"][0]["pid"]
+        pid = crashed.metrics(2)["update"]["workers"][0]["pid"]  # staged: the lease holder's draft names it
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)
 
@@ -266,7 +280,7 @@ def test_save_every_stages_rewinds_and_resumes_exactly(ray_local, prefect_harnes
     rlcr_train(overrides=cfg_for("b"), run_id="r", iterations=3)  # resume: a new trainer from the saved state
     n1, n2, n3 = crashed.committed()
     assert n3["policy_in"] == n2["checkpoint_uri"]
-    assert crashed.store.read_json(crashed.metrics_rel(3))["update"]["trainer_starts"] == 1
+    assert crashed.metrics(3)["update"]["trainer_starts"] == 1
 
     for a, b in ((m1, n1), (m2, n2), (m3, n3)):
         ra, rb = (pq.read_table(m["rollouts_uri"]).column("completion_ids").to_pylist() for m in (a, b))
