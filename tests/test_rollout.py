@@ -83,6 +83,26 @@ def test_same_seed_same_rollouts(rollout_runs):
     assert [r["reward"] for r in ra] == [r["reward"] for r in rb]
 
 
+def test_stage_actors_and_stage_tasks_sample_alike(rollout_runs, engine_pool, tiny_model_dir, monkeypatch):
+    """With shared engines the stages are task-based functions (nothing starts per dataset); the former pool of
+    stage actors (``RLCR_ROLLOUT_STAGES=actors``) draws the very same rollouts."""
+    from rlcr.rollout.pipeline import STAGES_ENV, build_rollout_dataset
+
+    cfg, _, tasks, _, shared = rollout_runs
+    monkeypatch.delenv(STAGES_ENV, raising=False)
+    plan = str(build_rollout_dataset(cfg, tasks, str(tiny_model_dir), 0, engines=engine_pool.names))
+    assert "answer_batch" in plan and "confidence_batch" in plan and "Stage" not in plan, plan
+    monkeypatch.setenv(STAGES_ENV, "actors")
+    plan = str(build_rollout_dataset(cfg, tasks, str(tiny_model_dir), 0, engines=engine_pool.names))
+    assert "AnswerStage" in plan and "ConfidenceStage" in plan, plan
+    actors = run_rollouts(cfg, tasks, policy_uri=str(tiny_model_dir), run_id="t2", iteration=0, engines=engine_pool)
+    assert [(r["sample_type"], r["prompt_id"], r["answer_id"], r["confidence_id"]) for r in actors.rows] == [
+        (r["sample_type"], r["prompt_id"], r["answer_id"], r["confidence_id"]) for r in shared.rows]
+    for a, b in zip(actors.rows, shared.rows):
+        assert (a["context_ids"], a["completion_ids"], a["reward"]) == (b["context_ids"], b["completion_ids"], b["reward"])
+        assert a["completion_logprobs"] == pytest.approx(b["completion_logprobs"], abs=1e-5)
+
+
 def assert_logprobs_match(rows, model_dir):
     from transformers import AutoModelForCausalLM
 

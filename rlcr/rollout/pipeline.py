@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -18,14 +19,32 @@ from rlcr import seeds
 from rlcr.cluster import ENGINE_ACTOR_CPUS, STAGE_ACTOR_CPUS
 from rlcr.config import RLCRConfig
 from rlcr.rollout.records import assign_advantages, rows_to_table, validate_rollouts
-from rlcr.rollout.stages import AnswerStage, ConfidenceStage, expand_to_turn2, score_answers, score_confidences
+from rlcr.rollout.stages import (AnswerStage, ConfidenceStage, answer_batch, confidence_batch, expand_to_turn2,
+                                 score_answers, score_confidences)
 from rlcr.storage import iteration_prefix
 from rlcr.tasks.countdown import CountdownTask
 
 __all__ = [
     "RolloutResult", "build_rollout_dataset", "to_records", "run_rollouts", "generate_rollouts", "finalize_rollouts",
-    "rollout_seed", "rollout_stats", "check_prompt_lengths",
+    "rollout_seed", "rollout_stats", "check_prompt_lengths", "STAGES_ENV", "stage_compute",
 ]
+
+STAGES_ENV = "RLCR_ROLLOUT_STAGES"
+"""How the two generation stages run with shared engines: ``tasks`` (default; plain functions in Ray's reused
+worker processes) or ``actors`` (a pool of stage actors started for every dataset, the former way: seconds per
+iteration, docs/iteration-overhead.md; kept to compare, e.g. by bench/iteration.py). Read when a dataset is
+built. Stages that own their engine are always actors."""
+STAGE_COMPUTES = ("tasks", "actors")
+
+
+def stage_compute(engines) -> str:
+    """``tasks`` or ``actors``: how a dataset built now runs its generation stages (:data:`STAGES_ENV`)."""
+    if not engines:
+        return "actors"
+    mode = os.environ.get(STAGES_ENV, "").strip().lower() or "tasks"
+    if mode not in STAGE_COMPUTES:
+        raise ValueError(f"${STAGES_ENV}={mode!r}: expected one of {', '.join(STAGE_COMPUTES)}")
+    return mode
 
 
 @dataclass
@@ -78,25 +97,11 @@ def build_rollout_dataset(
     ctx.execution_options.preserve_order = True
     ctx.enable_progress_bars = cfg.rollout_progress
     seed = seeds.rollout_seed(cfg.seed, iteration, salt=salt)
-    common = dict(cfg=cfg.model_dump(mode="json"), policy_uri=policy_uri, seed=seed, engines=engines)
-    answer_args = dict(common, n=g_a)
-    confidence_args = dict(common, n=g_c)
-    # A stage actor that owns an engine needs the accelerator; one that talks to a shared engine does not.
-    gpus = cfg.engine_tensor_parallel_size if (cfg.use_gpu and not engines) else 0
-    stage_opts = dict(
-        compute=ray.data.ActorPoolStrategy(size=cfg.rollout_actors),
-        batch_format="pandas",
-        num_gpus=gpus,
-        num_cpus=ENGINE_ACTOR_CPUS if not engines else STAGE_ACTOR_CPUS,
-    )
-    if not engines:  # a stage actor that owns its engine needs the node's cores, not Ray's 1 thread
-        from rlcr.rollout.engine import engine_runtime_env
-
-        stage_opts["runtime_env"] = engine_runtime_env()
+    answer, confidence = _stage_steps(cfg, policy_uri, seed, engines, g_a, g_c)
     cheap = dict(batch_format="pandas", num_cpus=STAGE_ACTOR_CPUS)
     items = [{"prompt_id": pid, "nums": list(t.nums), "target": int(t.target)} for pid, t in tasks]
     ds = ray.data.from_items(items, override_num_blocks=max(1, math.ceil(len(items) / cfg.rollout_batch_size)))
-    ds = ds.map_batches(AnswerStage, fn_constructor_kwargs=answer_args, batch_size=cfg.rollout_batch_size, **stage_opts)
+    ds = ds.map_batches(**answer, batch_size=cfg.rollout_batch_size)
     ds = ds.map_batches(score_answers, fn_kwargs={"format_score": cfg.format_score, "method": cfg.method,
                                                   "lambda_conf": cfg.lambda_conf}, **cheap)
     if not confidences:
@@ -104,9 +109,41 @@ def build_rollout_dataset(
     ds = ds.map_batches(expand_to_turn2, **cheap)
     # One confidence call takes all answers of one answer call: the engine sees as large a batch as in turn 1.
     conf_batch = cfg.rollout_batch_size * (g_a or cfg.num_generations_answer)
-    ds = ds.map_batches(ConfidenceStage, fn_constructor_kwargs=confidence_args, batch_size=conf_batch, **stage_opts)
+    ds = ds.map_batches(**confidence, batch_size=conf_batch)
     ds = ds.map_batches(score_confidences, **cheap)
     return ds
+
+
+def _stage_steps(cfg: RLCRConfig, policy_uri: str, seed: int, engines: list[str] | None, g_a: int | None,
+                 g_c: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``map_batches`` arguments of the answer and the confidence stage (:func:`stage_compute`).
+
+    ``tasks``: the stage functions, with the engines' actor handles (looked up here, once per dataset) in
+    ``fn_kwargs``, at most ``rollout_actors`` batches of a stage at a time. ``actors``: the stage classes in a
+    pool of ``rollout_actors`` stage actors, which own their engine (on the accelerator, with the node's
+    cores) unless ``engines`` are given."""
+    import ray.data
+
+    common = dict(cfg=cfg.model_dump(mode="json"), policy_uri=policy_uri, seed=seed)
+    if stage_compute(engines) == "tasks":
+        import ray
+
+        common["engines"] = [ray.get_actor(name) for name in engines]
+        opts = dict(compute=ray.data.TaskPoolStrategy(size=cfg.rollout_actors), batch_format="pandas",
+                    num_cpus=STAGE_ACTOR_CPUS)
+        return (dict(fn=answer_batch, fn_kwargs=dict(common, n=g_a), **opts),
+                dict(fn=confidence_batch, fn_kwargs=dict(common, n=g_c), **opts))
+    common["engines"] = engines
+    # A stage actor that owns an engine needs the accelerator; one that talks to a shared engine does not.
+    gpus = cfg.engine_tensor_parallel_size if (cfg.use_gpu and not engines) else 0
+    opts = dict(compute=ray.data.ActorPoolStrategy(size=cfg.rollout_actors), batch_format="pandas", num_gpus=gpus,
+                num_cpus=ENGINE_ACTOR_CPUS if not engines else STAGE_ACTOR_CPUS)
+    if not engines:  # a stage actor that owns its engine needs the node's cores, not Ray's 1 thread
+        from rlcr.rollout.engine import engine_runtime_env
+
+        opts["runtime_env"] = engine_runtime_env()
+    return (dict(fn=AnswerStage, fn_constructor_kwargs=dict(common, n=g_a), **opts),
+            dict(fn=ConfidenceStage, fn_constructor_kwargs=dict(common, n=g_c), **opts))
 
 
 def _clean(value):

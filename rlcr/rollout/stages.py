@@ -6,12 +6,17 @@
 one stage: ``AnswerStage`` with the one-turn prompt, whose responses hold the answer and the confidence,
 then ``score_answers`` (which parses that confidence and adds its Brier term to the reward).
 
-``AnswerStage`` and ``ConfidenceStage`` are callable classes for
-``Dataset.map_batches(Cls, compute=ActorPoolStrategy(size=n), …)``: each actor
-fetches the policy checkpoint once (local path or ``s3://``) and owns a
-``vllm.LLM``, or sends its batches to a shared engine actor (then the stage
-actor loads neither a model nor a tokenizer: it starts in about a second and
-takes no CPU from the engine). Batches are pandas DataFrames. ``ConfidenceStage`` passes its input
+With shared engine actors (:class:`~rlcr.rollout.engine.RolloutEngine`, the flow's case) the stages are
+the plain functions :func:`answer_batch` and :func:`confidence_batch` for a task-based
+``Dataset.map_batches(fn, fn_kwargs=…)``: ``fn_kwargs`` carry the engines' actor handles, a batch goes to
+the engine its first prompt id picks (a confidence batch to the engine of its answers), and what a stage
+needs besides (the validated config) is kept per worker process. Ray reuses its worker processes, so a
+dataset starts nothing: the per-dataset start of stage actors cost seconds per iteration
+(docs/iteration-overhead.md). ``AnswerStage`` and ``ConfidenceStage`` are the same stages as callable
+classes for ``Dataset.map_batches(Cls, compute=ActorPoolStrategy(size=n), …)``: each actor fetches the
+policy checkpoint once (local path or ``s3://``) and owns a ``vllm.LLM`` (no shared engines), or sends its
+batches to a shared engine actor (``RLCR_ROLLOUT_STAGES=actors``, the former way, kept for comparison:
+:mod:`rlcr.rollout.pipeline`). Batches are pandas DataFrames. ``ConfidenceStage`` passes its input
 answer rows through and appends the G_c confidence rows of each answer, so the
 stage's output is the whole rollout tree.
 
@@ -22,6 +27,7 @@ applicable; :func:`rlcr.rollout.pipeline.to_records` turns them into nulls.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -37,6 +43,8 @@ from rlcr.tasks.countdown import CountdownTask, single_turn_messages, turn1_mess
 __all__ = [
     "AnswerStage",
     "ConfidenceStage",
+    "answer_batch",
+    "confidence_batch",
     "score_answers",
     "expand_to_turn2",
     "score_confidences",
@@ -53,12 +61,19 @@ def _task(row) -> CountdownTask:
     return CountdownTask([int(x) for x in row["nums"]], int(row["target"]))
 
 
+@functools.lru_cache(maxsize=8)
+def _validated(cfg_json: str) -> RLCRConfig:
+    """The config of a stage, validated once per worker process (a task-based stage builds its stage per batch)."""
+    return RLCRConfig.model_validate(json.loads(cfg_json))
+
+
 class _EngineStage:
     """Shared part of both stages: config, tokenizer, and the engine.
 
     Without ``engines`` the stage owns its ``vllm.LLM`` (created in the actor from
     ``policy_uri``). With ``engines`` (names of :class:`~rlcr.rollout.engine.RolloutEngine`
-    actors) it sends its requests to one of those long-lived engines instead.
+    actors, or their actor handles) it sends its requests to one of those long-lived engines instead
+    (a stage actor picks one by its actor id; :func:`answer_batch` passes the one it picked).
     ``n`` overrides the number of samples per input (evaluation uses 1).
     """
 
@@ -66,16 +81,16 @@ class _EngineStage:
     mask_kind = "answer"
 
     def __init__(self, cfg: dict[str, Any], policy_uri: str, seed: int,
-                 engines: list[str] | None = None, n: int | None = None):
+                 engines: list | None = None, n: int | None = None):
         t0 = time.perf_counter()
-        self.cfg = RLCRConfig.model_validate(cfg)
+        self.cfg = _validated(json.dumps(cfg, sort_keys=True))
         self.policy_uri, self.seed, self.n = policy_uri, seed, n
         self.llm = self.tokenizer = self.engine = None
         if engines:
             import ray
 
-            index = int(ray.get_runtime_context().get_actor_id()[-8:], 16) % len(engines)
-            self.engine = ray.get_actor(engines[index])
+            index = int(ray.get_runtime_context().get_actor_id()[-8:], 16) % len(engines) if len(engines) > 1 else 0
+            self.engine = ray.get_actor(engines[index]) if isinstance(engines[index], str) else engines[index]
         else:
             from transformers import AutoTokenizer
 
@@ -202,6 +217,26 @@ class ConfidenceStage(_EngineStage):
         return pd.concat([_listify(answers), conf], ignore_index=True).fillna(
             {c: 0.0 for c in ("_answer_init_s", "_answer_generate_s", "_confidence_init_s", "_confidence_generate_s")}
         )
+
+
+def _on_shared_engine(cls, batch: pd.DataFrame, cfg: dict[str, Any], policy_uri: str, seed: int,
+                      engines: list, n: int | None) -> pd.DataFrame:
+    """One batch of stage ``cls`` in a Ray task, on the engine (actor handle) its first prompt id picks."""
+    engine = engines[int(batch["prompt_id"].iloc[0]) % len(engines) if len(batch) else 0]
+    return cls(cfg, policy_uri, seed, engines=[engine], n=n)(batch)
+
+
+def answer_batch(batch: pd.DataFrame, *, cfg: dict[str, Any], policy_uri: str, seed: int, engines: list,
+                 n: int | None = None) -> pd.DataFrame:
+    """:class:`AnswerStage` as a function for a task-based ``map_batches`` (``fn_kwargs``: its constructor's
+    arguments, ``engines`` as actor handles). Its ``_answer_init_s`` is each batch's stage set-up here."""
+    return _on_shared_engine(AnswerStage, batch, cfg, policy_uri, seed, engines, n)
+
+
+def confidence_batch(batch: pd.DataFrame, *, cfg: dict[str, Any], policy_uri: str, seed: int, engines: list,
+                     n: int | None = None) -> pd.DataFrame:
+    """:class:`ConfidenceStage` as a function for a task-based ``map_batches`` (as :func:`answer_batch`)."""
+    return _on_shared_engine(ConfidenceStage, batch, cfg, policy_uri, seed, engines, n)
 
 
 def _listify(df: pd.DataFrame) -> pd.DataFrame:
