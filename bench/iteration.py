@@ -1,26 +1,28 @@
-"""Where an RL iteration's time goes, old path vs new, side by side in one run (demo scale).
+"""Where an iteration of ``rlcr train`` goes, timed by the flow itself: its per-stage timings per iteration.
 
-Both paths run the same work per round — rollouts from their own engine (P prompts × G_a answers,
-then G_c confidences each), advantages, one masked GRPO update of SmolLM2-135M — and differ in
-how the trainer lives and how the engines get the new weights:
+Runs the training flow (``flows.train.rlcr_train``, Prefect's ephemeral mode, no server) on a small config
+(default configs/tiny.yaml; ``eval_every: 0``, ``save_every: 1``, a fresh run in a temporary store) and reads
+each committed iteration's metrics through the run's manifests (``RunStore.committed()`` → ``metrics_uri``).
+Per iteration, from the flow's ``timings``:
 
-  old   a fresh Ray Train trainer per iteration (worker start, model load, a new AdamW), the new
-        weights written as a sealed checkpoint to the artifact store, and the engine re-created
-        from it: what rlcr did before the trainer became long-lived
-  new   one PolicyTrainer for the run (its start is paid once, reported apart), weights copied
-        into the running engine from Ray's object store (``engine_weight_sync: inplace``), and the
-        full training state (weights + AdamW + schedule + RNG) saved every ``--save-every``
-        iterations (its time is amortised: measured save time / save_every)
+  iteration    the sum of the flow's stage timings (rollouts, advantages, update, sync_weights, stage, and
+               evaluate/save/commit where the metrics hold them)
+  generation   the engines' time inside their generate calls (``rollout/answer_generate_s`` +
+               ``rollout/confidence_generate_s``, from the Ray Data pipeline)
+  fwd_bwd      the update's own compute (``update.train_s`` + ``update.prepass_s``)
+  stages       the two generation stages outside the engines' generate calls: Ray Data's part of the
+               rollout (``rollout/pipeline_s`` − generation; issue 34 item 1, goal ≤ 1 s)
+  overhead     iteration − generation − fwd_bwd
 
-Per round and path it prints: generation (the engines' time inside generate calls), update
-forward/backward (the update's own compute: π_old pre-pass + steps), and the overhead — everything
-else of the iteration: rollout scheduling and scoring, advantages, rows → trainer, trainer start and
-model load, checkpoint I/O, weight sync. Evaluation is not part of an iteration here (it is
-optional and the same on both paths). The sides take turns within each round, so the machine's
-drift hits both alike. The headline (last line) is the new path's overhead fraction over rounds
-after the first: ``iteration overhead fraction: X`` (goal ≤ 0.15).
+Old vs new side by side in one flow run: the rollout stages of each iteration run either as task-based
+``map_batches`` functions (``tasks``, the default) or as a pool of stage actors started for each dataset
+(``actors``, the former way), chosen per iteration through ``$RLCR_ROLLOUT_STAGES`` when its rollouts start.
+Iterations 1 and 2 warm up (engine and workers; one per mode) and are shown but not counted; then each round
+is one iteration per mode, in alternating order so the machine's drift hits both alike, printed as it is
+committed. The last line is the ``tasks`` mode's median overhead fraction over the rounds:
+``iteration overhead fraction: X``.
 
-    python bench/iteration.py [--rounds 3] [--save-every 5] [--config configs/demo.yaml]
+    python bench/iteration.py [--rounds 3] [--config configs/tiny.yaml] [--modes tasks,actors] [field=value …]
 """
 
 from __future__ import annotations
@@ -30,157 +32,117 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+STAGES = ("rollouts", "advantages", "update", "sync_weights", "evaluate", "stage", "save", "commit")
+COLUMNS = ("iteration", "generation", "fwd_bwd", "stages", "rollouts", "advantages", "update", "sync_weights",
+           "overhead")
 
 
-def rollout(cfg, tasks, policy, run_id, k, engines, store, tokenizer_uri):
-    """Generation + advantages; (rows, generation seconds, wall seconds)."""
-    from rlcr.rollout.pipeline import finalize_rollouts, generate_rollouts
-
-    t0 = time.perf_counter()
-    rows, timings = generate_rollouts(cfg, tasks, policy_uri=policy, run_id=run_id, iteration=k, engines=engines,
-                                      tokenizer_uri=tokenizer_uri)
-    result = finalize_rollouts(cfg, rows, run_id=run_id, iteration=k, store=store)
-    generation = timings["rollout/answer_generate_s"] + timings["rollout/confidence_generate_s"]
-    return result.rows, generation, time.perf_counter() - t0
+def say(line: str) -> None:
+    """A line to stdout as is: inside the flow's run, ``print`` would go to Prefect's log (``log_prints``)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
-def old_iteration(cfg, tasks, policy, k, engines, store, tokenizer_uri) -> tuple[dict, str]:
-    from rlcr.train.trainer import PolicyTrainer, checkpoint_rel
-
-    f: dict[str, float] = {}
-    rows, f["generation"], f["rollout_wall"] = rollout(cfg, tasks, policy, "old", k, engines, store, tokenizer_uri)
-    t0 = time.perf_counter()
-    with PolicyTrainer(cfg, policy_uri=policy) as trainer:  # a fresh AdamW every iteration, as before
-        f["trainer_start"] = trainer.start_s
-        t1 = time.perf_counter()
-        update = trainer.update(rows, k)
-        f["update_wall"] = time.perf_counter() - t1
-        update.weights = None
-        t1 = time.perf_counter()
-        uri = trainer.save(checkpoint_rel("old", k), with_optimizer=False)
-        f["checkpoint_io"] = time.perf_counter() - t1
-        t1 = time.perf_counter()
-    f["trainer_stop"] = time.perf_counter() - t1
-    f["trainer_total"] = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    engines.load(uri, mode="recreate")
-    f["weight_sync"] = time.perf_counter() - t1
-    f["fwd_bwd"] = update.metrics["train_s"] + update.metrics["prepass_s"]
-    f["iteration"] = f["rollout_wall"] + f["trainer_total"] + f["weight_sync"]
-    return f, uri
+def schedule(modes: list[str], rounds: int) -> dict[int, tuple[int, str]]:
+    """Iteration → (round, mode): round 0 (warm-up) runs each mode once, round r ≥ 1 each mode once more, the
+    order turning round by round."""
+    out, k = {}, 1
+    for r in range(rounds + 1):
+        for mode in (modes if r % 2 == 0 else modes[::-1]):
+            out[k] = (r, mode)
+            k += 1
+    return out
 
 
-def new_iteration(cfg, tasks, policy, k, engines, store, tokenizer_uri, trainer, save_every) -> tuple[dict, str]:
-    from rlcr.train.trainer import checkpoint_rel
-
-    f: dict[str, float] = {}
-    rows, f["generation"], f["rollout_wall"] = rollout(cfg, tasks, policy, "new", k, engines, store, tokenizer_uri)
-    t1 = time.perf_counter()
-    update = trainer.update(rows, k)
-    f["update_wall"] = time.perf_counter() - t1
-    version = f"{store.url(checkpoint_rel('new', k))}"
-    t1 = time.perf_counter()
-    engines.update_weights(update.weights, version)
-    f["weight_sync"] = time.perf_counter() - t1
-    update.weights = None
-    t1 = time.perf_counter()
-    trainer.save(checkpoint_rel("new", k))
-    f["checkpoint_io_measured"] = time.perf_counter() - t1
-    f["checkpoint_io"] = f["checkpoint_io_measured"] / save_every
-    f["fwd_bwd"] = update.metrics["train_s"] + update.metrics["prepass_s"]
-    f["iteration"] = f["rollout_wall"] + f["update_wall"] + f["weight_sync"] + f["checkpoint_io"]
-    return f, version
+def figures(metrics: dict) -> dict[str, float]:
+    """One iteration's figures (module docstring) from its metrics as the flow wrote them."""
+    t, update = metrics["timings"], metrics["update"]
+    f = {s: float(t[f"{s}_s"]) for s in STAGES if f"{s}_s" in t}
+    f["iteration"] = sum(f[s] for s in STAGES if s in f)
+    f["generation"] = float(t.get("rollout/answer_generate_s", 0.0) + t.get("rollout/confidence_generate_s", 0.0))
+    f["fwd_bwd"] = float(update.get("train_s", 0.0) + update.get("prepass_s", 0.0))
+    f["stages"] = float(t.get("rollout/pipeline_s", 0.0)) - f["generation"]
+    f["overhead"] = f["iteration"] - f["generation"] - f["fwd_bwd"]
+    f["fraction"] = f["overhead"] / f["iteration"] if f["iteration"] > 0 else float("nan")
+    return f
 
 
-def overhead(f: dict[str, float]) -> float:
-    return f["iteration"] - f["generation"] - f["fwd_bwd"]
+class Follower:
+    """Stage-event subscriber: picks each iteration's stage mode as its rollouts start, and prints each iteration's
+    figures as soon as the run's manifests say it is committed."""
+
+    def __init__(self, run, plan: dict[int, tuple[int, str]]):
+        from rlcr.rollout.pipeline import STAGES_ENV
+
+        self.run, self.plan, self.env = run, plan, STAGES_ENV
+        self.seen: dict[int, dict[str, float]] = {}
+
+    def __call__(self, event) -> None:
+        if event.phase == "start" and event.stage == "rollouts" and event.iteration in self.plan:
+            os.environ[self.env] = self.plan[event.iteration][1]
+        if event.phase == "end" and event.stage == "commit":
+            for manifest in self.run.committed():
+                k = int(manifest["iteration"])
+                if k not in self.seen and k in self.plan:
+                    self.seen[k] = figures(self.run.store.read_json(self.run.store.rel(manifest["metrics_uri"])))
+                    self.show(k)
+
+    def show(self, k: int) -> None:
+        r, mode = self.plan[k]
+        f = self.seen[k]
+        say(f"{r:>5} {k:>4} {mode:>6} " + " ".join(f"{f.get(c, 0.0):>11.2f}" for c in COLUMNS)
+            + f" {f['fraction']:>8.1%}" + ("   (warm-up, not counted)" if r == 0 else ""))
+
+
+def summary(seen: dict[int, dict[str, float]], plan: dict[int, tuple[int, str]], modes: list[str]) -> None:
+    """Median and range per mode over the rounds (iterations after the warm-up round)."""
+    for mode in modes:
+        rows = [f for k, f in sorted(seen.items()) if plan[k][1] == mode and plan[k][0] > 0]
+        if not rows:
+            continue
+        for key, unit in (("stages", "s"), ("overhead", "s"), ("iteration", "s"), ("fraction", "")):
+            v = [f[key] for f in rows]
+            fmt = (lambda x: f"{x:.3f}") if not unit else (lambda x: f"{x:.2f} s")
+            say(f"{mode:>6} {key:<10} median {fmt(statistics.median(v))} (n={len(v)}, range "
+                f"{fmt(min(v))}–{fmt(max(v))})")
+    new = [f["fraction"] for k, f in seen.items() if plan[k][0] > 0 and plan[k][1] == modes[0]]
+    say(f"iteration overhead fraction: {statistics.median(new):.3f}" if new else "iteration overhead fraction: nan")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default="configs/demo.yaml")
-    ap.add_argument("--model", default=None, help="checkpoint to start from (default: the config's model)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--save-every", type=int, default=5, help="new path: full-state saves every this many iterations")
+    ap.add_argument("--config", default="configs/tiny.yaml")
+    ap.add_argument("--rounds", type=int, default=3, help="counted rounds (after one warm-up round)")
+    ap.add_argument("--modes", default="tasks,actors", help="stage modes to compare, the headline's first")
+    ap.add_argument("--store", default=None, help="storage_uri of the run (default: a new temporary directory)")
+    ap.add_argument("overrides", nargs="*", help="config field=value")
     args = ap.parse_args()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
 
-    import ray
-
-    from rlcr.cluster import ensure_ray
+    from flows.train import rlcr_train
+    from rlcr import events
     from rlcr.config import load_config
-    from rlcr.models import resolve_model
-    from rlcr.rollout.engine import EnginePool
-    from rlcr.runs import prompts_for_iteration, task_sets
-    from rlcr.storage import Store
-    from rlcr.train.trainer import PolicyTrainer
+    from rlcr.runs import RunStore
 
-    root = tempfile.mkdtemp(prefix="rlcr-bench-iteration-")
-    overrides = {"storage_uri": root, "iterations": max(args.rounds, 1) * 2, "save_every": args.save_every}
-    if args.model:
-        overrides["model"] = args.model
+    plan = schedule(modes, args.rounds)
+    store = args.store or tempfile.mkdtemp(prefix="rlcr-bench-iteration-")
+    overrides = [f"storage_uri={store}", "eval_every=0", "save_every=1", *args.overrides]
     cfg = load_config(args.config, overrides)
-    base = resolve_model(cfg.model)
-    store = Store(root)
-    train_tasks, _ = task_sets(cfg)
-    # logical CPUs are bookkeeping: the two engine pools, the run's trainer, the old path's per-iteration
-    # trainer and the stage actors must all be placeable at once on this 2-core machine
-    if not os.environ.get("RAY_ADDRESS"):
-        ray.init(num_cpus=max(6, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}})
-    ensure_ray()
-    print(f"model {base}; P={cfg.prompts_per_iteration} G_a={cfg.num_generations_answer} "
-          f"G_c={cfg.num_generations_confidence}; new path saves every {args.save_every}; store {root}", flush=True)
-
-    t0 = time.perf_counter()
-    old_engines = EnginePool(cfg, base, name="bench-old")
-    new_engines = EnginePool(cfg, base, name="bench-new")
-    print(f"engines started in {time.perf_counter() - t0:.1f} s (both paths, once)", flush=True)
-    trainer = PolicyTrainer(cfg, policy_uri=base)
-    print(f"new path: trainer started in {trainer.start_s:.1f} s (once per run, not in the iterations)", flush=True)
-
-    cols = ["iteration", "generation", "fwd_bwd", "weight_sync", "checkpoint_io", "trainer_start"]
-    print("round path " + " ".join(f"{c:>14}" for c in cols) + "       overhead", flush=True)
-    fractions: dict[str, list[float]] = {"old": [], "new": []}
-    policies = {"old": base, "new": base}
-    try:
-        for r in range(args.rounds):
-            k = r + 1
-            tasks = prompts_for_iteration(cfg, train_tasks, k)
-            for path in ("old", "new") if r % 2 == 0 else ("new", "old"):
-                if path == "old":
-                    f, policies["old"] = old_iteration(cfg, tasks, policies["old"], k, old_engines, store, base)
-                else:
-                    f, policies["new"] = new_iteration(cfg, tasks, policies["new"], k, new_engines, store, base,
-                                                       trainer, args.save_every)
-                frac = overhead(f) / f["iteration"]
-                if r > 0 or args.rounds == 1:
-                    fractions[path].append(frac)
-                print(f"{r:>5} {path:>4} " + " ".join(f"{f.get(c, 0.0):>13.2f}s" for c in cols)
-                      + f"   {overhead(f):6.1f} s ({frac:.0%})", flush=True)
-                if path == "new":
-                    print(f"           new: update wall {f['update_wall']:.2f} s, rollout wall {f['rollout_wall']:.2f} s, "
-                          f"full-state save {f['checkpoint_io_measured']:.2f} s (÷{args.save_every})", flush=True)
-                else:
-                    print(f"           old: update wall {f['update_wall']:.2f} s, trainer start+stop "
-                          f"{f['trainer_start'] + f['trainer_stop']:.2f} s, rollout wall {f['rollout_wall']:.2f} s",
-                          flush=True)
-    finally:
-        trainer.close()
-        old_engines.shutdown()
-        new_engines.shutdown()
-    for path in ("old", "new"):
-        v = fractions[path]
-        if v:
-            spread = f" (n={len(v)}, range {min(v):.3f}–{max(v):.3f})"
-            print(f"{path} path overhead fraction: median {statistics.median(v):.3f}{spread}", flush=True)
-    print(f"iteration overhead fraction: {statistics.median(fractions['new']):.3f}", flush=True)
-    ray.shutdown()
+    run_id = "bench-iteration"
+    follower = Follower(RunStore.open(cfg, run_id), plan)
+    say(f"config {args.config} (+ {' '.join(overrides)}); P={cfg.prompts_per_iteration} "
+        f"G_a={cfg.num_generations_answer} G_c={cfg.num_generations_confidence}; modes {modes}; {len(plan)} iterations")
+    say("round iter   mode " + " ".join(f"{c:>11}" for c in COLUMNS) + " fraction   (seconds)")
+    with events.subscribed(follower):
+        rlcr_train(config=args.config, overrides=overrides, run_id=run_id, iterations=len(plan))
+    summary(follower.seen, plan, modes)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,46 @@
+"""bench/iteration.py's bookkeeping (no flow run) and the rollout stages' mode switch (no Ray)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from rlcr.rollout.pipeline import STAGES_ENV, stage_compute
+
+
+def _bench():
+    path = Path(__file__).resolve().parents[1] / "bench" / "iteration.py"
+    spec = importlib.util.spec_from_file_location("bench_iteration", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_schedule_warms_up_each_mode_then_alternates_the_order():
+    plan = _bench().schedule(["tasks", "actors"], 3)
+    assert plan == {1: (0, "tasks"), 2: (0, "actors"), 3: (1, "actors"), 4: (1, "tasks"), 5: (2, "tasks"),
+                    6: (2, "actors"), 7: (3, "actors"), 8: (3, "tasks")}
+    assert _bench().schedule(["tasks"], 2) == {1: (0, "tasks"), 2: (1, "tasks"), 3: (2, "tasks")}
+
+
+def test_figures_from_the_flows_metrics():
+    metrics = {"timings": {"rollouts_s": 5.0, "advantages_s": 0.5, "update_s": 3.0, "sync_weights_s": 0.4,
+                           "stage_s": 0.1, "rollout/pipeline_s": 4.5, "rollout/answer_generate_s": 2.5,
+                           "rollout/confidence_generate_s": 1.0, "rollout/answer_init_s": 0.01},
+               "update": {"train_s": 2.0, "prepass_s": 0.5, "loss": 0.1}}
+    f = _bench().figures(metrics)
+    assert f["iteration"] == pytest.approx(9.0)
+    assert f["generation"] == pytest.approx(3.5) and f["fwd_bwd"] == pytest.approx(2.5)
+    assert f["stages"] == pytest.approx(1.0)  # Ray Data's part of the rollout: pipeline − generation
+    assert f["overhead"] == pytest.approx(3.0) and f["fraction"] == pytest.approx(3.0 / 9.0)
+
+
+def test_stage_mode_switch(monkeypatch):
+    monkeypatch.delenv(STAGES_ENV, raising=False)
+    assert stage_compute(["rlcr-engine-0"]) == "tasks"  # shared engines: task-based stages by default
+    assert stage_compute(None) == "actors"  # a stage that owns its engine is an actor
+    monkeypatch.setenv(STAGES_ENV, "actors")
+    assert stage_compute(["rlcr-engine-0"]) == "actors"
+    monkeypatch.setenv(STAGES_ENV, "threads")
+    with pytest.raises(ValueError, match="RLCR_ROLLOUT_STAGES='threads': expected one of tasks, actors"):
+        stage_compute(["rlcr-engine-0"])
