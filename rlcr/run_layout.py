@@ -152,8 +152,10 @@ class RunLayout:
             return None
 
     def metrics(self, iteration: int) -> dict[str, Any] | None:
-        """Iteration k's metrics (committed: the manifest's; staged: the current draft's), or None."""
-        return self._read_doc(self.metrics_rel(iteration))
+        """Iteration k's metrics (committed: the manifest's; staged: the current draft's), or None. Metrics are
+        data the run wrote, ``NaN`` included (a figure with nothing to average), read as they are."""
+        rel = self.metrics_rel(iteration)
+        return self.store.read_json(rel) if self.store.exists(rel) else None
 
     def metrics_uri(self, iteration: int) -> str | None:
         rel = self.metrics_rel(iteration)
