@@ -402,16 +402,20 @@ def _two_node_run(root: Path, s3, tiny_model_dir, *, logs: Path, t0: float) -> N
     assert f"{base}/config.json" in keys
     for k, m in zip((1, 2), manifests):
         it = f"{base}/iter-{k:04d}"
-        for rel in ("manifest.json", "metrics.json", "rollouts/rollouts.parquet", "checkpoint/_COMPLETE",
+        assert f"{it}/manifest.json" in keys
+        it = f"{it}/attempt-{m['attempt']}"  # the artifacts of the attempt that committed it, as its manifest names
+        assert [run.store.rel(m[f]) for f in ("metrics_uri", "rollouts_uri", "checkpoint_uri")] == [
+            f"{it}/{rel}".removeprefix(f"{prefix}/store/") for rel in ("metrics.json", "rollouts/rollouts.parquet", "checkpoint")]
+        for rel in ("metrics.json", "rollouts/rollouts.parquet", "checkpoint/_COMPLETE",
                     "checkpoint/model.safetensors", "checkpoint/config.json", "checkpoint/tokenizer.json"):
             assert f"{it}/{rel}" in keys, rel
         assert run.store.content_id(run.store.rel(m["checkpoint_uri"])) == m["state_content_id"]
-        metrics = run.store.read_json(run.metrics_rel(k))
+        metrics = run.metrics(k)
         print(f"iteration {k} timings (s):", {n: round(v, 1) for n, v in metrics["timings"].items()
                                               if isinstance(v, (int, float))})
         assert [w["node_id"] for w in metrics["update"]["workers"]] == [worker_id]  # the trainer on the second node
         assert metrics["engines"]["policy"] == m["checkpoint_uri"]
-        assert run.store.read_parquet(f"{run.iteration_dir(k)}/rollouts/rollouts.parquet").num_rows > 0
+        assert run.store.read_parquet(run.store.rel(m["rollouts_uri"])).num_rows > 0
     assert manifests[1]["policy_in"] == manifests[0]["checkpoint_uri"]
     assert not [key for key in keys if ".tmp-" in key]
     assert not run.store.exists(run.lease_rel)
@@ -419,7 +423,7 @@ def _two_node_run(root: Path, s3, tiny_model_dir, *, logs: Path, t0: float) -> N
     # the second node fetched from S3, into its own cache, the initial model (run 1) and iteration 1's state
     # (the resume); the driver's, the head's and this process's caches never held iteration 1's state
     ckpt1 = manifests[0]["checkpoint_uri"]
-    seal1 = run.store.read_bytes(f"{run.checkpoint_rel(1)}/_COMPLETE")
+    seal1 = run.store.read_bytes(f"{run.store.rel(ckpt1)}/_COMPLETE")
     for uri, seal in ((model_uri, model_seal), (ckpt1, seal1)):
         entry = _cache_entry(worker.cache, uri, seal)
         assert (entry / "_COMPLETE").read_bytes() == seal, sorted(p.name for p in entry.parent.iterdir())
