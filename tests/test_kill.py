@@ -50,7 +50,9 @@ def test_sigkill_during_update_and_commit_then_resume(ray_local, prefect_harness
     }
     run = RunStore.open(RLCRConfig(**overrides), "killed")
 
-    a = run_flow(env, overrides, "killed", 2, "update", 2, 3.0)  # killed 3 s into iteration 2's update
+    # killed as iteration 2's update starts (delay 0 blocks the stage until the kill: the update itself now takes
+    # well under a second, so a timed kill would land after the commit)
+    a = run_flow(env, overrides, "killed", 2, "update", 2, 0)
     assert a.returncode == -9, a.stdout + a.stderr
     assert "KILL update@2" in a.stdout + a.stderr
     assert [m["iteration"] for m in run.committed()] == [1], (a.stdout + a.stderr)[-6000:]
