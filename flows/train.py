@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.cache_policies import NONE as NO_CACHE
 from prefect.tasks import exponential_backoff
 
@@ -43,6 +43,7 @@ from rlcr.rollout.records import rows_to_table
 from rlcr.runs import (AlreadyCommitted, LeaseLost, RunLease, RunStore, StateMismatch, attempt_id, new_run_id,
                        prompts_for_iteration, task_sets)
 from rlcr.storage import validate_run_id
+from rlcr.tracking import Tracker, tracker_from_config
 from rlcr.train.trainer import PolicyTrainer, StateLost
 
 __all__ = ["rlcr_train", "ensure_ray", "resolve_config", "add_listener", "remove_listener", "artifact_key", "run_key"]
@@ -247,6 +248,29 @@ def commit_task(run, iterations, state_uri, state_iteration, lease):
 # ----------------------------------------------------------------------------- flow
 
 
+def track_committed(tracker: Tracker, run: RunStore, iterations: list[int], log) -> None:
+    """Send committed iterations' metrics to the experiment tracker (step = iteration; 0: the baseline
+    evaluation), skipping those it already holds: a resumed or re-run iteration is never logged twice. Only
+    committed figures go out, so what the tracker shows is what the run's manifests name."""
+    if not tracker.enabled:
+        return
+    have = tracker.logged_iterations()
+    for k in iterations:
+        if k in have:
+            continue
+        if k == 0:
+            doc = run.baseline()
+            metrics = {"eval": doc.get("eval", {})} if doc else None
+        else:
+            metrics = run.metrics(k)
+        if metrics is not None:
+            tracker.log_iteration(k, metrics)
+    if tracker.run_url and iterations:
+        with contextlib.suppress(Exception):  # a link is a convenience: never fail the flow for it
+            create_link_artifact(key=f"rlcr-{run_key(run.run_id)}-mlflow", link=tracker.run_url,
+                                 link_text="MLflow run", description=f"rlcr {run.run_id} in MLflow")
+
+
 @flow(name="rlcr", log_prints=True)
 def rlcr_train(
     config: str | None = None,
@@ -266,13 +290,16 @@ def rlcr_train(
     run = RunStore.open(cfg, run_id)
     from prefect.context import get_run_context
 
-    with RunLease(run, owner=f"prefect flow run {get_run_context().flow_run.id}") as lease:
+    with contextlib.ExitStack() as stack:
+        lease = stack.enter_context(RunLease(run, owner=f"prefect flow run {get_run_context().flow_run.id}"))
         run.check_config(cfg, lease=lease)
         run.sweep_temporaries()
         run.finish_group(lease=lease)
         train_tasks, held_out = task_sets(cfg)
         initial = resolve_model(cfg.model)
         done = run.committed()
+        tracker = stack.enter_context(tracker_from_config(cfg, run_id, logger=log))
+        track_committed(tracker, run, [m["iteration"] for m in done], log)
         summary: dict[str, Any] = {"run_id": run_id, "storage": run.store.url(run.prefix), "iterations": []}
         if len(done) >= cfg.iterations:
             log.info("run %s already has %d committed iterations", run_id, len(done))
@@ -289,6 +316,7 @@ def rlcr_train(
             if not done and cfg.eval_every and not run.store.exists(run.baseline_rel):
                 baseline = evaluate_task.with_options(**opts)(cfg, run, held_out, saved, 0, engines, initial, lease)
                 run.write_baseline({"policy_uri": saved, "eval": baseline}, lease=lease)
+                track_committed(tracker, run, [0], log)
             policy, staged, rewinds = saved, [], 0  # staged: the iterations applied in memory since `saved`
             k = len(done) + 1
             while k <= cfg.iterations:
@@ -310,11 +338,13 @@ def rlcr_train(
                 policy = metrics["engines"]["policy"]
                 if saved_uri:
                     summary["iterations"].extend(staged)
+                    track_committed(tracker, run, staged, log)
                     saved, staged = saved_uri, []
                 create_markdown_artifact(
                     key=artifact_key(run_id, k),
                     markdown=metrics_markdown(run_id, k, metrics, {"checkpoint": saved_uri or "pending (not saved yet)",
-                                                                   "rollouts": manifest["rollouts_uri"]}),
+                                                                   "rollouts": manifest["rollouts_uri"],
+                                                                   "MLflow": tracker.run_url or tracker.ui_hint or "off"}),
                     description=f"rlcr {run_id} iteration {k}",
                 )
                 log.info("iteration %d %s: %s", k, "committed" if saved_uri else "staged", _progress_line(metrics))

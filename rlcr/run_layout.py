@@ -123,7 +123,7 @@ class RunLayout:
         if attempt is not None:
             return f"{self.attempt_dir(iteration, attempt)}/eval.parquet"
         if iteration == 0:
-            doc = self._read_doc(self.baseline_rel) or {}
+            doc = self.baseline() or {}
             ev = doc.get("eval") if isinstance(doc.get("eval"), dict) else {}
             found = self._rel_in_run(ev.get("records_uri"))
             return found or f"{self.prefix}/baseline-eval.parquet"
@@ -156,6 +156,15 @@ class RunLayout:
         data the run wrote, ``NaN`` included (a figure with nothing to average), read as they are."""
         rel = self.metrics_rel(iteration)
         return self.store.read_json(rel) if self.store.exists(rel) else None
+
+    def baseline(self) -> dict[str, Any] | None:
+        """``baseline.json`` (the initial policy's held-out evaluation), checked to be a bounded JSON object, or
+        None if the run has none. Its figures may be NaN (nothing to average), as the run wrote them."""
+        try:
+            raw = self.store.read_bytes(self.baseline_rel)
+        except FileNotFoundError:
+            return None
+        return parse_json(raw, self.store.url(self.baseline_rel), allow_nonfinite=True)
 
     def metrics_uri(self, iteration: int) -> str | None:
         rel = self.metrics_rel(iteration)

@@ -92,11 +92,12 @@ def _reject_constant(name: str) -> float:
 
 
 def parse_json(data: bytes | str, source: str, *, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_DEPTH,
-               kind: type | None = dict) -> Any:
+               kind: type | None = dict, allow_nonfinite: bool = False) -> Any:
     """Parse a JSON document from outside, bounded in size and nesting; ``kind``: the top-level type required.
 
     Raises :class:`InvalidInput` with one line naming ``source`` for anything else: too large, not UTF-8,
-    too deep, not JSON (``NaN`` and ``Infinity`` included), or the wrong top-level type."""
+    too deep, not JSON (``NaN`` and ``Infinity`` included unless ``allow_nonfinite``: figures a run wrote
+    itself, where NaN means "nothing to average"), or the wrong top-level type."""
     if isinstance(data, (bytes, bytearray)):
         if len(data) > max_bytes:
             raise InvalidInput(f"{printable(source)}: {len(data):,} bytes, more than the {max_bytes:,} allowed")
@@ -107,7 +108,7 @@ def parse_json(data: bytes | str, source: str, *, max_bytes: int = MAX_JSON_BYTE
             raise InvalidInput(f"{printable(source)}: {len(text):,} characters, more than the {max_bytes:,} allowed")
     check_depth(text, source, max_depth)
     try:
-        doc = json.loads(text, parse_constant=_reject_constant)
+        doc = json.loads(text) if allow_nonfinite else json.loads(text, parse_constant=_reject_constant)
     except ValueError as e:
         raise InvalidInput(f"{printable(source)}: not valid JSON ({printable(e, 120)})") from None
     except RecursionError:  # the scan above makes this unreachable; kept as a guard

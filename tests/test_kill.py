@@ -76,6 +76,18 @@ def test_sigkill_during_update_and_commit_then_resume(ray_local, prefect_harness
         assert metrics["engines"]["policy"] == m["checkpoint_uri"]  # evaluated = committed (in memory, then saved)
         assert run.store.content_id(run.store.rel(m["checkpoint_uri"])) == m["state_content_id"]
     assert manifests[1]["policy_in"] == manifests[0]["checkpoint_uri"]
+    # the run's MLflow record (local SQLite beside the store): one run, one value per step for every metric,
+    # although iteration 2 was run three times (killed in its update, killed as it committed, then finished)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{store}/mlflow.db")
+    tracked = client.search_runs([client.get_experiment_by_name("rlcr").experiment_id],
+                                 filter_string="tags.`rlcr.run_id` = 'killed'")
+    assert len(tracked) == 1
+    history = {key: sorted(m.step for m in client.get_metric_history(tracked[0].info.run_id, key))
+               for key in ("rlcr/iteration", "rollout/answer/reward_mean", "timings/update_s", "eval/accuracy")}
+    assert history == {"rlcr/iteration": [0, 1, 2], "rollout/answer/reward_mean": [1, 2],
+                       "timings/update_s": [1, 2], "eval/accuracy": [0, 2]}, history
     leftovers = [p for p in store.rglob("*") if ".tmp-" in p.name]
     assert leftovers == []
     assert not run.store.exists(run.lease_rel)  # released by the run that finished
