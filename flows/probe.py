@@ -15,8 +15,6 @@ Run it once without a server:
 
 from __future__ import annotations
 
-import logging
-import math
 import re
 from typing import Any
 
@@ -26,37 +24,18 @@ from prefect.cache_policies import NONE as NO_CACHE
 from prefect.schedules import Cron
 
 from flows.train import resolve_config, run_key
-from rlcr.probe.probe import NoCommittedIteration, probe_checkpoint
+from rlcr.probe.probe import NoCommittedIteration, newest_run, probe_checkpoint
 from rlcr.probe.report import report_markdown, write_report
-from rlcr.runs import RunStore, list_runs, task_sets
-from rlcr.storage import Store, StorageError
-from rlcr.untrusted import InvalidInput, printable
+from rlcr.runs import RunStore, task_sets
+from rlcr.storage import Store
 
 __all__ = ["rlcr_probe", "probe_deployment", "newest_checkpoint", "newest_run", "probe_artifact_key"]
-
-log = logging.getLogger(__name__)
 
 
 def probe_artifact_key(run_id: str) -> str:
     """The probe's Prefect artifact key: ``rlcr-probe-<run id>`` where the id already is a valid key part,
     else ``rlcr-probe-<slug>-<hash>`` (:func:`flows.train.run_key`): any valid run id works."""
     return f"rlcr-probe-{run_id if re.fullmatch(r'[a-z0-9-]{1,80}', run_id) else run_key(run_id)}"
-
-
-def newest_run(store: Store) -> str | None:
-    """The run under ``store`` whose newest committed iteration was committed last (None if none). Entries
-    under ``runs/`` that are not runs are skipped, and so (with a warning) are runs whose manifests cannot
-    be read."""
-    best, best_t = None, -math.inf
-    for run_id in list_runs(store):
-        try:
-            last = RunStore(store, run_id).last_committed()
-        except (InvalidInput, StorageError) as e:
-            log.warning("skipping run %s: %s", printable(run_id), printable(e, 300))
-            continue
-        if last is not None and last.get("committed_at", 0.0) > best_t:
-            best, best_t = run_id, last.get("committed_at", 0.0)
-    return best
 
 
 def newest_checkpoint(cfg, run_id: str) -> tuple[int, str]:

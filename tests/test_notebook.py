@@ -140,3 +140,18 @@ def test_notebook_runs_on_s3(run_store, tmp_path, monkeypatch):
         assert n_images == 3 and "s3://rlcr-nb/store/runs/nb-run" in text and "report.html" in text
     finally:
         server.stop()
+
+
+def test_notebook_opens_the_demos_run_with_no_edits(run_store, tmp_path):
+    """The notebook's own parameters (``./runs-store``, the newest run), opened from ``notebooks/`` of a
+    checkout where the demo wrote its store at the root, as ``make demo`` does (the config default)."""
+    import nbformat
+
+    repo = tmp_path / "checkout"
+    (repo / "notebooks").mkdir(parents=True)
+    (repo / "runs-store").symlink_to(run_store.uri, target_is_directory=True)
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    params = next(c for c in nb.cells if c.cell_type == "code").source
+    assert 'STORAGE_URI = "./runs-store"' in params and "RUN_ID = None" in params
+    out = execute({"STORAGE_URI": "./runs-store", "RUN_ID": None, "S3_ENDPOINT_URL": None}, repo / "notebooks")
+    assert f"run '{RUN}'" in outputs(out)[1]

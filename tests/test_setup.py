@@ -29,3 +29,20 @@ def test_make_test_installs_chromium_for_the_page_tests():
     recipe = dry_run("test")
     assert "apt-get" in recipe and "chromium" in recipe
     assert "pytest" in recipe
+
+
+def test_one_storage_default_everywhere():
+    """The config default, the shipped local configs, the notebook and the README name the same store."""
+    import json
+
+    import yaml
+
+    from rlcr.config import RLCRConfig
+
+    default = RLCRConfig.model_fields["storage_uri"].default
+    assert default == "./runs-store"
+    for name in ("demo", "tiny", "methods"):
+        assert yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())["storage_uri"] == default, name
+    nb = json.loads((ROOT / "notebooks" / "explore.ipynb").read_text())
+    assert f'STORAGE_URI = "{default}"' in "".join(nb["cells"][1]["source"])
+    assert "./runs-store" in (ROOT / "README.md").read_text()

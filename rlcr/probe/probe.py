@@ -284,12 +284,22 @@ def probe_checkpoint(
 
 
 def newest_run(store) -> str | None:
-    """The run under ``store`` whose newest committed iteration was committed last (None if none)."""
-    from rlcr.runs import RunStore
+    """The run under ``store`` whose newest committed iteration was committed last (None if none). Entries
+    under ``runs/`` that are not runs (``.DS_Store``, a README, an invalid name) are skipped, and so, with a
+    warning, are runs whose manifests cannot be read."""
+    import logging
+
+    from rlcr.runs import RunStore, list_runs
+    from rlcr.storage import StorageError
+    from rlcr.untrusted import InvalidInput, printable
 
     best, best_t = None, -math.inf
-    for run_id in store.ls("runs"):
-        last = RunStore(store, run_id).last_committed()
+    for run_id in list_runs(store):
+        try:
+            last = RunStore(store, run_id).last_committed()
+        except (InvalidInput, StorageError) as e:
+            logging.getLogger(__name__).warning("skipping run %s: %s", printable(run_id), printable(e, 300))
+            continue
         if last is not None and last.get("committed_at", 0.0) > best_t:
             best, best_t = run_id, last.get("committed_at", 0.0)
     return best
