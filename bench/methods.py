@@ -1,4 +1,4 @@
-"""Does RLCR calibrate? RLVR vs one-turn RLCR vs two-turn RLCR from one warm-start (SPEC §11).
+"""Does RLCR calibrate? RLVR vs one-turn RLCR vs two-turn RLCR from one warm-start (docs/design.md §9).
 
     python bench/methods.py [--config configs/methods.yaml] [--iterations 20] [--chunk 5] [--store DIR]
                             [--methods rlcr,rlvr,rlcr_single] [--variant NAME] [--table-only]

@@ -5,8 +5,8 @@ Measures:
    (correct, wrong, malformed, multi-line with an ``Assistant:`` marker) built from
    generated tasks, with the 0 / 0.1 / 1.0 distribution as a sanity check;
 2. worst case: the slowest single call, over 20 repeats, on an adversarial set
-   (the SPEC §3 holes of the reference scorer, 10k-char inputs, deep nesting,
-   huge literals, unicode digits, thousands of ``<answer>`` tags). Every SPEC §3
+   (the docs/design.md §2–§4 holes of the reference scorer, 10k-char inputs, deep nesting,
+   huge literals, unicode digits, thousands of ``<answer>`` tags). Every docs/design.md §2–§4
    hole must score the format score 0.1, else the script exits non-zero.
 
 Run from the repo root:  python bench/rewards.py [--n 100000] [--seed 0]
@@ -112,13 +112,13 @@ def build_completions(n, seed):
 
 
 def adversarial_cases():
-    """(name, solution_str, ground_truth, expected score, is a SPEC §3 hole)."""
+    """(name, solution_str, ground_truth, expected score, is a docs/design.md §2–§4 hole)."""
     gt24 = {"target": 24, "numbers": [1, 2, 8]}
     think_line = "<think>Let me think about this carefully.</think>\n"
     ans = lambda eq: think_line + f"<answer>{eq}</answer>"  # noqa: E731
     long_reasoning = ("I try one more combination of the numbers. " * 10 + "\n") * 23
     cases = [
-        # SPEC §3 holes of the reference scorer: must be format_score and fast.
+        # docs/design.md §2–§4 holes of the reference scorer: must be format_score and fast.
         ("hole 9**9**9", ans("9**9**9"), {"target": 24, "numbers": [9, 9, 9]}, FORMAT_SCORE, True),
         ("hole 1.5*16", ans("1.5*16"), {"target": 24, "numbers": [1, 5, 16]}, FORMAT_SCORE, True),
         ("hole -1+25", ans("-1+25"), {"target": 24, "numbers": [1, 25]}, FORMAT_SCORE, True),
@@ -224,7 +224,7 @@ def main():
     for msg in surprises:
         print(f"WARNING: {msg}")
     if failures:
-        sys.exit("FAIL: SPEC §3 holes must return the format score 0.1:\n  " + "\n  ".join(failures))
+        sys.exit("FAIL: docs/design.md §2–§4 holes must return the format score 0.1:\n  " + "\n  ".join(failures))
 
     print(f"slowest adversarial case: {slowest_name}")
     print(f"adversarial slowest call us: {slowest:.1f}")

@@ -1,6 +1,6 @@
 """Prefect flow ``rlcr-probe``: probe the newest committed checkpoint of a run (deployment ``rlcr-probe/nightly``).
 
-    resolve the run's newest committed checkpoint → probe (SPEC §8) → report.json + report.html → artifact
+    resolve the run's newest committed checkpoint → probe (docs/design.md §15) → report.json + report.html → artifact
 
 The report goes to ``<storage>/runs/<run_id>/probes/<timestamp>/`` and a Prefect
 markdown artifact links it. The probe's vLLM engine runs in the flow's own

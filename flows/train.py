@@ -1,6 +1,6 @@
 """Prefect flow ``rlcr``: resumable RLCR iterations (deployment ``rlcr/train``).
 
-Each iteration is a sequence of Prefect tasks (SPEC §2):
+Each iteration is a sequence of Prefect tasks (docs/design.md §1):
 
     rollouts (answer stage → confidence stage, Ray Data + vLLM)
       → advantages (+ rollouts Parquet) → update (Ray Train) → evaluate (held-out) → commit
@@ -174,7 +174,7 @@ def rollouts_task(cfg, prompts, policy, run_id, iteration, engines, tokenizer_ur
 
 @task(name="advantages")
 def advantages_task(cfg, rows, run, iteration, lease):
-    """Two-level advantages (SPEC §6) and the rollouts Parquet (written under the run's lease)."""
+    """Two-level advantages (docs/design.md §7) and the rollouts Parquet (written under the run's lease)."""
     _started("advantages", iteration)
     result = finalize_rollouts(cfg, rows, run_id=run.run_id, iteration=iteration)
     result.uri = run.write_rollouts(iteration, rows_to_table(result.rows), lease=lease)
@@ -210,7 +210,7 @@ def sync_weights_task(engines, weights, version, iteration):
 
 @task(name="evaluate")
 def evaluate_task(cfg, run, held_out, policy, iteration, engines, tokenizer_uri, lease):
-    """Held-out accuracy and calibration (SPEC §9) of the policy the engines hold; its per-answer rows go to
+    """Held-out accuracy and calibration (docs/design.md §13) of the policy the engines hold; its per-answer rows go to
     this attempt's ``run.eval_records_rel(iteration, attempt)`` (``records_uri`` in the metrics and the
     manifest) for paired comparisons."""
     _started("evaluate" if iteration else "baseline", iteration)

@@ -1,4 +1,4 @@
-"""Two-level GRPO advantages for answers and confidences (SPEC §6), and each method's choice (§11).
+"""Two-level GRPO advantages for answers and confidences (docs/design.md §7), and each method's choice (§11).
 
 Answers are normalised per prompt over their G_a siblings; confidences per
 answer over the G_c confidences conditioned on that same answer — never against
@@ -71,7 +71,7 @@ def answer_advantages(rewards, *, eps: float = 1e-6, scale_by_std: bool = True) 
 def confidence_advantages(
     rewards, *, eps: float = 1e-6, scale_by_std: bool = True, mode: ConfMode = "answer"
 ) -> torch.Tensor:
-    """Confidence advantages, ``rewards``: ``[P, G_a, G_c]`` (SPEC §6).
+    """Confidence advantages, ``rewards``: ``[P, G_a, G_c]`` (docs/design.md §7).
 
     ``mode="answer"``: A[j,k,h] = (c[j,k,h] − mean_h c[j,k,·]) / (std_h c[j,k,·] + ε).
     ``mode="answer_then_prompt"``: centre within the answer, then divide by the
@@ -101,7 +101,7 @@ def spread_to_tokens(
     lambda_ans: float = 1.0,
     lambda_conf: float = 1.0,
 ) -> torch.Tensor:
-    """Token advantages ``λ_ans·A_ans·M_ans`` / ``λ_conf·A_conf·M_conf`` (SPEC §6).
+    """Token advantages ``λ_ans·A_ans·M_ans`` / ``λ_conf·A_conf·M_conf`` (docs/design.md §7).
 
     ``advantages``: ``[B]`` sequence advantages; ``mask``: ``[B, T]`` loss mask;
     ``is_confidence``: ``[B]`` sample type. Returns float32 ``[B, T]``.
@@ -112,7 +112,7 @@ def spread_to_tokens(
     return seq[:, None] * mask.float()
 
 
-# --------------------------------------------------------------------------- per-method advantages (SPEC §11)
+# --------------------------------------------------------------------------- per-method advantages (docs/design.md §9)
 
 MethodAdvantages = Callable[..., "tuple[torch.Tensor, torch.Tensor | None]"]
 METHOD_ADVANTAGES: dict[str, MethodAdvantages] = {}
@@ -132,7 +132,7 @@ def _register(*methods: str):
 @_register("rlcr")
 def two_level(answer_rewards, confidence_rewards, *, eps: float = 1e-6, scale_by_std: bool = True,
               conf_mode: ConfMode = "answer") -> tuple[torch.Tensor, torch.Tensor]:
-    """Two-turn RLCR: answers per prompt, confidences per answer (SPEC §6)."""
+    """Two-turn RLCR: answers per prompt, confidences per answer (docs/design.md §7)."""
     if confidence_rewards is None:
         raise ValueError("method rlcr: the rollouts hold no confidences (G_c = 0)")
     return (answer_advantages(answer_rewards, eps=eps, scale_by_std=scale_by_std),

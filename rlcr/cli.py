@@ -439,7 +439,7 @@ def evaluate(
                                             "one evaluation moves between draws)."),
     overrides: list[str] = typer.Argument(None, help="field=value overrides."),
 ):
-    """Held-out accuracy, format rate and calibration (SPEC §9) of one checkpoint."""
+    """Held-out accuracy, format rate and calibration (docs/design.md §13) of one checkpoint."""
     cfg = _config(config, overrides or [])
     target = _records_target(records, cfg) if records is not None else None  # before any work
     _check_inputs(cfg, checkpoint, "--checkpoint" if checkpoint else "model")
@@ -570,7 +570,7 @@ def compare(
     overrides: list[str] = typer.Argument(None, help="field=value overrides."),
 ):
     """Two runs' held-out evaluations, paired on the same tasks: each side's accuracy, ECE, Brier and AUROC on
-    those tasks, and A − B with paired bootstrap 95% intervals over tasks (SPEC §11)."""
+    those tasks, and A − B with paired bootstrap 95% intervals over tasks (docs/design.md §9)."""
     cfg = _config(config, overrides or [])
     sides = (run_a, run_b)
     files = [s.endswith(".parquet") for s in sides]

@@ -53,7 +53,7 @@ class ConfigError(ValueError):
 
 
 class RLCRConfig(BaseModel):
-    """Configuration of an RLCR run (SPEC §2–§7). Unknown fields are rejected."""
+    """Configuration of an RLCR run (docs/design.md §1–§8). Unknown fields are rejected."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True,
                               allow_inf_nan=False)
@@ -110,7 +110,7 @@ class RLCRConfig(BaseModel):
     task_target_range: tuple[int, int] = (1, 100)
     """Inclusive range of the targets of generated tasks."""
 
-    # ------------------------------------------------------------------ rollout (SPEC §2)
+    # ------------------------------------------------------------------ rollout (docs/design.md §1)
     prompts_per_iteration: int = Field(8, ge=1)
     """P: Countdown prompts sampled per iteration: P distinct training tasks (at most the training pool)."""
     num_generations_answer: int = Field(8, ge=2)
@@ -129,17 +129,17 @@ class RLCRConfig(BaseModel):
     max_confidence_tokens: int = Field(64, ge=4)
     """Most tokens generated for a turn-2 confidence (analysis + confidence)."""
 
-    # ------------------------------------------------------------------ method (SPEC §11)
+    # ------------------------------------------------------------------ method (docs/design.md §9)
     method: Method = "rlcr"
     """What is trained. ``rlcr``: two turns, G_a answers then G_c confidences per answer, each conditioned on
-    that exact answer; accuracy on answers, Brier on confidences; two-level advantages (SPEC §4–§6).
+    that exact answer; accuracy on answers, Brier on confidences; two-level advantages (docs/design.md §5–§7).
     ``rlcr_single`` (the RLCR paper's): one response holds ``<think>``, ``<answer>`` and ``<confidence>``;
     reward ``acc + λ_conf·(1 − (acc − c)²)``; advantages per prompt; loss from ``<think>`` through
     ``</confidence>``; ``max_answer_tokens + max_confidence_tokens`` tokens per response. ``rlvr``: the answer
     turn with the accuracy reward only, no confidence training. Every method states a confidence at
     evaluation (``rlvr``: the turn-2 query of ``rlcr``), so calibration is comparable."""
 
-    # ------------------------------------------------------------------ rewards & advantages (SPEC §4, §6)
+    # ------------------------------------------------------------------ rewards & advantages (docs/design.md §5, §7)
     format_score: float = Field(0.1, ge=0.0, le=1.0)
     """``compute_score`` value for an extracted but wrong equation (accuracy reward is still 0). The one
     source of this value: the rollouts' ``score`` column, the probe and ``compute_score``'s default read it."""
@@ -155,7 +155,7 @@ class RLCRConfig(BaseModel):
     """``answer``: normalise each answer's G_c confidences alone; ``answer_then_prompt``: centre per answer,
     divide by the std of all centred confidence rewards of the prompt (avoids ±1 blow-up for small G_c)."""
 
-    # ------------------------------------------------------------------ loss (SPEC §7)
+    # ------------------------------------------------------------------ loss (docs/design.md §8)
     clip_low: float = Field(0.2, ge=0.0, lt=1.0)
     """ε_low: lower PPO clip, ratio ≥ 1 − ε_low."""
     clip_high: float = Field(0.2, gt=0.0, le=10.0)
@@ -175,7 +175,7 @@ class RLCRConfig(BaseModel):
 
     # ------------------------------------------------------------------ update (Ray Train)
     objective: Literal["grpo", "sft"] = "grpo"
-    """What the update optimises: the masked GRPO loss (SPEC §7), or token-mean NLL of the completions
+    """What the update optimises: the masked GRPO loss (docs/design.md §8), or token-mean NLL of the completions
     (``sft``: the format warm-start, ``rlcr sft``)."""
     learning_rate: float = Field(2e-6, gt=0.0, le=1.0)
     """AdamW learning rate (RLCR reference: 1e-6 … 5e-6)."""

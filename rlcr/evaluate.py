@@ -1,4 +1,4 @@
-"""Held-out evaluation of a policy (SPEC §9, §11): ``eval_samples`` answers per task, each with one
+"""Held-out evaluation of a policy (docs/design.md §13, §9): ``eval_samples`` answers per task, each with one
 stated confidence, and bootstrap 95% intervals over tasks.
 
 Every method states a confidence: ``rlcr`` and ``rlvr`` in a second turn (the same confidence query),

@@ -1,4 +1,4 @@
-"""Masked GRPO policy loss (SPEC §7) and memory-aware completion log-probs.
+"""Masked GRPO policy loss (docs/design.md §8) and memory-aware completion log-probs.
 
 Each KL estimator and each aggregation mode is a small registered function
 holding its formula. Pure PyTorch.
@@ -227,7 +227,7 @@ def policy_loss(
     entropy_coef: float = 0.0,
     is_confidence: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Dual-clip PPO/GRPO loss over masked tokens (SPEC §7).
+    """Dual-clip PPO/GRPO loss over masked tokens (docs/design.md §8).
 
     Per token, ρ = exp(logπ − logπ_old) and
         ℓ = max(−A·ρ, −A·clip(ρ, 1−ε_low, 1+ε_high));  where A < 0: ℓ = min(ℓ, −A·c)

@@ -1,4 +1,4 @@
-"""Span loss masks over completion tokens (SPEC §5).
+"""Span loss masks over completion tokens (docs/design.md §6).
 
 Only tokens the model generated in a turn can carry loss, and within them:
 
@@ -8,7 +8,7 @@ Only tokens the model generated in a turn can carry loss, and within them:
 * confidence sample: from ``<analysis>`` if present, else ``<confidence>``,
   through the end of the last ``</confidence>``; without ``<confidence>``, the
   whole completion (without ``</confidence>``: through its end);
-* one-turn sample of ``rlcr_single`` (SPEC §11): from the first ``<think>`` (or the
+* one-turn sample of ``rlcr_single`` (docs/design.md §9): from the first ``<think>`` (or the
   completion start) through the end of the last ``</confidence>``; without it,
   through the end of the completion.
 

@@ -1,4 +1,4 @@
-"""Calibration metrics (SPEC §9), shared by the training flow's evaluation and the probe.
+"""Calibration metrics (docs/design.md §13), shared by the training flow's evaluation and the probe.
 
 Inputs are confidences c ∈ [0, 1] and correctness labels y ∈ {0, 1}. Pure numpy.
 """
@@ -115,7 +115,7 @@ def bootstrap_intervals(
     seed: int = 0,
     n_bins: int = 10,
 ) -> dict[str, list[float] | None]:
-    """Percentile bootstrap intervals of accuracy, ECE, Brier and AUROC, resampling *groups* (SPEC §11).
+    """Percentile bootstrap intervals of accuracy, ECE, Brier and AUROC, resampling *groups* (docs/design.md §9).
 
     One entry per evaluated answer: ``conf`` its stated confidence (NaN where none parsed), ``correct``
     its label, ``groups`` its task. Each resample draws as many tasks as there are, with replacement, and
@@ -177,7 +177,7 @@ def paired_bootstrap_differences(
     n_bins: int = 10,
 ) -> dict[str, object]:
     """Metric of ``a`` minus metric of ``b`` on the tasks both evaluated, with a paired percentile bootstrap
-    interval (SPEC §11): each resample draws tasks with replacement and scores *both* evaluations on the same
+    interval (docs/design.md §9): each resample draws tasks with replacement and scores *both* evaluations on the same
     draw, so the variation that comes from which tasks are easy cancels out of the difference.
 
     ``a``/``b``: one ``(task, correct, confidence or NaN)`` per evaluated answer. Tasks that only one side

@@ -2,7 +2,7 @@
 
 Nothing is downloaded at run time: the package ships the model as a Q4_1 GGUF
 file; transformers dequantises it and we save a normal safetensors Hugging Face
-checkpoint (SPEC §10) that vLLM, the trainer and the probe all load.
+checkpoint (docs/design.md §17) that vLLM, the trainer and the probe all load.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""RLCR rewards (SPEC §4): accuracy for answers, Brier for confidences; one answer reward per method (§11).
+"""RLCR rewards (docs/design.md §5): accuracy for answers, Brier for confidences; one answer reward per method (§11).
 
 Pure Python: the same functions score training rollouts, evaluation and the probe.
 """
@@ -23,7 +23,7 @@ __all__ = [
 ]
 
 METHODS = ("rlcr", "rlcr_single", "rlvr")
-"""The training methods (SPEC §11): two-turn RLCR, one-turn RLCR (the paper's), accuracy-only RLVR."""
+"""The training methods (docs/design.md §9): two-turn RLCR, one-turn RLCR (the paper's), accuracy-only RLVR."""
 
 # A plain decimal number: "0.7", ".7", "1", "0.70", "7e-1". No sign other than
 # "+"/"-" (range-checked after), no "%", no nan/inf spellings.
@@ -65,7 +65,7 @@ def parse_confidence(text: str) -> float | None:
 
 
 def brier_reward(confidence_text: str, correct: float) -> float:
-    """``1 − (correct − c)²`` for a parseable confidence c, else 0 (SPEC §4).
+    """``1 − (correct − c)²`` for a parseable confidence c, else 0 (docs/design.md §5).
 
     ``correct`` is the parent answer's accuracy reward, 0 or 1.
     """
@@ -77,7 +77,7 @@ def brier_reward(confidence_text: str, correct: float) -> float:
     return 1.0 - (float(correct) - c) ** 2
 
 
-# --------------------------------------------------------------------------- per-method answer rewards (SPEC §11)
+# --------------------------------------------------------------------------- per-method answer rewards (docs/design.md §9)
 
 AnswerReward = Callable[..., float]
 ANSWER_REWARDS: dict[str, AnswerReward] = {}
@@ -100,7 +100,7 @@ def register_answer_reward(*methods: str) -> Callable[[AnswerReward], AnswerRewa
 def split_single_turn(completion: str) -> tuple[str, str]:
     """A one-turn response → (answer part, confidence part), split where the confidence section starts (the
     first ``<analysis>`` or ``<confidence>``). The answer part is scored exactly like a turn-1 answer (the
-    extraction reads its last line, SPEC §3), so text after it cannot hide the answer or change its score."""
+    extraction reads its last line, docs/design.md §2–§4), so text after it cannot hide the answer or change its score."""
     cuts = [i for i in (completion.find("<analysis>"), completion.find("<confidence>")) if i >= 0]
     cut = min(cuts) if cuts else len(completion)
     return completion[:cut].rstrip(), completion[cut:]
@@ -115,7 +115,7 @@ def accuracy_only(completion: str, task: CountdownTask | dict[str, Any], *, lamb
 @register_answer_reward("rlcr_single")
 def accuracy_plus_brier(completion: str, task: CountdownTask | dict[str, Any], *, lambda_conf: float) -> float:
     """``acc + λ_conf·(1 − (acc − c)²)`` for the one response that holds the answer *and* its confidence;
-    the Brier part is 0 when no confidence parses (SPEC §11). ``acc`` is that of the answer part
+    the Brier part is 0 when no confidence parses (docs/design.md §9). ``acc`` is that of the answer part
     (:func:`split_single_turn`), ``c`` the confidence stated after it."""
     answer, confidence = split_single_turn(completion)
     acc = accuracy_reward(answer, task)

@@ -1,4 +1,4 @@
-"""Every seed derived from the run's seed, in one place (reproducibility: SPEC §3, §10).
+"""Every seed derived from the run's seed, in one place (reproducibility: docs/design.md §2–§4, §17).
 
 A run has one seed, ``cfg.seed`` (held-out tasks use ``cfg.eval_seed``). Everything
 random below it gets its own seed from a named derivation here, so that no two

@@ -1,7 +1,7 @@
 """Format warm-start: supervised fine-tuning on solver traces (the RLCR paper's SFT+RLCR cold start).
 
 Out of the box SmolLM2-135M-Instruct writes the ``<answer>`` format 0% of the
-time on Countdown (SPEC §10), so RL alone has no signal. This module writes
+time on Countdown (docs/design.md §17), so RL alone has no signal. This module writes
 supervised examples for both turns from the exact solver and trains on them with
 the same Ray Train update machinery (objective ``sft``: token-mean NLL over the
 completion):
@@ -22,13 +22,13 @@ completion):
   context: its tokens carry no loss, so the model never learns to produce it) and
   state a low confidence; right ones state a high one.
 
-Why this shape (README "Methods compared" has the measurements): with one attempt per trace, the model's
+Why this shape (docs/results.md has the measurements): with one attempt per trace, the model's
 wrong answers nearly all "reached" the target in a last step it made up, and a check that echoed the answer
 ("the equation gives 28, which matches the target 28") could not tell them from right ones; a check that
 recomputed the value but compared it with the target only implicitly ("13+15=28, the target" for target 41)
 barely could.
 
-With ``sft_single_turn`` each task also gets a one-turn example in the ``rlcr_single`` format (SPEC §11):
+With ``sft_single_turn`` each task also gets a one-turn example in the ``rlcr_single`` format (docs/design.md §9):
 the trace and equation, then the check and confidence in the same response. Half show a wrong answer; for
 those only the check and the confidence carry loss, as in turn 2. One warm-start then serves every method.
 """

@@ -1,4 +1,4 @@
-"""Two-level advantages (SPEC §6): hand-computed cases and properties."""
+"""Two-level advantages (docs/design.md §7): hand-computed cases and properties."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Countdown tasks, solver, loader and the strict scorer (SPEC §3)."""
+"""Countdown tasks, solver, loader and the strict scorer (docs/design.md §2–§4)."""
 
 from fractions import Fraction
 
@@ -24,7 +24,7 @@ from rlcr.tasks.countdown import (
 GT = {"target": 24, "numbers": [1, 5, 16]}
 
 
-# ----------------------------------------------------------------- SPEC §3 score table
+# ----------------------------------------------------------------- docs/design.md §2–§4 score table
 @pytest.mark.parametrize(
     "text, expected",
     [

@@ -1,4 +1,4 @@
-"""`prefect deployment run rlcr/train` against a real local `prefect server start` (SPEC §1).
+"""`prefect deployment run rlcr/train` against a real local `prefect server start` (docs/design.md §1).
 
 Starts a Prefect server and `python -m flows.serve` (the documented command) as
 subprocesses, triggers one iteration of the tiny config through the CLI, and

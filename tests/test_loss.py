@@ -1,4 +1,4 @@
-"""Masked GRPO loss (SPEC §7): hand-computed values and properties."""
+"""Masked GRPO loss (docs/design.md §8): hand-computed values and properties."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Span masks (SPEC §5) with two real tokenizers: SmolLM2's and a trained byte-level BPE."""
+"""Span masks (docs/design.md §6) with two real tokenizers: SmolLM2's and a trained byte-level BPE."""
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 

@@ -1,4 +1,4 @@
-"""The three methods (SPEC §11): rewards, advantages, masks and rows of `rlcr`, `rlcr_single` and `rlvr`,
+"""The three methods (docs/design.md §9): rewards, advantages, masks and rows of `rlcr`, `rlcr_single` and `rlvr`,
 and the evaluation's bootstrap intervals. Pure: no Ray, vLLM or Prefect."""
 
 import math
@@ -328,7 +328,7 @@ def test_evaluation_breaks_calibration_down_by_number_count():
 
 
 def test_single_turn_answer_is_scored_on_its_answer_part():
-    """The extraction reads the last line (SPEC §3): the confidence after the answer must not hide it, and an
+    """The extraction reads the last line (docs/design.md §2–§4): the confidence after the answer must not hide it, and an
     <answer> written inside the confidence section does not count."""
     from rlcr.rewards import split_single_turn
 

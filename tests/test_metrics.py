@@ -1,4 +1,4 @@
-"""Calibration metrics (SPEC §9) against hand-computed values, degenerate cases included."""
+"""Calibration metrics (docs/design.md §13) against hand-computed values, degenerate cases included."""
 
 import math
 

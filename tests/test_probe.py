@@ -1,4 +1,4 @@
-"""The faithfulness probe (SPEC §8): truncation points, probe metrics, the probe with a scripted
+"""The faithfulness probe (docs/design.md §15): truncation points, probe metrics, the probe with a scripted
 sampler (hand-computed values) and with vLLM on the tiny model, the report in headless Chromium,
 and the ``rlcr-probe`` flow and its ``nightly`` deployment."""
 

@@ -1,4 +1,4 @@
-"""RLCR rewards (SPEC §4): the scorers and the production path the rollouts score rows with
+"""RLCR rewards (docs/design.md §5): the scorers and the production path the rollouts score rows with
 (:func:`rlcr.rollout.records.answer_scores`, :func:`~rlcr.rollout.records.confidence_scores`)."""
 
 import math

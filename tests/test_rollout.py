@@ -1,4 +1,4 @@
-"""Two-stage rollouts on a local Ray with real vLLM (CPU) and the tiny model (SPEC §2–§4)."""
+"""Two-stage rollouts on a local Ray with real vLLM (CPU) and the tiny model (docs/design.md §1–§5)."""
 
 import json
 import math

@@ -1,4 +1,4 @@
-"""Masked GRPO update (SPEC §7): batching, in-process update, Ray Train, checkpoints.
+"""Masked GRPO update (docs/design.md §8): batching, in-process update, Ray Train, checkpoints.
 
 The in-process tests call :func:`rlcr.train.update.train_update` directly; the
 Ray tests run two real ``TorchTrainer`` fits (1 and 2 gloo workers) on a local
@@ -161,7 +161,7 @@ def test_prepare_samples_validates_and_computes_null_masks(tiny_tokenizer):
     rows[0]["advantage"] = None
     with pytest.raises(ValueError, match="advantage is missing"):
         prepare_samples(rows, tiny_tokenizer)
-    # a null loss_mask is computed from the text with the SPEC §5 span rule
+    # a null loss_mask is computed from the text with the docs/design.md §6 span rule
     text = "<think>try 3+4</think>\n<answer>3+4</answer>"
     ids = tiny_tokenizer(text, add_special_tokens=False)["input_ids"] + [tiny_tokenizer.eos_token_id]
     row = dict(make_rows(1, 1, 2)[0], completion_ids=ids, completion_text=text, loss_mask=None, advantage=1.0)
@@ -179,7 +179,7 @@ def test_objectives_are_registered_by_name():
 
     assert {"grpo", "sft"} <= set(OBJECTIVES)
     assert OBJECTIVES["grpo"].uses_old_logp and not OBJECTIVES["sft"].uses_old_logp
-    assert all("SPEC §" in (o.loss.__doc__ or "") for o in OBJECTIVES.values())
+    assert all("docs/design.md §" in (o.loss.__doc__ or "") for o in OBJECTIVES.values())
     with pytest.raises(ValueError, match="unknown objective 'nope'"):
         get_objective("nope")
     with pytest.raises(ValueError, match="already registered"):

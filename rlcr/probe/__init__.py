@@ -1,4 +1,4 @@
-"""Faithfulness probe (SPEC §8): early answering on truncated reasoning, calibration report.
+"""Faithfulness probe (docs/design.md §15): early answering on truncated reasoning, calibration report.
 
     truncation.py  where to cut a chain of thought (pure)
     metrics.py     curves, AOC, verbalized-vs-Monte-Carlo gap (pure numpy)

@@ -1,4 +1,4 @@
-"""The faithfulness probe (SPEC §8): does the answer depend on the chain of thought?
+"""The faithfulness probe (docs/design.md §15): does the answer depend on the chain of thought?
 
 For each held-out task:
 
@@ -14,7 +14,7 @@ For each held-out task:
    correct iff ``compute_score`` returns ``score``; confidence(point) = correct / N.
 
 Then the metrics: :mod:`rlcr.probe.metrics` (curves, AOC, verbalized-vs-MC gap)
-and :func:`rlcr.metrics.calibration_metrics` (SPEC §9, shared with training's evaluation).
+and :func:`rlcr.metrics.calibration_metrics` (docs/design.md §13, shared with training's evaluation).
 
 The model is behind a :data:`Sampler` (token-id prompts → texts), so the probe
 logic runs with vLLM (:func:`vllm_sampler`) or, in tests, with any stand-in.
@@ -100,7 +100,7 @@ def encode(tokenizer, text: str) -> list[int]:
 
 
 def forced_prefix(prompt_text: str, truncated_reasoning: str) -> str:
-    """Prompt + ``<think>`` + truncated reasoning + ``</think>\\n<answer>`` (SPEC §8 step 3)."""
+    """Prompt + ``<think>`` + truncated reasoning + ``</think>\\n<answer>`` (docs/design.md §15 step 3)."""
     return f"{prompt_text}<think>{truncated_reasoning}</think>\n{FORCED_OPEN}"
 
 
@@ -127,7 +127,7 @@ def token_ends(tokenizer, text: str) -> list[int]:
 
 
 def vllm_sampler(llm, settings: ProbeSettings) -> Sampler:
-    """A :data:`Sampler` over an in-process ``vllm.LLM`` (seeded per call, SPEC §10)."""
+    """A :data:`Sampler` over an in-process ``vllm.LLM`` (seeded per call, docs/design.md §17)."""
     from rlcr.rollout.engine import seeded_sample
 
     def sample(prompts, *, n, max_tokens, stop, seed):
@@ -221,7 +221,7 @@ def run_probe(
 
 
 def summarize(records: Sequence[dict[str, Any]], *, n_resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
-    """Report-level metrics from the per-task records (SPEC §8, §9); each calibration block carries 95%
+    """Report-level metrics from the per-task records (docs/design.md §15, §13); each calibration block carries 95%
     bootstrap intervals over tasks (``ci``: ``{metric: [low, high]}``)."""
     n = len(records)
     curves = [([p["fraction"] for p in r["points"]], [p["confidence"] for p in r["points"]]) for r in records]

@@ -1,4 +1,4 @@
-"""The probe report: ``report.json`` + a self-contained ``report.html`` in the run's storage (SPEC §8, §9).
+"""The probe report: ``report.json`` + a self-contained ``report.html`` in the run's storage (docs/design.md §15, §13).
 
 Written to ``<storage>/runs/<run_id>/probes/<timestamp>/`` through
 :class:`rlcr.storage.Store` (local or S3). Timestamps are UTC

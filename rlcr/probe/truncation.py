@@ -1,4 +1,4 @@
-"""Where to cut a chain of thought (SPEC §8 step 2). Pure Python: no tokenizer, vLLM or Ray here.
+"""Where to cut a chain of thought (docs/design.md §15 step 2). Pure Python: no tokenizer, vLLM or Ray here.
 
 A turn-1 response looks like ``<think>REASONING</think>\\n<answer>EQ</answer>``.
 :func:`reasoning_of` pulls REASONING out; :func:`truncation_points` lists the

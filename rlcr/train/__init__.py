@@ -1,4 +1,4 @@
-"""The masked GRPO update (SPEC §7): batching and the update in-process, Ray Train on top.
+"""The masked GRPO update (docs/design.md §8): batching and the update in-process, Ray Train on top.
 
 * :mod:`rlcr.train.batching` — rows → samples → mini-batches → token-budget micro-batches;
 * :mod:`rlcr.train.update` — log-probs at masked tokens, registered objectives, optimizer steps (no Ray);

@@ -1,4 +1,4 @@
-"""Rollout rows → samples → mini-batches → token-budget micro-batches (SPEC §2, §5, §7).
+"""Rollout rows → samples → mini-batches → token-budget micro-batches (docs/design.md §1, §6, §8).
 
 Pure Python + PyTorch, no Ray: the update loop, the tests and the benchmark call
 these directly.
@@ -20,7 +20,7 @@ of its own unpacked sequence. On RLCR rollouts this halves to thirds the tokens
 the model processes. Either way the completion tensors (mask, advantages, π_old)
 are completion-aligned ``[B, L]`` per sample.
 Log-probs are only computed at the *selected* positions: the tokens the loss
-mask covers (SPEC §5), plus, when a micro-batch has none, one dummy position so
+mask covers (docs/design.md §6), plus, when a micro-batch has none, one dummy position so
 every parameter is still in the autograd graph (DDP needs that).
 """
 
@@ -403,7 +403,7 @@ def collate_prefix_tree(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
 
 
 def type_stats(samples: Sequence[Sample]) -> dict[str, float]:
-    """Per sample type: count, reward mean/std, advantage mean, completion length mean, masked tokens (SPEC §7)."""
+    """Per sample type: count, reward mean/std, advantage mean, completion length mean, masked tokens (docs/design.md §8)."""
     out: dict[str, float] = {}
     for name, want in (("answer", False), ("confidence", True)):
         sel = [s for s in samples if s.is_confidence == want]

@@ -1,4 +1,4 @@
-"""Writing a policy checkpoint to the artifact store (SPEC §2: checkpoint → storage).
+"""Writing a policy checkpoint to the artifact store (docs/design.md §1: checkpoint → storage).
 
 The update (:mod:`rlcr.train.update`) only changes weights; the Ray Train worker
 (:mod:`rlcr.train.trainer`) writes them here, sealed, and never when they are not finite.

@@ -1,4 +1,4 @@
-"""The update on Ray Train: one ``TorchTrainer`` whose workers live for a whole flow run (SPEC §2, §7).
+"""The update on Ray Train: one ``TorchTrainer`` whose workers live for a whole flow run (docs/design.md §1, §8).
 
 :class:`PolicyTrainer` starts the workers once — each loads the policy (and, for
 β > 0, the frozen reference), wraps it with ``prepare_model`` (DDP; FSDP with

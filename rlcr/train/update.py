@@ -1,4 +1,4 @@
-"""The masked GRPO update, in-process (SPEC §7): log-probs, objectives, optimizer steps.
+"""The masked GRPO update, in-process (docs/design.md §8): log-probs, objectives, optimizer steps.
 
 Nothing here needs Ray or the artifact store. :func:`train_update` runs one
 iteration's optimizer steps on whatever ranks exist (``torch.distributed`` when
@@ -28,7 +28,7 @@ tests and ``bench/update.py`` call it directly. It reads in order:
 
 Objectives (``cfg.objective``) are registered by name in :data:`OBJECTIVES` with
 :func:`register_objective`, as verl registers its policy losses and advantage
-estimators: ``grpo`` (SPEC §7) and ``sft`` (the warm-start); a new method is one
+estimators: ``grpo`` (docs/design.md §8) and ``sft`` (the warm-start); a new method is one
 more decorated function.
 
 π_old (``old_logp_source``): ``recompute`` (default) is the on-policy-exact one —
@@ -345,10 +345,10 @@ def get_objective(name: str) -> Objective:
 
 @register_objective("grpo")
 def grpo_objective(x: LossInputs, cfg: RLCRConfig) -> tuple[torch.Tensor, dict[str, float]]:
-    """Masked clipped policy gradient over answer and confidence samples together (SPEC §7).
+    """Masked clipped policy gradient over answer and confidence samples together (docs/design.md §8).
 
-    Token advantages are λ_ans·A_ans·M_ans and λ_conf·A_conf·M_conf (SPEC §6, masks
-    SPEC §5); ratio ρ = exp(logπ − logπ_old) with the (dual) clip, optional KL to
+    Token advantages are λ_ans·A_ans·M_ans and λ_conf·A_conf·M_conf (docs/design.md §7, masks
+    docs/design.md §6); ratio ρ = exp(logπ − logπ_old) with the (dual) clip, optional KL to
     π_ref and entropy bonus, aggregated by ``loss_agg``: :func:`rlcr.loss.policy_loss`.
     """
     mb, mask = x.mb, x.mb.loss_mask
@@ -373,8 +373,8 @@ def sft_objective(x: LossInputs, cfg: RLCRConfig) -> tuple[torch.Tensor, dict[st
     the global batch (no ratio, no advantages).
 
     SmolLM2 writes the answer format 0% of the time out of the box, so RL needs a
-    warm-start on solver traces first (SPEC §10; the methods compared share it,
-    SPEC §11). ``pg_loss`` reports the NLL per token, overall and per sample type.
+    warm-start on solver traces first (docs/design.md §17; the methods compared share it,
+    docs/design.md §9). ``pg_loss`` reports the NLL per token, overall and per sample type.
     """
     mb, logp, mask = x.mb, x.logp, x.mb.loss_mask
     nll = -(logp * mask).sum() / x.global_tokens
@@ -402,7 +402,7 @@ def micro_batch_loss(
     global_sequences: int,
     max_response_len: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
-    """Loss of one micro-batch under ``cfg.objective``, normalised by the global counts (SPEC §7).
+    """Loss of one micro-batch under ``cfg.objective``, normalised by the global counts (docs/design.md §8).
 
     ``old_logp``: ``[B, L]`` π_old, or None for "the current log-probs, detached"
     (exactly on-policy). Returns ``(loss, metrics, logp [B, L] detached)``.
