@@ -82,7 +82,13 @@ def test_deployment_run_against_local_server(prefect_server, tiny_model_dir, tmp
         assert run.returncode == 0, out + (tmp_path / "serve.log").read_text()[-4000:]
         assert "Completed" in out
         assert (store / "runs" / "dep" / "iter-0001" / "manifest.json").exists()
-        assert (store / "runs" / "dep" / "iter-0001" / "checkpoint" / "_COMPLETE").exists()
+        from rlcr.runs import RunStore
+        from rlcr.storage import Store
+
+        run = RunStore(Store(str(store)), "dep")
+        manifest = run.manifest(1)  # its checkpoint lies under the committing attempt's folder
+        assert "/iter-0001/attempt-" in manifest["checkpoint_uri"]
+        assert run.store.is_complete(run.store.rel(manifest["checkpoint_uri"]))
     finally:
         serve.terminate()
         try:
