@@ -399,7 +399,10 @@ def test_probe_flow_probes_the_newest_committed_checkpoint(engine, tiny_model_di
     with pytest.raises(NoCommittedIteration, match="no committed iteration"):
         rlcr_probe(overrides=overrides, run_id="empty")
 
-    run = RunStore(store, "flow-run")
+    rid = "lr=1e-5 exp@1,a+b"  # a valid run id that is no valid artifact key (issue 30 item 10)
+    run = RunStore(store, rid)
+    store.write_bytes("runs/.DS_Store", b"\x00\x01")  # foreign entries under runs/ are skipped
+    store.write_text("runs/README", "not a run")
     for k in (1, 2):  # two committed iterations and an uncommitted third: the probe takes iteration 2
         uri = store.put_dir(tiny_model_dir, run.checkpoint_rel(k, "writer1"))
         run.commit(k, {"checkpoint_uri": uri})
@@ -409,14 +412,16 @@ def test_probe_flow_probes_the_newest_committed_checkpoint(engine, tiny_model_di
     monkeypatch.setattr(rlcr.rollout.engine, "create_engine", lambda path, cfg, seed: used.append(path) or engine)
 
     out = rlcr_probe(overrides=overrides, run_id=None, num_tasks=2, samples=3)  # newest run in storage
-    assert out["run_id"] == "flow-run" and out["iteration"] == 2
-    assert out["checkpoint_uri"] == run.manifest(2)["checkpoint_uri"] == store.url("runs/flow-run/iter-0002/attempt-writer1/checkpoint")
+    assert out["run_id"] == rid and out["iteration"] == 2
+    assert out["checkpoint_uri"] == run.manifest(2)["checkpoint_uri"] == store.url(f"runs/{rid}/iter-0002/attempt-writer1/checkpoint")
     assert [str(p) for p in used] == [out["checkpoint_uri"]]
-    ts, rep = latest_report(store, "flow-run")
-    assert out["report"]["json"] == store.url(f"runs/flow-run/probes/{ts}/report.json")
+    ts, rep = latest_report(store, rid)
+    assert out["report"]["json"] == store.url(f"runs/{rid}/probes/{ts}/report.json")
     assert rep["iteration"] == 2 and rep["settings"]["samples"] == 3 and len(rep["tasks"]) == 2
     assert all(p["n"] == 3 for t in rep["tasks"] for p in t["points"])
-    art = Artifact.get(key="rlcr-probe-flow-run")
+    from flows.probe import probe_artifact_key
+
+    art = Artifact.get(key=probe_artifact_key(rid))
     assert art is not None and "AOC" in art.data and out["report"]["html"] in art.data
 
 
