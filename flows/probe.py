@@ -28,6 +28,7 @@ from rlcr.probe.probe import NoCommittedIteration, newest_run, probe_checkpoint
 from rlcr.probe.report import report_markdown, write_report
 from rlcr.runs import RunStore, task_sets
 from rlcr.storage import Store
+from rlcr.tracking import tracker_from_config
 
 __all__ = ["rlcr_probe", "probe_deployment", "newest_checkpoint", "newest_run", "probe_artifact_key"]
 
@@ -36,6 +37,22 @@ def probe_artifact_key(run_id: str) -> str:
     """The probe's Prefect artifact key: ``rlcr-probe-<run id>`` where the id already is a valid key part,
     else ``rlcr-probe-<slug>-<hash>`` (:func:`flows.train.run_key`): any valid run id works."""
     return f"rlcr-probe-{run_id if re.fullmatch(r'[a-z0-9-]{1,80}', run_id) else run_key(run_id)}"
+
+
+def track_report(cfg, run_id: str, uris: dict[str, str], log) -> None:
+    """The report (HTML with its plots, and JSON) as artifacts of the run's MLflow run, under
+    ``probe/<timestamp>``; a tracker that is off or down costs a warning, never the probe."""
+    import tempfile
+    from pathlib import Path
+
+    store = Store(cfg.storage_uri, endpoint_url=cfg.s3_endpoint_url)
+    with tracker_from_config(cfg, run_id, params={}, logger=log) as tracker, \
+            tempfile.TemporaryDirectory(prefix="rlcr-probe-") as d:
+        if not tracker.enabled:
+            return
+        for name in ("html", "json"):
+            (Path(d) / f"report.{name}").write_bytes(store.read_bytes(store.rel(uris[name])))
+        tracker.log_artifact(d, f"probe/{uris['prefix'].rstrip('/').rsplit('/', 1)[-1]}")
 
 
 def newest_checkpoint(cfg, run_id: str) -> tuple[int, str]:
@@ -89,6 +106,7 @@ def rlcr_probe(
     report.update(iteration=iteration, config_hash=cfg.config_hash())
     uris = write_report_task(cfg, run_id, report)
     report["run_id"] = run_id
+    track_report(cfg, run_id, uris, log)
     create_markdown_artifact(
         key=probe_artifact_key(run_id),
         markdown=report_markdown(report, uris),

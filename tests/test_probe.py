@@ -423,6 +423,15 @@ def test_probe_flow_probes_the_newest_committed_checkpoint(engine, tiny_model_di
 
     art = Artifact.get(key=probe_artifact_key(rid))
     assert art is not None and "AOC" in art.data and out["report"]["html"] in art.data
+    # the report (HTML with its plots, JSON) is an artifact of the run's MLflow run (local store beside the runs)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{store.uri}/mlflow.db")
+    tracked = client.search_runs([client.get_experiment_by_name("rlcr").experiment_id],
+                                 filter_string=f"tags.`rlcr.run_id` = '{rid}'")
+    assert len(tracked) == 1
+    names = {a.path.rsplit("/", 1)[-1] for a in client.list_artifacts(tracked[0].info.run_id, f"probe/{ts}")}
+    assert names == {"report.html", "report.json"}
 
 
 def test_nightly_deployment():
