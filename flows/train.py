@@ -414,6 +414,7 @@ def _iteration(cfg, run, k, trainer, engines, policies, initial, train_tasks, he
         extra = {k_: v for k_, v in update.metrics.items() if k_ != "history"}
         extra.update(run_id=run.run_id, iteration=k, parent=policy, covers=list(staged))
         uri = save_task.with_options(**opts)(trainer, run, k, extra, lease)
+    metrics["timings"].update(t)  # the save's time (the dict was copied when the iteration was staged)
     run.write_metrics(k, metrics, lease=lease)  # still pending: now with the save's time
     with timed_stage("commit", k, t):
         commit_task.with_options(**opts)(run, list(staged), uri, k, lease)

@@ -95,6 +95,7 @@ def test_train_flow_fail_resume_and_s3_outage(ray_local, prefect_harness, tiny_m
         assert {f"{it}checkpoint/_COMPLETE", f"{it}rollouts/rollouts.parquet", f"{it}metrics.json"} <= set(keys)
         metrics = json.loads(body(key(m["metrics_uri"])))
         assert {"rollout", "update", "eval", "timings"} <= set(metrics)
+        assert metrics["timings"]["save_s"] > 0  # a saving iteration's metrics include the save's time
         assert 0.0 <= metrics["eval"]["accuracy"] <= 1.0
         assert metrics["engines"]["policy"] == m["checkpoint_uri"]  # the version label is the saved checkpoint
         # the evaluation's per-answer rows are kept beside it, for paired comparisons (`rlcr compare`)
