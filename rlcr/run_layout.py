@@ -155,7 +155,11 @@ class RunLayout:
         """Iteration k's metrics (committed: the manifest's; staged: the current draft's), or None. Metrics are
         data the run wrote, ``NaN`` included (a figure with nothing to average), read as they are."""
         rel = self.metrics_rel(iteration)
-        return self.store.read_json(rel) if self.store.exists(rel) else None
+        try:
+            raw = self.store.read_bytes(rel)
+        except FileNotFoundError:
+            return None
+        return parse_json(raw, self.store.url(rel), allow_nonfinite=True)  # bounded in size and nesting
 
     def baseline(self) -> dict[str, Any] | None:
         """``baseline.json`` (the initial policy's held-out evaluation), checked to be a bounded JSON object, or
