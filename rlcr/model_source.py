@@ -1,0 +1,275 @@
+"""Where a run's model comes from: any Hugging Face causal LM, brought into the run's store once (issue 32).
+
+``model`` may be
+
+* a name rlcr builds itself (``smollm2-135m-instruct``, ``tiny``; :mod:`rlcr.models`);
+* a local Hugging Face checkpoint directory — copied into the store on first use under a name made of its
+  *content* (``models/<digest>``, sealed), so every node reads the same bytes and a changed directory is a
+  new model, never a stale cache;
+* an ``s3://…`` directory: used as it is when rlcr sealed it (a checkpoint of a run), otherwise (a plain
+  Hugging Face directory someone uploaded) its listing is checked, downloaded once and sealed into the store
+  like a local directory;
+* a hub id (``Qwen/Qwen2.5-0.5B-Instruct``): fetched with ``huggingface_hub`` when the hub answers; offline,
+  :func:`check_model` stops the run before Ray starts, saying how to pass a local directory instead.
+
+Everything read here is untrusted: listings are bounded (:data:`MAX_MODEL_FILES`, :data:`MAX_MODEL_BYTES`),
+every name must pass the seal's name checks, and messages print names through :func:`printable`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Literal
+
+from rlcr.untrusted import printable
+
+__all__ = ["ModelSourceError", "model_kind", "check_model", "import_model", "local_digest", "hub_reachable",
+           "check_chat_template", "MAX_MODEL_FILES", "MAX_MODEL_BYTES"]
+
+MAX_MODEL_FILES = 2_000
+"""Most files a model directory may hold (a sharded 70B checkpoint has a few dozen)."""
+MAX_MODEL_BYTES = 2 ** 40
+"""Largest total size of a model directory accepted (1 TiB)."""
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+_WEIGHTS = (".safetensors", ".bin", ".pt", ".pth")
+_DIGEST_CACHE = "model-digests.json"
+
+Kind = Literal["builtin", "local", "remote", "hub"]
+
+
+class ModelSourceError(ValueError):
+    """The ``model`` setting names something that cannot be used; one line, naming it and what to do."""
+
+
+def model_kind(model: str) -> Kind:
+    """Which of the four sources ``model`` is (see the module docstring). A string that is neither a
+    directory nor a URI nor a hub-shaped ``org/name`` raises :class:`ModelSourceError`."""
+    from rlcr.models import SMOLLM2
+
+    if model in (SMOLLM2, "tiny"):
+        return "builtin"
+    if "://" in model and not model.startswith("file://"):
+        return "remote"
+    path = Path(model.removeprefix("file://")).expanduser()
+    if path.exists() or model.startswith(("/", ".", "~", "file://")):
+        return "local"
+    if _HUB_ID.fullmatch(model):
+        return "hub"
+    raise ModelSourceError(f"model {printable(model, 200)!r}: no such directory, and not a hub id (org/name) "
+                           f"or an s3:// URI")
+
+
+def _check_local_dir(path: Path, what: str) -> None:
+    if not path.is_dir():
+        raise ModelSourceError(f"{what}: no such directory")
+    if not (path / "config.json").is_file():
+        raise ModelSourceError(f"{what}: not a Hugging Face checkpoint directory (no config.json)")
+    if not any(p.name.endswith(_WEIGHTS) for p in path.iterdir()):
+        raise ModelSourceError(f"{what}: holds no weights (*.safetensors or *.bin)")
+    if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
+        raise ModelSourceError(f"{what}: holds no tokenizer (tokenizer.json / tokenizer_config.json)")
+
+
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether the Hugging Face hub (``HF_ENDPOINT``) answers within ``timeout_s``; False when
+    ``HF_HUB_OFFLINE`` is set."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    try:
+        urllib.request.urlopen(urllib.request.Request(constants.ENDPOINT, method="HEAD"), timeout=timeout_s)
+        return True
+    except urllib.error.HTTPError:
+        return True  # it answered
+    except (OSError, ValueError):
+        return False
+
+
+def check_model(model: str, *, chat_template: str | None = None, hub_timeout_s: float = 3.0) -> Kind:
+    """Early checks of ``model``, before Ray or any engine starts; returns its kind.
+
+    A local directory must be a checkpoint with weights, a tokenizer and a chat template (or
+    ``chat_template`` given); a hub id needs the hub to answer. A remote directory is checked when it is
+    imported (:func:`import_model`). Raises :class:`ModelSourceError` in one line otherwise."""
+    kind = model_kind(model)
+    what = f"model {printable(model, 200)!r}"
+    if kind == "local":
+        path = Path(model.removeprefix("file://")).expanduser()
+        _check_local_dir(path, what)
+        check_chat_template(path, chat_template, what=what)
+    elif kind == "hub" and not hub_reachable(hub_timeout_s):
+        raise ModelSourceError(
+            f"{what} is a Hugging Face hub id, but the hub ({_endpoint()}) cannot be reached from here (offline "
+            f"or HF_HUB_OFFLINE set): download it where the hub is reachable (`hf download {model} --local-dir "
+            f"DIR`) and pass model=DIR (a local directory) or an s3:// copy of it")
+    return kind
+
+
+def _endpoint() -> str:
+    from huggingface_hub import constants
+
+    return printable(constants.ENDPOINT, 100)
+
+
+def check_chat_template(model_dir: str | Path, chat_template: str | None = None, *, what: str = "model") -> None:
+    """The model's tokenizer must define a chat template (``tokenizer_config.json``'s ``chat_template`` or a
+    ``chat_template.jinja`` file), unless the config supplies one (``chat_template``); rlcr renders every
+    prompt with it."""
+    if chat_template:
+        return
+    d = Path(model_dir)
+    if (d / "chat_template.jinja").is_file() or (d / "chat_template.json").is_file():
+        return
+    config = d / "tokenizer_config.json"
+    if config.is_file() and config.stat().st_size <= 64 * 2 ** 20:
+        try:
+            if json.loads(config.read_bytes()).get("chat_template"):
+                return
+        except (ValueError, AttributeError):
+            raise ModelSourceError(f"{what}: tokenizer_config.json is not a JSON object") from None
+    raise ModelSourceError(f"{what}: its tokenizer has no chat template (a base model?); set the config's "
+                           f"chat_template to a Jinja template, or use an instruct model")
+
+
+# ------------------------------------------------------------------------------------------ content digests
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _listing(root: Path) -> dict[str, Path]:
+    """Every regular file under ``root`` by relative name, bounded; links are refused (a model directory
+    that leads elsewhere is not the directory the user named)."""
+    files: dict[str, Path] = {}
+    total = 0
+    for p in root.rglob("*"):  # lazily: a huge tree stops at the bound, unlisted
+        if p.is_symlink():
+            raise ModelSourceError(f"{printable(str(p), 200)}: a symbolic link inside a model directory")
+        if p.is_file():
+            files[p.relative_to(root).as_posix()] = p
+            total += p.stat().st_size
+            if len(files) > MAX_MODEL_FILES or total > MAX_MODEL_BYTES:
+                raise ModelSourceError(f"{printable(str(root), 200)}: more than {MAX_MODEL_FILES:,} files or "
+                                       f"{MAX_MODEL_BYTES:,} bytes; not a model directory")
+    return dict(sorted(files.items()))
+
+
+def local_digest(root: str | Path, *, cache_dir: str | Path | None = None) -> str:
+    """A digest of a directory's content: every file's name and SHA-256. Files' digests are remembered in
+    ``cache_dir`` by (path, size, mtime, inode), so a large model is hashed once, not at every start."""
+    from rlcr.storage import default_cache_dir
+
+    root = Path(root).resolve()
+    cache_file = Path(cache_dir or default_cache_dir()) / _DIGEST_CACHE
+    try:
+        known = json.loads(cache_file.read_text()) if cache_file.is_file() else {}
+        known = known if isinstance(known, dict) else {}
+    except ValueError:
+        known = {}
+    h = hashlib.sha256()
+    for name, p in _listing(root).items():
+        st = p.stat()
+        key = f"{p}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+        digest = known.get(key)
+        if not (isinstance(digest, str) and len(digest) == 64):
+            digest = known[key] = _file_digest(p)
+        h.update(f"{name}\0{digest}\n".encode())
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=cache_file.parent, delete=False, suffix=".tmp") as f:
+        json.dump(known, f)
+    os.replace(f.name, cache_file)
+    return h.hexdigest()[:32]
+
+
+# ------------------------------------------------------------------------------------------ import
+def import_model(model: str, store, *, chat_template: str | None = None, cache_dir: str | Path | None = None) -> str:
+    """The URI the run reads ``model`` from: a sealed directory every node can fetch.
+
+    Built-in names are built (:func:`rlcr.models.resolve_model`) and a sealed ``s3://`` directory is used as
+    it is; a local directory, an unsealed remote directory or a hub id is copied into ``store`` (a
+    :class:`rlcr.storage.Store`) as ``models/<content digest>`` and sealed, unless that copy is there already.
+    """
+    from rlcr.models import resolve_model
+
+    kind = check_model(model, chat_template=chat_template)
+    if kind == "builtin":
+        return resolve_model(model)
+    if kind == "local":
+        return _store_copy(Path(model.removeprefix("file://")).expanduser(), store, cache_dir)
+    if kind == "hub":
+        return _store_copy(_hub_download(model, cache_dir), store, cache_dir)
+    return _import_remote(model, store, chat_template, cache_dir)
+
+
+def _store_copy(local: Path, store, cache_dir) -> str:
+    rel = f"models/{local_digest(local, cache_dir=cache_dir)}"
+    if store.read_seal(rel) is None:
+        store.put_dir(local, rel)
+    return store.url(rel)
+
+
+def _hub_download(model: str, cache_dir) -> Path:
+    from huggingface_hub import snapshot_download
+
+    from rlcr.storage import default_cache_dir
+
+    target = Path(cache_dir or default_cache_dir()) / "hub"
+    try:
+        return Path(snapshot_download(model, cache_dir=str(target), allow_patterns=[
+            "*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]))
+    except Exception as e:  # noqa: BLE001 — any hub failure is one line naming the model
+        raise ModelSourceError(f"model {printable(model, 200)!r}: the hub download failed "
+                               f"({type(e).__name__}: {printable(str(e), 200)})") from None
+
+
+def _import_remote(uri: str, store, chat_template: str | None, cache_dir) -> str:
+    """A sealed remote directory as it is; an unsealed one listed, bounded, downloaded and sealed into the
+    store by content."""
+    from rlcr.storage import Store, StorageError, atomic_directory, new_seal
+
+    parent, name = uri.rstrip("/").rsplit("/", 1)
+    source = Store(parent, endpoint_url=store.endpoint_url)
+    if source.read_seal(name) is not None:
+        return uri.rstrip("/")
+    base = source._abs(name)
+    listing = source.fs.find(base, detail=True, maxdepth=4)
+    if len(listing) > MAX_MODEL_FILES:
+        raise ModelSourceError(f"{printable(uri, 200)}: more than {MAX_MODEL_FILES:,} files; not a model directory")
+    files = {k[len(base):].lstrip("/"): int(v.get("size") or 0) for k, v in listing.items()
+             if v.get("type") != "directory"}
+    try:
+        new_seal(files)  # every name and size must be one a seal could list
+    except StorageError as e:
+        raise ModelSourceError(f"{printable(uri, 200)}: {e}") from None
+    if sum(files.values()) > MAX_MODEL_BYTES:
+        raise ModelSourceError(f"{printable(uri, 200)}: more than {MAX_MODEL_BYTES:,} bytes")
+    what = f"model {printable(uri, 200)!r}"
+    if "config.json" not in files:
+        raise ModelSourceError(f"{what}: not a Hugging Face checkpoint directory (no config.json)")
+    from rlcr.storage import default_cache_dir
+
+    work = Path(cache_dir or default_cache_dir()) / "imports"
+    work.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=work) as tmp:
+        local = Path(tmp) / "model"
+        with atomic_directory(local) as part:
+            for rel, size in files.items():
+                target = part / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                source.fs.get_file(f"{base}/{rel}", str(target))
+                if target.stat().st_size != size:
+                    raise ModelSourceError(f"{what}: {printable(rel, 200)} changed while it was downloaded")
+        _check_local_dir(local, what)
+        check_chat_template(local, chat_template, what=what)
+        return _store_copy(local, store, cache_dir)

@@ -1,0 +1,109 @@
+"""Any Hugging Face model as ``model`` (issue 32 item 5): a plain local directory, an s3:// directory rlcr did
+not write, a hub id (offline here: a one-line error before anything starts), a tokenizer without a chat
+template."""
+
+import json
+import shutil
+import time
+
+import pytest
+
+from rlcr.model_source import (ModelSourceError, check_model, import_model, local_digest, model_kind)
+from rlcr.storage import COMPLETE_MARKER, Store, fetch_checkpoint
+
+
+@pytest.fixture
+def plain_model(tiny_model_dir, tmp_path):
+    """The tiny model as a user would have it: a plain directory, no rlcr seal."""
+    d = tmp_path / "my-model"
+    shutil.copytree(tiny_model_dir, d, ignore=shutil.ignore_patterns(COMPLETE_MARKER))
+    return d
+
+
+def test_the_four_kinds_of_model():
+    assert model_kind("tiny") == "builtin" and model_kind("smollm2-135m-instruct") == "builtin"
+    assert model_kind("s3://bucket/models/x") == "remote"
+    assert model_kind("Qwen/Qwen2.5-0.5B-Instruct") == "hub"
+    assert model_kind("./not-here") == "local"
+    with pytest.raises(ModelSourceError, match="not a hub id"):
+        model_kind("no such thing at all")
+
+
+def test_a_hub_id_offline_is_one_line_before_anything_starts(monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: as offline as it gets
+    import importlib
+
+    import huggingface_hub.constants as constants
+    importlib.reload(constants)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ModelSourceError) as e:
+            check_model("Qwen/Qwen2.5-0.5B-Instruct", hub_timeout_s=2)
+        assert time.monotonic() - t0 < 10
+        msg = str(e.value)
+        assert "\n" not in msg and "cannot be reached" in msg and "model=DIR" in msg
+    finally:
+        monkeypatch.delenv("HF_ENDPOINT")
+        importlib.reload(constants)
+
+
+def test_a_plain_local_directory_is_sealed_into_the_store_by_content(plain_model, tmp_path):
+    store = Store(str(tmp_path / "store"))
+    uri = import_model(str(plain_model), store, cache_dir=tmp_path / "cache")
+    assert uri.startswith(store.url("models/")) and store.is_complete(store.rel(uri))
+    sealed_at = store.parse_seal(store.rel(uri))["sealed_at"]
+    assert import_model(str(plain_model), store, cache_dir=tmp_path / "cache") == uri  # no second copy
+    assert store.parse_seal(store.rel(uri))["sealed_at"] == sealed_at
+    cfg = json.loads((plain_model / "config.json").read_text())
+    cfg["rlcr_edit"] = 1
+    (plain_model / "config.json").write_text(json.dumps(cfg))
+    changed = import_model(str(plain_model), store, cache_dir=tmp_path / "cache")
+    assert changed != uri  # a changed directory is a new model, never the stale copy
+    local = fetch_checkpoint(changed)
+    assert json.loads((local / "config.json").read_text())["rlcr_edit"] == 1
+
+
+def test_the_digest_follows_content_not_timestamps(plain_model, tmp_path):
+    d1 = local_digest(plain_model, cache_dir=tmp_path)
+    copy = tmp_path / "copy"
+    shutil.copytree(plain_model, copy)
+    assert local_digest(copy, cache_dir=tmp_path) == d1
+    (copy / "extra.txt").write_text("x")
+    assert local_digest(copy, cache_dir=tmp_path) != d1
+
+
+def test_a_directory_without_a_chat_template_needs_one_in_the_config(plain_model):
+    (plain_model / "chat_template.jinja").unlink(missing_ok=True)
+    tc = json.loads((plain_model / "tokenizer_config.json").read_text())
+    tc.pop("chat_template", None)
+    (plain_model / "tokenizer_config.json").write_text(json.dumps(tc))
+    with pytest.raises(ModelSourceError, match="no chat template"):
+        check_model(str(plain_model))
+    assert check_model(str(plain_model), chat_template="{{ messages }}") == "local"
+
+
+@pytest.mark.parametrize("remove, message", [("config.json", "no config.json"),
+                                             ("model.safetensors", "no weights")])
+def test_a_local_directory_that_is_not_a_checkpoint_is_refused(plain_model, remove, message):
+    (plain_model / remove).unlink()
+    with pytest.raises(ModelSourceError, match=message):
+        check_model(str(plain_model))
+
+
+def test_an_unsealed_s3_directory_is_imported_and_sealed(plain_model, s3, tmp_path):
+    from s3server import BUCKET
+
+    theirs = Store(f"s3://{BUCKET}/someone-else", endpoint_url=s3.endpoint)
+    for p in plain_model.iterdir():  # uploaded by hand, as any tool would: no seal
+        theirs.fs.put_file(str(p), f"{theirs.root}/hf-model/{p.name}")
+    assert not theirs.is_complete("hf-model")
+    store = Store(f"s3://{BUCKET}/{tmp_path.name}", endpoint_url=s3.endpoint)
+    uri = import_model(theirs.url("hf-model"), store, cache_dir=tmp_path / "cache")
+    assert store.is_complete(store.rel(uri))
+    local = fetch_checkpoint(uri, endpoint_url=s3.endpoint, cache_dir=tmp_path / "ckpt")
+    assert (local / "config.json").read_bytes() == (plain_model / "config.json").read_bytes()
+    # a key no seal could name is refused, naming it
+    theirs.fs.pipe_file(f"{theirs.root}/bad-model/config.json", b"{}")
+    theirs.fs.pipe_file(f"{theirs.root}/bad-model/a\x01b", b"x")
+    with pytest.raises(ModelSourceError, match="bad-model"):
+        import_model(theirs.url("bad-model"), store, cache_dir=tmp_path / "cache")
