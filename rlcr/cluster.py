@@ -1,11 +1,14 @@
 """The Ray cluster a run uses: start-up, and what a run asks of it.
 
 A run keeps its vLLM engine actors for the whole flow (they serve both rollout
-stages, every iteration and the evaluations) while Ray Train's workers come and go
-for each update, so the cluster must hold both at once. :func:`check_fits` compares
-that demand with the cluster *before* any work and fails within seconds, naming
-what was asked and what the cluster has: Ray itself would wait forever for
-resources that never come.
+stages, every iteration and the evaluations) and its Ray Train workers too
+(:class:`rlcr.train.trainer.PolicyTrainer` starts them once; they keep their
+resources while the rollouts run), so the cluster must hold the engines, the
+trainer workers *and* the rollouts' Ray Data stage tasks at once;
+``engine_release_during_update`` frees only the engines, only during the update.
+:func:`check_fits` compares that demand with the cluster *before* any work and
+fails within seconds, naming what was asked and what the cluster has: Ray itself
+would wait forever for resources that never come.
 
 Placement is configuration: ``engine_resources`` and ``trainer_resources`` add custom
 Ray resources to what each engine actor and each Ray Train worker asks for (e.g.
@@ -35,7 +38,7 @@ from rlcr.config import ConfigError, RLCRConfig
 __all__ = ["ensure_ray", "engine_actor_resources", "trainer_worker_resources", "ENGINE_ACTOR_CPUS", "STAGE_ACTOR_CPUS",
            "run_demand", "check_fits", "check_cluster_fits", "ResourceError", "check_storage", "StorageNotShared",
            "alive_nodes", "StorageUnreachable", "check_storage_reachable", "storage_problem", "ray_dashboard",
-           "DASHBOARD_ENV", "ray_log_dir"]
+           "DASHBOARD_ENV", "ray_log_dir", "WORKER_SOFT_LIMIT", "WORKER_SOFT_LIMIT_ENV"]
 
 ENGINE_ACTOR_CPUS = 0.5
 """Logical CPUs of one long-lived engine actor (it mostly waits; its threads use the node's cores)."""
@@ -93,6 +96,16 @@ def ray_dashboard() -> tuple[bool, str]:
     return True, f"{DASHBOARD_ENV}={setting}" if setting != "auto" else "ray[default] installed"
 
 
+WORKER_SOFT_LIMIT_ENV = "RAY_num_workers_soft_limit"
+WORKER_SOFT_LIMIT = 64
+"""Idle Ray workers a local Ray keeps (``$RAY_num_workers_soft_limit``, set by :func:`ensure_ray` unless already
+set). Ray's default is the node's CPU count: with the engines, the trainer workers and Ray Train's and Ray Data's
+own actors already above it, the raylet kills each idle worker after a second and every Ray Data task of the
+next stage starts a new Python process. Measured on the demo (2 cores): the Ray Data stages' overhead fell from
+2.79 s to 0.20 s per iteration (docs/iteration-overhead.md). A cluster started with ``ray start`` reads it from
+``ray start``'s own environment (docs/deployments.md)."""
+
+
 def ray_log_dir() -> str:
     """Where a local Ray writes its logs (the newest session's): Ray's own rule for its temp dir."""
     base = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
@@ -101,13 +114,16 @@ def ray_log_dir() -> str:
 
 def ensure_ray() -> str | None:
     """Connect to the cluster at ``RAY_ADDRESS``, or start a local Ray (with its dashboard where
-    :func:`ray_dashboard` says so). Returns the dashboard's address when this call started one."""
+    :func:`ray_dashboard` says so, and :data:`WORKER_SOFT_LIMIT` idle workers kept unless
+    ``$RAY_num_workers_soft_limit`` says otherwise). Returns the dashboard's address when this call started one."""
     import ray
 
     if ray.is_initialized():
         return None
     address = os.environ.get("RAY_ADDRESS") or None
     dashboard = ray_dashboard()[0] if address is None else False
+    if address is None:  # read by the raylet this ray.init starts (and inherited by its workers)
+        os.environ.setdefault(WORKER_SOFT_LIMIT_ENV, str(WORKER_SOFT_LIMIT))
     context = ray.init(
         address=address,
         include_dashboard=dashboard,
@@ -158,14 +174,17 @@ def _add(a: dict[str, float], b: Mapping[str, float], times: float = 1.0) -> dic
 
 
 def run_demand(cfg: RLCRConfig) -> dict[str, dict[str, float]]:
-    """What a run holds at once in each phase: the engines stay up through both.
+    """What a run holds at once in each phase. The trainer's ``num_workers`` workers live for the whole run
+    (they hold their resources through the rollouts and evaluations too), and so do the engines, except
+    during the update with ``engine_release_during_update``.
 
-    ``rollouts``: engines + two stages of ``rollout_actors`` stage actors + one cheap step;
-    ``update``: engines + ``num_workers`` trainer workers.
+    ``rollouts`` (and the held-out evaluations, the same pipeline): engines + trainer workers + two stages of
+    ``rollout_actors`` stage tasks + one cheap step; ``update``: trainer workers (+ engines unless released).
     """
     engines = _add({}, engine_actor_resources(cfg), cfg.rollout_actors)
-    rollouts = _add(engines, {"CPU": STAGE_ACTOR_CPUS}, 2 * cfg.rollout_actors + 1)
-    update = _add(engines, trainer_worker_resources(cfg), cfg.num_workers)
+    workers = _add({}, trainer_worker_resources(cfg), cfg.num_workers)
+    rollouts = _add(_add(engines, workers), {"CPU": STAGE_ACTOR_CPUS}, 2 * cfg.rollout_actors + 1)
+    update = workers if cfg.engine_release_during_update else _add(engines, workers)
     return {"rollouts": rollouts, "update": update}
 
 
@@ -196,8 +215,8 @@ def check_fits(cfg: RLCRConfig, cluster: Mapping[str, float],
             "the run does not fit in the Ray cluster: " + "; ".join(problems) + ". Asked: "
             f"{cfg.rollout_actors} engine actor(s) × {engines} kept for the whole run (rollout_actors, "
             f"engine_tensor_parallel_size, engine_resources) plus {cfg.num_workers} trainer worker(s) × {worker} "
-            f"during each update (num_workers, use_gpu, trainer_resources). Lower num_workers or rollout_actors, "
-            f"or add nodes.")
+            f"also kept for the whole run (num_workers, use_gpu, trainer_resources) plus the rollouts' stage tasks "
+            f"({STAGE_ACTOR_CPUS:g} CPU each). Lower num_workers or rollout_actors, or add nodes.")
 
 
 def alive_nodes() -> list[dict[str, Any]]:

@@ -69,7 +69,8 @@ def test_custom_resources_reach_each_actor_and_the_demand():
     assert engine_actor_resources(cfg) == {"CPU": 0.5, "worker_node": 1.0}
     assert trainer_worker_resources(cfg) == {"CPU": 1.0, "worker_node": 1.0, "fast_disk": 0.5}
     demand = run_demand(cfg)
-    assert demand["rollouts"]["worker_node"] == 2.0 and "fast_disk" not in demand["rollouts"]
+    # the trainer's workers live for the whole run: they hold their units through the rollouts too
+    assert demand["rollouts"]["worker_node"] == 2.0 + 3.0 and demand["rollouts"]["fast_disk"] == 1.5
     assert demand["update"]["worker_node"] == 2.0 + 3.0 and demand["update"]["fast_disk"] == 1.5
     gpu = RLCRConfig(use_gpu=True, engine_tensor_parallel_size=2, engine_resources={"gpu_pool": 1},
                      trainer_resources={"gpu_pool": 1})
@@ -94,7 +95,8 @@ def test_a_run_that_cannot_be_placed_fails_naming_the_resource():
     with pytest.raises(ResourceError) as e:  # no node advertises it
         check_fits(cfg, {"CPU": 8.0})
     msg = str(e.value)
-    assert "needs 1 worker_node but the cluster has 0" in msg and "needs 2 worker_node" in msg
+    assert "the rollouts phase needs 2 worker_node but the cluster has 0" in msg  # engine + trainer worker
+    assert "the update phase needs 2 worker_node but the cluster has 0" in msg
     assert "engine_resources, trainer_resources" in msg and "ray start --resources" in msg
     with pytest.raises(ResourceError, match="the update phase needs 2 worker_node but the cluster has 1"):
         check_fits(cfg, {"CPU": 8.0, "worker_node": 1.0})  # the engine keeps its unit through the update
