@@ -115,7 +115,9 @@ def _final(text: str, where: str, column: str) -> str:
 
 
 def _problem(row: Mapping[str, Any], where: str, fields: Mapping[str, str]) -> MathProblem:
-    qname = "question" if "question" in fields or "question" in row else "problem"
+    if "question" not in fields and row.get("question") is None and row.get("problem") is None:
+        raise TaskFormatError(f"{where}: field 'question' (or 'problem') is missing")
+    qname = "question" if "question" in fields or row.get("question") is not None else "problem"
     qcol, question = mapped_field(row, qname, fields)
     question = check_text(question, where, printable(qcol, 60), MAX_QUESTION_CHARS)
     acol, answer = mapped_field(row, "answer", fields)
