@@ -21,14 +21,13 @@ from rlcr.tasks.base import (
     Task,
     TaskFormatError,
     extract_answer,
-    get_task,
     register_task,
-    task_names,
 )
 from rlcr.tasks.countdown import CONFIDENCE_QUERY as COUNTDOWN_CONFIDENCE_QUERY
 from rlcr.tasks.countdown import extract_solution
 from rlcr.tasks.math import MathProblem, MathTask, last_boxed
 from rlcr.tasks.math_verifier import MAX_ANSWER_CHARS, equivalent
+from rlcr.tasks.registry import get_task, task_names
 
 FORMAT = 0.1
 

@@ -1,10 +1,10 @@
 """The task interface and its registry (issue 32): what a run needs from a task, by name (docs/tasks.md).
 
 A *task* (``countdown``, ``math``, …) is a kind of problem with its rows, prompts and verifier. A task is a
-subclass of :class:`Task` registered under a name with :func:`register_task`; :func:`get_task` returns an
-instance by name, as ``rlcr.train.update`` does for objectives. Its *problems* are the rows: whatever
-object the task uses (Countdown's ``CountdownTask``, math's ``MathProblem``), handled only through the
-task's methods by the code that is generic over tasks.
+subclass of :class:`Task` registered under a name with :func:`register_task`; ``rlcr.tasks.registry.get_task``
+returns an instance by name, as ``rlcr.train.update`` does for objectives. Its *problems* are the rows:
+whatever object the task uses (Countdown's ``CountdownTask``, math's ``MathProblem``), handled only through
+the task's methods by the code that is generic over tasks.
 
 The flow does not use this interface yet: Countdown is still imported directly (docs/tasks.md, "Status").
 
@@ -23,7 +23,7 @@ from typing import Any, Callable, ClassVar, Hashable, Iterator, Mapping
 
 from rlcr.untrusted import InvalidInput, check_depth, decode_text, parse_json, printable
 
-__all__ = ["Task", "TaskFormatError", "WarmStart", "TASKS", "register_task", "get_task", "task_names",
+__all__ = ["Task", "TaskFormatError", "WarmStart", "TASKS", "register_task",
            "extract_answer", "read_rows", "mapped_field", "check_text", "problems_of", "CONFIDENCE_QUERY", "MAX_ROW_BYTES"]
 
 MAX_ROW_BYTES = 64 * 1024
@@ -208,7 +208,6 @@ class Task(abc.ABC):
 
 TASKS: dict[str, type[Task]] = {}
 """The tasks a config may name, by name."""
-_INSTANCES: dict[str, Task] = {}
 
 
 def register_task(name: str) -> Callable[[type[Task]], type[Task]]:
@@ -224,26 +223,6 @@ def register_task(name: str) -> Callable[[type[Task]], type[Task]]:
         return cls
 
     return register
-
-
-def task_names() -> list[str]:
-    """The registered names, sorted (after importing the tasks shipped with rlcr)."""
-    _import_builtin()
-    return sorted(TASKS)
-
-
-def get_task(name: Any) -> Task:
-    """The task registered as ``name`` (one instance per process); ValueError naming the registered ones."""
-    _import_builtin()
-    if not isinstance(name, str) or name not in TASKS:
-        raise ValueError(f"unknown task {printable(repr(name), 60)}; registered: {', '.join(sorted(TASKS))}")
-    if name not in _INSTANCES:
-        _INSTANCES[name] = TASKS[name]()
-    return _INSTANCES[name]
-
-
-def _import_builtin() -> None:
-    import rlcr.tasks.math  # noqa: F401  (registers "math")
 
 
 # --------------------------------------------------------------------------- reading task files
