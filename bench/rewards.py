@@ -9,9 +9,14 @@ Measures:
    huge literals, unicode digits, thousands of ``<answer>`` tags). Every docs/design.md §2–§4
    hole must score the format score 0.1, else the script exits non-zero.
 
-Run from the repo root:  python bench/rewards.py [--n 100000] [--seed 0]
-The last two lines are ``adversarial slowest call us: <n>`` and
-``compute_score scores/s: <n>``.
+3. the math task's verifier (rlcr.tasks.math, math-verify in a worker process): scores per second on
+   typical answers to the shipped problems (right in equivalent forms, wrong, malformed; each answer new,
+   so no cached result), and the slowest call on the hostile answers (power towers, huge factorials,
+   megabytes of LaTeX, deep braces), which must all score the format score.
+
+Run from the repo root:  python bench/rewards.py [--n 100000] [--math-n 2000] [--seed 0]
+The last four lines are ``adversarial slowest call us: <n>``, ``math hostile slowest call s: <n>``,
+``math verifier scores/s: <n>`` and ``compute_score scores/s: <n>``.
 """
 
 import argparse
@@ -25,6 +30,8 @@ from collections import Counter
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from rlcr.config import RLCRConfig  # noqa: E402
 from rlcr.tasks.countdown import compute_score, generate_tasks  # noqa: E402
+from rlcr.tasks.math_data import DATA_DIR, GSM8K_FILE, MATH_FILE  # noqa: E402
+from rlcr.tasks.registry import get_task  # noqa: E402
 
 FORMAT_SCORE = RLCRConfig().format_score  # the config's default (0.1)
 N_TASKS = 500
@@ -179,12 +186,70 @@ def time_call(text, gt):
     return min(times) * 1e6, max(times) * 1e6, s
 
 
+# ----------------------------------------------------------------------------- the math verifier
+
+MATH_HOSTILE = {
+    "power tower 10^{10^{10}}": "10^{10^{10}}",
+    "(10^{9999})^{9999}": "(10^{9999})^{9999}",
+    "99999999!": "99999999!",
+    "binom(99999999, 49999999)": "\\binom{99999999}{49999999}",
+    "1 MB of LaTeX": "\\frac{1}{2}+" * 100_000,
+    "50k nested braces": "{" * 50_000 + "1" + "}" * 50_000,
+    "2^{2}, 50 times": "2^{2}" * 50,
+}
+
+
+def math_answers(n, seed):
+    """(completion, problem) pairs: a new answer each (no cached result), right, wrong or malformed."""
+    task = get_task("math")
+    problems = task.load(str(DATA_DIR / GSM8K_FILE)) + task.load(str(DATA_DIR / MATH_FILE))
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        p = problems[i % len(problems)]
+        r = rng.random()
+        if r < 0.4:  # right, in a form of its own: the gold plus a unique zero term
+            answer = f"{p.answer} + 0 \\cdot {i}"
+        elif r < 0.8:  # wrong
+            answer = f"{p.answer} + {i + 1}"
+        else:  # malformed
+            answer = f"\\frac{{{i}}}{{"
+        out.append((f"<think>Let me work it out.</think>\n<answer>{answer}</answer>", p))
+    return task, out
+
+
+def bench_math(n, seed):
+    """(scores/s on typical answers, slowest hostile call in s); exits non-zero if a hostile answer scores."""
+    task, data = math_answers(n, seed)
+    task.score(*data[0], format_score=FORMAT_SCORE)  # starts the worker
+    t0 = time.perf_counter()
+    scores = [task.score(text, p, format_score=FORMAT_SCORE) for text, p in data[1:]]
+    rate = (len(data) - 1) / (time.perf_counter() - t0)
+    dist = Counter(scores)
+    print(f"math verifier: scored {len(scores)} answers at {rate:,.0f} scores/s; "
+          + ", ".join(f"score {v}: {dist[v]}" for v in sorted(dist)))
+    print("math hostile answers (gold 5; each must score the format score):")
+    slowest, failures = 0.0, []
+    for name, answer in MATH_HOSTILE.items():
+        t0 = time.perf_counter()
+        s = task.score(f"<answer>{answer}</answer>", data[0][1], format_score=FORMAT_SCORE)
+        took = time.perf_counter() - t0
+        slowest = max(slowest, took)
+        print(f"  {name:<32} {len(answer):>9} chars  score {s:<4} {took:8.3f} s", flush=True)
+        if s != FORMAT_SCORE:
+            failures.append(f"{name}: got {s}")
+    if failures:
+        sys.exit("FAIL: hostile math answers must score the format score: " + "; ".join(failures))
+    return rate, slowest
+
+
 # ----------------------------------------------------------------------------- main
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=100_000, help="number of model-like completions to score")
+    parser.add_argument("--math-n", type=int, default=2000, help="number of math answers to verify")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
@@ -227,7 +292,13 @@ def main():
         sys.exit("FAIL: docs/design.md §2–§4 holes must return the format score 0.1:\n  " + "\n  ".join(failures))
 
     print(f"slowest adversarial case: {slowest_name}")
+    print()
+    # 3. the math verifier
+    math_rate, math_slowest = bench_math(args.math_n, args.seed)
+    print()
     print(f"adversarial slowest call us: {slowest:.1f}")
+    print(f"math hostile slowest call s: {math_slowest:.3f}")
+    print(f"math verifier scores/s: {math_rate:.0f}")
     print(f"compute_score scores/s: {rate:.0f}")
 
 
