@@ -241,6 +241,7 @@ def _check_inputs(cfg, model: Optional[str] = None, option: str = "model") -> No
 
 def _existing_run(cfg, run_id: str):
     """Run ``run_id`` under the config's storage, or a one-line error naming the storage and the runs it holds."""
+    from rlcr.run_layout import RUNS
     from rlcr.runs import RunStore, list_runs
 
     run = RunStore.open(cfg, run_id)
@@ -248,7 +249,7 @@ def _existing_run(cfg, run_id: str):
         return run
     runs = sorted(list_runs(run.store))
     shown = ", ".join(printable(r, 60) for r in runs[:10]) + (f", … ({len(runs)} runs)" if len(runs) > 10 else "")
-    raise UserError(f"run {printable(repr(run_id), 140)} not found under {printable(run.store.url('runs'), 300)} "
+    raise UserError(f"run {printable(repr(run_id), 140)} not found under {printable(run.store.url(RUNS), 300)} "
                     f"(runs there: {shown or 'none'}; storage_uri chooses the storage)")
 
 

@@ -765,5 +765,8 @@ def _cache_entry(cache: Path, uri: str, content_id: str) -> Path:
 
 
 def iteration_prefix(run_id: str, iteration: int) -> str:
-    """Store-relative folder of one iteration: ``runs/<run_id>/iter-<k>`` (k zero-padded to 4)."""
+    """Store-relative folder of one iteration: ``runs/<run_id>/iter-<k>`` (k zero-padded to 4).
+
+    Kept only for ``rlcr/train/trainer.py::checkpoint_rel`` until it calls
+    :meth:`rlcr.run_layout.RunLayout.standalone_checkpoint_rel` (run paths are the layout's); delete it then."""
     return f"runs/{validate_run_id(run_id)}/iter-{iteration:04d}"
