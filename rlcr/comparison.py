@@ -1,0 +1,136 @@
+"""Which held-out rows a paired comparison compares (docs/design.md §9): a run's at an iteration, a .parquet file
+of `rlcr eval --records`, or several such files of one policy's sample draws pooled; the rules that refuse rows
+that are not one evaluation, draws that are not of one policy, or the same answers counted twice. The figures
+are :mod:`rlcr.evaluate`'s; the CLI only parses options and prints (:mod:`rlcr.presentation`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from rlcr.evaluate import check_eval_rows, compare_evaluations, pool_draws, summarize_eval
+from rlcr.untrusted import InvalidInput, printable
+
+__all__ = ["RowsRefused", "evaluated_iterations", "read_records", "check_draws", "held_out_rows",
+           "common_iteration", "compare_held_out"]
+
+SIDES = "RUN_A/RUN_B"
+
+
+class RowsRefused(InvalidInput):
+    """Rows that cannot be compared; ``param`` names the input they came from (``RUN_A/RUN_B``, ``--iteration``)."""
+
+    def __init__(self, message: str, param: str = SIDES):
+        super().__init__(message)
+        self.param = param
+
+
+def evaluated_iterations(run) -> list[int]:
+    """Iterations of a run (0: its initial policy) whose held-out evaluation kept per-answer rows."""
+    its = [0] + [m["iteration"] for m in run.committed()]
+    return [k for k in its if run.store.exists(run.eval_records_rel(k))]
+
+
+def read_records(f: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The per-answer rows of one .parquet file of `rlcr eval --records`, checked to be one evaluation
+    (:func:`rlcr.evaluate.check_eval_rows`), and the provenance it holds; a one-line error naming the file."""
+    import pyarrow.parquet as pq
+
+    from rlcr.rollout.records import provenance, table_to_rows
+
+    name = printable(f)
+    if not Path(f).is_file():
+        raise RowsRefused(f"{name}: no such file")
+    try:
+        table = pq.read_table(f)
+        rows = table_to_rows(table)
+    except Exception as e:  # not Parquet, or not the rollout schema
+        raise RowsRefused(f"{name}: not per-answer evaluation rows ({type(e).__name__}: {printable(e, 300)})") from None
+    try:
+        check_eval_rows(rows, f)
+        return rows, provenance(table, f)
+    except InvalidInput as e:
+        raise RowsRefused(str(e)) from None
+
+
+def check_draws(files: Sequence[str], sources: Sequence[dict[str, Any]]) -> None:
+    """What pooled files say of themselves must fit one policy, drawn anew each time."""
+    known = [(f, s) for f, s in zip(files, sources) if s]
+    for f, s in known[1:]:
+        if s.get("policy") != known[0][1].get("policy") or s.get("method") != known[0][1].get("method"):
+            raise RowsRefused(f"{printable(f)}: rows of {printable(s.get('policy'), 100)} "
+                              f"({printable(s.get('method'), 40)}), but {printable(known[0][0])} holds "
+                              f"{printable(known[0][1].get('policy'), 100)} "
+                              f"({printable(known[0][1].get('method'), 40)}); "
+                              "pooled files must be draws of one policy")
+    seen: dict[str, str] = {}
+    for f, s in known:  # the draw as its JSON text: a hand-written file may hold any JSON value there
+        first = seen.setdefault(json.dumps(s["draw"]), f) if "draw" in s else f
+        if first != f:
+            raise RowsRefused(f"{printable(f)}: sample draw {printable(s['draw'], 60)}, as {printable(first)} "
+                              "— the same answers twice; pool different draws (`rlcr eval --draw k`)")
+
+
+def held_out_rows(side: str, run, iteration: Optional[int]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The per-answer held-out rows of one side of a comparison — a run's at ``iteration``, a .parquet file's,
+    or those of several files joined by '+' (sample draws of one policy, pooled by
+    :func:`rlcr.evaluate.pool_draws`) — and, for files `rlcr eval --records` wrote, where they came from."""
+    if run is not None:
+        rows = run.eval_records(iteration)
+        if rows is None:
+            raise RowsRefused(f"run {run.run_id!r} kept no held-out rows for iteration {iteration} "
+                              f"(it has them for {evaluated_iterations(run) or 'none'})", "--iteration")
+        try:
+            check_eval_rows(rows, run.store.url(run.eval_records_rel(iteration)))
+        except InvalidInput as e:
+            raise RowsRefused(str(e)) from None
+        return rows, {}
+    files = [side] if Path(side).is_file() else side.split("+")  # a file whose own name holds '+' is one file
+    if len(set(map(os.path.realpath, files))) < len(files):
+        raise RowsRefused(f"{printable(side)}: a file is named twice (its answers would count twice)")
+    draws, sources = zip(*(read_records(f) for f in files))
+    if len(files) == 1:
+        return draws[0], sources[0]
+    check_draws(files, list(sources))
+    try:
+        rows = pool_draws(draws)
+    except ValueError as e:
+        raise RowsRefused(f"{printable(side)}: {printable(e, 300)}") from None
+    known = [s for s in sources if s]
+    pooled = {"pooled": " + ".join(Path(f).name + (f" (draw {s['draw']})" if "draw" in s else "")
+                                   for f, s in zip(files, sources))}
+    return rows, {**{k: v for k, v in (known[0] if known else {}).items() if k in ("policy", "method")}, **pooled}
+
+
+def common_iteration(runs: Sequence[Any], iteration: Optional[int]) -> Optional[int]:
+    """The iteration to compare the runs among the sides (None where a side is a file): the one asked for, or
+    the last one every run evaluated with per-answer rows; refused for files alone."""
+    present = [r for r in runs if r is not None]
+    if iteration is None and present:
+        common = sorted(set.intersection(*(set(evaluated_iterations(r)) for r in present)))
+        if not common:
+            raise RowsRefused(f"{' and '.join(repr(r.run_id) for r in present)} kept per-answer "
+                              "held-out rows for no common iteration")
+        return common[-1]
+    if iteration is not None and not present:
+        raise RowsRefused("applies to runs, not to .parquet files", "--iteration")
+    return iteration
+
+
+def compare_held_out(sides: Sequence[str], runs: Sequence[Any], iteration: Optional[int], *, n_resamples: int,
+                     seed: int) -> dict[str, Any]:
+    """A − B on the held-out tasks both sides evaluated (:func:`rlcr.evaluate.compare_evaluations`), and each
+    side alone on those shared tasks, for scale: ``{"iteration", "comparison", "sides", "sources"}``."""
+    iteration = common_iteration(runs, iteration)
+    rows, sources = zip(*(held_out_rows(side, run, iteration) for side, run in zip(sides, runs)))
+    try:
+        cmp = compare_evaluations(rows[0], rows[1], n_resamples=n_resamples, seed=seed)
+    except ValueError as e:
+        raise RowsRefused(printable(e, 500)) from None
+    shared = set.intersection(*({r["prompt_id"] for r in side if r["sample_type"] == "answer"} for side in rows))
+    alone = [summarize_eval([r for r in side if r["prompt_id"] in shared], n_resamples=n_resamples, seed=seed)
+             for side in rows]
+    return {"iteration": iteration, "comparison": cmp, "sides": alone, "sources": list(sources)}
