@@ -154,7 +154,7 @@ def test_another_hosts_download_in_progress_is_not_swept_from_a_shared_cache(tmp
     process with another host id) killed, or just unknown here, keeps its temporary; one of this host goes."""
     code = """
 import os, signal, sys
-import rlcr.storage as s
+import rlcr.storage.local as s  # the module whose temporaries carry the host id
 if sys.argv[2] != "this":
     s._HOST_ID = sys.argv[2]
 with s.atomic_directory(sys.argv[1]) as tmp:
