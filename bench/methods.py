@@ -118,7 +118,7 @@ def per_iteration(cfg, run_id: str) -> dict[str, float]:
 
 
 def cell(ev: dict, key: str) -> str:
-    from rlcr.evaluate import with_ci
+    from rlcr.presentation import with_ci
 
     return with_ci(ev, key)
 
@@ -132,7 +132,7 @@ def count_cell(ev: dict, n: str) -> str:
 
 
 def by_count_text(ev: dict) -> str:
-    from rlcr.evaluate import by_count_text as text
+    from rlcr.presentation import by_count_text as text
 
     return text(ev)
 
@@ -140,7 +140,8 @@ def by_count_text(ev: dict) -> str:
 def paired_lines(methods, method_cfg, run_id, iteration) -> list[str]:
     """Markdown rows of rlcr − other at ``iteration``, paired on the same held-out tasks (where both
     evaluations kept their per-answer rows)."""
-    from rlcr.evaluate import compare_evaluations, difference_text
+    from rlcr.evaluate import compare_evaluations
+    from rlcr.presentation import difference_text
     from rlcr.runs import RunStore
 
     if iteration is None:

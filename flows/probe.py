@@ -62,7 +62,7 @@ def newest_checkpoint(cfg, run_id: str) -> tuple[int, str]:
     last = run.last_committed()
     if last is None or not last.get("checkpoint_uri"):
         raise NoCommittedIteration(
-            f"run {run_id!r} has no committed iteration under {cfg.storage_uri}/runs/{run_id}: nothing to probe "
+            f"run {run_id!r} has no committed iteration under {run.store.url(run.prefix)}: nothing to probe "
             "(train it first, or pass another run_id)")
     return int(last["iteration"]), run.verified_state(last)
 

@@ -15,6 +15,7 @@ import argparse
 
 from prefect import serve
 
+from flows.probe import probe_deployment
 from flows.train import rlcr_train
 
 
@@ -22,10 +23,6 @@ def deployments(config: str | None = None, probe_cron: str | None = None):
     params = {"config": config} if config else {}
     deps = [rlcr_train.to_deployment(name="train", parameters=params,
                                      description="RLCR training: resumable iterations (rollouts → update → eval → commit)")]
-    try:
-        from flows.probe import probe_deployment
-    except ImportError:  # the probe flow is optional
-        return deps
     deps.append(probe_deployment(config=config, cron=probe_cron))
     return deps
 

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import math
 import re
-import time
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -35,8 +33,9 @@ from prefect.tasks import exponential_backoff
 from rlcr import events
 from rlcr.cluster import check_cluster_fits, check_storage, ensure_ray
 from rlcr.config import ConfigError, RLCRConfig, load_config
-from rlcr.evaluate import by_count_text, evaluate_policy, with_ci
+from rlcr.evaluate import evaluate_policy
 from rlcr.models import resolve_model
+from rlcr.presentation import metrics_markdown, progress_line
 from rlcr.rollout.engine import EnginePool
 from rlcr.rollout.pipeline import finalize_rollouts, generate_rollouts, rollout_seed
 from rlcr.rollout.records import rows_to_table
@@ -46,7 +45,7 @@ from rlcr.storage import validate_run_id
 from rlcr.tracking import Tracker, tracker_from_config
 from rlcr.train.trainer import PolicyTrainer, StateLost
 
-__all__ = ["rlcr_train", "ensure_ray", "resolve_config", "add_listener", "remove_listener", "artifact_key", "run_key"]
+__all__ = ["rlcr_train", "ensure_ray", "resolve_config", "artifact_key", "run_key"]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -74,45 +73,6 @@ def resolve_run_id(cfg: RLCRConfig, run_id: str | None) -> str:
         raise ConfigError(f"run_id: {e}") from None
 
 
-def add_listener(fn) -> None:
-    """Call ``fn(stage, iteration)`` at the start of every stage attempt (see :mod:`rlcr.events` for more)."""
-    events.subscribe(_StartAdapter(fn))
-
-
-def remove_listener(fn) -> None:
-    events.unsubscribe(_StartAdapter(fn))
-
-
-class _StartAdapter:
-    def __init__(self, fn):
-        self.fn = fn
-
-    def __call__(self, event: events.StageEvent) -> None:
-        if event.phase == "start":
-            self.fn(event.stage, event.iteration)
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, _StartAdapter) and other.fn == self.fn
-
-    def __hash__(self) -> int:
-        return hash(self.fn)
-
-
-def _started(stage: str, iteration: int) -> None:
-    events.emit(events.StageEvent(stage, iteration, "start"))
-
-
-@contextlib.contextmanager
-def timed_stage(stage: str, iteration: int, timings: dict[str, float]):
-    """Time a stage into ``timings[<stage>_s]`` and emit its ``end`` event with the figures the body sets."""
-    figures: dict[str, Any] = {}
-    t0 = time.perf_counter()
-    yield figures
-    elapsed = time.perf_counter() - t0
-    timings[f"{stage}_s"] = elapsed
-    events.emit(events.StageEvent(stage, iteration, "end", elapsed, figures))
-
-
 def run_key(run_id: str) -> str:
     """Any valid run id as part of a Prefect artifact key (``[a-z0-9-]``): a slug and a short hash of the id,
     which keeps distinct ids distinct."""
@@ -131,43 +91,13 @@ def _opts(cfg: RLCRConfig) -> dict:
                 cache_policy=NO_CACHE, retry_condition_fn=_retry_unless_final)
 
 
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        return "nan" if math.isnan(v) else f"{v:.4g}"
-    return str(v)
-
-
-def metrics_markdown(run_id: str, iteration: int, metrics: dict[str, Any], uris: dict[str, str]) -> str:
-    rollout, ev, upd, timings = metrics["rollout"], metrics["eval"], metrics["update"], metrics["timings"]
-    rows = [
-        ("answer reward mean / std", f"{_fmt(rollout.get('answer/reward_mean'))} / {_fmt(rollout.get('answer/reward_std'))}"),
-        ("confidence reward mean / std", f"{_fmt(rollout.get('confidence/reward_mean'))} / {_fmt(rollout.get('confidence/reward_std'))}"),
-        ("answer / confidence length", f"{_fmt(rollout.get('answer/length_mean'))} / {_fmt(rollout.get('confidence/length_mean'))}"),
-        ("tokens generated / trained", f"{_fmt(rollout.get('tokens/generated'))} / {_fmt(rollout.get('tokens/trained'))}"),
-        ("held-out tasks × answers", f"{ev.get('n_tasks', '–')} × {ev.get('n_answers', '–')}"),
-        ("held-out accuracy [95% CI]", with_ci(ev, "accuracy")),
-        ("held-out mean confidence", _fmt(ev.get("mean_confidence"))),
-        ("held-out ECE (10 bins) [95% CI]", with_ci(ev, "ece")),
-        ("held-out Brier [95% CI]", with_ci(ev, "brier")),
-        ("held-out AUROC [95% CI]", with_ci(ev, "auroc")),
-        ("held-out by number count", by_count_text(ev) or "–"),
-        ("held-out per-answer rows", ev.get("records_uri") or "–"),
-        ("confidence parse rate", _fmt(ev.get("confidence_parse_rate"))),
-        ("update loss", _fmt(upd.get("loss"))),
-        ("grad norm", _fmt(upd.get("grad_norm"))),
-    ] + [(f"time: {k}", f"{v:.1f} s") for k, v in timings.items()]
-    table = "\n".join(f"| {k} | {v} |" for k, v in rows)
-    links = "\n".join(f"- {k}: `{v}`" for k, v in uris.items())
-    return f"# rlcr run `{run_id}` — iteration {iteration}\n\n| metric | value |\n|---|---|\n{table}\n\n{links}\n"
-
-
 # ----------------------------------------------------------------------------- tasks
 
 
 @task(name="rollouts")
 def rollouts_task(cfg, prompts, policy, run_id, iteration, engines, tokenizer_uri):
     """Answer stage then confidence stage on Ray Data; scored records."""
-    _started("rollouts", iteration)
+    events.started("rollouts", iteration)
     return generate_rollouts(cfg, prompts, policy_uri=policy, run_id=run_id, iteration=iteration, engines=engines,
                              tokenizer_uri=tokenizer_uri)
 
@@ -175,7 +105,7 @@ def rollouts_task(cfg, prompts, policy, run_id, iteration, engines, tokenizer_ur
 @task(name="advantages")
 def advantages_task(cfg, rows, run, iteration, lease):
     """Two-level advantages (docs/design.md §7) and the rollouts Parquet (written under the run's lease)."""
-    _started("advantages", iteration)
+    events.started("advantages", iteration)
     result = finalize_rollouts(cfg, rows, run_id=run.run_id, iteration=iteration)
     result.uri = run.write_rollouts(iteration, rows_to_table(result.rows), lease=lease)
     return result
@@ -196,7 +126,7 @@ def _retry_unless_final(task, task_run, state) -> bool:
 @task(name="update", retry_condition_fn=_retry_unless_final)
 def update_task(trainer, rows, iteration):
     """Masked GRPO update on the run's long-lived Ray Train workers (their AdamW carries over)."""
-    _started("update", iteration)
+    events.started("update", iteration)
     trainer.ensure_running()
     return trainer.update(rows, iteration)
 
@@ -204,7 +134,7 @@ def update_task(trainer, rows, iteration):
 @task(name="sync_weights")
 def sync_weights_task(engines, weights, version, iteration):
     """Copy the new weights into the running engines from Ray's object store (``engine_weight_sync``)."""
-    _started("sync_weights", iteration)
+    events.started("sync_weights", iteration)
     return engines.update_weights(weights, version)
 
 
@@ -213,7 +143,7 @@ def evaluate_task(cfg, run, held_out, policy, iteration, engines, tokenizer_uri,
     """Held-out accuracy and calibration (docs/design.md §13) of the policy the engines hold; its per-answer rows go to
     this attempt's ``run.eval_records_rel(iteration, attempt)`` (``records_uri`` in the metrics and the
     manifest) for paired comparisons."""
-    _started("evaluate" if iteration else "baseline", iteration)
+    events.started("evaluate" if iteration else "baseline", iteration)
     metrics, rows = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=iteration, engines=engines,
                                     tokenizer_uri=tokenizer_uri, run_id=run.run_id)
     metrics["records_uri"] = run.write_eval_records(iteration, rows_to_table(rows), lease=lease)
@@ -223,7 +153,7 @@ def evaluate_task(cfg, run, held_out, policy, iteration, engines, tokenizer_uri,
 @task(name="stage")
 def stage_task(run, iteration, manifest, metrics, lease):
     """Metrics and the manifest draft of an iteration (pending until a saved state covers it)."""
-    _started("stage", iteration)
+    events.started("stage", iteration)
     run.stage(iteration, manifest, metrics, lease=lease)
 
 
@@ -232,7 +162,7 @@ def save_task(trainer, run, iteration, extra, lease):
     """The full training state (weights, AdamW, schedule, RNG), sealed, after iteration ``iteration``, under
     this attempt's path (which no other writer's manifest names); fenced by the run's lease (checked here and
     again by the worker just before it uploads)."""
-    _started("save", iteration)
+    events.started("save", iteration)
     fence = run.checkpoint_fence(iteration, lease)
     trainer.ensure_running()
     return trainer.save(run.checkpoint_rel(iteration, attempt_id(lease)), extra=extra, fence=fence)
@@ -241,7 +171,7 @@ def save_task(trainer, run, iteration, extra, lease):
 @task(name="commit")
 def commit_task(run, iterations, state_uri, state_iteration, lease):
     """Manifests of the staged iterations, in order, create-only, under the run's lease: now they exist."""
-    _started("commit", state_iteration)
+    events.started("commit", state_iteration)
     return run.commit_staged(iterations, state_uri, state_iteration, lease=lease)
 
 
@@ -347,20 +277,10 @@ def rlcr_train(
                                                                    "MLflow": tracker.run_url or tracker.ui_hint or "off"}),
                     description=f"rlcr {run_id} iteration {k}",
                 )
-                log.info("iteration %d %s: %s", k, "committed" if saved_uri else "staged", _progress_line(metrics))
+                log.info("iteration %d %s: %s", k, "committed" if saved_uri else "staged", progress_line(metrics))
                 k += 1
         summary["final_checkpoint"] = run.committed()[-1]["checkpoint_uri"]
         return summary
-
-
-def _progress_line(metrics: dict) -> str:
-    """Held-out accuracy and ECE when this iteration evaluated, else the training rollout's accuracy and mean
-    confidence (labelled as such: the rollout's prompts are training prompts)."""
-    ev, ro = metrics["eval"], metrics["rollout"]
-    if ev:
-        return f"held-out accuracy {_fmt(ev.get('accuracy', math.nan))}, ECE {_fmt(ev.get('ece', math.nan))}"
-    conf = f", mean confidence {_fmt(ro['confidence/mean'])}" if "confidence/mean" in ro else ""
-    return f"rollout accuracy {_fmt(ro.get('answer/accuracy', math.nan))}{conf} (no held-out evaluation this iteration)"
 
 
 def _iteration(cfg, run, k, trainer, engines, policies, initial, train_tasks, held_out, opts, lease, staged):
@@ -374,26 +294,26 @@ def _iteration(cfg, run, k, trainer, engines, policies, initial, train_tasks, he
     base, policy = policies
     t: dict[str, float] = {}
     prompts = prompts_for_iteration(cfg, train_tasks, k)
-    with timed_stage("rollouts", k, t) as fig:
+    with events.timed("rollouts", k, t) as fig:
         rows, gen_timings = rollouts_task.with_options(**opts)(cfg, prompts, policy, run.run_id, k, engines, initial)
         fig["samples"] = len(rows)
-    with timed_stage("advantages", k, t) as fig:
+    with events.timed("advantages", k, t) as fig:
         rollout = advantages_task.with_options(**opts)(cfg, rows, run, k, lease)
         fig.update({"answer reward": rollout.stats.get("answer/reward_mean"),
                     "confidence reward": rollout.stats.get("confidence/reward_mean")})
     if cfg.engine_release_during_update:
         engines.release()  # their memory goes to the update; the weight sync starts them again
-    with timed_stage("update", k, t) as fig:
+    with events.timed("update", k, t) as fig:
         update = update_task.with_options(**opts)(trainer, rollout.rows, k)
         fig["loss"] = update.metrics.get("loss")
     version = run.store.url(run.checkpoint_rel(k, attempt_id(lease)))  # "the policy after k": save_task's path
-    with timed_stage("sync_weights", k, t) as fig:
+    with events.timed("sync_weights", k, t) as fig:
         synced = sync_weights_task.with_options(**opts)(engines, update.weights, version, k)
         fig["mode"] = synced[0].get("mode") if synced else None
     update.weights = None  # release the object-store copy
     ev: dict[str, Any] = {}
     if cfg.eval_every and (k % cfg.eval_every == 0 or k == cfg.iterations):
-        with timed_stage("evaluate", k, t) as fig:
+        with events.timed("evaluate", k, t) as fig:
             ev = evaluate_task.with_options(**opts)(cfg, run, held_out, version, k, engines, initial, lease)
             fig.update({"accuracy": ev.get("accuracy"), "ECE": ev.get("ece")})
     save = k % cfg.save_every == 0 or k == cfg.iterations
@@ -405,18 +325,18 @@ def _iteration(cfg, run, k, trainer, engines, policies, initial, train_tasks, he
         "rollouts_uri": rollout.uri, "records_uri": ev.get("records_uri"), "config_hash": cfg.config_hash(),
         "seeds": {"run": cfg.seed, "rollout": rollout_seed(cfg, k), "eval": cfg.eval_seed},
     }
-    with timed_stage("stage", k, t):
+    with events.timed("stage", k, t):
         stage_task.with_options(**opts)(run, k, manifest, metrics, lease)
     staged.append(k)
     if not save:
         return metrics, manifest, None
-    with timed_stage("save", k, t):
+    with events.timed("save", k, t):
         extra = {k_: v for k_, v in update.metrics.items() if k_ != "history"}
         extra.update(run_id=run.run_id, iteration=k, parent=policy, covers=list(staged))
         uri = save_task.with_options(**opts)(trainer, run, k, extra, lease)
     metrics["timings"].update(t)  # the save's time (the dict was copied when the iteration was staged)
     run.write_metrics(k, metrics, lease=lease)  # still pending: now with the save's time
-    with timed_stage("commit", k, t):
+    with events.timed("commit", k, t):
         commit_task.with_options(**opts)(run, list(staged), uri, k, lease)
     return metrics, manifest, uri
 

@@ -2,7 +2,8 @@
 stated confidence, and bootstrap 95% intervals over tasks.
 
 Every method states a confidence: ``rlcr`` and ``rlvr`` in a second turn (the same confidence query),
-``rlcr_single`` in its one response.
+``rlcr_single`` in its one response. This module computes figures; their text (a figure with its interval,
+a difference, the breakdown by number count) is :mod:`rlcr.presentation`'s.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from rlcr.seeds import eval_salt
 from rlcr.tasks.countdown import CountdownTask
 from rlcr.untrusted import InvalidInput, printable
 
-__all__ = ["evaluate_policy", "summarize_eval", "stated_confidences", "by_number_count", "by_count_text", "with_ci",
-           "compare_evaluations", "pool_draws", "difference_text", "check_eval_rows"]
+__all__ = ["evaluate_policy", "summarize_eval", "stated_confidences", "by_number_count", "compare_evaluations",
+           "pool_draws", "check_eval_rows"]
 
 CI_LEVEL = 0.95
 
@@ -187,41 +188,6 @@ def pool_draws(draws: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]
         pooled.extend(dict(r, answer_id=r["answer_id"] + offset) for r in rows)
         offset += 1 + max((r["answer_id"] for r in rows), default=-1)
     return pooled
-
-
-def difference_text(comparison: dict[str, Any], key: str, digits: int = 3) -> str:
-    """``"-0.048 [-0.090, -0.007]"``: one difference of :func:`compare_evaluations` with its interval."""
-    d = comparison["differences"][key]
-    if d["difference"] is None:
-        return "–"
-    ci = d["ci"]
-    return f"{d['difference']:+.{digits}f}" + (f" [{ci[0]:+.{digits}f}, {ci[1]:+.{digits}f}]" if ci else "")
-
-
-def with_ci(metrics: dict[str, Any], key: str, digits: int = 3) -> str:
-    """``"0.312 [0.271, 0.355]"``: a metric with its bootstrap interval (just the value where there is none)."""
-    value = metrics.get(key)
-    if not _is_number(value) or value != value:  # missing, NaN, or not a number (a hand-edited metrics file)
-        return "–"
-    text = f"{value:.{digits}f}"
-    interval = (metrics.get("ci") or {}).get(key) if isinstance(metrics.get("ci"), dict) else None
-    if not (isinstance(interval, (list, tuple)) and len(interval) == 2 and all(map(_is_number, interval))):
-        return text
-    return f"{text} [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]"
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def by_count_text(metrics: dict[str, Any]) -> str:
-    """``"2 numbers: acc 0.63, AUROC 0.74 · 3 numbers: acc 0.07, AUROC 0.64"`` from ``metrics["by_count"]``
-    (``–`` where undefined; empty when the evaluation has no breakdown)."""
-    def f(v):
-        return "–" if v is None else f"{v:.2f}"
-
-    return " · ".join(f"{n} numbers: acc {f(b['accuracy'])}, AUROC {f(b['auroc'])}"
-                      for n, b in (metrics.get("by_count") or {}).items())
 
 
 def evaluate_policy(

@@ -6,16 +6,22 @@ the elapsed time and the stage's headline figures when it finished. Subscribers 
 called in the flow's process, in order; an exception raised by a subscriber fails
 that stage (tests use this to inject failures). Subscribe with :func:`subscribed`
 (a context manager) or :func:`subscribe` / :func:`unsubscribe`.
+
+The flow marks its stages with :func:`started` (inside each Prefect task: every attempt) and
+:func:`timed` (around the task call: the elapsed time into the iteration's timings, and the
+``end`` event with the figures the body sets). This is the one mechanism: a front end that only
+wants starts checks ``event.phase``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Literal
 
-__all__ = ["StageEvent", "subscribe", "unsubscribe", "subscribed", "emit"]
+__all__ = ["StageEvent", "subscribe", "unsubscribe", "subscribed", "emit", "started", "timed"]
 
 
 @dataclass(frozen=True)
@@ -60,3 +66,20 @@ def emit(event: StageEvent) -> None:
         subscribers = list(_subscribers)
     for fn in subscribers:
         fn(event)
+
+
+def started(stage: str, iteration: int) -> None:
+    """The ``start`` event of one attempt of a stage."""
+    emit(StageEvent(stage, iteration, "start"))
+
+
+@contextlib.contextmanager
+def timed(stage: str, iteration: int, timings: dict[str, float]) -> Iterator[dict[str, Any]]:
+    """Time a stage into ``timings[<stage>_s]`` and emit its ``end`` event with the figures the body sets in
+    the dict it is given (a stage that raises has no ``end`` event and no timing)."""
+    figures: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    yield figures
+    elapsed = time.perf_counter() - t0
+    timings[f"{stage}_s"] = elapsed
+    emit(StageEvent(stage, iteration, "end", elapsed, figures))

@@ -1,6 +1,8 @@
-"""What the ``rlcr`` command shows: the console, numbers and file-given values made safe for it, the progress
-of long steps and of the training flow (a rich bar on a terminal, plain timestamped lines off one), and a
-run's summary table. Nothing here starts work; a display never fails the flow it watches."""
+"""What a person reads: the ``rlcr`` command's console, numbers and file-given values made safe for it, the
+progress of long steps and of the training flow (a rich bar on a terminal, plain timestamped lines off one),
+its tables (a run's summary, an evaluation, a comparison, a probe, the config), and the training flow's log
+line and Prefect artifact of an iteration. Figures are computed elsewhere (:mod:`rlcr.evaluate`); this
+module only writes them out. Nothing here starts work; a display never fails the flow it watches."""
 
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ from rich.text import Text
 from rlcr.untrusted import printable
 
 __all__ = ["console", "fmt", "show", "elapsed", "plain", "step", "StageProgress", "committed_figures",
-           "figures_text", "summary_table", "provenance_text"]
+           "figures_text", "summary_table", "provenance_text", "with_ci", "difference_text", "by_count_text",
+           "metrics_markdown", "progress_line", "config_table", "eval_table", "comparison_table", "probe_table",
+           "demo_table"]
 
 console = Console()
 if not console.is_terminal and not os.environ.get("COLUMNS"):
@@ -77,8 +81,7 @@ class StageProgress:
     On a terminal: a rich progress bar. Off one (``make demo > demo.log``, CI), where rich's bars print
     nothing: one plain, flushed line per stage start and per stage finish, with the elapsed time and,
     where known, the stage's headline figures. :meth:`on_event` takes :class:`rlcr.events.StageEvent`
-    (start; end with elapsed time and figures); ``bar(stage, iteration)`` takes start events alone
-    (``flows.train.add_listener``). A stage without an end event is done when the next one starts or
+    (start; end with elapsed time and figures); ``bar(stage, iteration)`` is a stage's start. A stage without an end event is done when the next one starts or
     when the flow returns; the same stage started again means Prefect retried it. When an end event
     carries no figures, ``figures(stage, iteration)`` may supply them (:func:`committed_figures` reads
     the baseline evaluation and a committed iteration's metrics from the run's files). A display
@@ -227,7 +230,6 @@ def figures_text(pairs) -> Optional[str]:
 
 def summary_table(run_id: str, cfg) -> Table:
     """Per-iteration held-out accuracy, rewards and calibration of a run, baseline first."""
-    from rlcr.evaluate import with_ci
     from rlcr.runs import RunStore
 
     run = RunStore.open(cfg, run_id)
@@ -261,3 +263,158 @@ def provenance_text(fields: dict[str, Any]) -> str:
     if "pooled" in fields:
         parts.append(f"pooled {printable(fields['pooled'], 600)}")
     return escape(", ".join(parts))
+
+
+# ----------------------------------------------------------------------------- figures as text
+
+
+def difference_text(comparison: dict[str, Any], key: str, digits: int = 3) -> str:
+    """``"-0.048 [-0.090, -0.007]"``: one difference of :func:`rlcr.evaluate.compare_evaluations` with its interval."""
+    d = comparison["differences"][key]
+    if d["difference"] is None:
+        return "–"
+    ci = d["ci"]
+    return f"{d['difference']:+.{digits}f}" + (f" [{ci[0]:+.{digits}f}, {ci[1]:+.{digits}f}]" if ci else "")
+
+
+def with_ci(metrics: dict[str, Any], key: str, digits: int = 3) -> str:
+    """``"0.312 [0.271, 0.355]"``: a metric with its bootstrap interval (just the value where there is none)."""
+    value = metrics.get(key)
+    if not _is_number(value) or value != value:  # missing, NaN, or not a number (a hand-edited metrics file)
+        return "–"
+    text = f"{value:.{digits}f}"
+    interval = (metrics.get("ci") or {}).get(key) if isinstance(metrics.get("ci"), dict) else None
+    if not (isinstance(interval, (list, tuple)) and len(interval) == 2 and all(map(_is_number, interval))):
+        return text
+    return f"{text} [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def by_count_text(metrics: dict[str, Any]) -> str:
+    """``"2 numbers: acc 0.63, AUROC 0.74 · 3 numbers: acc 0.07, AUROC 0.64"`` from ``metrics["by_count"]``
+    (``–`` where undefined; empty when the evaluation has no breakdown)."""
+    def f(v):
+        return "–" if v is None else f"{v:.2f}"
+
+    return " · ".join(f"{n} numbers: acc {f(b['accuracy'])}, AUROC {f(b['auroc'])}"
+                      for n, b in (metrics.get("by_count") or {}).items())
+
+
+def short(v: Any) -> str:
+    """A figure in the flow's log and artifact: 4 significant digits, ``nan`` for NaN."""
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else f"{v:.4g}"
+    return str(v)
+
+
+def metrics_markdown(run_id: str, iteration: int, metrics: dict[str, Any], uris: dict[str, str]) -> str:
+    """The Prefect markdown artifact of one iteration: its figures and timings, and links to its files."""
+    rollout, ev, upd, timings = metrics["rollout"], metrics["eval"], metrics["update"], metrics["timings"]
+
+    def pair(a: str, b: str, of: dict = rollout) -> str:
+        return f"{short(of.get(a))} / {short(of.get(b))}"
+
+    rows = [
+        ("answer reward mean / std", pair("answer/reward_mean", "answer/reward_std")),
+        ("confidence reward mean / std", pair("confidence/reward_mean", "confidence/reward_std")),
+        ("answer / confidence length", pair("answer/length_mean", "confidence/length_mean")),
+        ("tokens generated / trained", pair("tokens/generated", "tokens/trained")),
+        ("held-out tasks × answers", f"{ev.get('n_tasks', '–')} × {ev.get('n_answers', '–')}"),
+        ("held-out accuracy [95% CI]", with_ci(ev, "accuracy")),
+        ("held-out mean confidence", short(ev.get("mean_confidence"))),
+        ("held-out ECE (10 bins) [95% CI]", with_ci(ev, "ece")),
+        ("held-out Brier [95% CI]", with_ci(ev, "brier")),
+        ("held-out AUROC [95% CI]", with_ci(ev, "auroc")),
+        ("held-out by number count", by_count_text(ev) or "–"),
+        ("held-out per-answer rows", ev.get("records_uri") or "–"),
+        ("confidence parse rate", short(ev.get("confidence_parse_rate"))),
+        ("update loss", short(upd.get("loss"))),
+        ("grad norm", short(upd.get("grad_norm"))),
+    ] + [(f"time: {k}", f"{v:.1f} s") for k, v in timings.items()]
+    table = "\n".join(f"| {k} | {v} |" for k, v in rows)
+    links = "\n".join(f"- {k}: `{v}`" for k, v in uris.items())
+    return f"# rlcr run `{run_id}` — iteration {iteration}\n\n| metric | value |\n|---|---|\n{table}\n\n{links}\n"
+
+
+def progress_line(metrics: dict) -> str:
+    """The flow's log line of an iteration: held-out accuracy and ECE when it evaluated, else the training
+    rollout's accuracy and mean confidence (labelled as such: the rollout's prompts are training prompts)."""
+    ev, ro = metrics["eval"], metrics["rollout"]
+    if ev:
+        return f"held-out accuracy {short(ev.get('accuracy', math.nan))}, ECE {short(ev.get('ece', math.nan))}"
+    conf = f", mean confidence {short(ro['confidence/mean'])}" if "confidence/mean" in ro else ""
+    return f"rollout accuracy {short(ro.get('answer/accuracy', math.nan))}{conf} (no held-out evaluation this iteration)"
+
+
+# ----------------------------------------------------------------------------- the CLI's tables
+
+CI_KEYS = ("accuracy", "ece", "brier", "auroc")
+
+
+def config_table(rows: list[dict[str, Any]], title: str) -> Table:
+    """`rlcr config show`: each field's value, who set it, whether it changes results, its documentation."""
+    import json
+
+    table = Table(title=title, show_lines=True)
+    for col, kw in (("field", {"no_wrap": True}), ("value", {"max_width": 40}), ("set by", {}), ("results", {}),
+                    ("documentation", {"ratio": 1})):
+        table.add_column(col, **kw)
+    for r in rows:
+        table.add_row(r["field"], show(json.dumps(r["value"], ensure_ascii=False), 300), r["set_by"],
+                      "changes" if r["changes_results"] else "operational", escape(r["doc"]))
+    return table
+
+
+def eval_table(policy: str, method: str, draw: int, m: dict[str, Any]) -> Table:
+    """`rlcr eval`: one policy's held-out figures with their bootstrap intervals."""
+    drawn = f", sample draw {draw}" if draw else ""
+    table = Table(title=f"held-out evaluation of {show(policy)} (method {method}{drawn}; "
+                        "[95% bootstrap CI over tasks])")
+    for k in ("n_tasks", "n_answers", "format_rate", "confidence_parse_rate", "mean_confidence"):
+        table.add_row(k, fmt(m.get(k)))
+    for k in CI_KEYS:
+        table.add_row(k, with_ci(m, k))
+    if by_count_text(m):
+        table.add_row("by number count", by_count_text(m))
+    return table
+
+
+def comparison_table(side_a: str, side_b: str, result: dict[str, Any]) -> Table:
+    """`rlcr compare`: each side on the shared tasks, A − B with its paired interval, and whether it is resolved
+    (``result``: :func:`rlcr.comparison.compare_held_out`)."""
+    cmp, alone, iteration = result["comparison"], result["sides"], result["iteration"]
+    where = f" at iteration {iteration}" if iteration is not None else ""
+    table = Table(title=f"{show(side_a)} − {show(side_b)}{where}: {cmp['n_tasks']} shared held-out tasks "
+                        "[paired 95% bootstrap CI]")
+    table.add_column("metric")
+    for name, m in zip("AB", alone):
+        table.add_column(f"{name} ({m['n_answers']} answers)")
+    table.add_column("A − B")
+    table.add_column("resolved")
+    for k in CI_KEYS:
+        ci = cmp["differences"][k]["ci"]
+        table.add_row(k, *(with_ci(m, k) for m in alone), difference_text(cmp, k),
+                      "–" if not ci else ("yes" if ci[0] > 0 or ci[1] < 0 else "no"))
+    return table
+
+
+def probe_table(result: dict[str, Any]) -> Table:
+    """`rlcr probe`: the probe's headline metrics."""
+    table = Table(title=f"probe of {result['run_id']} iteration {result['iteration']}")
+    for k, v in result["metrics"].items():
+        table.add_row(k, fmt(v))
+    return table
+
+
+def demo_table(evaluations: list[tuple[str, dict[str, Any]]]) -> Table:
+    """`rlcr demo`: the held-out figures of each policy along the way (base, after SFT, after RLCR)."""
+    t = Table(title="warm-start and RLCR on held-out tasks")
+    for col in ("policy", "format rate", "accuracy", "conf parse rate", "mean conf", "ECE", "Brier", "AUROC"):
+        t.add_column(col, justify="right")
+    for name, m in evaluations:
+        t.add_row(name, fmt(m.get("format_rate")), with_ci(m, "accuracy"), fmt(m.get("confidence_parse_rate")),
+                  fmt(m.get("mean_confidence")), with_ci(m, "ece"), with_ci(m, "brier"), with_ci(m, "auroc"))
+    return t

@@ -2,6 +2,10 @@
 
 Paths of the writer's own attempt (``iter-<k>/attempt-<id>/…``) are where it writes; readers look paths up
 in the manifest (or the current draft), falling back to the layout of runs from before attempts.
+
+**Every path of a run is built here** (``runs/<run_id>/…``): the flows, the trainer, the rollout pipeline,
+the warm-start and the probe report ask :class:`RunLayout` (or :class:`rlcr.runs.RunStore`) for theirs
+(``tests/test_layers.py`` refuses a run path built anywhere else).
 """
 
 from __future__ import annotations
@@ -13,13 +17,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlcr.lease import RunLease
-from rlcr.storage import Store, StorageError, iteration_prefix, validate_run_id
+from rlcr.storage import Store, StorageError, validate_run_id
 from rlcr.untrusted import InvalidInput, field, parse_json, printable
 
-__all__ = ["RunLayout", "attempt_id", "PROCESS_ATTEMPT", "MAX_ITERATION", "URI_FIELDS"]
+__all__ = ["RunLayout", "attempt_id", "PROCESS_ATTEMPT", "MAX_ITERATION", "URI_FIELDS", "RUNS"]
 
 log = logging.getLogger(__name__)
 
+RUNS = "runs"
+"""The folder of a store that holds its runs, one folder per run id."""
 MAX_ITERATION = 1_000_000
 """The largest iteration number a manifest may name."""
 URI_FIELDS = ("checkpoint_uri", "state_uri", "rollouts_uri", "metrics_uri", "records_uri", "policy_in", "policy_out")
@@ -47,14 +53,46 @@ class RunLayout:
     def __post_init__(self) -> None:
         validate_run_id(self.run_id)
 
+    # every path of a run, in one place
+    @staticmethod
+    def run_prefix(run_id: str) -> str:
+        """``runs/<run_id>``, for a valid run id (else ValueError naming it)."""
+        return f"{RUNS}/{validate_run_id(run_id)}"
+
+    @classmethod
+    def iteration_dir_of(cls, run_id: str, iteration: int) -> str:
+        """``runs/<run_id>/iter-<kkkk>``: the folder of iteration k (zero-padded to 4 digits)."""
+        return f"{cls.run_prefix(run_id)}/iter-{iteration:04d}"
+
+    @classmethod
+    def standalone_checkpoint_rel(cls, run_id: str, iteration: int) -> str:
+        """Where a standalone update (:func:`rlcr.train.run_update`: the SFT warm-start, a one-off update; no
+        lease, no manifest) saves the policy after iteration k: ``iter-<k>/checkpoint`` (k = 0: the warm-start
+        checkpoint :meth:`checkpoint_rel` reads)."""
+        return f"{cls.iteration_dir_of(run_id, iteration)}/checkpoint"
+
+    @classmethod
+    def standalone_rollouts_rel(cls, run_id: str, iteration: int) -> str:
+        """Where standalone rollouts (:func:`rlcr.rollout.pipeline.run_rollouts` with a store; not the flow's,
+        which :meth:`rollouts_rel` places) go: ``iter-<k>/rollouts/rollouts.parquet``."""
+        return f"{cls.iteration_dir_of(run_id, iteration)}/rollouts/rollouts.parquet"
+
     @property
     def prefix(self) -> str:
-        return f"runs/{self.run_id}"
+        return self.run_prefix(self.run_id)
 
     def iteration_dir(self, iteration: int) -> str:
-        return iteration_prefix(self.run_id, iteration)
+        return self.iteration_dir_of(self.run_id, iteration)
 
-    # every path of a run, in one place
+    @property
+    def probes_rel(self) -> str:
+        """The run's probe reports, one folder per UTC timestamp (:mod:`rlcr.probe.report`)."""
+        return f"{self.prefix}/probes"
+
+    def probe_rel(self, timestamp: str, name: str = "") -> str:
+        """One probe report's folder (``probes/<timestamp>``), or its file ``name`` (``report.json``, …)."""
+        return f"{self.probes_rel}/{timestamp}" + (f"/{name}" if name else "")
+
     @property
     def config_rel(self) -> str:
         return f"{self.prefix}/config.json"
@@ -114,6 +152,10 @@ class RunLayout:
         if iteration == 0:
             return f"{self.iteration_dir(0)}/checkpoint"
         return self.lookup_rel(iteration, "checkpoint_uri", "checkpoint")
+
+    def rollouts_rel(self, iteration: int, attempt: str) -> str:
+        """Attempt ``attempt``'s rollouts Parquet of iteration k (the manifest's ``rollouts_uri`` names it)."""
+        return f"{self.attempt_dir(iteration, attempt)}/rollouts/rollouts.parquet"
 
     def eval_records_rel(self, iteration: int, attempt: str | None = None) -> str:
         """Per-answer rows of the held-out evaluation after iteration k (k = 0: of the initial policy), for

@@ -65,7 +65,7 @@ from typing import Any
 
 from rlcr.config import RLCRConfig, result_changing_diff
 from rlcr.lease import LEASE_HEARTBEAT_S, LEASE_TIMEOUT_S, LeaseLost, RunLease, RunLocked
-from rlcr.run_layout import MAX_ITERATION, PROCESS_ATTEMPT, RunLayout, attempt_id
+from rlcr.run_layout import MAX_ITERATION, PROCESS_ATTEMPT, RUNS, RunLayout, attempt_id
 from rlcr.storage import AlreadyExists, Store, StorageError, validate_run_id
 from rlcr.tasks.sets import prompts_for_iteration, task_sets
 from rlcr.untrusted import field, printable
@@ -98,12 +98,13 @@ def list_runs(store: Store) -> list[str]:
     """The run ids under ``store``'s ``runs/``: entries that are not runs (``.DS_Store``, a README, a folder
     whose name is no valid run id) are skipped."""
     out = []
-    for name in store.ls("runs"):
+    for name in store.ls(RUNS):
         try:
             validate_run_id(name)
         except ValueError:
             continue
-        if store.exists(f"runs/{name}/config.json") or store.exists(f"runs/{name}/iter-0001"):
+        layout = RunLayout(store, name)
+        if store.exists(layout.config_rel) or store.exists(layout.iteration_dir(1)):
             out.append(name)
     return out
 
@@ -178,8 +179,7 @@ class RunStore(RunLayout):
     def write_rollouts(self, iteration: int, table, *, lease: RunLease | None = None) -> str:
         """The iteration's rollouts Parquet (``iter-<k>/attempt-<id>/rollouts/rollouts.parquet``); its URI."""
         self.guard(iteration, lease, "rollouts")
-        return self.store.write_parquet(f"{self.attempt_dir(iteration, attempt_id(lease))}/rollouts/rollouts.parquet",
-                                        table)
+        return self.store.write_parquet(self.rollouts_rel(iteration, attempt_id(lease)), table)
 
     def write_eval_records(self, iteration: int, table, *, lease: RunLease | None = None) -> str:
         """The held-out rows after iteration k (0: the baseline's), at the writer's attempt's path; its URI."""

@@ -12,7 +12,8 @@ import signal
 import sys
 import threading
 
-from flows.train import add_listener, rlcr_train
+from flows.train import rlcr_train
+from rlcr import events
 
 
 def main() -> None:
@@ -20,14 +21,14 @@ def main() -> None:
     if len(sys.argv) > 4:
         stage, at, delay = sys.argv[4], int(sys.argv[5]), float(sys.argv[6])
 
-        def killer(name: str, iteration: int) -> None:
-            if (name, iteration) == (stage, at):
+        def killer(event: events.StageEvent) -> None:
+            if event.phase == "start" and (event.stage, event.iteration) == (stage, at):
                 print(f"KILL {stage}@{at} in {delay} s", flush=True)
                 threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
                 if delay == 0:
                     threading.Event().wait()
 
-        add_listener(killer)
+        events.subscribe(killer)
     print("SUMMARY", json.dumps(rlcr_train(overrides=overrides, run_id=run_id, iterations=iterations)), flush=True)
 
 

@@ -28,13 +28,12 @@ def prefect_harness():
 @pytest.fixture
 def stage_hook():
     """``flow_hooks.hook`` subscribed to the flow's stage events: tests inject failures per (stage, iteration)."""
-    from flows.train import add_listener, remove_listener
+    from rlcr import events
 
     flow_hooks.ACTIONS.clear()
     flow_hooks.SEEN.clear()
-    add_listener(flow_hooks.hook)
-    yield flow_hooks
-    remove_listener(flow_hooks.hook)
+    with events.subscribed(flow_hooks.hook):
+        yield flow_hooks
     flow_hooks.ACTIONS.clear()
 
 
@@ -156,13 +155,13 @@ def test_artifact_keys_follow_prefects_rule_and_stay_distinct():
 
 
 def test_progress_line_shows_held_out_figures_or_says_it_has_none():
-    from flows.train import _progress_line
+    from rlcr.presentation import progress_line
 
-    assert _progress_line({"eval": {"accuracy": 0.25, "ece": 0.125}, "rollout": {"answer/accuracy": 0.5}}) == \
+    assert progress_line({"eval": {"accuracy": 0.25, "ece": 0.125}, "rollout": {"answer/accuracy": 0.5}}) == \
         "held-out accuracy 0.25, ECE 0.125"
-    line = _progress_line({"eval": {}, "rollout": {"answer/accuracy": 0.375, "confidence/mean": 0.5}})
+    line = progress_line({"eval": {}, "rollout": {"answer/accuracy": 0.375, "confidence/mean": 0.5}})
     assert line == "rollout accuracy 0.375, mean confidence 0.5 (no held-out evaluation this iteration)"
-    assert "nan" not in _progress_line({"eval": {}, "rollout": {"answer/accuracy": 0.5}})  # rlvr: no confidences
+    assert "nan" not in progress_line({"eval": {}, "rollout": {"answer/accuracy": 0.5}})  # rlvr: no confidences
 
 
 @pytest.mark.parametrize("bad", ["../../x", "a/b", ".."])

@@ -58,7 +58,7 @@ def test_no_import_cycles_in_rlcr():
 
 def test_only_the_cli_imports_flows():
     offenders = sorted(m for m, deps in graph().items()
-                       if m.startswith("rlcr") and m != "rlcr.cli" and any(d.startswith("flows") for d in deps))
+                       if m.startswith("rlcr") and m.split(".")[:2] != ["rlcr", "cli"] and any(d.startswith("flows") for d in deps))
     assert offenders == []
 
 
@@ -67,3 +67,66 @@ def test_math_modules_import_no_ray_vllm_or_prefect():
         path = ROOT / (m.replace(".", "/") + ".py")
         heavy = sorted(i for i in imports_of(path) if i.split(".")[0] in {"ray", "vllm", "prefect"})
         assert heavy == [], f"{m} imports {heavy}"
+
+
+# A run's paths (``runs/<run_id>/…``) are built by its layout alone (rlcr/run_layout.py, rlcr/runs.py): a path
+# literal anywhere else in rlcr/ or flows/ is a second owner of the layout.
+RUN_PATH = ("runs/", "iter-", "attempt-", "checkpoint", "rollouts", "probes", "manifest.json", "pending.json",
+            "baseline.json", "eval.parquet", "metrics.json", "lease.json", "config.json")
+LAYOUT_OWNERS = {"rlcr/run_layout.py", "rlcr/runs.py"}
+NOT_RUN_PATHS = {("rlcr/tracking.py", "/runs/"): "an MLflow UI address (…/#/experiments/<id>/runs/<id>)"}
+AWAITING_MERGE = {("rlcr/storage/__init__.py", "iteration_prefix"), ("rlcr/train/trainer.py", "checkpoint_rel")}
+"""Functions another branch switches to RunLayout at the merge (issue 31 item 5); delete both entries then."""
+
+
+def _path_pieces(path: Path):
+    """(function name, literal text) of every f-string and every ``"runs"`` argument in the file: where a path
+    is put together (docstrings and plain messages are constants, not f-strings, and are not looked at)."""
+    tree = ast.parse(path.read_text())
+    owner: dict[int, str] = {}
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                owner[id(node)] = fn.name  # ast.walk goes outside in: the innermost function is the owner
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            text = "{}".join(v.value for v in node.values if isinstance(v, ast.Constant))
+            yield owner.get(id(node), "<module>"), text
+        elif isinstance(node, ast.Call):
+            for arg in node.args:
+                if isinstance(arg, ast.Constant) and arg.value == "runs":
+                    yield owner.get(id(node), "<module>"), "runs/"
+
+
+def _builds_run_path(text: str) -> str | None:
+    import re
+
+    if re.search(r"(^|/)runs/", text):
+        return "runs/"
+    if re.search(r"(^|/)iter-\{", text) or re.search(r"(^|/)attempt-\{", text):
+        return "iter-/attempt-"
+    if re.search(r"\}/(checkpoint|rollouts|probes|manifest\.json|pending\.json|metrics\.json|eval\.parquet)\b", text):
+        return "a run's artifact"
+    return None
+
+
+def test_only_the_run_layout_builds_run_paths():
+    offenders = []
+    for d in ("rlcr", "flows"):
+        for path in sorted((ROOT / d).rglob("*.py")):
+            rel = str(path.relative_to(ROOT))
+            if rel in LAYOUT_OWNERS:
+                continue
+            for fn, text in _path_pieces(path):
+                what = _builds_run_path(text)
+                if what and (rel, fn) not in AWAITING_MERGE and not any(
+                        rel == f and piece in text for f, piece in NOT_RUN_PATHS):
+                    offenders.append(f"{rel}::{fn}: {text!r}")
+    assert offenders == [], "run paths built outside rlcr/run_layout.py:\n" + "\n".join(offenders)
+
+
+def test_the_run_path_check_sees_a_path_built_by_hand():
+    for text in ("runs/{}/iter-{}/checkpoint", "{}/iter-{}", "{}/checkpoint", "{}/runs/{}", "{}/probes/{}"):
+        assert _builds_run_path(text), text
+    for text in ("rlcr-{}-iter-{}", "run {} has no committed iteration", "probe/{}", "{}/report.json"):
+        assert _builds_run_path(text) is None, text

@@ -10,7 +10,8 @@ import torch
 
 from rlcr.advantages import METHOD_ADVANTAGES, answer_advantages, method_advantages
 from rlcr.config import ConfigError, RLCRConfig
-from rlcr.evaluate import compare_evaluations, difference_text, pool_draws, summarize_eval, with_ci
+from rlcr.evaluate import compare_evaluations, pool_draws, summarize_eval
+from rlcr.presentation import difference_text, with_ci
 from rlcr.masks import completion_mask, single_span
 from rlcr.metrics import auroc, bootstrap_intervals, calibration_metrics, paired_bootstrap_differences
 from rlcr.rewards import ANSWER_REWARDS, METHODS, answer_reward

@@ -110,3 +110,20 @@ def test_an_unreadable_lease_is_taken_over_not_a_crash(run, garbage):
     run.store.write_bytes(run.lease_rel, garbage)
     with RunLease(run, owner="next") as lease:
         lease.check()
+
+
+def test_every_path_of_a_run_comes_from_its_layout(tmp_path):
+    """Issue 31 item 5: the run's layout names the paths that other modules used to build themselves (the
+    trainer's standalone checkpoint, the pipeline's standalone rollouts, the probe reports)."""
+    from rlcr.run_layout import RunLayout
+
+    run = RunStore(Store(str(tmp_path)), "lr=1e-5 exp@1")
+    assert RunStore.standalone_checkpoint_rel("lr=1e-5 exp@1", 3) == "runs/lr=1e-5 exp@1/iter-0003/checkpoint"
+    assert RunStore.standalone_checkpoint_rel("sft-0", 0) == RunStore(run.store, "sft-0").checkpoint_rel(0)
+    assert RunLayout.standalone_rollouts_rel("r", 2) == "runs/r/iter-0002/rollouts/rollouts.parquet"
+    assert run.rollouts_rel(2, "abc") == f"{run.iteration_dir(2)}/attempt-abc/rollouts/rollouts.parquet"
+    assert run.probe_rel("20260101T000000Z", "report.json") == \
+        "runs/lr=1e-5 exp@1/probes/20260101T000000Z/report.json"
+    for bad in ("../x", "a/b"):
+        with pytest.raises(ValueError, match="invalid run id"):
+            RunStore.standalone_checkpoint_rel(bad, 1)

@@ -16,10 +16,10 @@ from rlcr.storage import (
     Store,
     VersionConflict,
     fetch_checkpoint,
-    iteration_prefix,
     sweep_temporaries,
     validate_run_id,
 )
+from rlcr.run_layout import RunLayout
 from rlcr.storage import _HOST_ID
 from s3server import BUCKET
 
@@ -79,7 +79,7 @@ def test_invalid_run_ids_are_refused(run_id):
     with pytest.raises(ValueError, match="invalid run id"):
         validate_run_id(run_id)
     with pytest.raises(ValueError, match="invalid run id"):
-        iteration_prefix(run_id, 1)
+        RunLayout.iteration_dir_of(run_id, 1)
 
 
 @pytest.mark.parametrize("run_id", ["demo", "lr=1e-5", "exp 1", "run-20261123-120000-ab12cd", "A.b_c+d,e@f"])
@@ -154,7 +154,7 @@ def test_another_hosts_download_in_progress_is_not_swept_from_a_shared_cache(tmp
     process with another host id) killed, or just unknown here, keeps its temporary; one of this host goes."""
     code = """
 import os, signal, sys
-import rlcr.storage as s
+import rlcr.storage.local as s  # the module whose temporaries carry the host id
 if sys.argv[2] != "this":
     s._HOST_ID = sys.argv[2]
 with s.atomic_directory(sys.argv[1]) as tmp:

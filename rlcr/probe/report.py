@@ -21,14 +21,11 @@ import math
 import time
 from typing import Any
 
+from rlcr.run_layout import RunLayout
+
 __all__ = [
     "write_report", "render_html", "report_figures", "report_markdown", "latest_report", "to_json",
-    "probes_prefix",
 ]
-
-
-def probes_prefix(run_id: str) -> str:
-    return f"runs/{run_id}/probes"
 
 
 def _clean(obj: Any) -> Any:
@@ -221,17 +218,18 @@ def write_report(store, run_id: str, report: dict[str, Any], *, timestamp: str |
     """
     timestamp = timestamp or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     report = {**report, "run_id": run_id, "created_at": report.get("created_at") or timestamp}
-    prefix = f"{probes_prefix(run_id)}/{timestamp}"
-    store.write_text(f"{prefix}/report.html", render_html(report))
-    store.write_bytes(f"{prefix}/report.json", to_json(report).encode())
-    return {"prefix": store.url(prefix), "json": store.url(f"{prefix}/report.json"),
-            "html": store.url(f"{prefix}/report.html")}
+    layout = RunLayout(store, run_id)
+    html_rel, json_rel = layout.probe_rel(timestamp, "report.html"), layout.probe_rel(timestamp, "report.json")
+    store.write_text(html_rel, render_html(report))
+    store.write_bytes(json_rel, to_json(report).encode())
+    return {"prefix": store.url(layout.probe_rel(timestamp)), "json": store.url(json_rel), "html": store.url(html_rel)}
 
 
 def latest_report(store, run_id: str) -> tuple[str, dict[str, Any]] | None:
     """``(timestamp, report)`` of the newest complete probe report of a run, or None."""
-    for ts in reversed(store.ls(probes_prefix(run_id))):
-        rel = f"{probes_prefix(run_id)}/{ts}/report.json"
+    layout = RunLayout(store, run_id)
+    for ts in reversed(store.ls(layout.probes_rel)):
+        rel = layout.probe_rel(ts, "report.json")
         if store.exists(rel):
             return ts, store.read_json(rel)
     return None

@@ -21,7 +21,7 @@ from rlcr.config import RLCRConfig
 from rlcr.rollout.records import assign_advantages, rows_to_table, validate_rollouts
 from rlcr.rollout.stages import (AnswerStage, ConfidenceStage, answer_batch, confidence_batch, expand_to_turn2,
                                  score_answers, score_confidences)
-from rlcr.storage import iteration_prefix
+from rlcr.run_layout import RunLayout
 from rlcr.tasks.countdown import CountdownTask
 
 __all__ = [
@@ -255,7 +255,7 @@ def finalize_rollouts(
     rows.sort(key=lambda r: (r["sample_type"] != "answer", r["prompt_id"], r["answer_id"], r["confidence_id"] or 0))
     uri = None
     if store is not None:
-        uri = store.write_parquet(f"{iteration_prefix(run_id, iteration)}/rollouts/rollouts.parquet", rows_to_table(rows))
+        uri = store.write_parquet(RunLayout.standalone_rollouts_rel(run_id, iteration), rows_to_table(rows))
     return RolloutResult(rows=rows, uri=uri, timings={"rollout/finalize_s": time.perf_counter() - t0},
                          stats=rollout_stats(rows))
 

@@ -1,4 +1,4 @@
-"""The pre-registered comparison's statistics (rlcr/comparison.py): each test checks a property a wrong
+"""The pre-registered comparison's statistics (rlcr/protocol_stats.py): each test checks a property a wrong
 implementation would break."""
 
 import math
@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from rlcr.comparison import (Answers, apply_isotonic, apply_temperature, decide, difficulty_prior,
+from rlcr.protocol_stats import (Answers, apply_isotonic, apply_temperature, decide, difficulty_prior,
                              ece_equal_mass, fit_isotonic, fit_temperature, goals_statistic,
                              hierarchical_bootstrap, protocol_metrics, within_stratum_auroc)
 from rlcr.metrics import auroc

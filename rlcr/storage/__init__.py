@@ -16,6 +16,10 @@ inside its destination and of its listed size. Small control files (manifests,
 leases) can be written exclusively (create-only: ``If-None-Match: *`` on S3, a hard
 link locally) or as a compare-and-swap on their version (``If-Match`` on S3, a lock
 file locally).
+
+The package: :class:`Store` and the checkpoint cache (:func:`fetch_checkpoint`) here; the seal format in
+:mod:`rlcr.storage.seals`; never-half-written local files and temporaries in :mod:`rlcr.storage.local`; the
+errors in :mod:`rlcr.storage.errors`. Every public name of those is importable from :mod:`rlcr.storage`.
 """
 
 from __future__ import annotations
@@ -28,36 +32,27 @@ import json
 import os
 import re
 import shutil
-import socket
-import stat
 import tempfile
-import time
-import uuid
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import fsspec
 
-from rlcr.untrusted import InvalidInput, field, parse_json, printable
+from rlcr.storage.errors import AlreadyExists, StorageError, VersionConflict
+from rlcr.storage.local import (_HOST_ID, atomic_directory, fsync_dir, pid_alive, safe_join, sweep_temporaries,
+                                temp_name)
+from rlcr.storage.seals import (COMPLETE_MARKER, MAX_FILE_BYTES, MAX_NAME_CHARS, MAX_SEAL_BYTES, MAX_SEAL_FILES,
+                                InvalidSeal, checkpoint_content_id, new_seal, parse_seal, read_bounded,
+                                sealable_files)
+from rlcr.untrusted import printable
 
 __all__ = [
     "Store", "COMPLETE_MARKER", "fetch_checkpoint", "StorageError", "AlreadyExists", "VersionConflict",
     "iteration_prefix", "atomic_directory", "sweep_temporaries", "default_cache_dir", "validate_run_id",
-    "safe_join", "checkpoint_content_id", "pid_alive", "InvalidSeal", "parse_seal", "new_seal",
+    "safe_join", "checkpoint_content_id", "pid_alive", "InvalidSeal", "parse_seal", "new_seal", "MAX_SEAL_BYTES",
+    "MAX_SEAL_FILES", "MAX_NAME_CHARS", "MAX_FILE_BYTES", "RUN_ID_PATTERN",
 ]
 
-COMPLETE_MARKER = "_COMPLETE"
-_TEMP_TAG = ".tmp-"  # every temporary this module creates is named ".<name>.tmp-<host id>-<pid>-<random>"
-_TEMP_RE = re.compile(r"\.tmp-([0-9a-f]{12})-([0-9]{1,10})-[A-Za-z0-9_]*$")
-MAX_SEAL_BYTES = 4 * 1024 * 1024
-"""Largest ``_COMPLETE`` document read (bytes); a larger one is refused before it is parsed."""
-MAX_SEAL_FILES = 100_000
-"""Most files one sealed directory may hold."""
-MAX_NAME_CHARS = 1024
-"""Longest relative file name in a seal (characters); each ``/``-separated segment: at most 255 bytes."""
-MAX_FILE_BYTES = 2 ** 44
-"""Largest size a seal may give a file (16 TiB)."""
-_CONTENT_ID_RE = re.compile(r"[0-9a-f]{32}")
 _CACHE_ENTRY_RE = re.compile(r"[0-9a-f]{20}-[0-9a-f]{24}")
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+,@ -]{0,127}")
 """Valid run ids: 1–128 characters, letters, digits and ``. _ = + , @ -`` and space, starting with a
@@ -79,299 +74,11 @@ def validate_run_id(run_id: str) -> str:
     return run_id
 
 
-def safe_join(root: str | Path, rel: str) -> Path:
-    """``root/rel`` for a relative POSIX path ``rel``; raises StorageError if it would leave ``root``."""
-    parts = PurePosixPath(rel.replace("\\", "/")).parts
-    if rel.startswith("/") or any(p in ("..", "") for p in parts) or not parts:
-        raise StorageError(f"refusing path {rel!r}: it would resolve outside {root}")
-    root = Path(root).resolve()
-    target = (root / Path(*parts)).resolve()
-    if target != root and root not in target.parents:
-        raise StorageError(f"refusing path {rel!r}: it would resolve outside {root}")
-    return target
-
-
-def _host_id() -> str:
-    """12 hex digits naming this host *and* its pid namespace, the scope in which a pid means something.
-
-    A digest of the host name, ``/etc/machine-id`` and the pid namespace (containers sharing a host name
-    but not their pids get different ids). Stable across restarts of a process on the same host."""
-    parts = [socket.gethostname()]
-    with contextlib.suppress(OSError):
-        parts.append(Path("/etc/machine-id").read_text().strip())
-    with contextlib.suppress(OSError):
-        parts.append(os.readlink("/proc/self/ns/pid"))
-    return hashlib.sha256("\0".join(parts).encode("utf-8", "replace")).hexdigest()[:12]
-
-
-_HOST_ID = _host_id()
-
-
-def _temp_name(name: str) -> str:
-    """Prefix of a temporary for ``name``: ``.<name>.tmp-<host id>-<pid>-`` (the caller adds a random tail)."""
-    return f".{name}{_TEMP_TAG}{_HOST_ID}-{os.getpid()}-"
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this machine."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def sweep_temporaries(root: str | Path, *, max_depth: int = 4) -> list[Path]:
-    """Remove temporaries left under ``root`` by killed writers on this host (their pid is gone).
-
-    Only names this module creates (``.<name>.tmp-<host id>-<pid>-…``) *with this host's id* are touched:
-    a pid says nothing about another host's processes, so on a shared cache or store other hosts'
-    temporaries (possibly downloads in progress) are left alone, and so are names of the older
-    ``.<name>.tmp-<pid>-…`` format, which do not say their host. Returns what was removed.
-    """
-    root = Path(root)
-    removed: list[Path] = []
-    if not root.is_dir():
-        return removed
-
-    def walk(d: Path, depth: int) -> None:
-        try:
-            entries = list(os.scandir(d))
-        except OSError:
-            return
-        for e in entries:
-            m = _TEMP_RE.search(e.name)
-            pid = int(m.group(2)) if m and m.group(1) == _HOST_ID else 0
-            if e.name.startswith(".") and pid and pid != os.getpid() and not pid_alive(pid):
-                path = Path(e.path)
-                if e.is_dir(follow_symlinks=False):
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    with contextlib.suppress(OSError):
-                        path.unlink()
-                removed.append(path)
-            elif depth < max_depth and e.is_dir(follow_symlinks=False):
-                walk(Path(e.path), depth + 1)
-
-    walk(root, 0)
-    return removed
-
-
-def _fsync_dir(path: str | Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(path: Path) -> None:
-    for p in sorted(path.rglob("*"), reverse=True):
-        if p.is_file():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
-        elif p.is_dir():
-            _fsync_dir(p)
-    _fsync_dir(path)
-
-
-@contextlib.contextmanager
-def atomic_directory(dest: str | Path, *, durable: bool = False):
-    """Yield a temp sibling of ``dest`` to fill; on success it replaces ``dest`` in one rename.
-
-    On failure it is removed, so ``dest`` is never seen half-written; a writer killed before
-    that leaves a ``.<name>.tmp-<host id>-<pid>-…`` sibling that :func:`sweep_temporaries` removes later.
-    ``durable``: fsync the files and directories before and after the rename. An existing ``dest``
-    must be a real directory (it is moved aside, then removed): a symbolic link or anything else
-    there is refused with StorageError before anything is written, never moved or deleted.
-    """
-    dest = Path(dest)
-    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
-        raise StorageError(f"refusing to replace {dest}: it is a symbolic link or not a directory")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=_temp_name(dest.name), dir=dest.parent))
-    try:
-        yield tmp
-        if durable:
-            _fsync_tree(tmp)
-        if dest.exists():
-            # move the old one aside first (a rename), so dest is never missing for long
-            old = Path(tempfile.mkdtemp(prefix=_temp_name(dest.name), dir=dest.parent))
-            os.replace(dest, old / "x")
-            os.replace(tmp, dest)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, dest)
-        if durable:
-            _fsync_dir(dest.parent)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-class StorageError(RuntimeError):
-    """A storage operation failed; the message names the URI."""
-
-
-class AlreadyExists(StorageError):
-    """An exclusive (create-only) write found the object already there."""
-
-
-class VersionConflict(StorageError):
-    """A compare-and-swap write found another version than the one it expected."""
-
-
 def _split(uri: str) -> tuple[str, str]:
     if "://" in uri:
         protocol, rest = uri.split("://", 1)
         return protocol, rest.rstrip("/")
     return "file", str(Path(uri).expanduser().resolve())
-
-
-class InvalidSeal(StorageError, InvalidInput):
-    """A ``_COMPLETE`` seal failed a check; the one-line message names it and what is wrong."""
-
-
-def _name_problem(name: Any) -> str | None:
-    """Why ``name`` is not a safe relative file name for a sealed directory, or None if it is.
-
-    Safe: a non-empty string of at most :data:`MAX_NAME_CHARS` printable characters, not absolute,
-    no backslash, ``/``-separated segments that are neither empty nor ``.`` nor ``..`` and at most
-    255 bytes each, and not the seal's own name."""
-    if not isinstance(name, str) or not name:
-        return "is not a non-empty string"
-    if len(name) > MAX_NAME_CHARS:
-        return f"is longer than {MAX_NAME_CHARS} characters"
-    if name.startswith("/"):
-        return "is absolute"
-    if "\\" in name:
-        return "holds a backslash"
-    if not name.isprintable():
-        return "holds a control or non-printing character"
-    parts = name.split("/")
-    if ".." in parts:
-        return "climbs out with '..' (it would resolve outside the directory)"
-    if any(p in ("", ".") for p in parts):
-        return "has an empty or '.' segment"
-    if any(len(p.encode("utf-8", "surrogatepass")) > 255 for p in parts):
-        return "has a segment longer than 255 bytes"
-    if name == COMPLETE_MARKER:
-        return "is the seal itself"
-    return None
-
-
-def new_seal(files: dict[str, int]) -> bytes:
-    """The ``_COMPLETE`` document of a directory: a fresh content id and every file's size.
-
-    Raises StorageError if a name or size would not pass :func:`parse_seal`."""
-    for name, size in files.items():
-        problem = _name_problem(name)
-        if problem:
-            raise StorageError(f"cannot seal a file named {printable(repr(name), 120)}: the name {problem}")
-        if type(size) is not int or not 0 <= size <= MAX_FILE_BYTES:
-            raise StorageError(f"cannot seal {printable(name)}: size {size!r} is not an int in [0, {MAX_FILE_BYTES}]")
-    if len(files) > MAX_SEAL_FILES:
-        raise StorageError(f"cannot seal {len(files):,} files: at most {MAX_SEAL_FILES:,}")
-    return json.dumps({"content_id": uuid.uuid4().hex, "files": dict(sorted(files.items())),
-                       "sealed_at": time.time()}, indent=1).encode()
-
-
-def parse_seal(data: bytes, source: str = COMPLETE_MARKER) -> dict[str, Any]:
-    """The checked fields of a seal read from ``source`` (a URI or path, named in errors).
-
-    Guaranteed on return: ``content_id`` is 32 lowercase hex digits (what :func:`new_seal` writes);
-    ``files`` maps at most :data:`MAX_SEAL_FILES` safe relative names (see :func:`_name_problem`; no
-    name is also another's directory) to int sizes in ``[0, MAX_FILE_BYTES]``; ``sealed_at`` is a
-    finite number or None. Anything else — too large, not JSON, a missing or ill-typed field — raises
-    :class:`InvalidSeal` in one line. Plain ``ok`` seals of the first storage version are refused too:
-    they list no files and all share one content id, so neither the download check nor the cache key
-    could be trusted; writing the directory again (:meth:`Store.put_dir`) seals it anew."""
-    try:
-        doc = parse_json(data, source, max_bytes=MAX_SEAL_BYTES)
-        content_id = field(doc, "content_id", str, source)
-        files = field(doc, "files", dict, source)
-        sealed_at = field(doc, "sealed_at", float, source, default=None)
-    except InvalidInput as e:
-        hint = "; a plain seal from before content ids: write the directory again to reseal it" \
-            if data.strip() == b"ok" else ""
-        raise InvalidSeal(f"{e}{hint}") from None
-    where = printable(source)
-    if not _CONTENT_ID_RE.fullmatch(content_id):
-        raise InvalidSeal(f"{where}: content_id {printable(repr(content_id[:100]), 80)} is not 32 lowercase hex digits")
-    if len(files) > MAX_SEAL_FILES:
-        raise InvalidSeal(f"{where}: lists {len(files):,} files, more than the {MAX_SEAL_FILES:,} allowed")
-    for name, size in files.items():
-        problem = _name_problem(name)
-        if problem:
-            raise InvalidSeal(f"{where}: file name {printable(repr(name), 120)} {problem}")
-        if type(size) is not int or not 0 <= size <= MAX_FILE_BYTES:
-            raise InvalidSeal(f"{where}: size of {printable(name, 120)} must be an int in [0, {MAX_FILE_BYTES}], "
-                              f"found {printable(repr(size), 40)}")
-    for name in files:
-        cut = name.rfind("/")
-        while cut > 0:
-            if name[:cut] in files:
-                raise InvalidSeal(f"{where}: {printable(name[:cut], 120)} is listed as a file and as a directory")
-            cut = name.rfind("/", 0, cut)
-    return {"content_id": content_id, "files": dict(files), "sealed_at": sealed_at}
-
-
-def _read_bounded(path: str | Path, limit: int = MAX_SEAL_BYTES) -> bytes:
-    """At most ``limit + 1`` bytes of a local file (enough to tell that it is too large)."""
-    with open(path, "rb") as f:
-        return f.read(limit + 1)
-
-
-def _sealable_files(root: Path) -> list[tuple[str, Path, int]]:
-    """(name, path, size) of every regular file under ``root``, symbolic links followed, sorted by name.
-
-    The top-level ``_COMPLETE`` (a seal already there) is left out. Raises StorageError naming the
-    entry for a dangling link, a link loop (a directory reached again inside itself), anything not a
-    file or directory (FIFO, socket, device), a name :func:`parse_seal` would refuse, or more than
-    :data:`MAX_SEAL_FILES` files; so what is sealed is everything the directory shows, or nothing."""
-    found: list[tuple[str, Path, int]] = []
-
-    def walk(d: Path, prefix: str, ancestors: frozenset) -> None:
-        try:
-            entries = sorted(os.scandir(d), key=lambda e: e.name)
-        except OSError as e:
-            raise StorageError(f"cannot list {d}: {e.strerror}") from None
-        for e in entries:
-            name, path = prefix + e.name, Path(e.path)
-            if name == COMPLETE_MARKER:
-                continue
-            try:
-                st = os.stat(path)  # follows symbolic links
-            except OSError as err:
-                if path.is_symlink():
-                    what = "a symbolic link loop" if err.errno == errno.ELOOP else "a dangling symbolic link"
-                    raise StorageError(f"{path}: {what} (to {os.readlink(path)!r}); refusing to seal "
-                                       f"{root} without its target") from None
-                raise StorageError(f"{path}: {err.strerror}") from None
-            problem = _name_problem(name)
-            if problem:
-                raise StorageError(f"{path}: cannot be sealed, its name {problem}")
-            if stat.S_ISDIR(st.st_mode):
-                if (st.st_dev, st.st_ino) in ancestors:
-                    raise StorageError(f"{path}: a symbolic link loop (it leads back to a directory that holds it)")
-                walk(path, name + "/", ancestors | {(st.st_dev, st.st_ino)})
-            elif stat.S_ISREG(st.st_mode):
-                found.append((name, path, st.st_size))
-                if len(found) > MAX_SEAL_FILES:
-                    raise StorageError(f"{root}: more than {MAX_SEAL_FILES:,} files; refusing to seal it")
-            else:
-                raise StorageError(f"{path}: neither a file nor a directory; refusing to seal it")
-
-    try:
-        st = os.stat(root)
-    except OSError as e:
-        raise StorageError(f"{root}: {e.strerror}") from None
-    walk(root, "", frozenset({(st.st_dev, st.st_ino)}))
-    return sorted(found)
 
 
 class Store:
@@ -439,7 +146,7 @@ class Store:
     def _local_temp_file(self, path: str, data: bytes) -> str:
         """Write ``data`` durably to a temp file next to ``path``; returns its name."""
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=Path(path).parent, prefix=_temp_name(Path(path).name))
+        fd, tmp = tempfile.mkstemp(dir=Path(path).parent, prefix=temp_name(Path(path).name))
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -468,7 +175,7 @@ class Store:
                         raise AlreadyExists(f"{self.url(rel)} already exists") from None
                 else:
                     os.replace(tmp, path)
-                _fsync_dir(Path(path).parent)
+                fsync_dir(Path(path).parent)
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
@@ -530,7 +237,7 @@ class Store:
                     raise VersionConflict(f"{self.url(rel)} changed (expected version {version[:12]})")
                 tmp = self._local_temp_file(path, data)
                 os.replace(tmp, path)
-                _fsync_dir(Path(path).parent)
+                fsync_dir(Path(path).parent)
             return
 
         def run():
@@ -601,10 +308,10 @@ class Store:
         What is copied and sealed is every file the directory shows: symbolic links to files
         and directories are followed (their content is copied, not the link). A dangling link,
         a link loop or a FIFO/socket/device raises StorageError naming it, before anything is
-        written (see :func:`_sealable_files`); so does a file whose size changes while copied.
+        written (see :func:`~rlcr.storage.seals.sealable_files`); so does a file whose size changes while copied.
         """
         local_dir = Path(local_dir)
-        files = _sealable_files(local_dir)
+        files = sealable_files(local_dir)
         seal = new_seal({name: size for name, _, size in files})
         if self.is_local:
             with atomic_directory(self._abs(rel), durable=True) as tmp:
@@ -640,7 +347,7 @@ class Store:
 
         def run():
             if self.is_local:
-                return _read_bounded(path)
+                return read_bounded(path)
             return self.fs.cat_file(path, start=0, end=MAX_SEAL_BYTES + 1)
         try:
             data = self._wrap("reading", marker, run)
@@ -701,22 +408,6 @@ class Store:
             raise StorageError(f"{self.url(rel)}: {printable(name)} has the wrong size (the seal says {size:,} bytes)")
 
 
-def checkpoint_content_id(local_dir: str | Path) -> str:
-    """Content id of a local checkpoint directory: its seal's (checked by :func:`parse_seal`, else
-    :class:`InvalidSeal`), or (unsealed, e.g. a prepared base model) ``unsealed-`` and a digest of its
-    files' names, sizes and modification times."""
-    local_dir = Path(local_dir)
-    marker = local_dir / COMPLETE_MARKER
-    if marker.exists():
-        return parse_seal(_read_bounded(marker), str(marker))["content_id"]
-    h = hashlib.sha256()
-    for p in sorted(local_dir.rglob("*")):
-        if p.is_file():
-            st = p.stat()
-            h.update(f"{p.relative_to(local_dir)}:{st.st_size}:{st.st_mtime_ns};".encode())
-    return "unsealed-" + h.hexdigest()[:16]
-
-
 def fetch_checkpoint(uri: str, *, endpoint_url: str | None = None, cache_dir: str | Path | None = None) -> Path:
     """A model checkpoint URI → a local directory.
 
@@ -745,7 +436,7 @@ def fetch_checkpoint(uri: str, *, endpoint_url: str | None = None, cache_dir: st
     content_id = store.parse_seal(name, seal)["content_id"]
     local = _cache_entry(cache, uri, content_id)
     marker = local / COMPLETE_MARKER
-    if not local.is_symlink() and marker.is_file() and _read_bounded(marker) == seal:
+    if not local.is_symlink() and marker.is_file() and read_bounded(marker) == seal:
         return local
     if local.is_symlink() or local.exists():
         if local.is_symlink() or not local.is_dir() or not marker.is_file() or marker.is_symlink():
@@ -765,5 +456,8 @@ def _cache_entry(cache: Path, uri: str, content_id: str) -> Path:
 
 
 def iteration_prefix(run_id: str, iteration: int) -> str:
-    """Store-relative folder of one iteration: ``runs/<run_id>/iter-<k>`` (k zero-padded to 4)."""
+    """Store-relative folder of one iteration: ``runs/<run_id>/iter-<k>`` (k zero-padded to 4).
+
+    Kept only for ``rlcr/train/trainer.py::checkpoint_rel`` until it calls
+    :meth:`rlcr.run_layout.RunLayout.standalone_checkpoint_rel` (run paths are the layout's); delete it then."""
     return f"runs/{validate_run_id(run_id)}/iter-{iteration:04d}"

@@ -1,0 +1,156 @@
+"""``rlcr eval``, ``rlcr compare`` and ``rlcr probe``: options parsed, the evaluation, comparison or probe run, its
+table printed.
+Which rows a comparison may compare is :mod:`rlcr.comparison`'s; the figures :mod:`rlcr.evaluate`'s; the tables
+:mod:`rlcr.presentation`'s."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from rlcr.cli.app import UserError, app
+from rlcr.cli.inputs import check_inputs, check_storage, existing_run, load, valid_run_id
+from rlcr.presentation import comparison_table, console, eval_table, probe_table, provenance_text, show, step
+from rlcr.untrusted import printable
+
+
+def _records_target(records: str, cfg) -> tuple[Any, str]:
+    """Where `rlcr eval --records` writes its rows: (the store of the file's parent, the file's name). A local
+    path or a URI (``s3://bucket/prefix/rows.parquet``, through :class:`rlcr.storage.Store` with the config's
+    ``s3_endpoint_url``). Checked before any work: a name ending in ``.parquet``, no file there yet."""
+    from rlcr.storage import Store
+
+    shown = printable(records)
+    if "://" in records:
+        parent, _, name = records.rstrip("/").rpartition("/")
+        if "://" not in parent or not parent.split("://", 1)[1]:
+            raise typer.BadParameter(f"{shown}: expected a URI of a file, such as s3://bucket/prefix/rows.parquet",
+                                     param_hint="--records")
+    else:
+        path = Path(records).expanduser()
+        parent, name = str(path.parent), path.name
+    if not name.endswith(".parquet") or name == ".parquet":
+        raise typer.BadParameter(f"{shown}: expected a .parquet file name", param_hint="--records")
+    try:
+        store = Store(parent, endpoint_url=cfg.s3_endpoint_url) if "://" in parent else None
+        exists = store.exists(name) if store is not None else Path(parent, name).exists()
+    except Exception as e:  # noqa: BLE001 — an unknown protocol, an unreachable endpoint …
+        raise typer.BadParameter(f"{shown}: cannot be checked ({type(e).__name__}: {printable(e, 300)})",
+                                 param_hint="--records") from None
+    if exists:
+        raise typer.BadParameter(f"{shown}: exists; rows are never overwritten", param_hint="--records")
+    return store, name
+
+
+def _write_records(records: str, target: tuple[Any, str], rows, cfg, policy: str, draw: int) -> None:
+    """The per-answer rows, with their provenance, to the file :func:`_records_target` checked: create-only
+    (a file that appeared during the evaluation is kept, not replaced)."""
+    from rlcr.rollout.records import rows_to_table, with_provenance
+    from rlcr.storage import AlreadyExists, Store
+
+    store, name = target
+    if store is None:  # local: the directory is made now, after the evaluation
+        store = Store(str(Path(records).expanduser().parent))
+    table = with_provenance(rows_to_table(rows), policy=policy, method=cfg.method, draw=draw,
+                            eval_samples=cfg.eval_samples, eval_seed=cfg.eval_seed, config_hash=cfg.config_hash())
+    try:
+        store.write_parquet(name, table, exclusive=True)
+    except AlreadyExists:
+        console.print(f"[red]{show(records)} appeared during the evaluation; left as it was, rows not written[/red]")
+        raise typer.Exit(1)
+    console.print(f"per-answer rows: {show(store.url(name))}")
+
+
+@app.command("eval")
+def evaluate(
+    config: Optional[str] = typer.Option(None, help="YAML config file."),
+    checkpoint: Optional[str] = typer.Option(None, help="Checkpoint URI (default: the config's model)."),
+    records: Optional[str] = typer.Option(None, help="Also write the per-answer rows to this new Parquet file, "
+                                                     "a local path or a URI such as s3://bucket/prefix/rows.parquet "
+                                                     "(for `rlcr compare`)."),
+    draw: int = typer.Option(0, min=0, help="Sample draw: 0 samples what the flow's evaluations sample; "
+                                            "k > 0 re-samples the same tasks with other seeds (how much "
+                                            "one evaluation moves between draws)."),
+    overrides: list[str] = typer.Argument(None, help="field=value overrides."),
+):
+    """Held-out accuracy, format rate and calibration (docs/design.md §13) of one checkpoint."""
+    cfg = load(config, overrides or [])
+    target = _records_target(records, cfg) if records is not None else None  # before any work
+    check_inputs(cfg, checkpoint, "--checkpoint" if checkpoint else "model")
+    if checkpoint and "://" in checkpoint:
+        check_storage(cfg, uri=checkpoint)
+    from flows.train import ensure_ray
+    from rlcr.evaluate import evaluate_policy
+    from rlcr.models import resolve_model
+    from rlcr.rollout.engine import EnginePool
+    from rlcr.runs import task_sets
+
+    policy = checkpoint or resolve_model(cfg.model)
+    try:
+        _, held_out = task_sets(cfg)
+    except ValueError as e:  # a task file's row (TaskFormatError), or sets that cannot be made
+        raise UserError(f"task error: {printable(e, 1000)}") from None
+    ensure_ray()
+    with step(f"evaluating {printable(policy)} on {len(held_out)} held-out tasks"):
+        with EnginePool(cfg, policy) as engines:
+            m, rows = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=0, engines=engines, draw=draw)
+    if target is not None:
+        _write_records(records, target, rows, cfg, policy, draw)
+    console.print(eval_table(policy, cfg.method, draw, m))
+
+
+@app.command()
+def compare(
+    run_a: str = typer.Argument(..., help="Run A (the difference is A minus B), or a .parquet file of "
+                                          "`rlcr eval --records`, or several such files of one policy's "
+                                          "sample draws joined by '+' (pooled: more answers per task)."),
+    run_b: str = typer.Argument(..., help="Run B, or a .parquet file, or draws joined by '+'."),
+    iteration: Optional[int] = typer.Option(None, help="Iteration of both runs (0: their initial policies); "
+                                                       "default: the last one both evaluated."),
+    config: Optional[str] = typer.Option(None, help="YAML config file (for storage_uri)."),
+    overrides: list[str] = typer.Argument(None, help="field=value overrides."),
+):
+    """Two runs' held-out evaluations, paired on the same tasks: each side's accuracy, ECE, Brier and AUROC on
+    those tasks, and A − B with paired bootstrap 95% intervals over tasks (docs/design.md §9)."""
+    cfg = load(config, overrides or [])
+    sides = (run_a, run_b)
+    files = [s.endswith(".parquet") for s in sides]
+    if not all(files):
+        check_storage(cfg)
+    runs = [None if f else existing_run(cfg, valid_run_id(s, cfg, name))
+            for s, f, name in zip(sides, files, ("RUN_A", "RUN_B"))]
+    from rlcr.comparison import RowsRefused, compare_held_out
+
+    try:
+        result = compare_held_out(sides, runs, iteration, n_resamples=cfg.eval_bootstrap_resamples, seed=cfg.eval_seed)
+    except RowsRefused as e:
+        raise typer.BadParameter(str(e), param_hint=e.param) from None
+    console.print(comparison_table(run_a, run_b, result))
+    for name, fields in zip("AB", result["sources"]):
+        if fields:
+            console.print(f"{name}: {provenance_text(fields)}")
+
+
+@app.command()
+def probe(
+    config: Optional[str] = typer.Option(None, help="YAML config file."),
+    run_id: str = typer.Option(..., help="Run whose newest committed checkpoint is probed."),
+    overrides: list[str] = typer.Argument(None, help="field=value overrides."),
+):
+    """Faithfulness probe + calibration report of a run's newest checkpoint (the `rlcr-probe` flow). A run that
+    does not exist or has no committed iteration is one line, exit code 2, before Prefect starts."""
+    cfg = load(config, overrides or [])
+    run_id = valid_run_id(run_id, cfg)
+    check_storage(cfg)
+    last = existing_run(cfg, run_id).last_committed()
+    if last is None or not last.get("checkpoint_uri"):
+        raise UserError(f"run {printable(repr(run_id), 140)} has no committed iteration yet: nothing to probe (train "
+                        f"it first: rlcr train --run-id {printable(run_id, 140)})")
+    from flows.probe import rlcr_probe
+
+    with step("probing (forced answers along the reasoning)"):
+        result = rlcr_probe(config=config, overrides=list(overrides or []), run_id=run_id)
+    console.print(probe_table(result))
+    console.print(f"report: [bold]{show(result['report'].get('html'))}[/bold]")

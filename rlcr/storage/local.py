@@ -1,0 +1,155 @@
+"""Local files that are never seen half-written: temporaries named by host and pid (swept once their writer is
+dead, on this host only), directories replaced in one rename, durable (fsynced) writes, and paths confined to a
+root. Used by the local :class:`~rlcr.storage.Store`, the checkpoint cache and the model cache."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import socket
+import tempfile
+from pathlib import Path, PurePosixPath
+
+from rlcr.storage.errors import StorageError
+
+__all__ = ["safe_join", "pid_alive", "sweep_temporaries", "atomic_directory", "temp_name", "fsync_dir"]
+
+_TEMP_TAG = ".tmp-"  # every temporary this module creates is named ".<name>.tmp-<host id>-<pid>-<random>"
+_TEMP_RE = re.compile(r"\.tmp-([0-9a-f]{12})-([0-9]{1,10})-[A-Za-z0-9_]*$")
+
+
+def safe_join(root: str | Path, rel: str) -> Path:
+    """``root/rel`` for a relative POSIX path ``rel``; raises StorageError if it would leave ``root``."""
+    parts = PurePosixPath(rel.replace("\\", "/")).parts
+    if rel.startswith("/") or any(p in ("..", "") for p in parts) or not parts:
+        raise StorageError(f"refusing path {rel!r}: it would resolve outside {root}")
+    root = Path(root).resolve()
+    target = (root / Path(*parts)).resolve()
+    if target != root and root not in target.parents:
+        raise StorageError(f"refusing path {rel!r}: it would resolve outside {root}")
+    return target
+
+
+def _host_id() -> str:
+    """12 hex digits naming this host *and* its pid namespace, the scope in which a pid means something.
+
+    A digest of the host name, ``/etc/machine-id`` and the pid namespace (containers sharing a host name
+    but not their pids get different ids). Stable across restarts of a process on the same host."""
+    parts = [socket.gethostname()]
+    with contextlib.suppress(OSError):
+        parts.append(Path("/etc/machine-id").read_text().strip())
+    with contextlib.suppress(OSError):
+        parts.append(os.readlink("/proc/self/ns/pid"))
+    return hashlib.sha256("\0".join(parts).encode("utf-8", "replace")).hexdigest()[:12]
+
+
+_HOST_ID = _host_id()
+
+
+def temp_name(name: str) -> str:
+    """Prefix of a temporary for ``name``: ``.<name>.tmp-<host id>-<pid>-`` (the caller adds a random tail)."""
+    return f".{name}{_TEMP_TAG}{_HOST_ID}-{os.getpid()}-"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_temporaries(root: str | Path, *, max_depth: int = 4) -> list[Path]:
+    """Remove temporaries left under ``root`` by killed writers on this host (their pid is gone).
+
+    Only names this module creates (``.<name>.tmp-<host id>-<pid>-…``) *with this host's id* are touched:
+    a pid says nothing about another host's processes, so on a shared cache or store other hosts'
+    temporaries (possibly downloads in progress) are left alone, and so are names of the older
+    ``.<name>.tmp-<pid>-…`` format, which do not say their host. Returns what was removed.
+    """
+    root = Path(root)
+    removed: list[Path] = []
+    if not root.is_dir():
+        return removed
+
+    def walk(d: Path, depth: int) -> None:
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            return
+        for e in entries:
+            m = _TEMP_RE.search(e.name)
+            pid = int(m.group(2)) if m and m.group(1) == _HOST_ID else 0
+            if e.name.startswith(".") and pid and pid != os.getpid() and not pid_alive(pid):
+                path = Path(e.path)
+                if e.is_dir(follow_symlinks=False):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+                removed.append(path)
+            elif depth < max_depth and e.is_dir(follow_symlinks=False):
+                walk(Path(e.path), depth + 1)
+
+    walk(root, 0)
+    return removed
+
+
+def fsync_dir(path: str | Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(path: Path) -> None:
+    for p in sorted(path.rglob("*"), reverse=True):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+        elif p.is_dir():
+            fsync_dir(p)
+    fsync_dir(path)
+
+
+@contextlib.contextmanager
+def atomic_directory(dest: str | Path, *, durable: bool = False):
+    """Yield a temp sibling of ``dest`` to fill; on success it replaces ``dest`` in one rename.
+
+    On failure it is removed, so ``dest`` is never seen half-written; a writer killed before
+    that leaves a ``.<name>.tmp-<host id>-<pid>-…`` sibling that :func:`sweep_temporaries` removes later.
+    ``durable``: fsync the files and directories before and after the rename. An existing ``dest``
+    must be a real directory (it is moved aside, then removed): a symbolic link or anything else
+    there is refused with StorageError before anything is written, never moved or deleted.
+    """
+    dest = Path(dest)
+    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
+        raise StorageError(f"refusing to replace {dest}: it is a symbolic link or not a directory")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=temp_name(dest.name), dir=dest.parent))
+    try:
+        yield tmp
+        if durable:
+            _fsync_tree(tmp)
+        if dest.exists():
+            # move the old one aside first (a rename), so dest is never missing for long
+            old = Path(tempfile.mkdtemp(prefix=temp_name(dest.name), dir=dest.parent))
+            os.replace(dest, old / "x")
+            os.replace(tmp, dest)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, dest)
+        if durable:
+            fsync_dir(dest.parent)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
