@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import tempfile
 import urllib.error
 import urllib.request
@@ -199,24 +200,57 @@ def import_model(model: str, store, *, chat_template: str | None = None, cache_d
     Built-in names are built (:func:`rlcr.models.resolve_model`) and a sealed ``s3://`` directory is used as
     it is; a local directory, an unsealed remote directory or a hub id is copied into ``store`` (a
     :class:`rlcr.storage.Store`) as ``models/<content digest>`` and sealed, unless that copy is there already.
+    ``chat_template`` (a Jinja template) replaces the tokenizer's: the model is then always copied, with the
+    template as its ``chat_template.jinja``.
     """
     from rlcr.models import resolve_model
 
     kind = check_model(model, chat_template=chat_template)
     if kind == "builtin":
-        return resolve_model(model)
+        built = resolve_model(model)
+        return _store_copy(Path(built), store, cache_dir, chat_template) if chat_template else built
     if kind == "local":
-        return _store_copy(Path(model.removeprefix("file://")).expanduser(), store, cache_dir)
+        return _store_copy(Path(model.removeprefix("file://")).expanduser(), store, cache_dir, chat_template)
     if kind == "hub":
-        return _store_copy(_hub_download(model, cache_dir), store, cache_dir)
+        return _store_copy(_hub_download(model, cache_dir), store, cache_dir, chat_template)
     return _import_remote(model, store, chat_template, cache_dir)
 
 
-def _store_copy(local: Path, store, cache_dir) -> str:
-    rel = f"models/{local_digest(local, cache_dir=cache_dir)}"
-    if store.read_seal(rel) is None:
+def _store_copy(local: Path, store, cache_dir, chat_template: str | None = None) -> str:
+    """``local`` sealed into ``store`` as ``models/<digest>``; with ``chat_template``, the copy carries it as
+    ``chat_template.jinja`` (and the digest covers it), so every tokenizer loaded from the copy uses it."""
+    digest = local_digest(local, cache_dir=cache_dir)
+    if chat_template:
+        digest = hashlib.sha256(f"{digest}\0{chat_template}".encode()).hexdigest()[:32]
+    rel = f"models/{digest}"
+    if store.read_seal(rel) is not None:
+        return store.url(rel)
+    if not chat_template:
         store.put_dir(local, rel)
+        return store.url(rel)
+    work = Path(cache_dir or _default_cache()) / "imports"
+    work.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=work) as tmp:
+        copy = Path(tmp) / "model"
+        shutil.copytree(local, copy, ignore=shutil.ignore_patterns("chat_template.jinja", "_COMPLETE"))
+        (copy / "chat_template.jinja").write_text(chat_template)
+        _drop_config_template(copy / "tokenizer_config.json")
+        store.put_dir(copy, rel)
     return store.url(rel)
+
+
+def _drop_config_template(path: Path) -> None:
+    """A ``chat_template`` inside tokenizer_config.json would win over chat_template.jinja: remove it."""
+    if path.is_file():
+        doc = json.loads(path.read_bytes())
+        if isinstance(doc, dict) and doc.pop("chat_template", None) is not None:
+            path.write_text(json.dumps(doc, indent=2))
+
+
+def _default_cache() -> Path:
+    from rlcr.storage import default_cache_dir
+
+    return default_cache_dir()
 
 
 def _hub_download(model: str, cache_dir) -> Path:
@@ -241,7 +275,13 @@ def _import_remote(uri: str, store, chat_template: str | None, cache_dir) -> str
     parent, name = uri.rstrip("/").rsplit("/", 1)
     source = Store(parent, endpoint_url=store.endpoint_url)
     if source.read_seal(name) is not None:
-        return uri.rstrip("/")
+        if not chat_template:
+            return uri.rstrip("/")
+        from rlcr.storage import fetch_checkpoint
+
+        local = fetch_checkpoint(uri, endpoint_url=store.endpoint_url,
+                                 cache_dir=Path(cache_dir or _default_cache()) / "checkpoints")
+        return _store_copy(local, store, cache_dir, chat_template)
     base = source._abs(name)
     listing = source.fs.find(base, detail=True, maxdepth=4)
     if len(listing) > MAX_MODEL_FILES:
@@ -272,4 +312,4 @@ def _import_remote(uri: str, store, chat_template: str | None, cache_dir) -> str
                     raise ModelSourceError(f"{what}: {printable(rel, 200)} changed while it was downloaded")
         _check_local_dir(local, what)
         check_chat_template(local, chat_template, what=what)
-        return _store_copy(local, store, cache_dir)
+        return _store_copy(local, store, cache_dir, chat_template)

@@ -107,3 +107,20 @@ def test_an_unsealed_s3_directory_is_imported_and_sealed(plain_model, s3, tmp_pa
     theirs.fs.pipe_file(f"{theirs.root}/bad-model/a\x01b", b"x")
     with pytest.raises(ModelSourceError, match="bad-model"):
         import_model(theirs.url("bad-model"), store, cache_dir=tmp_path / "cache")
+
+
+def test_a_configured_chat_template_travels_with_the_imported_copy(plain_model, tmp_path):
+    from transformers import AutoTokenizer
+
+    (plain_model / "chat_template.jinja").unlink(missing_ok=True)
+    tc = json.loads((plain_model / "tokenizer_config.json").read_text())
+    tc.pop("chat_template", None)
+    (plain_model / "tokenizer_config.json").write_text(json.dumps(tc))
+    store = Store(str(tmp_path / "store"))
+    template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    uri = import_model(str(plain_model), store, chat_template=template, cache_dir=tmp_path / "cache")
+    tok = AutoTokenizer.from_pretrained(fetch_checkpoint(uri))
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert text == "<user>hi"
+    other = import_model(str(plain_model), store, chat_template=template + " ", cache_dir=tmp_path / "cache")
+    assert other != uri  # another template is another model copy
