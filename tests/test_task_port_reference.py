@@ -1,0 +1,121 @@
+"""Bit-identity of the task port (issue 32 item 2): one iteration of the real pipeline on the tiny model —
+task sets, the iteration's prompts, ``run_rollouts`` (both vLLM stages, scoring, advantages) and one
+in-process ``train_update`` — against reference values recorded from the code *before* Countdown went
+behind the task interface (tests/data/task_port_reference.json).
+
+The fast test recomputes the rewards, accuracies and advantages of the recorded completions with the current
+code (machine-independent: pure Python). The slow test reruns the whole iteration: the sampled tokens depend
+on vLLM's CPU kernels, so it is exact on the machine that recorded it (and any with the same kernels); the
+weights after the update are compared by hash and, should the hash differ, that is reported with the largest
+weight difference. ``RLCR_RECORD_PORT_REFERENCE=1`` rewrites the file (only ever from the pre-port code).
+"""
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from rlcr.config import RLCRConfig
+
+REFERENCE = Path(__file__).parent / "data" / "task_port_reference.json"
+
+
+def reference_cfg(model_dir, store_dir) -> RLCRConfig:
+    return RLCRConfig(
+        model=str(model_dir), storage_uri=str(store_dir), num_generations_answer=2, num_generations_confidence=2,
+        temperature=1.0, max_answer_tokens=24, max_confidence_tokens=12, rollout_batch_size=8,
+        engine_max_model_len=512, engine_kv_cache_gib=0.25, seed=7, num_train_tasks=24, num_eval_tasks=6,
+        prompts_per_iteration=3, learning_rate=1e-3, micro_batch_tokens=128,
+    )
+
+
+def _key(r):
+    return f"{r['sample_type']}/{r['prompt_id']}/{r['answer_id']}/{r['confidence_id']}"
+
+
+def _summary(rows):
+    return {_key(r): {k: r[k] for k in ("nums", "target", "context_ids", "completion_ids", "completion_text",
+                                         "loss_mask", "score", "correct", "confidence", "reward", "advantage")}
+            for r in rows}
+
+
+def _weights_sha(state_dict) -> str:
+    h = hashlib.sha256()
+    for name in sorted(state_dict):
+        h.update(name.encode())
+        h.update(state_dict[name].detach().contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def test_recorded_completions_score_and_normalise_as_recorded():
+    """The current scoring, rewards and advantages on the recorded completions give the recorded values."""
+    from rlcr.rollout.records import answer_scores, assign_advantages, confidence_scores, rollout_row
+    from rlcr.tasks.countdown import CountdownTask
+
+    ref = json.loads(REFERENCE.read_text())
+    cfg = RLCRConfig(**ref["cfg"])
+    rows, by_key = [], ref["rows"]
+    correct = {}
+    for key in sorted(by_key, key=lambda k: k.startswith("confidence")):
+        r = by_key[key]
+        kind, p, a, h = key.split("/")
+        problem = CountdownTask(nums=r["nums"], target=r["target"])
+        if kind == "answer":
+            scores = answer_scores(r["completion_text"], problem, format_score=cfg.format_score, method=cfg.method)
+            correct[(p, a)] = scores["correct"]
+        else:
+            scores = {**confidence_scores(r["completion_text"], correct[(p, a)]), "correct": correct[(p, a)]}
+        for name, value in scores.items():
+            assert value == r[name], (key, name)
+        rows.append(rollout_row(kind, task=problem, prompt_id=int(p), answer_id=int(a),
+                                confidence_id=None if h == "None" else int(h), context_text="",
+                                context_ids=r["context_ids"], completion_text=r["completion_text"],
+                                completion_ids=r["completion_ids"], **scores))
+    assign_advantages(rows, method=cfg.method, eps=cfg.adv_eps, scale_by_std=cfg.scale_by_std,
+                      conf_mode=cfg.conf_norm_mode)
+    for r in rows:
+        assert r["advantage"] == by_key[_key(r)]["advantage"], _key(r)
+        assert (r["nums"], r["target"]) == (by_key[_key(r)]["nums"], by_key[_key(r)]["target"])
+
+
+def _iteration(model_dir, store_dir, tokenizer):
+    """The reference iteration: task sets, prompts of iteration 1, rollouts, one update in this process."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlcr.rollout.pipeline import run_rollouts
+    from rlcr.seeds import update_seed
+    from rlcr.tasks.sets import prompts_for_iteration, task_sets
+    from rlcr.train.batching import prepare_samples
+    from rlcr.train.update import CompletionLogProbs, train_update
+
+    cfg = reference_cfg(model_dir, store_dir)
+    train, held_out = task_sets(cfg)
+    prompts = prompts_for_iteration(cfg, train, 1)
+    res = run_rollouts(cfg, prompts, policy_uri=str(model_dir), run_id="ref", iteration=1)
+    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    metrics = train_update(CompletionLogProbs(lm), prepare_samples(res.rows, tokenizer), cfg,
+                           pad_id=tokenizer.pad_token_id, seed=update_seed(cfg.seed, 1))
+    sets = {"train": [[list(t.nums), t.target] for t in train], "held_out": [[list(t.nums), t.target] for t in held_out],
+            "prompts": [[i, list(t.nums), t.target] for i, t in prompts]}
+    return cfg, sets, res.rows, metrics, lm.state_dict()
+
+
+@pytest.mark.slow
+def test_one_iteration_is_bit_identical_to_the_pre_port_reference(ray_local, tiny_model_dir, tiny_tokenizer, tmp_path):
+    cfg, sets, rows, metrics, weights = _iteration(tiny_model_dir, tmp_path / "store", tiny_tokenizer)
+    got = {"cfg": cfg.model_dump(mode="json", include={"seed", "method", "format_score", "adv_eps", "scale_by_std",
+                                                        "conf_norm_mode"}),
+           "sets": sets, "rows": _summary(rows), "loss": metrics["loss"], "weights_sha256": _weights_sha(weights)}
+    if os.environ.get("RLCR_RECORD_PORT_REFERENCE") == "1":
+        REFERENCE.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+    ref = json.loads(REFERENCE.read_text())
+    assert got["sets"] == ref["sets"]
+    assert got["rows"].keys() == ref["rows"].keys()
+    for key, r in ref["rows"].items():
+        for field, value in r.items():
+            assert got["rows"][key][field] == value, (key, field)
+    assert got["loss"] == ref["loss"]
+    assert got["weights_sha256"] == ref["weights_sha256"]
