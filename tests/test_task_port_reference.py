@@ -80,6 +80,48 @@ def test_recorded_completions_score_and_normalise_as_recorded():
         assert (r["nums"], r["target"]) == (by_key[_key(r)]["nums"], by_key[_key(r)]["target"])
 
 
+CRAFTED_ANSWERS = ("<think>x</think>\n<answer>{solution}</answer>", "<answer>1 + 2</answer>", "no answer",
+                   "<answer>{solution}</answer>\n<analysis>ok</analysis><confidence>0.8</confidence>")
+CRAFTED_CONFIDENCES = ("<confidence>0.7</confidence>", "<analysis>no</analysis><confidence>abc</confidence>")
+
+
+def _crafted(prompts) -> dict:
+    """Scores and advantages of crafted completions (right, wrong, no answer, one-turn) on the reference
+    prompts: the rollouts of the tiny random model score 0 throughout, these exercise every outcome."""
+    from rlcr.rollout.records import answer_scores, assign_advantages, confidence_scores, rollout_row
+
+    out, rows = {}, []
+    for p, (pid, t) in enumerate(prompts):
+        for a, template in enumerate(CRAFTED_ANSWERS):
+            text = template.format(solution=t.solution)
+            for method in ("rlcr", "rlcr_single"):
+                out[f"answer/{pid}/{a}/{method}"] = answer_scores(text, t, format_score=0.1, method=method,
+                                                                  lambda_conf=0.5)
+            scores = answer_scores(text, t, format_score=0.1)
+            rows.append(rollout_row("answer", task=t, prompt_id=p, answer_id=a, context_text="", context_ids=[1],
+                                    completion_text=text, completion_ids=[2], **scores))
+            for h, conf in enumerate(CRAFTED_CONFIDENCES):
+                c = confidence_scores(conf, scores["correct"])
+                out[f"confidence/{pid}/{a}/{h}"] = c
+                rows.append(rollout_row("confidence", task=t, prompt_id=p, answer_id=a, confidence_id=h,
+                                        context_text="", context_ids=[1], completion_text=conf, completion_ids=[3],
+                                        correct=scores["correct"], **c))
+    for mode in ("answer", "answer_then_prompt"):
+        assign_advantages(rows, method="rlcr", conf_mode=mode)
+        out[f"advantages/{mode}"] = [r["advantage"] for r in rows]
+    return out
+
+
+def test_crafted_completions_score_and_normalise_as_recorded():
+    """Every scoring outcome (right, wrong, no answer, one-turn, parsed and unparsed confidences) and the
+    advantages of both confidence normalisations, on the reference prompts, as recorded."""
+    from rlcr.tasks.countdown import CountdownTask, solve
+
+    ref = json.loads(REFERENCE.read_text())
+    prompts = [(i, CountdownTask(nums, target, solve(nums, target))) for i, nums, target in ref["sets"]["prompts"]]
+    assert _crafted(prompts) == ref["crafted"]
+
+
 def _iteration(model_dir, store_dir, tokenizer):
     """The reference iteration: task sets, prompts of iteration 1, rollouts, one update in this process."""
     import torch
@@ -96,11 +138,23 @@ def _iteration(model_dir, store_dir, tokenizer):
     prompts = prompts_for_iteration(cfg, train, 1)
     res = run_rollouts(cfg, prompts, policy_uri=str(model_dir), run_id="ref", iteration=1)
     lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    metrics = train_update(CompletionLogProbs(lm), prepare_samples(res.rows, tokenizer), cfg,
+    rows = [dict(r) for r in res.rows]
+    # the tiny random model's rollouts all score 0 (advantages 0): the update also runs on the same rows with
+    # fixed nonzero advantages, so the weights move and their hash covers the tokens and masks of every row
+    for k, r in enumerate(rows):
+        r["advantage"] = r["advantage"] + (1.0 if k % 2 else -1.0)
+    metrics = train_update(CompletionLogProbs(lm), prepare_samples(rows, tokenizer), cfg,
                            pad_id=tokenizer.pad_token_id, seed=update_seed(cfg.seed, 1))
     sets = {"train": [[list(t.nums), t.target] for t in train], "held_out": [[list(t.nums), t.target] for t in held_out],
             "prompts": [[i, list(t.nums), t.target] for i, t in prompts]}
     return cfg, sets, res.rows, metrics, lm.state_dict()
+
+
+def _prompts(model_dir, store_dir):
+    from rlcr.tasks.sets import prompts_for_iteration, task_sets
+
+    cfg = reference_cfg(model_dir, store_dir)
+    return prompts_for_iteration(cfg, task_sets(cfg)[0], 1)
 
 
 @pytest.mark.slow
@@ -108,7 +162,8 @@ def test_one_iteration_is_bit_identical_to_the_pre_port_reference(ray_local, tin
     cfg, sets, rows, metrics, weights = _iteration(tiny_model_dir, tmp_path / "store", tiny_tokenizer)
     got = {"cfg": cfg.model_dump(mode="json", include={"seed", "method", "format_score", "adv_eps", "scale_by_std",
                                                         "conf_norm_mode"}),
-           "sets": sets, "rows": _summary(rows), "loss": metrics["loss"], "weights_sha256": _weights_sha(weights)}
+           "sets": sets, "rows": _summary(rows), "loss": metrics["loss"], "weights_sha256": _weights_sha(weights),
+           "crafted": _crafted([(i, t) for i, t in _prompts(tiny_model_dir, tmp_path)])}
     if os.environ.get("RLCR_RECORD_PORT_REFERENCE") == "1":
         REFERENCE.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
     ref = json.loads(REFERENCE.read_text())
@@ -117,5 +172,6 @@ def test_one_iteration_is_bit_identical_to_the_pre_port_reference(ray_local, tin
     for key, r in ref["rows"].items():
         for field, value in r.items():
             assert got["rows"][key][field] == value, (key, field)
-    assert got["loss"] == ref["loss"]
+    assert got["crafted"] == ref["crafted"]
+    assert got["loss"] == ref["loss"] and got["loss"] != 0.0
     assert got["weights_sha256"] == ref["weights_sha256"]
