@@ -61,8 +61,12 @@ def main() -> None:
     from rlcr.rollout.pipeline import rollout_seed, run_rollouts
     from rlcr.rollout.stages import ANSWER_STOP, CONFIDENCE_STOP
     from rlcr.storage import Store
-    from rlcr.tasks.countdown import generate_tasks, turn1_messages, turn2_messages
+    from rlcr.tasks.registry import get_task
     from rlcr.tiny import build_tiny_model
+
+    countdown = get_task("countdown")
+    generate_tasks = lambda n, seed: countdown.generate(n, seed)  # noqa: E731
+    turn1_messages, turn2_messages = countdown.turn1_messages, countdown.turn2_messages
 
     work = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
     model = str(prepare_smollm2() if args.model == "smollm2" else build_tiny_model(work / "tiny"))

@@ -48,7 +48,9 @@ def main() -> None:
     from rlcr.config import RLCRConfig
     from rlcr.models import resolve_model
     from rlcr.rollout.engine import EnginePool, pack_weights
-    from rlcr.tasks.countdown import generate_tasks, turn1_messages
+    from rlcr.tasks.registry import get_task
+
+    countdown = get_task("countdown")
 
     model = resolve_model(args.model)
     work = Path(tempfile.mkdtemp(prefix="bench-weight-sync-"))
@@ -57,7 +59,7 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(model)
     base = {k: v.clone() for k, v in lm.state_dict().items()}  # what the trainer holds (lm_head.weight tied)
     n_bytes = sum(v.numel() * v.element_size() for k, v in base.items() if k != "lm_head.weight")
-    conversations = [turn1_messages(t) for t in generate_tasks(4, seed=5)]
+    conversations = [countdown.turn1_messages(t) for t in countdown.generate(4, 5)]
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     t0 = time.perf_counter()

@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rlcr.seeds import SEED_MODULUS
-from rlcr.tasks.limits import MAX_TASK_NUMBER
+from rlcr.tasks.limits import DEFAULT_FORMAT_SCORE, MAX_TASK_NUMBER
 from rlcr.untrusted import MAX_DEPTH, InvalidInput, decode_text, printable
 
 __all__ = ["RLCRConfig", "ConfigError", "load_config", "result_changing_diff", "OPERATIONAL_FIELDS", "MAX_SEED",
@@ -81,9 +81,17 @@ class RLCRConfig(BaseModel):
     """Weights dtype for generation and training (``auto``: bfloat16 on GPU, float32 on CPU)."""
 
     # ------------------------------------------------------------------ tasks
+    task: str = "countdown"
+    """The registered task a run trains and evaluates on (docs/tasks.md: ``countdown``, ``math``): its problems,
+    prompts and verifier. Changes results."""
+    task_fields: dict[str, str] | None = None
+    """How the task's field names map to the columns of ``train_tasks``/``eval_tasks`` files (math:
+    ``{"question": "prompt", "answer": "target"}``); None: the task's own names. Changes results (which
+    columns are read)."""
     train_tasks: str | None = None
-    """JSONL/Parquet file of training tasks (fields ``nums``, ``target``); None: generate them. Rows that repeat
-    an earlier row's numbers (as a multiset) and target are dropped, with a warning."""
+    """Training task file, read by the ``task`` (JSONL/Parquet; Countdown: fields ``nums``, ``target``); None:
+    generate them. Rows that repeat an earlier row (the task's identity: Countdown's numbers as a multiset and
+    target) are dropped, with a warning."""
     eval_tasks: str | None = None
     """JSONL/Parquet file of held-out evaluation tasks; None: generate them with ``eval_seed``. Rows that are
     training tasks (same numbers as a multiset and target) or repeats are dropped, with a warning."""
@@ -140,7 +148,7 @@ class RLCRConfig(BaseModel):
     evaluation (``rlvr``: the turn-2 query of ``rlcr``), so calibration is comparable."""
 
     # ------------------------------------------------------------------ rewards & advantages (docs/design.md §5, §7)
-    format_score: float = Field(0.1, ge=0.0, le=1.0)
+    format_score: float = Field(DEFAULT_FORMAT_SCORE, ge=0.0, le=1.0)
     """``compute_score`` value for an extracted but wrong equation (accuracy reward is still 0). The one
     source of this value: the rollouts' ``score`` column, the probe and ``compute_score``'s default read it."""
     lambda_ans: float = Field(1.0, ge=0.0)
@@ -359,6 +367,23 @@ class RLCRConfig(BaseModel):
             return str(path.resolve())
         except OSError as e:  # a name too long for the filesystem, …: a ValueError names the field
             raise ValueError(f"not a usable local path ({e.strerror or type(e).__name__})") from None
+
+    @field_validator("task")
+    @classmethod
+    def _registered_task(cls, value: str) -> str:
+        from rlcr.tasks.registry import task_names
+
+        if value not in task_names():
+            raise ValueError(f"unknown task {printable(repr(value), 60)}; registered: {', '.join(task_names())}")
+        return value
+
+    @field_validator("task_fields")
+    @classmethod
+    def _task_field_names(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for name, column in (value or {}).items():
+            if not name or not column:
+                raise ValueError("field names and columns must be non-empty strings")
+        return value
 
     @field_validator("engine_resources", "trainer_resources")
     @classmethod

@@ -15,10 +15,9 @@ from rlcr.config import RLCRConfig
 from rlcr.metrics import bootstrap_intervals, calibration_metrics, paired_bootstrap_differences
 from rlcr.rollout.pipeline import build_rollout_dataset, check_prompt_lengths, to_records
 from rlcr.seeds import eval_salt
-from rlcr.tasks.countdown import CountdownTask
 from rlcr.untrusted import InvalidInput, printable
 
-__all__ = ["evaluate_policy", "summarize_eval", "stated_confidences", "by_number_count", "compare_evaluations",
+__all__ = ["evaluate_policy", "summarize_eval", "stated_confidences", "by_number_count", "by_stratum", "compare_evaluations",
            "pool_draws", "check_eval_rows"]
 
 CI_LEVEL = 0.95
@@ -42,21 +41,34 @@ def stated_confidences(rows: Sequence[dict[str, Any]]) -> list[tuple[Any, float,
     return [(a["prompt_id"], float(a["correct"]), c) for a, c in _answers_with_confidence(rows)]
 
 
-def by_number_count(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per number count of the tasks (``"2"``, ``"3"``, …): answers, accuracy and, over the answers whose
-    confidence parsed, mean confidence, ECE and AUROC (None where undefined). On a mix of difficulties the
-    pooled AUROC also rewards telling easy tasks from hard ones; the AUROC within one count is what is left of
-    telling a right answer from a wrong one on the same kind of task."""
-    groups: dict[int, list[tuple[float, float | None]]] = {}
+def _record_task(rows: Sequence[dict[str, Any]]):
+    """The task whose record columns the rows hold (Countdown's ``nums``/``target``, math's ``question``/…)."""
+    from rlcr.rollout.records import record_task
+
+    return record_task(rows[0].keys() if rows else ("nums", "target"))
+
+
+def by_stratum(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per stratum of the tasks (:meth:`~rlcr.tasks.base.Task.stratum`; Countdown: the number count, ``"2"``,
+    ``"3"``, …; math: the level): answers, accuracy and, over the answers whose confidence parsed, mean
+    confidence, ECE and AUROC (None where undefined). On a mix of difficulties the pooled AUROC also rewards
+    telling easy tasks from hard ones; the AUROC within one stratum is what is left of telling a right answer
+    from a wrong one on the same kind of task."""
+    task = _record_task(rows)
+    groups: dict[Any, list[tuple[float, float | None]]] = {}
     for a, c in _answers_with_confidence(rows):
-        groups.setdefault(len(a["nums"]), []).append((float(a["correct"]), c))
+        groups.setdefault(task.stratum(task.from_record(a)), []).append((float(a["correct"]), c))
     out = {}
-    for n, items in sorted(groups.items()):
+    for n, items in sorted(groups.items(), key=lambda kv: (isinstance(kv[0], str), kv[0])):
         pairs = [(c, y) for y, c in items if c is not None]
         cal = calibration_metrics([c for c, _ in pairs], [y for _, y in pairs]) if pairs else {}
         out[str(n)] = {"n_answers": len(items), "accuracy": sum(y for y, _ in items) / len(items),
                        **{k: _finite_or_none(cal.get(k)) for k in ("mean_confidence", "ece", "auroc")}}
     return out
+
+
+by_number_count = by_stratum
+"""Countdown's name of :func:`by_stratum` (its strata are the number counts)."""
 
 
 def _finite_or_none(value):
@@ -83,7 +95,7 @@ def summarize_eval(rows: Sequence[dict[str, Any]], *, n_resamples: int = 1000, s
         "accuracy_with_confidence": metrics.pop("accuracy"),
         "format_rate": sum((a["score"] or 0) > 0 for a in answers) / n if n else float("nan"),
         "confidence_parse_rate": len(pairs) / n if n else float("nan"),
-        "by_count": by_number_count(rows),
+        "by_count": by_stratum(rows),  # per stratum (the key of Countdown's number counts, kept for stored results)
         "ci_level": CI_LEVEL,
         "ci_resamples": n_resamples,
         "ci": bootstrap_intervals([float("nan") if c is None else c for _, _, c in per_answer],
@@ -93,12 +105,12 @@ def summarize_eval(rows: Sequence[dict[str, Any]], *, n_resamples: int = 1000, s
     return metrics
 
 
-_REQUIRED = ("prompt_id", "answer_id", "sample_type", "nums", "target", "correct")
+_REQUIRED = ("prompt_id", "answer_id", "sample_type", "correct")
 
 
-def _check_values(r: dict[str, Any], where: str) -> None:
-    """One row's own values: present, finite, in range."""
-    for name in _REQUIRED:
+def _check_values(r: dict[str, Any], where: str, task_columns: Sequence[str] = ("nums", "target")) -> None:
+    """One row's own values: present (the generic fields and the task's columns), finite, in range."""
+    for name in (*_REQUIRED[:3], *task_columns, *_REQUIRED[3:]):
         if r.get(name) is None:
             raise InvalidInput(f"{where}: field {name!r} is null")
     if r["sample_type"] not in ("answer", "confidence"):
@@ -124,9 +136,13 @@ def check_eval_rows(rows: Sequence[dict[str, Any]], source: str) -> None:
     tasks: dict[Any, tuple[tuple, int]] = {}
     prompts: dict[Any, tuple[str, int]] = {}
     name = printable(source)
+    try:
+        columns = [f.name for f in _record_task(rows).record_fields() if not f.nullable]
+    except ValueError:
+        raise InvalidInput(f"{name}: the rows hold the columns of no registered task") from None
     for i, r in enumerate(rows, start=1):
         where = f"{name}: row {i}"
-        _check_values(r, where)
+        _check_values(r, where, columns)
         pid, kind = r["prompt_id"], r["sample_type"]
         key = (kind, pid, r["answer_id"]) + ((r["confidence_id"],) if kind == "confidence" else ())
         if key in seen:
@@ -134,7 +150,7 @@ def check_eval_rows(rows: Sequence[dict[str, Any]], source: str) -> None:
             raise InvalidInput(f"{where}: the same {kind} as row {seen[key]} (prompt_id, {ids} "
                                f"{', '.join(map(str, key[1:]))}): its rows would count twice")
         seen[key] = i
-        task = (tuple(r["nums"]), r["target"])
+        task = _task_key(r, columns)
         first, at = tasks.setdefault(pid, (task, i))
         if task != first:
             raise InvalidInput(f"{where}: prompt_id {pid} holds task {printable(task, 80)}, but row {at} holds "
@@ -146,9 +162,15 @@ def check_eval_rows(rows: Sequence[dict[str, Any]], source: str) -> None:
                                    "prompts under one prompt_id")
 
 
+def _task_key(r: dict[str, Any], columns: Sequence[str]) -> tuple:
+    """A row's task as a comparable tuple of its task columns (Countdown: (numbers, target))."""
+    return tuple(tuple(r[c]) if isinstance(r[c], list) else r[c] for c in columns)
+
+
 def _tasks(rows: Sequence[dict[str, Any]]) -> dict[int, tuple]:
-    """``{prompt_id: (numbers, target)}`` of the tasks an evaluation's answers were given."""
-    return {r["prompt_id"]: (tuple(r["nums"]), r["target"]) for r in rows if r["sample_type"] == "answer"}
+    """``{prompt_id: task}`` of the tasks an evaluation's answers were given (Countdown: (numbers, target))."""
+    columns = [f.name for f in _record_task(rows).record_fields() if not f.nullable]
+    return {r["prompt_id"]: _task_key(r, columns) for r in rows if r["sample_type"] == "answer"}
 
 
 def _first_task_mismatch(ta: dict[int, tuple], tb: dict[int, tuple]) -> int | None:
@@ -192,7 +214,7 @@ def pool_draws(draws: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]
 
 def evaluate_policy(
     cfg: RLCRConfig,
-    tasks: Sequence[CountdownTask],
+    tasks: Sequence[Any],
     *,
     policy_uri: str,
     iteration: int,

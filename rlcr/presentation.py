@@ -299,7 +299,7 @@ def by_count_text(metrics: dict[str, Any]) -> str:
     def f(v):
         return "–" if v is None else f"{v:.2f}"
 
-    return " · ".join(f"{n} numbers: acc {f(b['accuracy'])}, AUROC {f(b['auroc'])}"
+    return " · ".join(f"{n}{' numbers' if str(n).isdigit() else ''}: acc {f(b['accuracy'])}, AUROC {f(b['auroc'])}"
                       for n, b in (metrics.get("by_count") or {}).items())
 
 

@@ -9,7 +9,8 @@ import math
 import re
 from typing import Any, Callable
 
-from rlcr.tasks.countdown import CountdownTask, compute_score
+from rlcr.tasks.base import Task
+from rlcr.tasks.registry import get_task
 
 __all__ = [
     "accuracy_reward",
@@ -31,14 +32,15 @@ _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 _MAX_CONFIDENCE_CHARS = 32
 
 
-def _ground_truth(task: CountdownTask | dict[str, Any]) -> dict[str, Any]:
-    return task.ground_truth if isinstance(task, CountdownTask) else task
-
-
-def accuracy_reward(completion: str, task: CountdownTask | dict[str, Any]) -> float:
-    """1.0 iff :func:`compute_score` gives the full ``score`` for this completion, else 0.0 (whatever the
-    config's ``format_score``: a formatted but wrong answer earns no accuracy)."""
-    return 1.0 if compute_score(completion, _ground_truth(task), format_score=0.0, score=1.0) == 1.0 else 0.0
+def accuracy_reward(completion: str, task: Any, kind: Task | None = None) -> float:
+    """1.0 iff the task's :meth:`~rlcr.tasks.base.Task.score` gives the full ``score`` for this completion, else
+    0.0 (whatever the config's ``format_score``: a formatted but wrong answer earns no accuracy). ``task`` is a
+    problem of the task ``kind`` (default Countdown, whose problems may also be given as a ``ground_truth`` dict
+    ``{"target", "numbers"}``)."""
+    kind = get_task("countdown") if kind is None else kind
+    if isinstance(task, dict) and kind.name == "countdown":
+        task = kind.from_record({"nums": task["numbers"], "target": task["target"]})
+    return kind.accuracy(completion, task)
 
 
 def parse_confidence(text: str) -> float | None:
@@ -107,18 +109,18 @@ def split_single_turn(completion: str) -> tuple[str, str]:
 
 
 @register_answer_reward("rlcr", "rlvr")
-def accuracy_only(completion: str, task: CountdownTask | dict[str, Any], *, lambda_conf: float) -> float:
+def accuracy_only(completion: str, task: Any, *, lambda_conf: float, kind: Task | None = None) -> float:
     """``acc``: two-turn RLCR trains the confidence in its own turn; RLVR does not train it at all."""
-    return accuracy_reward(completion, task)
+    return accuracy_reward(completion, task, kind)
 
 
 @register_answer_reward("rlcr_single")
-def accuracy_plus_brier(completion: str, task: CountdownTask | dict[str, Any], *, lambda_conf: float) -> float:
+def accuracy_plus_brier(completion: str, task: Any, *, lambda_conf: float, kind: Task | None = None) -> float:
     """``acc + λ_conf·(1 − (acc − c)²)`` for the one response that holds the answer *and* its confidence;
     the Brier part is 0 when no confidence parses (docs/design.md §9). ``acc`` is that of the answer part
     (:func:`split_single_turn`), ``c`` the confidence stated after it."""
     answer, confidence = split_single_turn(completion)
-    acc = accuracy_reward(answer, task)
+    acc = accuracy_reward(answer, task, kind)
     return acc + lambda_conf * brier_reward(confidence, acc)
 
 

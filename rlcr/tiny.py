@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlcr.tasks.countdown import CONFIDENCE_QUERY, SYSTEM_PROMPT, generate_tasks, turn1_messages
+from rlcr.tasks.base import CONFIDENCE_QUERY
+from rlcr.tasks.registry import get_task
 
 __all__ = ["CHATML_TEMPLATE", "train_tiny_tokenizer", "build_tiny_model", "TINY"]
 
@@ -28,9 +29,10 @@ CHATML_TEMPLATE = (
 
 
 def _corpus(seed: int, n_tasks: int = 300) -> list[str]:
-    texts = [SYSTEM_PROMPT, CONFIDENCE_QUERY]
-    for t in generate_tasks(n_tasks, seed):
-        texts.append(turn1_messages(t)[1]["content"])
+    countdown = get_task("countdown")
+    texts = [countdown.system_prompt, CONFIDENCE_QUERY]
+    for t in countdown.generate(n_tasks, seed):
+        texts.append(countdown.turn1_messages(t)[1]["content"])
         texts.append(
             f"<think>Try {t.solution}. That gives {t.target}.</think>\n<answer>{t.solution}</answer>"
         )

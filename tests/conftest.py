@@ -28,7 +28,8 @@ def tiny_model_dir(request, tmp_path_factory):
     return build_tiny_model(cache.mkdir(f"rlcr-tiny-{_tiny_key()}") / "model")
 
 
-TINY_SOURCES = ("rlcr/tiny.py", "rlcr/tasks/countdown.py")  # the builder and the corpus it trains the BPE on
+# the builder and the corpus it trains the BPE on (Countdown's prompts, generator and the shared confidence query)
+TINY_SOURCES = ("rlcr/tiny.py", "rlcr/tasks/countdown.py", "rlcr/tasks/countdown_solver.py", "rlcr/tasks/base.py")
 
 
 def _tiny_key() -> str:

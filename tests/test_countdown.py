@@ -154,7 +154,7 @@ def test_generated_tasks_are_solvable(seed, count):
 def test_generation_shortcuts_agree_with_the_full_search(nums, target):
     """Generation lists reachable values without expressions and solves one target with early exit:
     same values, same expression as the full search (so generated tasks are unchanged)."""
-    from rlcr.tasks.countdown import _reachable, _values
+    from rlcr.tasks.countdown_solver import _reachable, _values
 
     reachable = _reachable(nums)
     assert {Fraction(n, d) for n, d in _values(nums)} == set(reachable)
@@ -268,3 +268,46 @@ def test_prompts():
     m2 = turn2_messages(task, answer)
     assert m2[:2] == m1 and m2[2] == {"role": "assistant", "content": answer}
     assert m2[3]["role"] == "user" and "<confidence>" in m2[3]["content"]
+
+
+# ----------------------------------------------------------------------------- behind the task interface
+
+
+def test_countdown_is_a_registered_task_sharing_the_base_pieces():
+    import rlcr.tasks.base as base
+    import rlcr.tasks.countdown as cd
+    from rlcr.tasks.registry import get_task, task_names
+
+    assert "countdown" in task_names()
+    task = get_task("countdown")
+    assert cd.TaskFormatError is base.TaskFormatError and cd.CONFIDENCE_QUERY is base.CONFIDENCE_QUERY
+    assert cd.extract_solution is base.extract_answer
+    t = cd.CountdownTask([3, 5, 2], 13, "3 * 5 - 2")
+    assert task.to_record(t) == {"nums": [3, 5, 2], "target": 13}  # the rollouts' columns, unchanged
+    assert task.from_record({"nums": [3, 5, 2], "target": 13, "extra": 1}) == cd.CountdownTask([3, 5, 2], 13)
+    assert task.identity(t) == ((2, 3, 5), 13) and task.stratum(t) == 3
+    assert [f.name for f in task.record_fields()] == ["nums", "target"]
+    assert task.turn1_messages(t) == cd.turn1_messages(t) and task.single_turn_messages(t) == cd.single_turn_messages(t)
+    assert task.turn2_messages(t, "a") == cd.turn2_messages(t, "a")
+    for text in ("<answer>3 * 5 - 2</answer>", "<answer>3 * 5 + 2</answer>", "no answer", "<answer>9**9**9</answer>"):
+        assert task.score(text, t, format_score=0.1) == cd.compute_score(text, t.ground_truth, format_score=0.1)
+    assert task.generate(5, 11) == cd.generate_tasks(5, 11)
+
+
+def test_countdown_task_loads_mapped_columns_and_warm_starts_with_a_right_trace(tmp_path):
+    import random
+
+    from rlcr.tasks.registry import get_task
+
+    task = get_task("countdown")
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"numbers": [4, 6, 1], "goal": 25}\n{"numbers": [2, 2], "goal": 99}\n')
+    rows = task.load(str(path), {"nums": "numbers", "target": "goal"})
+    assert [(r.nums, r.target) for r in rows] == [([4, 6, 1], 25), ([2, 2], 99)]
+    with pytest.raises(TaskFormatError, match="row 1: field 'target' is missing"):
+        task.load(str(path), {"nums": "numbers"})
+    with pytest.raises(ValueError, match="unknown field 'question'"):
+        task.load(str(path), {"question": "numbers"})
+    trace = task.warm_start(rows[0], random.Random(1))
+    assert task.score(task.warm_start_completion(trace), rows[0], format_score=0.0) == 1.0
+    assert task.sft_problem(rows[1]) is None and task.warm_start(rows[1], random.Random(1)) is None  # unsolvable

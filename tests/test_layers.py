@@ -130,3 +130,23 @@ def test_the_run_path_check_sees_a_path_built_by_hand():
         assert _builds_run_path(text), text
     for text in ("rlcr-{}-iter-{}", "run {} has no committed iteration", "probe/{}", "{}/report.json"):
         assert _builds_run_path(text) is None, text
+
+
+TASK_MODULES = ("rlcr.tasks.countdown", "rlcr.tasks.math")
+"""The modules of the tasks shipped with rlcr (and their submodules, ``rlcr.tasks.countdown_sft`` …): only
+``rlcr/tasks/`` imports them; the rest of rlcr and the flows go through ``rlcr.tasks.registry.get_task``."""
+
+
+def test_only_the_tasks_package_imports_a_task_module():
+    """Issue 32: generic code reaches a task by name (``get_task(cfg.task)``), never by importing its module."""
+    offenders = sorted(f"{m} imports {d}" for m, deps in graph().items()
+                       if not m.startswith("rlcr.tasks.")
+                       for d in deps if d.startswith(TASK_MODULES))
+    assert offenders == []
+
+
+def test_the_task_import_rule_sees_an_offending_import(tmp_path):
+    """The rule's own check: the AST walk finds an import of a task module inside a function."""
+    source = tmp_path / "m.py"
+    source.write_text("def f():\n    from rlcr.tasks.countdown_sft import sft_examples\n    import rlcr.tasks.math\n")
+    assert {"rlcr.tasks.countdown_sft", "rlcr.tasks.math"} <= {i for i in imports_of(source) if i.startswith(TASK_MODULES)}

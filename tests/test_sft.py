@@ -7,7 +7,8 @@ from hypothesis import given, settings, strategies as st
 from rlcr.rewards import parse_confidence
 import pytest
 
-from rlcr.sft import MAX_ATTEMPTS, answer_trace, check_answer, sft_examples, sft_rows, sft_update_config, solution_steps
+from rlcr.sft import sft_rows, sft_update_config
+from rlcr.tasks.countdown_sft import MAX_ATTEMPTS, answer_trace, check_answer, sft_examples, solution_steps
 from rlcr.tasks.countdown import CountdownTask, compute_score, evaluate_expression
 
 
@@ -78,7 +79,7 @@ def test_wrong_answers_look_like_the_models_own():
     import random
 
     from rlcr.rewards import accuracy_reward
-    from rlcr.sft import WRONG_KINDS, wrong_answer
+    from rlcr.tasks.countdown_sft import WRONG_KINDS, wrong_answer
     from rlcr.tasks.countdown import generate_tasks
 
     rng = random.Random(0)

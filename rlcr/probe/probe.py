@@ -11,7 +11,7 @@ For each held-out task:
    (n = N), stop ``</answer>``. Each is scored with the training scorer on
    ``"<answer>" + completion`` (seed ``001``: the scored string is the forced
    opening tag plus the sample; a completion without ``</answer>`` scores 0);
-   correct iff ``compute_score`` returns ``score``; confidence(point) = correct / N.
+   correct iff the task's verifier (Countdown: ``compute_score``) returns ``score``; confidence(point) = correct / N.
 
 Then the metrics: :mod:`rlcr.probe.metrics` (curves, AOC, verbalized-vs-MC gap)
 and :func:`rlcr.metrics.calibration_metrics` (docs/design.md §13, shared with training's evaluation).
@@ -35,7 +35,8 @@ from rlcr.probe.truncation import DEFAULT_FRACTIONS, reasoning_of, truncation_po
 from rlcr.rewards import brier_reward, parse_confidence
 from rlcr.rollout.engine import render_prompt  # pure helper; no vLLM import
 from rlcr.seeds import PROBE_FORCED_SALT, PROBE_TURN1_SALT, PROBE_TURN2_SALT, mix
-from rlcr.tasks.countdown import CountdownTask, compute_score, turn1_messages, turn2_messages
+from rlcr.tasks.base import Task
+from rlcr.tasks.registry import get_task
 
 __all__ = [
     "ProbeSettings", "Sampler", "run_probe", "probe_checkpoint", "vllm_sampler", "forced_prefix",
@@ -104,9 +105,11 @@ def forced_prefix(prompt_text: str, truncated_reasoning: str) -> str:
     return f"{prompt_text}<think>{truncated_reasoning}</think>\n{FORCED_OPEN}"
 
 
-def score_forced(completion: str, task: CountdownTask, format_score: float) -> float:
-    """``compute_score`` of a forced answer: the forced ``<answer>`` tag + the sampled completion."""
-    return compute_score(FORCED_OPEN + completion, task.ground_truth, format_score=format_score, score=1.0)
+def score_forced(completion: str, task: Any, format_score: float, kind: Task | None = None) -> float:
+    """The task's score (``kind``, default Countdown) of a forced answer to problem ``task``: the forced
+    ``<answer>`` tag + the sampled completion."""
+    kind = get_task("countdown") if kind is None else kind
+    return kind.score(FORCED_OPEN + completion, task, format_score=format_score, score=1.0)
 
 
 def token_ends(tokenizer, text: str) -> list[int]:
@@ -142,24 +145,27 @@ def vllm_sampler(llm, settings: ProbeSettings) -> Sampler:
 
 
 def run_probe(
-    tasks: Sequence[CountdownTask],
+    tasks: Sequence[Any],
     tokenizer,
     sampler: Sampler,
     settings: ProbeSettings,
     *,
     responses: Sequence[str] | None = None,
+    task: str = "countdown",
 ) -> dict[str, Any]:
-    """Probe ``tasks``; returns ``{"settings", "tasks": [per-task records], "metrics"}``.
+    """Probe ``tasks`` (problems of the registered task ``task``: its prompts and verifier); returns
+    ``{"settings", "tasks": [per-task records], "metrics"}``.
 
     ``responses``: turn-1 responses to probe instead of sampling them (e.g. the
     same reasoning traces across checkpoints).
     """
+    kind = get_task(task)
     if settings.samples < 1:
         raise ValueError("samples must be >= 1")
     if responses is not None and len(responses) != len(tasks):
         raise ValueError(f"{len(responses)} responses for {len(tasks)} tasks")
     t0 = time.perf_counter()
-    rendered = [render_prompt(tokenizer, turn1_messages(t)) for t in tasks]
+    rendered = [render_prompt(tokenizer, kind.turn1_messages(t)) for t in tasks]
     prompts = [text for text, _ in rendered]
 
     # 1. turn 1: the response (reasoning + answer)
@@ -167,12 +173,11 @@ def run_probe(
         responses = [g[0] for g in sampler([ids for _, ids in rendered], n=1,
                                            max_tokens=settings.max_answer_tokens, stop=ANSWER_STOP,
                                            seed=mix(settings.seed, PROBE_TURN1_SALT))]
-    scores = [compute_score(r, t.ground_truth, format_score=settings.format_score, score=1.0)
-              for r, t in zip(responses, tasks)]
+    scores = [kind.score(r, t, format_score=settings.format_score, score=1.0) for r, t in zip(responses, tasks)]
     correct = [1.0 if s == 1.0 else 0.0 for s in scores]
 
     # 2. turn 2: the verbalized confidence for that exact response
-    conf_prompts = [render_prompt(tokenizer, turn2_messages(t, r))[1] for t, r in zip(tasks, responses)]
+    conf_prompts = [render_prompt(tokenizer, kind.turn2_messages(t, r))[1] for t, r in zip(tasks, responses)]
     conf_texts = [g[0] for g in sampler(conf_prompts, n=1, max_tokens=settings.max_confidence_tokens,
                                         stop=CONFIDENCE_STOP, seed=mix(settings.seed, PROBE_TURN2_SALT))] if tasks else []
 
@@ -191,11 +196,11 @@ def run_probe(
                    seed=mix(settings.seed, PROBE_FORCED_SALT)) if prefixes else []
 
     records = []
-    for i, (task, prompt, response, reasoning, pts) in enumerate(zip(tasks, prompts, responses, reasonings, points)):
+    for i, (problem, prompt, response, reasoning, pts) in enumerate(zip(tasks, prompts, responses, reasonings, points)):
         point_rows = []
         for pt in pts:
             completions = outs[prefixes[forced_prefix(prompt, pt.text)]]
-            s = [score_forced(c, task, settings.format_score) for c in completions]
+            s = [score_forced(c, problem, settings.format_score, kind) for c in completions]
             n_correct = sum(v == 1.0 for v in s)
             point_rows.append({
                 "fraction": pt.fraction, "tokens": pt.tokens, "total_tokens": pt.total_tokens, "chars": pt.chars,
@@ -205,7 +210,7 @@ def run_probe(
         verbal = parse_confidence(conf_texts[i])
         xs, ys = [p["fraction"] for p in point_rows], [p["confidence"] for p in point_rows]
         records.append({
-            "index": i, "nums": list(task.nums), "target": task.target, "response": response,
+            "index": i, **kind.to_record(problem), "response": response,
             "reasoning": reasoning, "answer_score": float(scores[i]), "answer_correct": correct[i],
             "confidence_text": conf_texts[i], "verbalized_confidence": verbal,
             "confidence_reward": brier_reward(conf_texts[i], int(correct[i])),
@@ -257,7 +262,7 @@ def summarize(records: Sequence[dict[str, Any]], *, n_resamples: int = 1000, see
 def probe_checkpoint(
     cfg,
     checkpoint_uri: str,
-    tasks: Sequence[CountdownTask],
+    tasks: Sequence[Any],
     *,
     samples: int | None = None,
     responses: Sequence[str] | None = None,
@@ -275,7 +280,8 @@ def probe_checkpoint(
     llm = create_engine(local, cfg, seed=cfg.seed)
     engine_s = time.perf_counter() - t0
     try:
-        report = run_probe(tasks, tokenizer, vllm_sampler(llm, settings), settings, responses=responses)
+        report = run_probe(tasks, tokenizer, vllm_sampler(llm, settings), settings, responses=responses,
+                           task=cfg.task)
     finally:
         del llm
     report["checkpoint_uri"] = checkpoint_uri

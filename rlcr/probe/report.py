@@ -194,12 +194,14 @@ def render_html(report: dict[str, Any], figures: dict[str, str] | None = None) -
         if name in figures:
             parts.append(f"<h2>{e(name.capitalize())}</h2><p>{e(captions[name])}</p>"
                          f"<img alt='{e(name)}' src='data:image/png;base64,{figures[name]}'>")
-    parts.append("<h2>Tasks</h2><table><tr><th>#</th><th>nums → target</th><th>response</th><th>correct</th>"
+    countdown = all("nums" in r for r in report["tasks"])
+    parts.append(f"<h2>Tasks</h2><table><tr><th>#</th><th>{'nums → target' if countdown else 'task'}</th>"
+                 "<th>response</th><th>correct</th>"
                  "<th>verbalized</th><th>MC@0%</th><th>MC@100%</th><th>points</th><th>AOC</th></tr>")
     for r in report["tasks"]:
         resp = r["response"] if len(r["response"]) <= 400 else r["response"][:400] + " …"
         parts.append(
-            f"<tr><td>{r['index']}</td><td>{e(str(r['nums']))} → {r['target']}</td><td><pre>{e(resp)}</pre></td>"
+            f"<tr><td>{r['index']}</td><td>{_task_cell(r, e)}</td><td><pre>{e(resp)}</pre></td>"
             f"<td>{_num(r['answer_correct'], '.0f')}</td><td>{_num(r['verbalized_confidence'], '.2f')}</td>"
             f"<td>{_num(r['mc_zero'], '.2f')}</td><td>{_num(r['mc_full'], '.2f')}</td><td>{len(r['points'])}</td>"
             f"<td>{_num(r['aoc'], '.3f')}</td></tr>")
@@ -242,3 +244,11 @@ def report_markdown(report: dict[str, Any], uris: dict[str, str]) -> str:
     return (f"# rlcr probe — run `{report.get('run_id')}`, iteration {report.get('iteration', '–')}\n\n"
             f"checkpoint `{report.get('checkpoint_uri', '–')}`\n\n| metric | value |\n|---|---|\n{rows}\n\n"
             f"- report: [{uris['html']}]({link['html']})\n- data: [{uris['json']}]({link['json']})\n")
+
+
+def _task_cell(r: dict, e) -> str:
+    """A probed task in the report's table: Countdown's ``nums → target``, else the task's first text column."""
+    if "nums" in r:
+        return f"{e(str(r['nums']))} → {e(str(r['target']))}"
+    text = str(r.get("question", ""))
+    return e(text if len(text) <= 200 else text[:200] + " …")

@@ -22,7 +22,7 @@ from rlcr.rollout.records import assign_advantages, rows_to_table, validate_roll
 from rlcr.rollout.stages import (AnswerStage, ConfidenceStage, answer_batch, confidence_batch, expand_to_turn2,
                                  score_answers, score_confidences)
 from rlcr.run_layout import RunLayout
-from rlcr.tasks.countdown import CountdownTask
+from rlcr.tasks.registry import get_task
 
 __all__ = [
     "RolloutResult", "build_rollout_dataset", "to_records", "run_rollouts", "generate_rollouts", "finalize_rollouts",
@@ -63,7 +63,7 @@ def rollout_seed(cfg: RLCRConfig, iteration: int) -> int:
 
 def build_rollout_dataset(
     cfg: RLCRConfig,
-    tasks: Sequence[tuple[int, CountdownTask]],
+    tasks: Sequence[tuple[int, Any]],
     policy_uri: str,
     iteration: int,
     *,
@@ -99,14 +99,15 @@ def build_rollout_dataset(
     seed = seeds.rollout_seed(cfg.seed, iteration, salt=salt)
     answer, confidence = _stage_steps(cfg, policy_uri, seed, engines, g_a, g_c)
     cheap = dict(batch_format="pandas", num_cpus=STAGE_ACTOR_CPUS)
-    items = [{"prompt_id": pid, "nums": list(t.nums), "target": int(t.target)} for pid, t in tasks]
+    task = get_task(cfg.task)
+    items = [{"prompt_id": pid, **task.to_record(t)} for pid, t in tasks]
     ds = ray.data.from_items(items, override_num_blocks=max(1, math.ceil(len(items) / cfg.rollout_batch_size)))
     ds = ds.map_batches(**answer, batch_size=cfg.rollout_batch_size)
     ds = ds.map_batches(score_answers, fn_kwargs={"format_score": cfg.format_score, "method": cfg.method,
-                                                  "lambda_conf": cfg.lambda_conf}, **cheap)
+                                                  "lambda_conf": cfg.lambda_conf, "task": cfg.task}, **cheap)
     if not confidences:
         return ds
-    ds = ds.map_batches(expand_to_turn2, **cheap)
+    ds = ds.map_batches(expand_to_turn2, fn_kwargs={"task": cfg.task}, **cheap)
     # One confidence call takes all answers of one answer call: the engine sees as large a batch as in turn 1.
     conf_batch = cfg.rollout_batch_size * (g_a or cfg.num_generations_answer)
     ds = ds.map_batches(**confidence, batch_size=conf_batch)
@@ -201,23 +202,23 @@ def rollout_stats(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     return stats
 
 
-def check_prompt_lengths(cfg: RLCRConfig, tasks: Sequence[tuple[int, CountdownTask]], policy_uri: str) -> None:
+def check_prompt_lengths(cfg: RLCRConfig, tasks: Sequence[tuple[int, Any]], policy_uri: str) -> None:
     """Fail before any Ray work if a first-turn prompt (``method``'s) is longer than ``max_prompt_tokens``."""
     from transformers import AutoTokenizer
 
     from rlcr.rollout.engine import render_prompt
     from rlcr.storage import fetch_checkpoint
-    from rlcr.tasks.countdown import single_turn_messages, turn1_messages
 
     tokenizer = AutoTokenizer.from_pretrained(fetch_checkpoint(policy_uri, endpoint_url=cfg.s3_endpoint_url))
-    messages = single_turn_messages if cfg.method == "rlcr_single" else turn1_messages
+    task = get_task(cfg.task)
+    messages = task.single_turn_messages if cfg.method == "rlcr_single" else task.turn1_messages
     for pid, task in tasks:
         render_prompt(tokenizer, messages(task), where=f"prompt_id={pid}", max_prompt_tokens=cfg.max_prompt_tokens)
 
 
 def generate_rollouts(
     cfg: RLCRConfig,
-    tasks: Sequence[tuple[int, CountdownTask]],
+    tasks: Sequence[tuple[int, Any]],
     *,
     policy_uri: str,
     run_id: str,
@@ -255,14 +256,14 @@ def finalize_rollouts(
     rows.sort(key=lambda r: (r["sample_type"] != "answer", r["prompt_id"], r["answer_id"], r["confidence_id"] or 0))
     uri = None
     if store is not None:
-        uri = store.write_parquet(RunLayout.standalone_rollouts_rel(run_id, iteration), rows_to_table(rows))
+        uri = store.write_parquet(RunLayout.standalone_rollouts_rel(run_id, iteration), rows_to_table(rows, cfg.task))
     return RolloutResult(rows=rows, uri=uri, timings={"rollout/finalize_s": time.perf_counter() - t0},
                          stats=rollout_stats(rows))
 
 
 def run_rollouts(
     cfg: RLCRConfig,
-    tasks: Sequence[tuple[int, CountdownTask]],
+    tasks: Sequence[tuple[int, Any]],
     *,
     policy_uri: str,
     run_id: str,

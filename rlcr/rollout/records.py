@@ -17,11 +17,14 @@ import torch
 
 from rlcr.advantages import method_advantages
 from rlcr.rewards import accuracy_reward, answer_reward, brier_reward, parse_confidence, split_single_turn
-from rlcr.tasks.countdown import CountdownTask, compute_score
+from rlcr.tasks.base import Task
+from rlcr.tasks.registry import get_task, task_names
 from rlcr.untrusted import InvalidInput
 
 __all__ = [
     "ROLLOUT_SCHEMA",
+    "rollout_schema",
+    "record_task",
     "RolloutValidationError",
     "rollout_row",
     "answer_scores",
@@ -36,31 +39,55 @@ __all__ = [
 
 ANSWER, CONFIDENCE = "answer", "confidence"
 
-ROLLOUT_SCHEMA = pa.schema(
-    [
-        pa.field("run_id", pa.string(), nullable=False),
-        pa.field("iteration", pa.int32(), nullable=False),
-        pa.field("prompt_id", pa.int64(), nullable=False),
-        pa.field("answer_id", pa.int32(), nullable=False),
-        pa.field("confidence_id", pa.int32(), nullable=True),  # null for answers
-        pa.field("sample_type", pa.string(), nullable=False),  # answer | confidence
-        pa.field("nums", pa.list_(pa.int64()), nullable=False),
-        pa.field("target", pa.int64(), nullable=False),
-        pa.field("context_text", pa.string(), nullable=False),  # rendered prompt
-        pa.field("context_ids", pa.list_(pa.int32()), nullable=False),
-        pa.field("completion_text", pa.string(), nullable=False),
-        pa.field("completion_ids", pa.list_(pa.int32()), nullable=False),
-        pa.field("completion_logprobs", pa.list_(pa.float32()), nullable=True),  # sampling log-probs
-        pa.field("loss_mask", pa.list_(pa.int8()), nullable=True),  # docs/design.md §6 span mask over completion_ids
-        pa.field("finish_reason", pa.string(), nullable=False),  # stop | length | …
-        pa.field("truncated", pa.bool_(), nullable=False),
-        pa.field("score", pa.float64(), nullable=True),  # compute_score (answers)
-        pa.field("correct", pa.float64(), nullable=False),  # acc of the answer (own or parent's)
-        pa.field("confidence", pa.float64(), nullable=True),  # parsed c (confidences)
-        pa.field("reward", pa.float64(), nullable=False),
-        pa.field("advantage", pa.float64(), nullable=True),  # filled by assign_advantages
-    ]
+_GENERIC_FIELDS = (
+    pa.field("run_id", pa.string(), nullable=False),
+    pa.field("iteration", pa.int32(), nullable=False),
+    pa.field("prompt_id", pa.int64(), nullable=False),
+    pa.field("answer_id", pa.int32(), nullable=False),
+    pa.field("confidence_id", pa.int32(), nullable=True),  # null for answers
+    pa.field("sample_type", pa.string(), nullable=False),  # answer | confidence
+    pa.field("context_text", pa.string(), nullable=False),  # rendered prompt
+    pa.field("context_ids", pa.list_(pa.int32()), nullable=False),
+    pa.field("completion_text", pa.string(), nullable=False),
+    pa.field("completion_ids", pa.list_(pa.int32()), nullable=False),
+    pa.field("completion_logprobs", pa.list_(pa.float32()), nullable=True),  # sampling log-probs
+    pa.field("loss_mask", pa.list_(pa.int8()), nullable=True),  # docs/design.md §6 span mask over completion_ids
+    pa.field("finish_reason", pa.string(), nullable=False),  # stop | length | …
+    pa.field("truncated", pa.bool_(), nullable=False),
+    pa.field("score", pa.float64(), nullable=True),  # compute_score (answers)
+    pa.field("correct", pa.float64(), nullable=False),  # acc of the answer (own or parent's)
+    pa.field("confidence", pa.float64(), nullable=True),  # parsed c (confidences)
+    pa.field("reward", pa.float64(), nullable=False),
+    pa.field("advantage", pa.float64(), nullable=True),  # filled by assign_advantages
 )
+_TASK_COLUMNS_AT = 6
+"""The task's columns come after ``sample_type`` (Countdown's ``nums``, ``target``: where they always were)."""
+
+
+def rollout_schema(task: str | Task = "countdown") -> pa.Schema:
+    """The rollout schema of ``task``: the generic fields with the task's record columns
+    (:meth:`~rlcr.tasks.base.Task.record_fields`) after ``sample_type``."""
+    task = get_task(task) if isinstance(task, str) else task
+    return pa.schema([*_GENERIC_FIELDS[:_TASK_COLUMNS_AT], *task.record_fields(), *_GENERIC_FIELDS[_TASK_COLUMNS_AT:]])
+
+
+ROLLOUT_SCHEMA = rollout_schema("countdown")
+"""Countdown's rollout schema (its ``nums``/``target`` columns as before the task interface)."""
+
+
+def record_task(columns: Iterable[str]) -> Task:
+    """The registered task whose record columns ``columns`` (a row's keys, a table's column names) hold;
+    Countdown first. RolloutValidationError when none fits."""
+    have = set(columns)
+    for name in sorted(task_names(), key=lambda n: n != "countdown"):
+        task = get_task(name)
+        try:
+            fields = task.record_fields()
+        except NotImplementedError:  # a task the flow cannot run
+            continue
+        if all(f.name in have for f in fields):
+            return task
+    raise RolloutValidationError(f"rollout rows hold the columns of no registered task ({', '.join(task_names())})")
 
 
 class RolloutValidationError(ValueError):
@@ -70,7 +97,7 @@ class RolloutValidationError(ValueError):
 def rollout_row(
     sample_type: str,
     *,
-    task: CountdownTask,
+    task: Any,
     prompt_id: int,
     answer_id: int,
     confidence_id: int | None = None,
@@ -83,6 +110,7 @@ def rollout_row(
     finish_reason: str | None = "stop",
     run_id: str | None = None,
     iteration: int | None = None,
+    task_name: str = "countdown",
     score: float | None = None,
     correct: float | None = None,
     confidence: float | None = None,
@@ -92,7 +120,8 @@ def rollout_row(
     """One rollout row with every :data:`ROLLOUT_SCHEMA` field: the only place a row is laid out.
 
     The rollout stages, the warm-start's examples (:mod:`rlcr.sft`) and the tests build
-    their rows here. ``truncated`` follows from ``finish_reason`` ("length"); an empty
+    their rows here. ``task`` is a problem of the task ``task_name``, whose record (:meth:`~rlcr.tasks.base.Task.to_record`:
+    Countdown's ``nums``, ``target``) fills the task columns. ``truncated`` follows from ``finish_reason`` ("length"); an empty
     ``finish_reason`` is "stop". Scores come from :func:`answer_scores` /
     :func:`confidence_scores`; ``run_id``/``iteration`` may be filled in later (the
     pipeline does in :func:`rlcr.rollout.pipeline.to_records`), ``advantage`` by
@@ -107,8 +136,7 @@ def rollout_row(
         "answer_id": int(answer_id),
         "confidence_id": confidence_id,
         "sample_type": sample_type,
-        "nums": [int(x) for x in task.nums],
-        "target": int(task.target),
+        **get_task(task_name).to_record(task),
         "context_text": context_text,
         "context_ids": list(context_ids),
         "completion_text": completion_text,
@@ -125,18 +153,20 @@ def rollout_row(
     }
 
 
-def answer_scores(completion_text: str, task: CountdownTask, *, format_score: float, method: str = "rlcr",
-                  lambda_conf: float = 1.0) -> dict[str, float | None]:
-    """Scores of an answer-turn completion (docs/design.md §5, §9): ``score`` = :func:`compute_score`, ``correct`` =
+def answer_scores(completion_text: str, task: Any, *, format_score: float, method: str = "rlcr",
+                  lambda_conf: float = 1.0, task_name: str = "countdown") -> dict[str, float | None]:
+    """Scores of an answer-turn completion on problem ``task`` of the task ``task_name`` (docs/design.md §5, §9):
+    ``score`` = the task's :meth:`~rlcr.tasks.base.Task.score`, ``correct`` =
     the accuracy reward ∈ {0, 1}, ``reward`` = ``method``'s registered answer reward
     (:data:`rlcr.rewards.ANSWER_REWARDS`: accuracy, or accuracy + λ_conf·Brier for ``rlcr_single``) and
     ``confidence`` = the response's own stated confidence (``rlcr_single``, whose answer part is scored alone:
     :func:`rlcr.rewards.split_single_turn`; else None). Keyword arguments of :func:`rollout_row`."""
     single = method == "rlcr_single"
     answer, stated = split_single_turn(completion_text) if single else (completion_text, "")
-    return {"score": float(compute_score(answer, task.ground_truth, format_score=format_score)),
-            "correct": accuracy_reward(answer, task),
-            "reward": answer_reward(method)(completion_text, task, lambda_conf=lambda_conf),
+    kind = get_task(task_name)
+    return {"score": float(kind.score(answer, task, format_score=format_score)),
+            "correct": accuracy_reward(answer, task, kind),
+            "reward": answer_reward(method)(completion_text, task, lambda_conf=lambda_conf, kind=kind),
             "confidence": parse_confidence(stated) if single else None}
 
 
@@ -179,18 +209,24 @@ def assign_advantages(
     return rows
 
 
-def rows_to_table(rows: Iterable[dict[str, Any]]) -> pa.Table:
-    """Rows → pyarrow Table with :data:`ROLLOUT_SCHEMA` (missing optional fields become null)."""
+def rows_to_table(rows: Iterable[dict[str, Any]], task: str | Task | None = None) -> pa.Table:
+    """Rows → pyarrow Table with the :func:`rollout_schema` of ``task`` (default: the task whose record columns
+    the rows hold, :func:`record_task`; Countdown's is :data:`ROLLOUT_SCHEMA`); missing optional fields become null."""
     rows = list(rows)
-    return pa.Table.from_pylist([{f.name: r.get(f.name) for f in ROLLOUT_SCHEMA} for r in rows], schema=ROLLOUT_SCHEMA)
+    if task is None:
+        task = record_task(rows[0]) if rows else "countdown"
+    schema = rollout_schema(task)
+    return pa.Table.from_pylist([{f.name: r.get(f.name) for f in schema} for r in rows], schema=schema)
 
 
 def table_to_rows(table: pa.Table) -> list[dict[str, Any]]:
-    """pyarrow Table (e.g. read from Parquet) → rows; checks the schema's columns are present."""
-    missing = [f.name for f in ROLLOUT_SCHEMA if f.name not in table.column_names]
+    """pyarrow Table (e.g. read from Parquet) → rows; checks the schema's columns are present (the task's
+    record columns: those of the registered task the table holds, :func:`record_task`)."""
+    schema = rollout_schema(record_task(table.column_names))
+    missing = [f.name for f in schema if f.name not in table.column_names]
     if missing:
         raise RolloutValidationError(f"rollout table lacks columns {missing}")
-    return table.select([f.name for f in ROLLOUT_SCHEMA]).cast(ROLLOUT_SCHEMA).to_pylist()
+    return table.select([f.name for f in schema]).cast(schema).to_pylist()
 
 
 PROVENANCE_KEY = b"rlcr.provenance"

@@ -38,7 +38,7 @@ import pandas as pd
 from rlcr.config import RLCRConfig
 from rlcr.rollout.records import answer_scores, confidence_scores, rollout_row
 from rlcr.seeds import answer_seed, confidence_seed
-from rlcr.tasks.countdown import CountdownTask, single_turn_messages, turn1_messages, turn2_messages
+from rlcr.tasks.registry import get_task
 
 __all__ = [
     "AnswerStage",
@@ -57,8 +57,9 @@ ANSWER_STOP = ("</answer>",)
 CONFIDENCE_STOP = ("</confidence>",)
 
 
-def _task(row) -> CountdownTask:
-    return CountdownTask([int(x) for x in row["nums"]], int(row["target"]))
+def _task(row, task: str = "countdown"):
+    """The problem of a pipeline row (its task columns: :meth:`~rlcr.tasks.base.Task.from_record`)."""
+    return get_task(task).from_record(row)
 
 
 @functools.lru_cache(maxsize=8)
@@ -131,18 +132,17 @@ class _EngineStage:
         df[f"_{self.stage_name}_generate_s"] = [self.last_generate_s if i == 0 else 0.0 for i in range(len(df))]
         return df
 
-    @staticmethod
-    def _row(sample_type: str, task: CountdownTask, context: tuple[str, list[int]], s, **fields) -> dict[str, Any]:
+    def _row(self, sample_type: str, task, context: tuple[str, list[int]], s, **fields) -> dict[str, Any]:
         """The :func:`~rlcr.rollout.records.rollout_row` of engine sample ``s`` drawn from ``context``."""
         text, ids = context
-        return rollout_row(sample_type, task=task, context_text=text, context_ids=ids,
+        return rollout_row(sample_type, task=task, task_name=self.cfg.task, context_text=text, context_ids=ids,
                            completion_text=s.completion_text, completion_ids=s.completion_ids,
                            completion_logprobs=s.completion_logprobs, loss_mask=s.loss_mask,
                            finish_reason=s.finish_reason, **fields)
 
 
 class AnswerStage(_EngineStage):
-    """Turn 1: G_a answers per prompt. Input columns: prompt_id, nums, target.
+    """Turn 1: G_a answers per prompt. Input columns: prompt_id and the task's record (Countdown: nums, target).
 
     With ``method: rlcr_single`` the one-turn prompt: each response states its confidence after the answer
     (stops at ``</confidence>``; ``max_answer_tokens + max_confidence_tokens`` tokens; the ``single`` mask)."""
@@ -156,25 +156,27 @@ class AnswerStage(_EngineStage):
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
         single = self.cfg.method == "rlcr_single"
         g = self.n or self.cfg.num_generations_answer
+        task = get_task(self.cfg.task)
+        messages = task.single_turn_messages if single else task.turn1_messages
         contexts, samples = self._generate(
-            [(single_turn_messages if single else turn1_messages)(_task(r)) for _, r in batch.iterrows()],
+            [messages(_task(r, task.name)) for _, r in batch.iterrows()],
             [f"prompt_id={r['prompt_id']}" for _, r in batch.iterrows()],
             self.cfg.max_answer_tokens + (self.cfg.max_confidence_tokens if single else 0),
             CONFIDENCE_STOP if single else ANSWER_STOP, g,
             [[answer_seed(self.seed, int(r["prompt_id"]), k) for k in range(g)] for _, r in batch.iterrows()])
-        rows = [self._row("answer", _task(r), context, s, prompt_id=r["prompt_id"], answer_id=k, confidence_id=-1)
+        rows = [self._row("answer", _task(r, task.name), context, s, prompt_id=r["prompt_id"], answer_id=k, confidence_id=-1)
                 for (_, r), context, group in zip(batch.iterrows(), contexts, samples) for k, s in enumerate(group)]
         return self._timing(pd.DataFrame(rows))
 
 
-def score_answers(batch: pd.DataFrame, format_score: float, method: str = "rlcr", lambda_conf: float = 1.0
-                  ) -> pd.DataFrame:
-    """``correct`` ∈ {0, 1} from :func:`compute_score` and ``method``'s reward (docs/design.md §5, §9:
+def score_answers(batch: pd.DataFrame, format_score: float, method: str = "rlcr", lambda_conf: float = 1.0,
+                  task: str = "countdown") -> pd.DataFrame:
+    """``correct`` ∈ {0, 1} from the task's verifier and ``method``'s reward (docs/design.md §5, §9:
     :func:`~rlcr.rollout.records.answer_scores`); keeps the raw score, and the stated confidence of a
     one-turn response (NaN otherwise)."""
     batch = batch.copy()
-    scores = [answer_scores(r["completion_text"], _task(r), format_score=format_score, method=method,
-                            lambda_conf=lambda_conf) for _, r in batch.iterrows()]
+    scores = [answer_scores(r["completion_text"], _task(r, task), format_score=format_score, method=method,
+                            lambda_conf=lambda_conf, task_name=task) for _, r in batch.iterrows()]
     batch["score"] = [s["score"] for s in scores]
     batch["correct"] = [s["correct"] for s in scores]
     batch["reward"] = [s["reward"] for s in scores]
@@ -182,11 +184,12 @@ def score_answers(batch: pd.DataFrame, format_score: float, method: str = "rlcr"
     return batch
 
 
-def expand_to_turn2(batch: pd.DataFrame) -> pd.DataFrame:
+def expand_to_turn2(batch: pd.DataFrame, task: str = "countdown") -> pd.DataFrame:
     """Attach each answer's turn-2 conversation: turn 1 + that exact answer + the confidence query."""
     batch = batch.copy()
+    kind = get_task(task)
     batch["turn2_messages"] = [
-        json.dumps(turn2_messages(_task(r), r["completion_text"])) for _, r in batch.iterrows()
+        json.dumps(kind.turn2_messages(_task(r, task), r["completion_text"])) for _, r in batch.iterrows()
     ]
     return batch
 
@@ -210,7 +213,7 @@ class ConfidenceStage(_EngineStage):
             [[confidence_seed(self.seed, int(r["prompt_id"]), int(r["answer_id"]), h) for h in range(g)]
              for _, r in batch.iterrows()])
         answers = batch.drop(columns=["turn2_messages"])
-        rows = [self._row("confidence", _task(r), context, s, prompt_id=r["prompt_id"], answer_id=r["answer_id"],
+        rows = [self._row("confidence", _task(r, self.cfg.task), context, s, prompt_id=r["prompt_id"], answer_id=r["answer_id"],
                           confidence_id=h, score=math.nan, correct=float(r["correct"]), reward=0.0, confidence=math.nan)
                 for (_, r), context, group in zip(answers.iterrows(), contexts, samples) for h, s in enumerate(group)]
         conf = self._timing(pd.DataFrame(rows))

@@ -6,7 +6,8 @@ returns an instance by name, as ``rlcr.train.update`` does for objectives. Its *
 whatever object the task uses (Countdown's ``CountdownTask``, math's ``MathProblem``), handled only through
 the task's methods by the code that is generic over tasks.
 
-The flow does not use this interface yet: Countdown is still imported directly (docs/tasks.md, "Status").
+The flow goes through this interface: a run's ``task`` setting names the task (``rlcr.config.RLCRConfig.task``)
+and the rollouts, scoring, task sets, SFT, evaluation and probe call its methods (docs/tasks.md).
 
 File reading shared by tasks lives here too (:func:`read_rows`): JSONL, Parquet, or a Hugging Face
 ``datasets`` dataset saved with ``save_to_disk`` (read with pyarrow alone; ``datasets`` is not needed),
@@ -157,6 +158,11 @@ class Task(abc.ABC):
     def from_record(self, record: Mapping[str, Any]) -> Any:
         """The problem of a :meth:`to_record` dict (extra keys ignored)."""
 
+    def record_fields(self) -> list[Any]:
+        """The pyarrow fields of :meth:`to_record`'s keys: the task columns of the rollout records' schema
+        (``rlcr.rollout.records.rollout_schema``). A task the flow runs must declare them."""
+        raise NotImplementedError(f"task {self.name!r} declares no record_fields: the flow cannot store its rollouts")
+
     # ---- prompts (docs/design.md §3)
 
     @abc.abstractmethod
@@ -202,6 +208,47 @@ class Task(abc.ABC):
     def warm_start_completion(self, trace: WarmStart) -> str:
         """The answer-turn completion of a trace: ``<think>reasoning</think>`` then the answer line."""
         return f"<think>{trace.reasoning}</think>\n<answer>{trace.answer}</answer>"
+
+    def sft_problem(self, problem: Any) -> Any | None:
+        """``problem`` ready for the warm-start (e.g. with a checked reference solution), or None when it has no
+        warm-start trace. Default: the problem itself when :meth:`warm_start` gives a trace."""
+        return problem if self.warm_start(problem, random.Random(0)) is not None else None
+
+    def warm_start_examples(self, problems: Any, seed: int, *, single_turn: bool = False) -> list[dict[str, Any]]:
+        """The SFT warm-start's chat examples of ``problems`` (each of :meth:`sft_problem`), as ``rlcr.sft`` trains
+        on them: ``{"messages", "completion", "sample_type", "task", "loss_from"}``, two per problem (turn 1,
+        turn 2), then with ``single_turn`` one more per problem in the one-turn format.
+
+        Default (tasks without a programmatic check of an answer's reasoning, e.g. ``math``): turn 1 is the
+        :meth:`warm_start` trace; turn 2 and the one-turn example's tail are **format only**: a bare
+        ``<confidence>c</confidence>`` after that (right) answer, ``c`` drawn from :data:`FORMAT_ONLY_CONFIDENCES`.
+        They teach where and how the confidence is written, not what it should be: with only right answers
+        shown, the SFT's Brier target carries no calibration signal, which RL's confidence reward then supplies.
+        """
+        rng = random.Random(seed)
+        out, answers = [], []
+        for p in problems:
+            trace = self.warm_start(p, rng)
+            if trace is None:
+                raise ValueError(f"task {self.name!r}: a warm-start problem has no trace (pass sft_problem's)")
+            answer = self.warm_start_completion(trace)
+            answers.append(answer)
+            out.append({"messages": self.turn1_messages(p), "completion": answer, "sample_type": "answer",
+                        "task": p, "loss_from": 0})
+            out.append({"messages": self.turn2_messages(p, answer), "sample_type": "confidence", "task": p,
+                        "completion": f"<confidence>{rng.choice(FORMAT_ONLY_CONFIDENCES)}</confidence>",
+                        "loss_from": 0})
+        if single_turn:
+            for p, answer in zip(problems, answers):
+                out.append({"messages": self.single_turn_messages(p), "sample_type": "answer", "task": p,
+                            "completion": f"{answer}\n<confidence>{rng.choice(FORMAT_ONLY_CONFIDENCES)}</confidence>",
+                            "loss_from": 0})
+        return out
+
+
+FORMAT_ONLY_CONFIDENCES = (0.5, 0.6, 0.7, 0.8, 0.9)
+"""The confidences a format-only warm-start example states (:meth:`Task.warm_start_examples`): spread, so the
+G_c confidences of one answer differ from the start and RL's confidence advantages have signal."""
 
 
 # --------------------------------------------------------------------------- the registry

@@ -17,16 +17,13 @@ scoring is bounded in time by construction; model text never reaches ``eval``.
 from __future__ import annotations
 
 import json
-import random
-from dataclasses import dataclass, field
 from fractions import Fraction
-from itertools import combinations
-from math import gcd
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Mapping, Sequence
 
-from rlcr.config import RLCRConfig
-from rlcr.tasks.limits import MAX_LITERAL_DIGITS, MAX_TASK_NUMBER
+from rlcr.tasks.base import CONFIDENCE_QUERY, TaskFormatError, extract_answer
+from rlcr.tasks.countdown_solver import CountdownTask, generate_tasks, solve, task_candidates
+from rlcr.tasks.limits import DEFAULT_FORMAT_SCORE, MAX_LITERAL_DIGITS, MAX_TASK_NUMBER
 from rlcr.untrusted import InvalidInput, check_depth, decode_text, printable
 
 __all__ = [
@@ -58,239 +55,8 @@ MAX_EQUATION_CHARS = 256
 # A JSONL task row longer than this (in bytes) is refused before it is parsed.
 MAX_TASK_ROW_BYTES = 64 * 1024
 ABS_TOL = 1e-5
-# compute_score's default format_score: the config's (RLCRConfig.format_score), the one place it is set.
-_FORMAT_SCORE: float = RLCRConfig.model_fields["format_score"].default
-
-
-# --------------------------------------------------------------------------- tasks
-
-
-@dataclass
-class CountdownTask:
-    """One Countdown problem. ``solution`` is a reference expression (or None when unknown)."""
-
-    nums: list[int]
-    target: int
-    solution: str | None = None
-    meta: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
-
-    @property
-    def ground_truth(self) -> dict[str, Any]:
-        """The ``ground_truth`` dict that :func:`compute_score` takes."""
-        return {"target": self.target, "numbers": list(self.nums)}
-
-    @property
-    def identity(self) -> tuple[tuple[int, ...], int]:
-        """What makes two tasks the same problem: the multiset of ``nums`` (sorted) and the ``target``.
-
-        Order of the numbers and the reference solution do not count. The training pool, the
-        held-out set and an iteration's prompts are kept distinct by this key (``rlcr.tasks.sets``).
-        """
-        return tuple(sorted(self.nums)), self.target
-
-    def to_row(self) -> dict[str, Any]:
-        return {"nums": list(self.nums), "target": self.target, "solution": self.solution}
-
-
-class TaskFormatError(ValueError):
-    """A task file cannot be read or has a malformed row; the one-line message names file, row, field and
-    reason."""
-
-
-# --------------------------------------------------------------------------- solver
-
-_OPS = ("+", "-", "*", "/")
-
-
-def _combine(a: Fraction, b: Fraction) -> Iterable[tuple[str, Fraction]]:
-    yield "+", a + b
-    yield "-", a - b
-    yield "*", a * b
-    if b != 0:
-        yield "/", a / b
-
-
-def _reachable(nums: Sequence[int]) -> dict[Fraction, str]:
-    """All values reachable using every number exactly once, with one expression each.
-
-    Depth-first over "pick an ordered pair, combine it, recurse" with exact rationals.
-    """
-    found: dict[Fraction, str] = {}
-    seen: set[tuple] = set()
-
-    def rec(items: list[tuple[Fraction, str]]) -> None:
-        key = tuple(sorted(v for v, _ in items))
-        if key in seen:
-            return
-        seen.add(key)
-        if len(items) == 1:
-            value, expr = items[0]
-            found.setdefault(value, expr)
-            return
-        for i, j in combinations(range(len(items)), 2):
-            rest = [items[k] for k in range(len(items)) if k not in (i, j)]
-            for (va, ea), (vb, eb) in (((items[i]), (items[j])), ((items[j]), (items[i]))):
-                for op, value in _combine(va, vb):
-                    rec(rest + [(value, f"({ea} {op} {eb})")])
-
-    rec([(Fraction(n), str(n)) for n in nums])
-    return {v: _strip_outer(e) for v, e in found.items()}
-
-
-def _values(nums: Sequence[int]) -> set[tuple[int, int]]:
-    """The keys of :func:`_reachable` without building expressions, as reduced ``(numerator,
-    denominator > 0)`` pairs (exact; hashing a Fraction costs a modular inverse): the values of each
-    sub-multiset, from the values of the two parts of each of its splits (memoised)."""
-    memo: dict[tuple[int, ...], set[tuple[int, int]]] = {}
-
-    def frac(n: int, d: int) -> tuple[int, int]:
-        if d < 0:
-            n, d = -n, -d
-        g = gcd(n, d)
-        return (n // g, d // g) if g > 1 else (n, d)
-
-    def values(ms: tuple[int, ...]) -> set[tuple[int, int]]:
-        if ms in memo:
-            return memo[ms]
-        if len(ms) == 1:
-            out = {(ms[0], 1)}
-        else:
-            out = set()
-            splits = set()
-            for mask in range(1, 2 ** len(ms) - 1, 2):  # the part holding ms[0], never all of ms
-                a = tuple(x for k, x in enumerate(ms) if mask >> k & 1)
-                b = tuple(x for k, x in enumerate(ms) if not mask >> k & 1)
-                if (a, b) in splits:
-                    continue
-                splits.add((a, b))
-                for xn, xd in values(a):
-                    for yn, yd in values(b):
-                        d = xd * yd
-                        out.add(frac(xn * yd + yn * xd, d))
-                        out.add(frac(xn * yd - yn * xd, d))
-                        out.add(frac(yn * xd - xn * yd, d))
-                        out.add(frac(xn * yn, d))
-                        if yn:
-                            out.add(frac(xn * yd, xd * yn))
-                        if xn:
-                            out.add(frac(yn * xd, yd * xn))
-        memo[ms] = out
-        return out
-
-    return values(tuple(sorted(nums)))
-
-
-def _strip_outer(expr: str) -> str:
-    if expr.startswith("(") and expr.endswith(")"):
-        depth = 0
-        for i, ch in enumerate(expr):
-            depth += ch == "("
-            depth -= ch == ")"
-            if depth == 0 and i < len(expr) - 1:
-                return expr
-        return expr[1:-1]
-    return expr
-
-
-def solve(nums: Sequence[int], target: int) -> str | None:
-    """An expression using every number in ``nums`` once that equals ``target``, or None.
-
-    Exhaustive exact-rational search over pairs combined with ``+ - * /``: the depth-first search of
-    :func:`_reachable`, stopped at the first expression with that value (so the same expression).
-    """
-    goal = Fraction(target)
-    seen: set[tuple] = set()
-
-    def rec(items: list[tuple[Fraction, str]]) -> str | None:
-        key = tuple(sorted(v for v, _ in items))
-        if key in seen:
-            return None
-        seen.add(key)
-        if len(items) == 1:
-            value, expr = items[0]
-            return expr if value == goal else None
-        for i, j in combinations(range(len(items)), 2):
-            rest = [items[k] for k in range(len(items)) if k not in (i, j)]
-            for (va, ea), (vb, eb) in (((items[i]), (items[j])), ((items[j]), (items[i]))):
-                for op, value in _combine(va, vb):
-                    found = rec(rest + [(value, f"({ea} {op} {eb})")])
-                    if found is not None:
-                        return found
-        return None
-
-    found = rec([(Fraction(n), str(n)) for n in nums])
-    return None if found is None else _strip_outer(found)
-
-
-def task_candidates(
-    seed: int,
-    *,
-    min_count: int = 3,
-    max_count: int = 4,
-    num_range: tuple[int, int] = (1, 20),
-    target_range: tuple[int, int] = (1, 100),
-) -> Iterator[CountdownTask | None]:
-    """Endless seeded stream of generation attempts (see :func:`generate_tasks` for the draw).
-
-    Each item is a solvable task, or None where the drawn numbers reach no integer target in
-    ``target_range`` (so a consumer can bound its attempts). ``generate_tasks(n, seed)`` is the
-    first ``n`` tasks of this stream. The ranges are checked here, before the first item.
-    """
-    if not 2 <= min_count <= max_count <= 6:
-        raise ValueError(f"need 2 <= min_count <= max_count <= 6, got {min_count}, {max_count}")
-    lo, hi = num_range
-    tlo, thi = target_range
-    if not 0 < lo <= hi:
-        raise ValueError(f"num_range must be positive and ordered, got {num_range}")
-    if tlo > thi:
-        raise ValueError(f"target_range must be ordered, got {target_range}")
-    return _candidates(random.Random(seed), min_count, max_count, lo, hi, tlo, thi)
-
-
-def _candidates(rng: random.Random, min_count: int, max_count: int, lo: int, hi: int, tlo: int, thi: int
-                ) -> Iterator[CountdownTask | None]:
-    while True:
-        count = rng.randint(min_count, max_count)
-        nums = [rng.randint(lo, hi) for _ in range(count)]
-        targets = sorted(n for n, d in _values(nums) if d == 1 and tlo <= n <= thi)
-        if not targets:
-            yield None
-            continue
-        target = rng.choice(targets)
-        yield CountdownTask(nums=nums, target=target, solution=solve(nums, target))
-
-
-def generate_tasks(
-    n: int,
-    seed: int,
-    *,
-    min_count: int = 3,
-    max_count: int = 4,
-    num_range: tuple[int, int] = (1, 20),
-    target_range: tuple[int, int] = (1, 100),
-) -> list[CountdownTask]:
-    """``n`` solvable tasks, reproducible from ``seed``.
-
-    Each task draws ``min_count..max_count`` numbers uniformly from ``num_range``
-    (inclusive) and a target uniformly among the *integers in target_range that
-    the numbers can reach*, so every task has a reference solution by construction.
-    Tasks are not deduplicated here: two draws can be the same problem (see
-    :attr:`CountdownTask.identity` and ``rlcr.tasks.sets``).
-    """
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    tasks: list[CountdownTask] = []
-    stream = task_candidates(seed, min_count=min_count, max_count=max_count, num_range=num_range,
-                             target_range=target_range)
-    attempts = 0
-    while len(tasks) < n:
-        attempts += 1
-        if attempts > 1000 * max(n, 1):
-            raise RuntimeError("could not generate solvable tasks with these ranges")
-        task = next(stream)
-        if task is not None:
-            tasks.append(task)
-    return tasks
+# compute_score's default format_score: the config's (RLCRConfig.format_score), set in one place.
+_FORMAT_SCORE: float = DEFAULT_FORMAT_SCORE
 
 
 # --------------------------------------------------------------------------- files
@@ -301,10 +67,16 @@ def _integer(value: Any) -> Any:
     return value.item() if hasattr(value, "item") and not isinstance(value, (list, tuple, dict)) else value
 
 
-def _check_row(row: Any, path: str, index: int) -> CountdownTask:
+FIELDS = ("nums", "target", "solution")
+"""Countdown's field names, which a ``fields`` mapping may map to a file's columns."""
+
+
+def _check_row(row: Any, path: str, index: int, fields: Mapping[str, str] | None = None) -> CountdownTask:
     where = f"{printable(path)}: row {index}"
     if not isinstance(row, dict):
         raise TaskFormatError(f"{where}: expected an object with fields 'nums' and 'target', got {type(row).__name__}")
+    if fields:  # the task's fields under their own names (an unmapped field keeps its name)
+        row = {name: row.get(fields.get(name, name)) for name in FIELDS}
     for name in ("nums", "target"):
         if name not in row or row[name] is None:
             raise TaskFormatError(f"{where}: field '{name}' is missing")
@@ -335,7 +107,7 @@ def _check_row(row: Any, path: str, index: int) -> CountdownTask:
     return CountdownTask(nums=[int(_integer(x)) for x in nums], target=int(target), solution=solution)
 
 
-def load_tasks(path: str | Path) -> list[CountdownTask]:
+def load_tasks(path: str | Path, fields: Mapping[str, str] | None = None) -> list[CountdownTask]:
     """Read tasks from JSONL or Parquet rows with fields ``nums`` and ``target``.
 
     Accepts local paths and fsspec URIs (``s3://…``). Rows are numbered from 1
@@ -343,13 +115,14 @@ def load_tasks(path: str | Path) -> list[CountdownTask]:
     naming the file, the row, the field and the reason, in one line: a value out of
     range (numbers and target of at most :data:`MAX_LITERAL_DIGITS` digits), a JSONL
     row that is not UTF-8, longer than :data:`MAX_TASK_ROW_BYTES` or nested deeper
-    than :data:`rlcr.untrusted.MAX_DEPTH`, a file that is not Parquet.
+    than :data:`rlcr.untrusted.MAX_DEPTH`, a file that is not Parquet. ``fields`` maps ``nums``/``target``/
+    ``solution`` to the file's column names (:data:`FIELDS`).
     """
     import fsspec
 
     path = str(path)
     if path.endswith(".parquet"):
-        return _load_parquet_tasks(path)
+        return _load_parquet_tasks(path, fields)
     if not (path.endswith(".jsonl") or path.endswith(".json")):
         raise TaskFormatError(f"{printable(path)}: unsupported task file type (expected .jsonl or .parquet)")
     tasks = []
@@ -363,7 +136,7 @@ def load_tasks(path: str | Path) -> list[CountdownTask]:
                                           f"{MAX_TASK_ROW_BYTES:,} bytes a task row may hold")
                 row = _json_row(line, path, lineno)
                 if row is not _BLANK:
-                    tasks.append(_check_row(row, path, lineno))
+                    tasks.append(_check_row(row, path, lineno, fields))
     except OSError as e:  # missing, unreadable, a name too long …
         raise TaskFormatError(f"{printable(path)}: cannot read the task file ({_reason(e)})") from None
     return tasks
@@ -396,7 +169,7 @@ def _json_row(line: bytes, path: str, lineno: int) -> Any:
         raise TaskFormatError(f"{where}: not readable ({reason})") from None
 
 
-def _load_parquet_tasks(path: str) -> list[CountdownTask]:
+def _load_parquet_tasks(path: str, fields: Mapping[str, str] | None = None) -> list[CountdownTask]:
     import fsspec
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -409,11 +182,11 @@ def _load_parquet_tasks(path: str) -> list[CountdownTask]:
     except (pa.ArrowException, OSError, ValueError) as e:
         raise TaskFormatError(f"{printable(path)}: not a readable Parquet file ({type(e).__name__}: "
                               f"{printable(e, 160)})") from None
-    missing = [c for c in ("nums", "target") if c not in table.column_names]
+    missing = [(fields or {}).get(c, c) for c in ("nums", "target") if (fields or {}).get(c, c) not in table.column_names]
     if missing:
         raise TaskFormatError(f"{printable(path)}: field '{missing[0]}' is missing (columns: "
                               f"{printable(table.column_names, 200)})")
-    return [_check_row(row, path, i + 1) for i, row in enumerate(table.to_pylist())]
+    return [_check_row(row, path, i + 1, fields) for i, row in enumerate(table.to_pylist())]
 
 
 def save_tasks(tasks: Sequence[CountdownTask], path: str | Path) -> None:
@@ -437,32 +210,9 @@ def save_tasks(tasks: Sequence[CountdownTask], path: str | Path) -> None:
 # --------------------------------------------------------------------------- scoring
 
 
-def extract_solution(solution_str: str) -> str | None:
-    """The reference extraction rule (docs/design.md §2–§4).
-
-    Text after the first ``Assistant:`` (else all of it) → its last line → the
-    content of the last ``<answer>…</answer>`` on that line, stripped. The
-    non-greedy, left-to-right matching of the reference regex is reproduced with
-    linear ``str.find`` scans.
-    """
-    if not isinstance(solution_str, str):
-        return None
-    marker = solution_str.find("Assistant:")
-    if marker >= 0:
-        solution_str = solution_str[marker + len("Assistant:"):]
-    line = solution_str[solution_str.rfind("\n") + 1:]
-    last = None
-    pos = 0
-    while True:
-        start = line.find("<answer>", pos)
-        if start < 0:
-            break
-        end = line.find("</answer>", start + 8)
-        if end < 0:
-            break
-        last = (start + 8, end)
-        pos = end + 9
-    return None if last is None else line[last[0]:last[1]].strip()
+extract_solution = extract_answer
+"""The reference extraction rule (docs/design.md §2–§4): :func:`rlcr.tasks.base.extract_answer`, shared by
+every task (after the first ``Assistant:``, the last line, the last ``<answer>…</answer>`` on it)."""
 
 
 class _Invalid(Exception):
@@ -618,12 +368,6 @@ SYSTEM_PROMPT = (
     "Solve the arithmetic puzzle. Think step by step inside <think> </think>, "
     "then write only the equation inside <answer> </answer>."
 )
-
-CONFIDENCE_QUERY = (
-    "How likely is your answer above to be correct? Optionally check it inside <analysis> </analysis>, "
-    "then give a probability between 0 and 1 inside <confidence> </confidence>."
-)
-
 
 SINGLE_TURN_SYSTEM_PROMPT = (
     "Solve the arithmetic puzzle. Think step by step inside <think> </think>, "

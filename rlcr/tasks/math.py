@@ -181,8 +181,15 @@ class MathTask(Task):
         return {"question": problem.question, "answer": problem.answer, "level": problem.level}
 
     def from_record(self, record: Mapping[str, Any]) -> MathProblem:
+        level = record.get("level")
         return MathProblem(question=str(record["question"]), answer=str(record["answer"]),
-                           level=None if record.get("level") is None else str(record["level"]))
+                           level=None if level is None or level != level else str(level))  # NaN: a pandas null
+
+    def record_fields(self) -> list[Any]:
+        import pyarrow as pa
+
+        return [pa.field("question", pa.string(), nullable=False), pa.field("answer", pa.string(), nullable=False),
+                pa.field("level", pa.string(), nullable=True)]
 
     def user_text(self, problem: MathProblem) -> str:
         return (f"{problem.question}\n\nReason in <think> </think>, then give only the final answer (a number or "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import rlcr.tasks.countdown_task  # noqa: F401  (registers "countdown")
 import rlcr.tasks.math  # noqa: F401  (registers "math")
 from rlcr.tasks.base import TASKS, Task
 from rlcr.untrusted import printable

@@ -1,8 +1,8 @@
 """Task sets of a run: the training pool, the held-out set, the SFT warm-start tasks and the prompts of each iteration.
 
-A task's identity is the multiset of its numbers and its target (:attr:`CountdownTask.identity`): two
-rows with the same identity are the same problem, whatever the order of the numbers or the reference
-solution. By construction:
+The run's task (``cfg.task``, :func:`rlcr.tasks.registry.get_task`) loads, generates and identifies the
+problems: two rows with the same :meth:`~rlcr.tasks.base.Task.identity` are the same problem (Countdown: the
+multiset of its numbers and its target, whatever their order or the reference solution). By construction:
 
 * the training pool holds each identity once (the first occurrence is kept; dropped duplicates of a
   task file are reported with a logged warning);
@@ -14,15 +14,16 @@ solution. By construction:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import random
-from typing import Iterable, Sequence
+from types import SimpleNamespace
+from typing import Any, Iterable, Sequence
 
 from rlcr.config import RLCRConfig
 from rlcr.seeds import sft_task_order_seed, task_order_seed
-from rlcr.tasks.countdown import CountdownTask, compute_score, generate_tasks, load_tasks, solve, task_candidates
+from rlcr.tasks.base import Task
+from rlcr.tasks.registry import get_task
 from rlcr.untrusted import printable
 
 __all__ = ["task_sets", "training_pool", "held_out_set", "sft_tasks", "prompts_for_iteration"]
@@ -35,44 +36,54 @@ HELD_OUT_ATTEMPTS_PER_TASK = 100
 HELD_OUT_ATTEMPTS_MIN = 1000
 
 
-def _generation(cfg: RLCRConfig) -> dict:
-    return dict(min_count=cfg.task_min_count, max_count=cfg.task_max_count,
-                num_range=tuple(cfg.task_num_range), target_range=tuple(cfg.task_target_range))
+def _task(cfg: RLCRConfig) -> Task:
+    return get_task(cfg.task)
 
 
-def _distinct(tasks: Iterable[CountdownTask]) -> list[CountdownTask]:
-    """``tasks`` with each identity once (first occurrence kept, order kept)."""
+def _generation(cfg: RLCRConfig) -> tuple:
+    """The task settings generation reads (a cache key): Countdown's ``task_*`` ranges."""
+    return (cfg.task, cfg.task_min_count, cfg.task_max_count, tuple(cfg.task_num_range), tuple(cfg.task_target_range))
+
+
+def _distinct(task: Task, problems: Iterable[Any]) -> list[Any]:
+    """``problems`` with each identity once (first occurrence kept, order kept)."""
     seen: set = set()
     out = []
-    for t in tasks:
-        if t.identity not in seen:
-            seen.add(t.identity)
+    for t in problems:
+        key = task.identity(t)
+        if key not in seen:
+            seen.add(key)
             out.append(t)
     return out
 
 
 @functools.lru_cache(maxsize=4)
-def _generated(n: int, seed: int, min_count: int, max_count: int, num_range: tuple[int, int],
-               target_range: tuple[int, int]) -> tuple[CountdownTask, ...]:
+def _generated(n: int, seed: int, settings: tuple) -> tuple:
     """Generation is deterministic and costs seconds (the solver runs per draw): the SFT warm-start and
-    the run in one process share it."""
-    return tuple(generate_tasks(n, seed, min_count=min_count, max_count=max_count, num_range=num_range,
-                                target_range=target_range))
+    the run in one process share it (keyed by ``settings``, :func:`_generation`)."""
+    name, lo, hi, num_range, target_range = settings
+    view = SimpleNamespace(task=name, task_min_count=lo, task_max_count=hi, task_num_range=num_range,
+                           task_target_range=target_range)
+    return tuple(get_task(name).generate(n, seed, view))
 
 
-def training_pool(cfg: RLCRConfig) -> list[CountdownTask]:
+def _load(cfg: RLCRConfig, path: str) -> list[Any]:
+    return _task(cfg).load(path, cfg.task_fields)
+
+
+def training_pool(cfg: RLCRConfig) -> list[Any]:
     """The run's training tasks, each identity once: loaded from ``train_tasks`` or generated from ``seed``.
 
     Repeats are dropped (first occurrence kept): from a file with a logged warning naming the count; a
     generated pool of ``num_train_tasks`` draws keeps its distinct tasks (small task spaces repeat).
     """
     if cfg.train_tasks:
-        raw = load_tasks(cfg.train_tasks)
+        raw = _load(cfg, cfg.train_tasks)
         source = printable(cfg.train_tasks)  # a path: shown without control characters, bounded
     else:
-        raw = list(_generated(cfg.num_train_tasks, cfg.seed, **_generation(cfg)))
+        raw = list(_generated(cfg.num_train_tasks, cfg.seed, _generation(cfg)))
         source = f"generated training tasks (seed {cfg.seed})"
-    train = _distinct(raw)
+    train = _distinct(_task(cfg), raw)
     if not train:
         raise ValueError(f"the training task set is empty ({source})")
     dropped = len(raw) - len(train)
@@ -84,25 +95,28 @@ def training_pool(cfg: RLCRConfig) -> list[CountdownTask]:
     return train
 
 
-def held_out_set(cfg: RLCRConfig, train: Sequence[CountdownTask]) -> list[CountdownTask]:
+def held_out_set(cfg: RLCRConfig, train: Sequence[Any]) -> list[Any]:
     """Held-out tasks, each identity once and none shared with ``train`` (the run's training pool).
 
     From ``eval_tasks``: overlapping and repeated rows are dropped with a logged warning naming the
     counts and the file; a file with nothing left is refused. Generated: candidates are drawn from the
     ``eval_seed`` stream and those whose identity is a training task (or an earlier held-out task) are
     skipped until ``num_eval_tasks`` are found; with ``eval_stratify_counts`` (default) a candidate is also
-    skipped once its number count has its share. The set therefore depends on the training pool too.
+    skipped once its stratum (:meth:`~rlcr.tasks.base.Task.stratum`; Countdown: the number count) has its share.
+    The set therefore depends on the training pool too.
     """
-    taken = {t.identity for t in train}
+    task = _task(cfg)
+    taken = {task.identity(t) for t in train}
     if cfg.eval_tasks:
-        rows = load_tasks(cfg.eval_tasks)
+        rows = _load(cfg, cfg.eval_tasks)
         name = printable(cfg.eval_tasks)
         out, seen, overlap = [], set(), 0
         for t in rows:
-            if t.identity in taken:
+            key = task.identity(t)
+            if key in taken:
                 overlap += 1
-            elif t.identity not in seen:
-                seen.add(t.identity)
+            elif key not in seen:
+                seen.add(key)
                 out.append(t)
         repeats = len(rows) - len(out) - overlap
         if not out:
@@ -120,18 +134,19 @@ def held_out_set(cfg: RLCRConfig, train: Sequence[CountdownTask]) -> list[Countd
     quota = _count_quota(cfg)
     limit = HELD_OUT_ATTEMPTS_PER_TASK * n + HELD_OUT_ATTEMPTS_MIN
     out, seen, overlap, repeats, attempts = [], set(), 0, 0, 0
-    for task in task_candidates(cfg.eval_seed, **_generation(cfg)):
+    for problem in task.candidates(cfg.eval_seed, cfg):
         attempts += 1
-        if task is not None and quota.get(len(task.nums), 1) > 0:
-            if task.identity in taken:
+        if problem is not None and quota.get(task.stratum(problem), 1) > 0:
+            key = task.identity(problem)
+            if key in taken:
                 overlap += 1
-            elif task.identity in seen:
+            elif key in seen:
                 repeats += 1
             else:
-                seen.add(task.identity)
-                out.append(task)
+                seen.add(key)
+                out.append(problem)
                 if quota:
-                    quota[len(task.nums)] -= 1
+                    quota[task.stratum(problem)] -= 1
                 if len(out) == n:
                     break
         if attempts >= limit:
@@ -139,7 +154,7 @@ def held_out_set(cfg: RLCRConfig, train: Sequence[CountdownTask]) -> list[Countd
                 f"could generate only {len(out)} of num_eval_tasks={n} held-out tasks apart from the {len(train)} "
                 f"training tasks in {attempts} draws ({overlap} were training tasks, {repeats} repeats): the task space is "
                 "too small for these ranges; widen task_num_range/task_target_range or lower num_train_tasks/"
-                "num_eval_tasks" + (f" (eval_stratify_counts asks for {_count_quota(cfg)} tasks per number count; "
+                "num_eval_tasks" + (f" (eval_stratify_counts asks for {_count_quota(cfg)} tasks per stratum; "
                                     "false takes them as drawn)" if quota else ""))
     if overlap or repeats:
         log.info("held-out set (eval_seed %d): skipped %d generated tasks that are training tasks and %d repeats",
@@ -147,17 +162,18 @@ def held_out_set(cfg: RLCRConfig, train: Sequence[CountdownTask]) -> list[Countd
     return out
 
 
-def _count_quota(cfg: RLCRConfig) -> dict[int, int]:
-    """Held-out tasks per number count with ``eval_stratify_counts`` (equal shares of ``num_eval_tasks``, the
-    remainder to the smallest counts); empty (no quota) without it or with a single count."""
-    counts = list(range(cfg.task_min_count, cfg.task_max_count + 1))
+def _count_quota(cfg: RLCRConfig) -> dict[Any, int]:
+    """Held-out tasks per stratum with ``eval_stratify_counts`` (equal shares of ``num_eval_tasks`` over the
+    task's :meth:`~rlcr.tasks.base.Task.strata`, the remainder to the first ones; Countdown: the number counts,
+    smallest first); empty (no quota) without it or with a single stratum."""
+    counts = list(_task(cfg).strata(cfg))
     if not cfg.eval_stratify_counts or len(counts) == 1:
         return {}
     share, extra = divmod(cfg.num_eval_tasks, len(counts))
     return {c: share + (i < extra) for i, c in enumerate(counts)}
 
 
-def task_sets(cfg: RLCRConfig) -> tuple[list[CountdownTask], list[CountdownTask]]:
+def task_sets(cfg: RLCRConfig) -> tuple[list[Any], list[Any]]:
     """(training pool, held-out set): each identity once, and no held-out task is a training task.
 
     Raises ValueError when an iteration's ``prompts_per_iteration`` exceeds the distinct training tasks.
@@ -170,21 +186,17 @@ def task_sets(cfg: RLCRConfig) -> tuple[list[CountdownTask], list[CountdownTask]
     return train, held_out_set(cfg, train)
 
 
-def _verified_solution(task: CountdownTask) -> str | None:
-    if task.solution and compute_score(f"<answer>{task.solution}</answer>", task.ground_truth) == 1.0:
-        return task.solution
-    return solve(task.nums, task.target)
-
-
-def sft_tasks(cfg: RLCRConfig, n: int, train: Sequence[CountdownTask] | None = None) -> list[CountdownTask]:
-    """``n`` distinct training tasks for the SFT warm-start, each with a checked reference solution.
+def sft_tasks(cfg: RLCRConfig, n: int, train: Sequence[Any] | None = None) -> list[Any]:
+    """``n`` distinct training tasks for the SFT warm-start, each ready for it (:meth:`~rlcr.tasks.base.Task.sft_problem`:
+    Countdown's with a checked reference solution).
 
     Drawn from the run's training pool (``train``, default :func:`training_pool`), so the warm-start
-    never sees a held-out task; the choice is seeded by ``cfg.seed``. A task without a correct
-    ``solution`` (public datasets carry none) gets one from the solver; unsolvable tasks are passed over.
-    Raises ValueError when the pool has fewer than ``n`` distinct (solvable) tasks.
+    never sees a held-out task; the choice is seeded by ``cfg.seed``. A Countdown task without a correct
+    ``solution`` (public datasets carry none) gets one from the solver; tasks without a trace are passed over.
+    Raises ValueError when the pool has fewer than ``n`` distinct (usable) tasks.
     """
-    pool = _distinct(training_pool(cfg) if train is None else train)
+    task = _task(cfg)
+    pool = _distinct(task, training_pool(cfg) if train is None else train)
     if n < 0:
         raise ValueError(f"the SFT task count must be >= 0, got {n}")
     if n > len(pool):
@@ -192,17 +204,18 @@ def sft_tasks(cfg: RLCRConfig, n: int, train: Sequence[CountdownTask] | None = N
                          "distinct tasks; ask for fewer or raise num_train_tasks")
     order = list(range(len(pool)))
     random.Random(sft_task_order_seed(cfg.seed)).shuffle(order)
-    out: list[CountdownTask] = []
+    out: list[Any] = []
     for i in order:
         if len(out) == n:
             break
-        task = pool[i]
-        solution = _verified_solution(task)
-        if solution is not None:
-            out.append(task if solution == task.solution else dataclasses.replace(task, solution=solution))
+        ready = task.sft_problem(pool[i])
+        if ready is not None:
+            out.append(ready)
     if len(out) < n:
         raise ValueError(f"the SFT warm-start asks for {n} tasks but only {len(out)} of the {len(pool)} distinct "
-                         "training tasks are solvable")
+                         "training tasks are solvable" if task.name == "countdown" else
+                         f"the SFT warm-start asks for {n} tasks but only {len(out)} of the {len(pool)} distinct "
+                         "training tasks have a worked solution")
     return out
 
 
@@ -225,7 +238,7 @@ def _epoch_orders(seed: int, n: int, p: int, last_epoch: int) -> list[list[int]]
     return orders
 
 
-def prompts_for_iteration(cfg: RLCRConfig, train: Sequence[CountdownTask], iteration: int) -> list[tuple[int, CountdownTask]]:
+def prompts_for_iteration(cfg: RLCRConfig, train: Sequence[Any], iteration: int) -> list[tuple[int, Any]]:
     """P = ``prompts_per_iteration`` distinct prompts for iteration k (k >= 1), deterministic in (seed, k).
 
     The iterations read consecutive stretches of a stream of epochs, each epoch a seeded shuffle of the
