@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from rlcr.config import RLCRConfig  # noqa: E402
 from rlcr.tasks.countdown import compute_score, generate_tasks  # noqa: E402
 
-FORMAT_SCORE = RLCRConfig().format_score  # the config's default (0.1)
+FORMAT_SCORE = RLCRConfig().method.format_score  # the config's default (0.1)
 N_TASKS = 500
 REPEATS = 20
 

@@ -150,7 +150,7 @@ def _root(
 
 def _quiet_ray_data() -> None:
     """The CLI shows its own rich progress: no per-dataset Ray Data INFO lines (its progress bars follow
-    ``rollout_progress``, off by default)."""
+    ``rollout.progress``, off by default)."""
     import logging
 
     logging.getLogger("ray.data").setLevel(logging.WARNING)
@@ -213,7 +213,7 @@ def _run_id(run_id: Optional[str], cfg, option: str = "--run-id") -> str:
     from rlcr.storage import validate_run_id
 
     try:
-        return validate_run_id(run_id if run_id is not None else cfg.run_id)
+        return validate_run_id(run_id if run_id is not None else cfg.run.id)
     except ValueError as e:
         raise UserError(f"{option if run_id is not None else 'run_id (config)'}: {e}") from None
 
@@ -229,7 +229,7 @@ def _check_inputs(cfg, model: Optional[str] = None, option: str = "model") -> No
     """Local files the run reads exist: the model (unless a name the CLI builds), the task files."""
     from rlcr.models import SMOLLM2
 
-    model = model if model is not None else cfg.model
+    model = model if model is not None else cfg.model.name
     if "://" not in model and model not in (SMOLLM2, "tiny") and not Path(model).expanduser().is_dir():
         raise UserError(f"{option} {printable(model, 300)}: no such directory (a Hugging Face checkpoint "
                         f"directory, an s3:// URI, or one of the names {SMOLLM2}, tiny)")
@@ -337,8 +337,8 @@ def train(
 
     cfg = _config(config, overrides or [])
     if iterations is not None:
-        cfg = cfg.model_copy(update={"iterations": iterations})
-    run_id = _run_id(run_id, cfg) if (run_id or cfg.run_id) else new_run_id()
+        cfg = cfg.model_copy(update={"run.iterations": iterations})
+    run_id = _run_id(run_id, cfg) if (run_id or cfg.run.id) else new_run_id()
     _check_inputs(cfg)
     _storage(cfg)
     run = RunStore.open(cfg, run_id)
@@ -348,9 +348,9 @@ def train(
     from flows.train import rlcr_train
     from rlcr import events
 
-    bar = StageProgress(cfg.iterations, done + 1, figures=committed_figures(cfg, run_id))
+    bar = StageProgress(cfg.run.iterations, done + 1, figures=committed_figures(cfg, run_id))
     with events.subscribed(bar.on_event), bar:
-        rlcr_train(config=config, overrides=list(overrides or []), run_id=run_id, iterations=cfg.iterations)
+        rlcr_train(config=config, overrides=list(overrides or []), run_id=run_id, iterations=cfg.run.iterations)
     console.print(summary_table(run_id, cfg))
 
 
@@ -370,20 +370,20 @@ def sft(
     cfg = _config(config, [*(overrides or []), *_sft_overrides(tasks, epochs)])
     _check_inputs(cfg)
     _storage(cfg, uri=out)
-    with _step(f"SFT warm-start on {cfg.sft_tasks} solver tasks × {cfg.sft_epochs} epochs (Ray Train)"):
+    with _step(f"SFT warm-start on {cfg.sft.tasks} solver tasks × {cfg.sft.epochs} epochs (Ray Train)"):
         uri, metrics = run_sft(cfg, out=out)
     console.print(f"warm-started checkpoint: [bold]{_show(uri)}[/bold]  (loss {_f(metrics.get('loss'))})")
 
 
 def _sft_overrides(tasks: Optional[int], epochs: Optional[int]) -> list[str]:
-    """The warm-start's command-line options as overrides of the config's ``sft_tasks`` / ``sft_epochs``."""
+    """The warm-start's command-line options as overrides of the config's ``sft.tasks`` / ``sft.epochs``."""
     return [f"{k}={v}" for k, v in (("sft_tasks", tasks), ("sft_epochs", epochs)) if v is not None]
 
 
 def _records_target(records: str, cfg) -> tuple[Any, str]:
     """Where `rlcr eval --records` writes its rows: (the store of the file's parent, the file's name). A local
     path or a URI (``s3://bucket/prefix/rows.parquet``, through :class:`rlcr.storage.Store` with the config's
-    ``s3_endpoint_url``). Checked before any work: a name ending in ``.parquet``, no file there yet."""
+    ``storage.s3_endpoint_url``). Checked before any work: a name ending in ``.parquet``, no file there yet."""
     from rlcr.storage import Store
 
     shown = printable(records)
@@ -398,7 +398,7 @@ def _records_target(records: str, cfg) -> tuple[Any, str]:
     if not name.endswith(".parquet") or name == ".parquet":
         raise typer.BadParameter(f"{shown}: expected a .parquet file name", param_hint="--records")
     try:
-        store = Store(parent, endpoint_url=cfg.s3_endpoint_url) if "://" in parent else None
+        store = Store(parent, endpoint_url=cfg.storage.s3_endpoint_url) if "://" in parent else None
         exists = store.exists(name) if store is not None else Path(parent, name).exists()
     except Exception as e:  # noqa: BLE001 — an unknown protocol, an unreachable endpoint …
         raise typer.BadParameter(f"{shown}: cannot be checked ({type(e).__name__}: {printable(e, 300)})",
@@ -417,8 +417,8 @@ def _write_records(records: str, target: tuple[Any, str], rows, cfg, policy: str
     store, name = target
     if store is None:  # local: the directory is made now, after the evaluation
         store = Store(str(Path(records).expanduser().parent))
-    table = with_provenance(rows_to_table(rows), policy=policy, method=cfg.method, draw=draw,
-                            eval_samples=cfg.eval_samples, eval_seed=cfg.eval_seed, config_hash=cfg.config_hash())
+    table = with_provenance(rows_to_table(rows), policy=policy, method=cfg.method.name, draw=draw,
+                            eval_samples=cfg.eval.samples, eval_seed=cfg.tasks.eval_seed, config_hash=cfg.config_hash())
     try:
         store.write_parquet(name, table, exclusive=True)
     except AlreadyExists:
@@ -451,7 +451,7 @@ def evaluate(
     from rlcr.rollout.engine import EnginePool
     from rlcr.runs import task_sets
 
-    policy = checkpoint or resolve_model(cfg.model)
+    policy = checkpoint or resolve_model(cfg.model.name)
     try:
         _, held_out = task_sets(cfg)
     except ValueError as e:  # a task file's row (TaskFormatError), or sets that cannot be made
@@ -463,7 +463,7 @@ def evaluate(
     if target is not None:
         _write_records(records, target, rows, cfg, policy, draw)
     drawn = f", sample draw {draw}" if draw else ""
-    table = Table(title=f"held-out evaluation of {_show(policy)} (method {cfg.method}{drawn}; "
+    table = Table(title=f"held-out evaluation of {_show(policy)} (method {cfg.method.name}{drawn}; "
                         "[95% bootstrap CI over tasks])")
     for k in ("n_tasks", "n_answers", "format_rate", "confidence_parse_rate", "mean_confidence"):
         table.add_row(k, _f(m.get(k)))
@@ -589,15 +589,15 @@ def compare(
         raise typer.BadParameter("applies to runs, not to .parquet files", param_hint="--iteration")
     rows, sources = zip(*(_held_out_rows(side, run, iteration) for side, run in zip(sides, runs)))
     try:
-        cmp = compare_evaluations(rows[0], rows[1], n_resamples=cfg.eval_bootstrap_resamples, seed=cfg.eval_seed)
+        cmp = compare_evaluations(rows[0], rows[1], n_resamples=cfg.eval.bootstrap_resamples, seed=cfg.tasks.eval_seed)
     except ValueError as e:
         raise typer.BadParameter(printable(e, 500), param_hint="RUN_A/RUN_B") from None
     where = f" at iteration {iteration}" if iteration is not None else ""
     table = Table(title=f"{_show(run_a)} − {_show(run_b)}{where}: {cmp['n_tasks']} shared held-out tasks "
                         "[paired 95% bootstrap CI]")
     shared = set.intersection(*({r["prompt_id"] for r in side if r["sample_type"] == "answer"} for side in rows))
-    alone = [summarize_eval([r for r in side if r["prompt_id"] in shared], n_resamples=cfg.eval_bootstrap_resamples,
-                            seed=cfg.eval_seed) for side in rows]  # each side on the shared tasks, for scale
+    alone = [summarize_eval([r for r in side if r["prompt_id"] in shared], n_resamples=cfg.eval.bootstrap_resamples,
+                            seed=cfg.tasks.eval_seed) for side in rows]  # each side on the shared tasks, for scale
     table.add_column("metric")
     for name, m in zip("AB", alone):
         table.add_column(f"{name} ({m['n_answers']} answers)")
@@ -669,7 +669,7 @@ def demo(
 
     t0 = time.perf_counter()
     with _step("1/5 preparing SmolLM2-135M-Instruct (GGUF → safetensors)"):
-        base = resolve_model(cfg.model)
+        base = resolve_model(cfg.model.name)
     times["prepare"] = time.perf_counter() - t0
 
     ensure_ray()
@@ -681,17 +681,17 @@ def demo(
     times["eval base"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    with _step(f"3/5 format warm-start: SFT on {cfg.sft_tasks} solver traces × {cfg.sft_epochs} epochs "
+    with _step(f"3/5 format warm-start: SFT on {cfg.sft.tasks} solver traces × {cfg.sft.epochs} epochs "
                "(Ray Train; reused if sealed)"):
         sft_uri, _ = warm_start(cfg, run_id=f"{run_id}-sft")
     times["sft"] = time.perf_counter() - t0
     console.print(f"warm-started checkpoint: {_show(sft_uri)}")
 
     t0 = time.perf_counter()
-    overrides = [f"model={sft_uri}"]
-    train_cfg = cfg.model_copy(update={"model": sft_uri})
+    overrides = [f"model.name={sft_uri}"]
+    train_cfg = cfg.model_copy(update={"model.name": sft_uri})
     done = len(RunStore.open(train_cfg, run_id).committed())
-    bar = StageProgress(train_cfg.iterations, done + 1, figures=committed_figures(train_cfg, run_id), title="4/5 RLCR")
+    bar = StageProgress(train_cfg.run.iterations, done + 1, figures=committed_figures(train_cfg, run_id), title="4/5 RLCR")
     with events.subscribed(bar.on_event), bar:
         rlcr_train(config=config, overrides=overrides, run_id=run_id)
     times["rlcr"] = time.perf_counter() - t0

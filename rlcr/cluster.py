@@ -7,12 +7,12 @@ that demand with the cluster *before* any work and fails within seconds, naming
 what was asked and what the cluster has: Ray itself would wait forever for
 resources that never come.
 
-Placement is configuration: ``engine_resources`` and ``trainer_resources`` add custom
+Placement is configuration: ``placement.engine_resources`` and ``placement.trainer_resources`` add custom
 Ray resources to what each engine actor and each Ray Train worker asks for (e.g.
 ``{"worker_node": 1}``, which only the nodes meant for them advertise), and the fit
 check counts them, per node as well as in total. :func:`check_storage` refuses, right
 after connecting, local paths that the other nodes of a multi-node cluster would not
-see (``storage_uri``, ``model``) unless ``storage_shared`` says they do.
+see (``storage.uri``, ``model``) unless ``placement.storage_shared`` says they do.
 
 Before any of that, :func:`check_storage_reachable` asks the run's storage itself, within a bounded time
 and without writing: a local directory that can be created or written, an ``s3://`` bucket that exists
@@ -120,28 +120,28 @@ def ensure_ray() -> str | None:
 
 
 def engine_actor_resources(cfg: RLCRConfig) -> dict[str, float]:
-    """Ray resources of one engine actor: its CPU share, GPUs with ``use_gpu``, and ``engine_resources``."""
+    """Ray resources of one engine actor: its CPU share, GPUs with ``use_gpu``, and ``placement.engine_resources``."""
     out = {"CPU": ENGINE_ACTOR_CPUS}
-    if cfg.use_gpu:
-        out["GPU"] = float(cfg.engine_tensor_parallel_size)
-    out.update(cfg.engine_resources)
+    if cfg.update.use_gpu:
+        out["GPU"] = float(cfg.engine.tensor_parallel_size)
+    out.update(cfg.placement.engine_resources)
     return out
 
 
 def trainer_worker_resources(cfg: RLCRConfig) -> dict[str, float]:
-    """Ray resources of one Ray Train worker (Ray Train's defaults: 1 GPU, or 1 CPU) plus ``trainer_resources``:
+    """Ray resources of one Ray Train worker (Ray Train's defaults: 1 GPU, or 1 CPU) plus ``placement.trainer_resources``:
     the trainer's ``ScalingConfig(resources_per_worker=…)``."""
-    out = {"GPU": 1.0} if cfg.use_gpu else {"CPU": 1.0}
-    out.update(cfg.trainer_resources)
+    out = {"GPU": 1.0} if cfg.update.use_gpu else {"CPU": 1.0}
+    out.update(cfg.placement.trainer_resources)
     return out
 
 
 def _asked_by(cfg: RLCRConfig, res: str) -> str:
     """The settings that make the run ask for resource ``res``."""
     fields = []
-    if res in cfg.engine_resources:
+    if res in cfg.placement.engine_resources:
         fields.append("engine_resources")
-    if res in cfg.trainer_resources:
+    if res in cfg.placement.trainer_resources:
         fields.append("trainer_resources")
     if res == "CPU":
         fields.append("rollout_actors, num_workers")
@@ -160,12 +160,12 @@ def _add(a: dict[str, float], b: Mapping[str, float], times: float = 1.0) -> dic
 def run_demand(cfg: RLCRConfig) -> dict[str, dict[str, float]]:
     """What a run holds at once in each phase: the engines stay up through both.
 
-    ``rollouts``: engines + two stages of ``rollout_actors`` stage actors + one cheap step;
+    ``rollouts``: engines + two stages of ``rollout.actors`` stage actors + one cheap step;
     ``update``: engines + ``num_workers`` trainer workers.
     """
-    engines = _add({}, engine_actor_resources(cfg), cfg.rollout_actors)
-    rollouts = _add(engines, {"CPU": STAGE_ACTOR_CPUS}, 2 * cfg.rollout_actors + 1)
-    update = _add(engines, trainer_worker_resources(cfg), cfg.num_workers)
+    engines = _add({}, engine_actor_resources(cfg), cfg.rollout.actors)
+    rollouts = _add(engines, {"CPU": STAGE_ACTOR_CPUS}, 2 * cfg.rollout.actors + 1)
+    update = _add(engines, trainer_worker_resources(cfg), cfg.update.num_workers)
     return {"rollouts": rollouts, "update": update}
 
 
@@ -194,8 +194,8 @@ def check_fits(cfg: RLCRConfig, cluster: Mapping[str, float],
     if problems:
         raise ResourceError(
             "the run does not fit in the Ray cluster: " + "; ".join(problems) + ". Asked: "
-            f"{cfg.rollout_actors} engine actor(s) × {engines} kept for the whole run (rollout_actors, "
-            f"engine_tensor_parallel_size, engine_resources) plus {cfg.num_workers} trainer worker(s) × {worker} "
+            f"{cfg.rollout.actors} engine actor(s) × {engines} kept for the whole run (rollout_actors, "
+            f"engine_tensor_parallel_size, engine_resources) plus {cfg.update.num_workers} trainer worker(s) × {worker} "
             f"during each update (num_workers, use_gpu, trainer_resources). Lower num_workers or rollout_actors, "
             f"or add nodes.")
 
@@ -222,13 +222,13 @@ def check_storage(cfg: RLCRConfig, nodes: Sequence[Mapping[str, Any]] | None = N
     """Refuse local paths that a multi-node cluster cannot share; call it right after :func:`ensure_ray`.
 
     On a cluster of more than one alive node (``nodes``: ``ray.nodes()`` entries, default the connected
-    cluster's), a local ``storage_uri`` would put each node's checkpoints on its own disk, and a local
+    cluster's), a local ``storage.uri`` would put each node's checkpoints on its own disk, and a local
     ``model`` (a path, or a name such as ``smollm2-135m-instruct`` that resolves into the driver's cache)
     would not exist on the nodes that run the engines and the trainer. Both are refused with
-    :class:`StorageNotShared` unless ``storage_shared`` declares them the same files on every node (an NFS
+    :class:`StorageNotShared` unless ``placement.storage_shared`` declares them the same files on every node (an NFS
     mount; a model baked into the image at that path). ``s3://`` needs no such declaration.
     """
-    if cfg.storage_shared:
+    if cfg.placement.storage_shared:
         return
     local = [(name, getattr(cfg, name)) for name in ("storage_uri", "model") if _is_local(getattr(cfg, name))]
     if not local:
@@ -242,8 +242,8 @@ def check_storage(cfg: RLCRConfig, nodes: Sequence[Mapping[str, Any]] | None = N
     raise StorageNotShared(
         f"{what}: a local path on a Ray cluster of {n} alive nodes; the engines and trainer workers on the other "
         f"nodes would read and write their own disks, not this one. Use s3:// (storage_uri=s3://bucket/prefix, "
-        f"model=s3://… a sealed checkpoint, s3_endpoint_url for an S3-compatible server), or set "
-        f"storage_shared=true if the path is the same filesystem on every node (e.g. an NFS mount).")
+        f"model.name=s3://… a sealed checkpoint, s3_endpoint_url for an S3-compatible server), or set "
+        f"placement.storage_shared=true if the path is the same filesystem on every node (e.g. an NFS mount).")
 
 
 # ----------------------------------------------------------------------------- storage reachability
@@ -251,13 +251,13 @@ def check_storage(cfg: RLCRConfig, nodes: Sequence[Mapping[str, Any]] | None = N
 
 def check_storage_reachable(cfg: RLCRConfig, timeout_s: float = 15.0, *, uri: str | None = None) -> None:
     """Raise :class:`StorageUnreachable` naming the field, the URI and what to do unless the run's storage
-    (``storage_uri``, or ``uri``) and an ``s3://`` ``model`` can be used (:func:`storage_problem`); each
+    (``storage.uri``, or ``uri``) and an ``s3://`` ``model`` can be used (:func:`storage_problem`); each
     check answers within about ``timeout_s`` seconds and writes nothing."""
-    checks = [("storage_uri", uri or cfg.storage_uri)]
-    if cfg.model.startswith("s3://"):
-        checks.append(("model", cfg.model))
+    checks = [("storage_uri", uri or cfg.storage.uri)]
+    if cfg.model.name.startswith("s3://"):
+        checks.append(("model", cfg.model.name))
     for name, value in checks:
-        problem = storage_problem(value, cfg.s3_endpoint_url, timeout_s)
+        problem = storage_problem(value, cfg.storage.s3_endpoint_url, timeout_s)
         if problem:
             from rlcr.untrusted import printable
 

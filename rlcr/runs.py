@@ -131,7 +131,7 @@ class RunStore(RunLayout):
 
     @classmethod
     def open(cls, cfg: RLCRConfig, run_id: str) -> "RunStore":
-        return cls(Store(cfg.storage_uri, endpoint_url=cfg.s3_endpoint_url), run_id)
+        return cls(Store(cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url), run_id)
 
     # ---------------------------------------------------------------- config
     def check_config(self, cfg: RLCRConfig, *, lease: RunLease | None = None) -> None:

@@ -28,7 +28,7 @@ wrong answers nearly all "reached" the target in a last step it made up, and a c
 recomputed the value but compared it with the target only implicitly ("13+15=28, the target" for target 41)
 barely could.
 
-With ``sft_single_turn`` each task also gets a one-turn example in the ``rlcr_single`` format (docs/design.md §9):
+With ``sft.single_turn`` each task also gets a one-turn example in the ``rlcr_single`` format (docs/design.md §9):
 the trace and equation, then the check and confidence in the same response. Half show a wrong answer; for
 those only the check and the confidence carry loss, as in turn 2. One warm-start then serves every method.
 """
@@ -277,16 +277,16 @@ def sft_rows(cfg, tokenizer, n_tasks: int | None = None, seed: int | None = None
     """The examples as update rows (ROLLOUT_SCHEMA fields the trainer reads): the whole target
     completion (and its end-of-turn token) carries loss, advantage 1.
 
-    ``n_tasks``: default ``cfg.sft_tasks``; ``seed`` (wrong answers, stated confidences): default
-    :func:`rlcr.seeds.sft_seed` of ``cfg.seed``, what :func:`run_sft` trains on."""
+    ``n_tasks``: default ``cfg.sft.tasks``; ``seed`` (wrong answers, stated confidences): default
+    :func:`rlcr.seeds.sft_seed` of ``cfg.run.seed``, what :func:`run_sft` trains on."""
     from rlcr.rollout.engine import render_prompt
     from rlcr.rollout.records import rollout_row
 
-    n_tasks = cfg.sft_tasks if n_tasks is None else n_tasks
-    seed = sft_seed(cfg.seed) if seed is None else seed
+    n_tasks = cfg.sft.tasks if n_tasks is None else n_tasks
+    seed = sft_seed(cfg.run.seed) if seed is None else seed
     rows = []
     # the run's training tasks (never a held-out one); ``seed`` drives the wrong answers and confidences
-    examples = sft_examples(n_tasks, seed, tasks=sft_tasks(cfg, n_tasks), single_turn=cfg.sft_single_turn)
+    examples = sft_examples(n_tasks, seed, tasks=sft_tasks(cfg, n_tasks), single_turn=cfg.sft.single_turn)
     for i, ex in enumerate(examples):
         context, ctx_ids = render_prompt(tokenizer, ex["messages"])
         cut = ex["loss_from"]
@@ -309,17 +309,17 @@ def sft_update_config(cfg, n_rows: int, *, storage_uri: str | None = None):
     reference model; the other update settings (AdamW betas, weight decay, grad_clip, micro-batches,
     workers) are the run's."""
     return cfg.model_copy(update={
-        "objective": "sft", "learning_rate": cfg.sft_learning_rate, "epochs_per_iteration": cfg.sft_epochs,
-        "mini_batches_per_epoch": max(1, n_rows // cfg.sft_batch_size), "lr_schedule": cfg.sft_lr_schedule,
-        "warmup_steps": cfg.sft_warmup_steps, "kl_coef": 0.0, "iterations": 1,
-        "storage_uri": storage_uri or cfg.storage_uri,
+        "update.objective": "sft", "update.learning_rate": cfg.sft.learning_rate, "update.epochs_per_iteration": cfg.sft.epochs,
+        "update.mini_batches_per_epoch": max(1, n_rows // cfg.sft.batch_size), "update.lr_schedule": cfg.sft.lr_schedule,
+        "update.warmup_steps": cfg.sft.warmup_steps, "loss.kl_coef": 0.0, "run.iterations": 1,
+        "storage.uri": storage_uri or cfg.storage.uri,
     })
 
 
 def run_sft(cfg, *, out: str | None = None, run_id: str | None = None) -> tuple[str, dict[str, Any]]:
-    """Warm-start ``cfg.model`` on solver traces with the Ray Train update; returns (checkpoint URI, metrics).
+    """Warm-start ``cfg.model.name`` on solver traces with the Ray Train update; returns (checkpoint URI, metrics).
 
-    ``cfg.sft_tasks`` tasks of the training pool, ``cfg.sft_epochs`` passes, and the other ``sft_*``
+    ``cfg.sft.tasks`` tasks of the training pool, ``cfg.sft.epochs`` passes, and the other ``sft_*``
     settings (:func:`sft_update_config`). The checkpoint goes to ``<out or storage>/runs/<run_id>/iter-0000/checkpoint``
     (``run_id`` default ``sft-<seed>``), sealed like every checkpoint; pass it to ``train`` as ``model=<uri>``.
     """
@@ -330,12 +330,12 @@ def run_sft(cfg, *, out: str | None = None, run_id: str | None = None) -> tuple[
     from rlcr.storage import fetch_checkpoint
     from rlcr.train import run_update
 
-    base = resolve_model(cfg.model)
-    tokenizer = AutoTokenizer.from_pretrained(fetch_checkpoint(base, endpoint_url=cfg.s3_endpoint_url))
+    base = resolve_model(cfg.model.name)
+    tokenizer = AutoTokenizer.from_pretrained(fetch_checkpoint(base, endpoint_url=cfg.storage.s3_endpoint_url))
     rows = sft_rows(cfg, tokenizer)
     sft_cfg = sft_update_config(cfg, len(rows), storage_uri=out)
     ensure_ray()
-    result = run_update(sft_cfg, rows, policy_uri=base, run_id=run_id or f"sft-{cfg.seed}", iteration=0)
+    result = run_update(sft_cfg, rows, policy_uri=base, run_id=run_id or f"sft-{cfg.run.seed}", iteration=0)
     return result.checkpoint_uri, result.metrics
 
 

@@ -9,7 +9,7 @@ from rlcr.config import OPERATIONAL_FIELDS, ConfigError, RLCRConfig, load_config
 
 def test_defaults_are_valid_and_documented():
     cfg = RLCRConfig()
-    assert cfg.num_generations_confidence >= 2 and cfg.loss_agg == "token-mean"
+    assert cfg.rollout.num_generations_confidence >= 2 and cfg.loss.agg == "token-mean"
     undocumented = [name for name, f in RLCRConfig.model_fields.items() if not f.description]
     assert undocumented == []
 
@@ -17,30 +17,30 @@ def test_defaults_are_valid_and_documented():
 def test_yaml_and_overrides(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("num_generations_answer: 4\nloss_agg: seq-mean-token-sum-norm\nlambda_conf: 0.5\n")
-    cfg = RLCRConfig.from_yaml(p, ["num_generations_confidence=3", "conf_norm_mode=answer_then_prompt", "clip_c=null"])
-    assert (cfg.num_generations_answer, cfg.num_generations_confidence) == (4, 3)
-    assert cfg.loss_agg == "seq-mean-token-sum-norm" and cfg.lambda_conf == 0.5
-    assert cfg.conf_norm_mode == "answer_then_prompt" and cfg.clip_c is None
-    assert RLCRConfig.from_yaml(p, {"seed": 5}).seed == 5
+    cfg = RLCRConfig.from_yaml(p, ["rollout.num_generations_confidence=3", "method.conf_norm_mode=answer_then_prompt", "loss.clip_c=null"])
+    assert (cfg.rollout.num_generations_answer, cfg.rollout.num_generations_confidence) == (4, 3)
+    assert cfg.loss.agg == "seq-mean-token-sum-norm" and cfg.method.lambda_conf == 0.5
+    assert cfg.method.conf_norm_mode == "answer_then_prompt" and cfg.loss.clip_c is None
+    assert RLCRConfig.from_yaml(p, {"run.seed": 5}).seed == 5
     assert cfg.config_hash() != RLCRConfig.from_yaml(p).config_hash()
-    assert cfg.config_hash() == RLCRConfig.from_yaml(p, ["num_generations_confidence=3", "conf_norm_mode=answer_then_prompt", "clip_c=null"]).config_hash()
+    assert cfg.config_hash() == RLCRConfig.from_yaml(p, ["rollout.num_generations_confidence=3", "method.conf_norm_mode=answer_then_prompt", "loss.clip_c=null"]).config_hash()
 
 
 @pytest.mark.parametrize(
     "override, field",
     [
-        ("num_generations_confidence=1", "num_generations_confidence"),
-        ("clip_low=1.5", "clip_low"),
-        ("clip_low=-0.1", "clip_low"),
-        ("loss_agg=mean", "loss_agg"),
-        ("kl_type=k4", "kl_type"),
-        ("clip_c=0.5", "clip_c"),
-        ("temperature=0", "temperature"),
-        ("conf_norm_mode=prompt", "conf_norm_mode"),
+        ("rollout.num_generations_confidence=1", "num_generations_confidence"),
+        ("loss.clip_low=1.5", "clip_low"),
+        ("loss.clip_low=-0.1", "clip_low"),
+        ("loss.agg=mean", "loss_agg"),
+        ("loss.kl_type=k4", "kl_type"),
+        ("loss.clip_c=0.5", "clip_c"),
+        ("rollout.temperature=0", "temperature"),
+        ("method.conf_norm_mode=prompt", "conf_norm_mode"),
         ("num_generations_answr=4", "num_generations_answr"),
-        ("task_min_count=5", "task_min_count"),
-        ("engine_block_size=16", "engine_block_size"),  # vLLM's CPU backend takes multiples of 32
-        ("engine_block_size=0", "engine_block_size"),
+        ("tasks.min_count=5", "task_min_count"),
+        ("engine.block_size=16", "engine_block_size"),  # vLLM's CPU backend takes multiples of 32
+        ("engine.block_size=0", "engine_block_size"),
     ],
 )
 def test_bad_values_name_the_field(override, field):
@@ -50,8 +50,8 @@ def test_bad_values_name_the_field(override, field):
 
 
 def test_engine_block_size_is_checked_for_the_cpu_backend_only():
-    assert RLCRConfig(engine_block_size=32).engine_block_size == 32
-    assert RLCRConfig(engine_block_size=16, use_gpu=True).engine_block_size == 16  # the GPU backends take 16
+    assert RLCRConfig(engine={"block_size": 32}).engine.block_size == 32
+    assert RLCRConfig(engine={"block_size": 16}, update={"use_gpu": True}).engine.block_size == 16  # the GPU backends take 16
 
 
 def test_bad_files(tmp_path):
@@ -91,11 +91,11 @@ def test_non_finite_floats_are_refused(field, bad):
 @pytest.mark.parametrize("betas", ["[0.9, 1.0]", "[-0.1, 0.999]", "[1.5, 0.9]"])
 def test_adam_betas_in_unit_interval(betas):
     with pytest.raises(ConfigError, match="adam_betas"):
-        RLCRConfig.from_yaml(None, [f"adam_betas={betas}"])
-    assert RLCRConfig.from_yaml(None, ["adam_betas=[0.0, 0.95]"]).adam_betas == (0.0, 0.95)
+        RLCRConfig.from_yaml(None, [f"update.adam_betas={betas}"])
+    assert RLCRConfig.from_yaml(None, ["update.adam_betas=[0.0, 0.95]"]).adam_betas == (0.0, 0.95)
 
 
-@pytest.mark.parametrize("override", ["seed=[", "model={a: 1", "lambda_conf=: x: y"])
+@pytest.mark.parametrize("override", ["run.seed=[", "model.name={a: 1", "method.lambda_conf=: x: y"])
 def test_unparseable_override_is_a_config_error(override):
     with pytest.raises(ConfigError) as e:
         RLCRConfig.from_yaml(None, [override])
@@ -106,23 +106,23 @@ def test_unparseable_override_is_a_config_error(override):
 
 def test_more_prompts_than_training_tasks_is_refused():
     with pytest.raises(ConfigError) as e:
-        RLCRConfig.from_yaml(None, ["num_train_tasks=6", "prompts_per_iteration=7"])
+        RLCRConfig.from_yaml(None, ["tasks.num_train=6", "rollout.prompts_per_iteration=7"])
     assert "prompts_per_iteration" in str(e.value) and "num_train_tasks" in str(e.value)
     # with a task file the count is checked against its distinct tasks (rlcr.tasks.sets.task_sets)
-    assert RLCRConfig(num_train_tasks=6, prompts_per_iteration=7, train_tasks="t.jsonl").prompts_per_iteration == 7
+    assert RLCRConfig(tasks={"num_train": 6, "train_file": "t.jsonl"}, rollout={"prompts_per_iteration": 7}).rollout.prompts_per_iteration == 7
 
 
 # ----------------------------------------------------------------- resume: which differences matter
 def test_result_changing_diff_ignores_operational_fields():
-    base = RLCRConfig(seed=3, num_train_tasks=50)
+    base = RLCRConfig(run={"seed": 3}, tasks={"num_train": 50})
     saved = base.model_dump(mode="json")
     assert result_changing_diff(saved, base) == []
-    operational = base.model_copy(update={"iterations": 9, "retries": 0, "retry_delay_s": 0.5, "rollout_progress": True,
-                                          "probe_cron": "0 4 * * *", "probe_samples": 3, "eval_every": 2,
-                                          "run_id": "other", "storage_uri": "/elsewhere",
-                                          "s3_endpoint_url": "http://minio:9000"})
+    operational = base.model_copy(update={"run.iterations": 9, "orchestration.retries": 0, "orchestration.retry_delay_s": 0.5, "rollout.progress": True,
+                                          "probe.cron": "0 4 * * *", "probe.samples": 3, "eval.every": 2,
+                                          "run.id": "other", "storage.uri": "/elsewhere",
+                                          "storage.s3_endpoint_url": "http://minio:9000"})
     assert result_changing_diff(saved, operational) == []
-    changed = base.model_copy(update={"seed": 4, "rollout_batch_size": 8, "adam_betas": (0.8, 0.99), "iterations": 2})
+    changed = base.model_copy(update={"run.seed": 4, "rollout.batch_size": 8, "update.adam_betas": (0.8, 0.99), "run.iterations": 2})
     assert result_changing_diff(saved, changed) == ["adam_betas", "rollout_batch_size", "seed"]
     # the record RunStore writes ({"config": ..., "config_hash": ...}) is accepted as is
     assert result_changing_diff({"config": saved, "config_hash": base.config_hash()}, changed) == [
@@ -130,14 +130,14 @@ def test_result_changing_diff_ignores_operational_fields():
 
 
 def test_result_changing_diff_and_fields_newer_than_the_run():
-    cfg = RLCRConfig(lambda_conf=0.5)
+    cfg = RLCRConfig(method={"lambda_conf": 0.5})
     saved = cfg.model_dump(mode="json")
-    del saved["share_prefixes"], saved["engine_kv_cache_gib"]  # a run recorded before these fields existed
+    del saved["update"]["share_prefixes"], saved["engine"]["kv_cache_gib"]  # a run recorded before these fields existed
     saved["a_removed_field"] = 1
     assert result_changing_diff(saved, cfg) == []  # missing fields hold their defaults now
-    assert result_changing_diff(saved, cfg.model_copy(update={"share_prefixes": False})) == ["share_prefixes"]
-    assert result_changing_diff(saved, cfg.model_copy(update={"engine_kv_cache_gib": 2.0})) == ["engine_kv_cache_gib"]
-    assert result_changing_diff(saved, cfg.model_copy(update={"lambda_conf": 1.0})) == ["lambda_conf"]
+    assert result_changing_diff(saved, cfg.model_copy(update={"update.share_prefixes": False})) == ["share_prefixes"]
+    assert result_changing_diff(saved, cfg.model_copy(update={"engine.kv_cache_gib": 2.0})) == ["engine_kv_cache_gib"]
+    assert result_changing_diff(saved, cfg.model_copy(update={"method.lambda_conf": 1.0})) == ["lambda_conf"]
 
 
 def test_operational_fields_are_fields():
@@ -150,16 +150,16 @@ def test_warm_start_and_probe_settings_do_not_block_a_resume():
     a resume may change them (the warm-start reaches a run through ``model``, which is result-changing)."""
     cfg = RLCRConfig()
     saved = cfg.model_dump(mode="json")
-    changed = cfg.model_copy(update={"sft_tasks": 40, "sft_epochs": 3, "sft_learning_rate": 5e-5, "sft_batch_size": 4,
-                                     "sft_lr_schedule": "linear", "sft_warmup_steps": 0, "probe_forced_answer_tokens": 8})
+    changed = cfg.model_copy(update={"sft.tasks": 40, "sft.epochs": 3, "sft.learning_rate": 5e-5, "sft.batch_size": 4,
+                                     "sft.lr_schedule": "linear", "sft.warmup_steps": 0, "probe.forced_answer_tokens": 8})
     assert result_changing_diff(saved, changed) == []
     older = {k: v for k, v in saved.items() if not k.startswith("sft_") and k != "probe_forced_answer_tokens"}
     assert result_changing_diff(older, changed) == []  # a run recorded before these fields existed
-    assert result_changing_diff(saved, changed.model_copy(update={"model": "/warm-start"})) == ["model"]
+    assert result_changing_diff(saved, changed.model_copy(update={"model.name": "/warm-start"})) == ["model"]
 
 
-@pytest.mark.parametrize("override", ["sft_tasks=0", "sft_epochs=0", "sft_learning_rate=0", "sft_batch_size=0",
-                                      "sft_lr_schedule=step", "sft_warmup_steps=-1", "probe_forced_answer_tokens=0"])
+@pytest.mark.parametrize("override", ["sft.tasks=0", "sft.epochs=0", "sft.learning_rate=0", "sft.batch_size=0",
+                                      "sft.lr_schedule=step", "sft.warmup_steps=-1", "probe.forced_answer_tokens=0"])
 def test_bad_warm_start_and_probe_values_name_the_field(override):
     with pytest.raises(ConfigError) as e:
         RLCRConfig.from_yaml(None, [override])

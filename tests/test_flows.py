@@ -40,11 +40,11 @@ def stage_hook():
 
 def overrides(tiny_model_dir, s3):
     return {
-        "model": str(tiny_model_dir), "storage_uri": f"s3://{BUCKET}/exp", "s3_endpoint_url": s3.endpoint,
-        "prompts_per_iteration": 2, "num_generations_answer": 3, "num_generations_confidence": 2,
-        "num_train_tasks": 16, "num_eval_tasks": 4, "temperature": 1.0, "max_answer_tokens": 16,
-        "max_confidence_tokens": 8, "engine_max_model_len": 512, "engine_kv_cache_gib": 0.25,
-        "learning_rate": 1e-4, "retries": 1, "retry_delay_s": 0.5,
+        "model.name": str(tiny_model_dir), "storage.uri": f"s3://{BUCKET}/exp", "storage.s3_endpoint_url": s3.endpoint,
+        "rollout.prompts_per_iteration": 2, "rollout.num_generations_answer": 3, "rollout.num_generations_confidence": 2,
+        "tasks.num_train": 16, "tasks.num_eval": 4, "rollout.temperature": 1.0, "rollout.max_answer_tokens": 16,
+        "rollout.max_confidence_tokens": 8, "engine.max_model_len": 512, "engine.kv_cache_gib": 0.25,
+        "update.learning_rate": 1e-4, "orchestration.retries": 1, "orchestration.retry_delay_s": 0.5,
     }
 
 
@@ -128,7 +128,7 @@ def test_invalid_config_fails_before_any_work(prefect_harness, tmp_path):
     from rlcr.config import ConfigError
 
     with pytest.raises(ConfigError, match="num_generations_confidence"):
-        rlcr_train(overrides={"num_generations_confidence": 1, "storage_uri": str(tmp_path / "store")}, run_id="bad")
+        rlcr_train(overrides={"rollout.num_generations_confidence": 1, "storage.uri": str(tmp_path / "store")}, run_id="bad")
     assert not (tmp_path / "store").exists()
 
 
@@ -138,10 +138,10 @@ def test_resume_refuses_a_changed_config(prefect_harness, tmp_path):
     from rlcr.config import RLCRConfig
     from rlcr.runs import RunStore
 
-    cfg = RLCRConfig(storage_uri=str(tmp_path), model="unused")
+    cfg = RLCRConfig(storage={"uri": str(tmp_path)}, model={"name": "unused"})
     RunStore.open(cfg, "r").check_config(cfg)
     with pytest.raises(RunConfigMismatch, match="lambda_conf"):
-        rlcr_train(overrides={"storage_uri": str(tmp_path), "model": "unused", "lambda_conf": 0.5}, run_id="r")
+        rlcr_train(overrides={"storage.uri": str(tmp_path), "model.name": "unused", "method.lambda_conf": 0.5}, run_id="r")
 
 
 def test_artifact_keys_follow_prefects_rule_and_stay_distinct():
@@ -172,7 +172,7 @@ def test_escaping_run_id_fails_before_any_work(prefect_harness, tmp_path, bad):
 
     store = tmp_path / "deep" / "store"
     with pytest.raises(ConfigError, match="invalid run id"):
-        rlcr_train(overrides={"storage_uri": str(store), "model": "unused"}, run_id=bad)
+        rlcr_train(overrides={"storage.uri": str(store), "model.name": "unused"}, run_id=bad)
     assert not any(tmp_path.rglob("*.json")) and not store.exists()
 
 
@@ -183,12 +183,12 @@ def test_second_writer_on_a_run_fails_within_seconds(prefect_harness, tmp_path):
     from rlcr.config import RLCRConfig
     from rlcr.runs import RunLease, RunLocked, RunStore
 
-    cfg = RLCRConfig(storage_uri=str(tmp_path), model="unused")
+    cfg = RLCRConfig(storage={"uri": str(tmp_path)}, model={"name": "unused"})
     run = RunStore.open(cfg, "shared")
     with RunLease(run, owner="the first flow"):
         t0 = time.monotonic()
         with pytest.raises(RunLocked, match="the first flow"):
-            rlcr_train(overrides={"storage_uri": str(tmp_path), "model": "unused"}, run_id="shared")
+            rlcr_train(overrides={"storage.uri": str(tmp_path), "model.name": "unused"}, run_id="shared")
         assert time.monotonic() - t0 < 30
     assert not run.store.exists(run.config_rel)  # the second writer wrote nothing
 
@@ -202,8 +202,8 @@ def test_a_run_that_cannot_fit_the_cluster_fails_fast(ray_local, prefect_harness
 
     t0 = time.monotonic()
     with pytest.raises(ResourceError, match=r"update phase needs 5 CPU but the cluster has 4") as err:
-        rlcr_train(overrides={"storage_uri": str(tmp_path), "model": str(tiny_model_dir), "num_workers": 4,
-                              "rollout_actors": 2, "num_train_tasks": 16, "num_eval_tasks": 4}, run_id="big")
+        rlcr_train(overrides={"storage.uri": str(tmp_path), "model.name": str(tiny_model_dir), "update.num_workers": 4,
+                              "rollout.actors": 2, "tasks.num_train": 16, "tasks.num_eval": 4}, run_id="big")
     assert "num_workers" in str(err.value)
     assert time.monotonic() - t0 < 60
 
@@ -216,7 +216,7 @@ def test_an_update_that_cannot_fit_fails_fast(ray_local, tiny_model_dir, tmp_pat
     from rlcr.config import RLCRConfig
     from rlcr.train import run_update
 
-    cfg = RLCRConfig(model=str(tiny_model_dir), storage_uri=str(tmp_path), num_workers=8)
+    cfg = RLCRConfig(model={"name": str(tiny_model_dir)}, storage={"uri": str(tmp_path)}, update={"num_workers": 8})
     t0 = time.monotonic()
     with pytest.raises(ResourceError, match="8 worker"):
         run_update(cfg, [{"row": 0}], policy_uri=str(tiny_model_dir), run_id="big", iteration=1)
@@ -240,11 +240,11 @@ def test_save_every_stages_rewinds_and_resumes_exactly(ray_local, prefect_harnes
     from rlcr.runs import RunStore
 
     def cfg_for(name):
-        return {"model": str(tiny_model_dir), "storage_uri": str(tmp_path / name), "prompts_per_iteration": 2,
-                "num_generations_answer": 2, "num_generations_confidence": 2, "num_train_tasks": 16,
-                "num_eval_tasks": 4, "temperature": 1.0, "max_answer_tokens": 16, "max_confidence_tokens": 8,
-                "engine_max_model_len": 512, "engine_kv_cache_gib": 0.25, "learning_rate": 1e-3, "retries": 1,
-                "retry_delay_s": 0.1, "eval_every": 0, "save_every": 2}
+        return {"model.name": str(tiny_model_dir), "storage.uri": str(tmp_path / name), "rollout.prompts_per_iteration": 2,
+                "rollout.num_generations_answer": 2, "rollout.num_generations_confidence": 2, "tasks.num_train": 16,
+                "tasks.num_eval": 4, "rollout.temperature": 1.0, "rollout.max_answer_tokens": 16, "rollout.max_confidence_tokens": 8,
+                "engine.max_model_len": 512, "engine.kv_cache_gib": 0.25, "update.learning_rate": 1e-3, "orchestration.retries": 1,
+                "orchestration.retry_delay_s": 0.1, "eval.every": 0, "orchestration.save_every": 2}
 
     straight = RunStore.open(RLCRConfig(**cfg_for("a")), "r")
     rlcr_train(overrides=cfg_for("a"), run_id="r", iterations=3)

@@ -18,11 +18,7 @@ P, GA, GC = 3, 3, 2
 
 
 def tiny_cfg(model_dir, store_dir, **kw):
-    return RLCRConfig(
-        model=str(model_dir), storage_uri=str(store_dir), num_generations_answer=GA, num_generations_confidence=GC,
-        temperature=1.0, max_answer_tokens=20, max_confidence_tokens=10, rollout_batch_size=8,
-        engine_max_model_len=512, engine_kv_cache_gib=0.25, seed=3, **kw,
-    )
+    return RLCRConfig(**kw, model={"name": str(model_dir)}, storage={"uri": str(store_dir)}, rollout={"num_generations_answer": GA, "num_generations_confidence": GC, "temperature": 1.0, "max_answer_tokens": 20, "max_confidence_tokens": 10, "batch_size": 8}, engine={"max_model_len": 512, "kv_cache_gib": 0.25}, run={"seed": 3})
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +187,7 @@ def test_scoring_steps_on_batches():
 
 def test_prompt_too_long_is_a_clear_error(ray_local, tiny_model_dir, tmp_path):
     cfg = tiny_cfg(tiny_model_dir, tmp_path, max_prompt_tokens=16)
-    with pytest.raises(Exception, match="max_prompt_tokens=16"):
+    with pytest.raises(Exception, match="rollout.max_prompt_tokens=16"):
         run_rollouts(cfg, [(0, CountdownTask([1, 2, 3], 6))], policy_uri=str(tiny_model_dir), run_id="x", iteration=0)
 
 
@@ -221,7 +217,7 @@ def test_each_methods_rollouts_and_evaluation(method, engine_pool, tiny_model_di
     res = run_rollouts(cfg, tasks, policy_uri=str(tiny_model_dir), run_id="m", iteration=1, engines=engine_pool)
     assert {r["sample_type"] for r in res.rows} == {"answer"} and len(res.rows) == P * GA
     single = method == "rlcr_single"
-    budget = cfg.max_answer_tokens + (cfg.max_confidence_tokens if single else 0)
+    budget = cfg.rollout.max_answer_tokens + (cfg.rollout.max_confidence_tokens if single else 0)
     assert max(len(r["completion_ids"]) for r in res.rows) == budget  # the random tiny model runs to the limit
     for r in res.rows:
         assert (SINGLE_TURN_SYSTEM_PROMPT if single else SYSTEM_PROMPT) in r["context_text"]

@@ -343,8 +343,7 @@ def ray_updates(ray_local, tiny_model_dir, tmp_path_factory):
     results = {}
     for workers in (1, 2):
         root = tmp_path_factory.mktemp(f"store{workers}")
-        cfg = RLCRConfig(storage_uri=str(root), num_workers=workers, learning_rate=1e-3, micro_batch_tokens=64,
-                         mini_batches_per_epoch=8)
+        cfg = RLCRConfig(storage={"uri": str(root)}, update={"num_workers": workers, "learning_rate": 1e-3, "micro_batch_tokens": 64, "mini_batches_per_epoch": 8})
         results[workers] = (run_update(cfg, rows, policy_uri=str(tiny_model_dir), run_id="r", iteration=1), root)
     return results
 
@@ -390,7 +389,7 @@ def test_checkpoint_is_sealed_and_loads_in_transformers_and_vllm(ray_updates, ti
     from rlcr.config import RLCRConfig
     from rlcr.rollout.engine import create_engine
 
-    llm = create_engine(ckpt, RLCRConfig(dtype="float32", engine_max_model_len=512, engine_kv_cache_gib=0.25), seed=0)
+    llm = create_engine(ckpt, RLCRConfig(model={"dtype": "float32"}, engine={"max_model_len": 512, "kv_cache_gib": 0.25}), seed=0)
     try:
         out = llm.generate({"prompt_token_ids": ids[0].tolist()}, SamplingParams(temperature=0.0, max_tokens=4))
         gen = out[0].outputs[0].token_ids
@@ -413,7 +412,7 @@ def _in_process_updates(model_dir, batches, tokenizer, cfg, *, continuous: bool)
     opt, sched = make_optimizer(policy, cfg), Schedule.for_run(cfg)
     for k, rows in enumerate(batches, start=1):
         train_update(policy, prepare_samples(rows, tokenizer), cfg, pad_id=tokenizer.pad_token_id,
-                     seed=update_seed(cfg.seed, k), **(dict(optimizer=opt, schedule=sched) if continuous else {}))
+                     seed=update_seed(cfg.run.seed, k), **(dict(optimizer=opt, schedule=sched) if continuous else {}))
     return {k: v.detach().clone() for k, v in lm.state_dict().items()}
 
 
@@ -435,8 +434,7 @@ def continuous_trainer(ray_local, tiny_model_dir, tmp_path_factory):
     from rlcr.train.trainer import PolicyTrainer
 
     root = tmp_path_factory.mktemp("continuous")
-    cfg = RLCRConfig(storage_uri=str(root), iterations=3, learning_rate=1e-3, micro_batch_tokens=64,
-                     mini_batches_per_epoch=2, lr_schedule="cosine", warmup_steps=2)
+    cfg = RLCRConfig(storage={"uri": str(root)}, run={"iterations": 3}, update={"learning_rate": 1e-3, "micro_batch_tokens": 64, "mini_batches_per_epoch": 2, "lr_schedule": "cosine", "warmup_steps": 2})
     batches = [make_rows(n_prompts=2, g_a=2, g_c=2, seed=20 + k) for k in range(3)]
     with PolicyTrainer(cfg, policy_uri=str(tiny_model_dir)) as trainer:
         first = trainer.update(batches[0], 1)

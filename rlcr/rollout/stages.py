@@ -97,7 +97,7 @@ class _EngineStage:
             from rlcr.rollout.engine import create_engine
             from rlcr.storage import fetch_checkpoint
 
-            local = fetch_checkpoint(policy_uri, endpoint_url=self.cfg.s3_endpoint_url)
+            local = fetch_checkpoint(policy_uri, endpoint_url=self.cfg.storage.s3_endpoint_url)
             self.tokenizer = AutoTokenizer.from_pretrained(local)
             self.llm = create_engine(local, self.cfg, seed=seed)
         self.init_s = time.perf_counter() - t0
@@ -111,14 +111,14 @@ class _EngineStage:
         from rlcr.rollout.engine import sample_chats
 
         kwargs = dict(labels=labels, mask_kind=self.mask_kind, seeds=seeds, n=n,
-                      temperature=self.cfg.temperature, top_p=self.cfg.top_p, max_tokens=max_tokens, stop=stop)
+                      temperature=self.cfg.rollout.temperature, top_p=self.cfg.rollout.top_p, max_tokens=max_tokens, stop=stop)
         t0 = time.perf_counter()
         if self.engine is not None:
             import ray
 
             out = ray.get(self.engine.generate_chats.remote(conversations, policy_uri=self.policy_uri, **kwargs))
         else:
-            out = sample_chats(self.llm, self.tokenizer, conversations, max_prompt_tokens=self.cfg.max_prompt_tokens,
+            out = sample_chats(self.llm, self.tokenizer, conversations, max_prompt_tokens=self.cfg.rollout.max_prompt_tokens,
                                **kwargs)
         self.last_generate_s = time.perf_counter() - t0
         return out
@@ -151,15 +151,15 @@ class AnswerStage(_EngineStage):
 
     @property
     def mask_kind(self) -> str:
-        return "single" if self.cfg.method == "rlcr_single" else "answer"
+        return "single" if self.cfg.method.name == "rlcr_single" else "answer"
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
-        single = self.cfg.method == "rlcr_single"
-        g = self.n or self.cfg.num_generations_answer
+        single = self.cfg.method.name == "rlcr_single"
+        g = self.n or self.cfg.rollout.num_generations_answer
         contexts, samples = self._generate(
             [(single_turn_messages if single else turn1_messages)(_task(r)) for _, r in batch.iterrows()],
             [f"prompt_id={r['prompt_id']}" for _, r in batch.iterrows()],
-            self.cfg.max_answer_tokens + (self.cfg.max_confidence_tokens if single else 0),
+            self.cfg.rollout.max_answer_tokens + (self.cfg.rollout.max_confidence_tokens if single else 0),
             CONFIDENCE_STOP if single else ANSWER_STOP, g,
             [[answer_seed(self.seed, int(r["prompt_id"]), k) for k in range(g)] for _, r in batch.iterrows()])
         rows = [self._row("answer", _task(r), context, s, prompt_id=r["prompt_id"], answer_id=k, confidence_id=-1)
@@ -202,11 +202,11 @@ class ConfidenceStage(_EngineStage):
     mask_kind = "confidence"
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
-        g = self.n or self.cfg.num_generations_confidence
+        g = self.n or self.cfg.rollout.num_generations_confidence
         contexts, samples = self._generate(
             [json.loads(r["turn2_messages"]) for _, r in batch.iterrows()],
             [f"prompt_id={r['prompt_id']} answer_id={r['answer_id']}" for _, r in batch.iterrows()],
-            self.cfg.max_confidence_tokens, CONFIDENCE_STOP, g,
+            self.cfg.rollout.max_confidence_tokens, CONFIDENCE_STOP, g,
             [[confidence_seed(self.seed, int(r["prompt_id"]), int(r["answer_id"]), h) for h in range(g)]
              for _, r in batch.iterrows()])
         answers = batch.drop(columns=["turn2_messages"])

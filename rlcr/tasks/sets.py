@@ -36,8 +36,8 @@ HELD_OUT_ATTEMPTS_MIN = 1000
 
 
 def _generation(cfg: RLCRConfig) -> dict:
-    return dict(min_count=cfg.task_min_count, max_count=cfg.task_max_count,
-                num_range=tuple(cfg.task_num_range), target_range=tuple(cfg.task_target_range))
+    return dict(min_count=cfg.tasks.min_count, max_count=cfg.tasks.max_count,
+                num_range=tuple(cfg.tasks.num_range), target_range=tuple(cfg.tasks.target_range))
 
 
 def _distinct(tasks: Iterable[CountdownTask]) -> list[CountdownTask]:
@@ -64,19 +64,19 @@ def training_pool(cfg: RLCRConfig) -> list[CountdownTask]:
     """The run's training tasks, each identity once: loaded from ``train_tasks`` or generated from ``seed``.
 
     Repeats are dropped (first occurrence kept): from a file with a logged warning naming the count; a
-    generated pool of ``num_train_tasks`` draws keeps its distinct tasks (small task spaces repeat).
+    generated pool of ``tasks.num_train`` draws keeps its distinct tasks (small task spaces repeat).
     """
-    if cfg.train_tasks:
-        raw = load_tasks(cfg.train_tasks)
-        source = printable(cfg.train_tasks)  # a path: shown without control characters, bounded
+    if cfg.tasks.train_file:
+        raw = load_tasks(cfg.tasks.train_file)
+        source = printable(cfg.tasks.train_file)  # a path: shown without control characters, bounded
     else:
-        raw = list(_generated(cfg.num_train_tasks, cfg.seed, **_generation(cfg)))
-        source = f"generated training tasks (seed {cfg.seed})"
+        raw = list(_generated(cfg.tasks.num_train, cfg.run.seed, **_generation(cfg)))
+        source = f"generated training tasks (seed {cfg.run.seed})"
     train = _distinct(raw)
     if not train:
         raise ValueError(f"the training task set is empty ({source})")
     dropped = len(raw) - len(train)
-    if dropped and cfg.train_tasks:
+    if dropped and cfg.tasks.train_file:
         log.warning("%s: dropped %d of %d training rows that repeat an earlier row's numbers and target",
                     source, dropped, len(raw))
     elif dropped:
@@ -90,13 +90,13 @@ def held_out_set(cfg: RLCRConfig, train: Sequence[CountdownTask]) -> list[Countd
     From ``eval_tasks``: overlapping and repeated rows are dropped with a logged warning naming the
     counts and the file; a file with nothing left is refused. Generated: candidates are drawn from the
     ``eval_seed`` stream and those whose identity is a training task (or an earlier held-out task) are
-    skipped until ``num_eval_tasks`` are found; with ``eval_stratify_counts`` (default) a candidate is also
+    skipped until ``tasks.num_eval`` are found; with ``tasks.eval_stratify_counts`` (default) a candidate is also
     skipped once its number count has its share. The set therefore depends on the training pool too.
     """
     taken = {t.identity for t in train}
-    if cfg.eval_tasks:
-        rows = load_tasks(cfg.eval_tasks)
-        name = printable(cfg.eval_tasks)
+    if cfg.tasks.eval_file:
+        rows = load_tasks(cfg.tasks.eval_file)
+        name = printable(cfg.tasks.eval_file)
         out, seen, overlap = [], set(), 0
         for t in rows:
             if t.identity in taken:
@@ -116,11 +116,11 @@ def held_out_set(cfg: RLCRConfig, train: Sequence[CountdownTask]) -> list[Countd
                         name, repeats, len(rows))
         return out
 
-    n = cfg.num_eval_tasks
+    n = cfg.tasks.num_eval
     quota = _count_quota(cfg)
     limit = HELD_OUT_ATTEMPTS_PER_TASK * n + HELD_OUT_ATTEMPTS_MIN
     out, seen, overlap, repeats, attempts = [], set(), 0, 0, 0
-    for task in task_candidates(cfg.eval_seed, **_generation(cfg)):
+    for task in task_candidates(cfg.tasks.eval_seed, **_generation(cfg)):
         attempts += 1
         if task is not None and quota.get(len(task.nums), 1) > 0:
             if task.identity in taken:
@@ -143,29 +143,29 @@ def held_out_set(cfg: RLCRConfig, train: Sequence[CountdownTask]) -> list[Countd
                                     "false takes them as drawn)" if quota else ""))
     if overlap or repeats:
         log.info("held-out set (eval_seed %d): skipped %d generated tasks that are training tasks and %d repeats",
-                 cfg.eval_seed, overlap, repeats)
+                 cfg.tasks.eval_seed, overlap, repeats)
     return out
 
 
 def _count_quota(cfg: RLCRConfig) -> dict[int, int]:
-    """Held-out tasks per number count with ``eval_stratify_counts`` (equal shares of ``num_eval_tasks``, the
+    """Held-out tasks per number count with ``tasks.eval_stratify_counts`` (equal shares of ``tasks.num_eval``, the
     remainder to the smallest counts); empty (no quota) without it or with a single count."""
-    counts = list(range(cfg.task_min_count, cfg.task_max_count + 1))
-    if not cfg.eval_stratify_counts or len(counts) == 1:
+    counts = list(range(cfg.tasks.min_count, cfg.tasks.max_count + 1))
+    if not cfg.tasks.eval_stratify_counts or len(counts) == 1:
         return {}
-    share, extra = divmod(cfg.num_eval_tasks, len(counts))
+    share, extra = divmod(cfg.tasks.num_eval, len(counts))
     return {c: share + (i < extra) for i, c in enumerate(counts)}
 
 
 def task_sets(cfg: RLCRConfig) -> tuple[list[CountdownTask], list[CountdownTask]]:
     """(training pool, held-out set): each identity once, and no held-out task is a training task.
 
-    Raises ValueError when an iteration's ``prompts_per_iteration`` exceeds the distinct training tasks.
+    Raises ValueError when an iteration's ``rollout.prompts_per_iteration`` exceeds the distinct training tasks.
     """
     train = training_pool(cfg)
-    if cfg.prompts_per_iteration > len(train):
-        source = printable(cfg.train_tasks) if cfg.train_tasks else f"num_train_tasks={cfg.num_train_tasks} generated"
-        raise ValueError(f"prompts_per_iteration={cfg.prompts_per_iteration} exceeds the {len(train)} distinct "
+    if cfg.rollout.prompts_per_iteration > len(train):
+        source = printable(cfg.tasks.train_file) if cfg.tasks.train_file else f"tasks.num_train={cfg.tasks.num_train} generated"
+        raise ValueError(f"rollout.prompts_per_iteration={cfg.rollout.prompts_per_iteration} exceeds the {len(train)} distinct "
                          f"training tasks ({source}): an iteration's prompts must be distinct tasks")
     return train, held_out_set(cfg, train)
 
@@ -180,7 +180,7 @@ def sft_tasks(cfg: RLCRConfig, n: int, train: Sequence[CountdownTask] | None = N
     """``n`` distinct training tasks for the SFT warm-start, each with a checked reference solution.
 
     Drawn from the run's training pool (``train``, default :func:`training_pool`), so the warm-start
-    never sees a held-out task; the choice is seeded by ``cfg.seed``. A task without a correct
+    never sees a held-out task; the choice is seeded by ``cfg.run.seed``. A task without a correct
     ``solution`` (public datasets carry none) gets one from the solver; unsolvable tasks are passed over.
     Raises ValueError when the pool has fewer than ``n`` distinct (solvable) tasks.
     """
@@ -191,7 +191,7 @@ def sft_tasks(cfg: RLCRConfig, n: int, train: Sequence[CountdownTask] | None = N
         raise ValueError(f"the SFT warm-start asks for {n} tasks but the training pool has only {len(pool)} "
                          "distinct tasks; ask for fewer or raise num_train_tasks")
     order = list(range(len(pool)))
-    random.Random(sft_task_order_seed(cfg.seed)).shuffle(order)
+    random.Random(sft_task_order_seed(cfg.run.seed)).shuffle(order)
     out: list[CountdownTask] = []
     for i in order:
         if len(out) == n:
@@ -226,7 +226,7 @@ def _epoch_orders(seed: int, n: int, p: int, last_epoch: int) -> list[list[int]]
 
 
 def prompts_for_iteration(cfg: RLCRConfig, train: Sequence[CountdownTask], iteration: int) -> list[tuple[int, CountdownTask]]:
-    """P = ``prompts_per_iteration`` distinct prompts for iteration k (k >= 1), deterministic in (seed, k).
+    """P = ``rollout.prompts_per_iteration`` distinct prompts for iteration k (k >= 1), deterministic in (seed, k).
 
     The iterations read consecutive stretches of a stream of epochs, each epoch a seeded shuffle of the
     training set, so every task is used once per epoch. Where an iteration straddles two epochs (N not a
@@ -234,12 +234,12 @@ def prompts_for_iteration(cfg: RLCRConfig, train: Sequence[CountdownTask], itera
     draws a task twice. ``prompt_id`` is the task's index in the training set, so a prompt is traceable
     across iterations. ``train`` should be the pool of :func:`task_sets` (each identity once).
     """
-    p, n = cfg.prompts_per_iteration, len(train)
+    p, n = cfg.rollout.prompts_per_iteration, len(train)
     if p > n:
-        raise ValueError(f"prompts_per_iteration={p} exceeds the {n} training tasks")
+        raise ValueError(f"rollout.prompts_per_iteration={p} exceeds the {n} training tasks")
     if iteration < 1:
         raise ValueError(f"iterations count from 1, got {iteration}")
     start = (iteration - 1) * p
-    orders = _epoch_orders(cfg.seed, n, p, (start + p - 1) // n)
+    orders = _epoch_orders(cfg.run.seed, n, p, (start + p - 1) // n)
     chosen = [orders[pos // n][pos % n] for pos in range(start, start + p)]
     return [(i, train[i]) for i in chosen]
