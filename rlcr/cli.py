@@ -171,16 +171,18 @@ def _config(config: Optional[str], overrides: list[str]):
 
 
 def _override_keys(overrides: list[str]) -> dict[str, str]:
-    """The fields that ``field=value`` arguments set (each with its argument); an unknown field is refused here,
-    as the command line's, with the nearest field names."""
+    """The fields (dotted: ``rollout.temperature``) that ``section.field=value`` arguments set (each with its
+    argument); an unknown field is refused here, as the command line's, with the nearest field names (a flat
+    name of older rlcr: its dotted name)."""
     from rlcr.config import ConfigError, RLCRConfig
 
+    fields = {name for name, _ in RLCRConfig.dotted_fields()}
     keys: dict[str, str] = {}
     for item in overrides:
         if "=" not in item:
-            continue  # load_config names it: expected field=value
+            continue  # load_config names it: expected section.field=value
         key = item.split("=", 1)[0].strip()
-        if key not in RLCRConfig.model_fields:
+        if key not in fields and key not in RLCRConfig.model_fields:
             raise ConfigError(f"unknown field {printable(repr(key), 80)} in the command-line argument "
                               f"{printable(repr(item), 120)}{_did_you_mean(key)}")
         keys[key] = item
@@ -188,9 +190,16 @@ def _override_keys(overrides: list[str]) -> dict[str, str]:
 
 
 def _did_you_mean(name: str) -> str:
-    from rlcr.config import RLCRConfig
+    """The nearest dotted field names to ``name`` (a flat name of older rlcr: its dotted name; a field name
+    without its section: the fields of that name)."""
+    from rlcr.config import FLAT_NAMES, RLCRConfig
 
-    close = difflib.get_close_matches(name, list(RLCRConfig.model_fields), n=3, cutoff=0.6)
+    fields = [dotted for dotted, _ in RLCRConfig.dotted_fields()]
+    leaf = name.rsplit(".", 1)[-1]
+    close = [FLAT_NAMES[name]] if name in FLAT_NAMES else [f for f in fields if f.endswith("." + leaf)]
+    close = close or difflib.get_close_matches(name, fields, n=3, cutoff=0.6)
+    close = close or [f for f in fields if f.rsplit(".", 1)[-1] in difflib.get_close_matches(
+        leaf, [g.rsplit(".", 1)[-1] for g in fields], n=3, cutoff=0.6)][:3]
     hint = "; did you mean " + " or ".join(repr(c) for c in close) + "?" if close else ""
     return f"{hint} (`rlcr config show` lists the fields)"
 
@@ -198,11 +207,12 @@ def _did_you_mean(name: str) -> str:
 def _explained(message: str, config: Optional[str], keys: dict[str, str]) -> str:
     """A :class:`~rlcr.config.ConfigError`'s message with where each named field was set: an unknown field can
     only be the file's (the command line's were checked first); a field's bad value, the command line's when
-    an argument set it."""
+    an argument set it (the field or its whole section)."""
     names = re.findall(r"unknown field '([^']*)'", message)
     if names and config is not None:
         return f"{message} in the config file{_did_you_mean(names[0])}"
-    fields = [f for f in re.findall(r"field '([^'.]*)[^']*'", message) if f in keys]
+    named = re.findall(r"field '([^']*)'", message) + re.findall(r"\b([a-z]+\.[a-z_]+)\b", message)
+    fields = list(dict.fromkeys(k for k in keys for f in named if f == k or f.startswith(k + ".")))
     if fields:
         return f"{message} (set on the command line: {', '.join(printable(keys[f], 120) for f in fields)})"
     return message
@@ -297,16 +307,22 @@ def config_show(
 ):
     """The resolved config: each field's value, where it was set (default, file, command line), whether it can
     change a run's results (else operational: a resume may change it) and its documentation."""
-    from rlcr.config import OPERATIONAL_FIELDS, RLCRConfig
+    from rlcr.config import RLCRConfig, changes_results
 
     cfg = _config(config, overrides or [])
     keys = _override_keys(overrides or [])
     values = cfg.model_dump(mode="json")
-    rows = [{"field": name, "value": values[name],
-             "set_by": "command line" if name in keys else "file" if name in cfg.model_fields_set else "default",
-             "changes_results": name not in OPERATIONAL_FIELDS,
+
+    def set_by(dotted: str) -> str:
+        section, name = dotted.split(".", 1)
+        if dotted in keys or section in keys:
+            return "command line"
+        return "file" if name in getattr(cfg, section).model_fields_set else "default"
+
+    rows = [{"field": dotted, "value": values[dotted.split(".")[0]][dotted.split(".", 1)[1]],
+             "set_by": set_by(dotted), "changes_results": changes_results(field),
              "doc": " ".join((field.description or "").split())}
-            for name, field in RLCRConfig.model_fields.items()]
+            for dotted, field in RLCRConfig.dotted_fields()]
     if as_json:
         typer.echo(json.dumps(rows, indent=1, ensure_ascii=False))
         return

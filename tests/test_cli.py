@@ -292,31 +292,35 @@ def test_eval_refuses_to_overwrite_its_records_before_any_work(tmp_path):
 
 def test_config_show_lists_every_field_with_its_value_source_effect_and_documentation(tmp_path):
     """`rlcr config show`: the resolved config, each field documented (its docstring) and marked as changing
-    results or operational (OPERATIONAL_FIELDS), and where its value came from; `--json` the same as data."""
+    results or operational (the marking on the field), and where its value came from; `--json` the same as data;
+    fields are listed by dotted name, section by section."""
     import json
 
     from typer.testing import CliRunner
 
     from rlcr.cli import app
-    from rlcr.config import OPERATIONAL_FIELDS
+    from rlcr.config import changes_results
 
     cfg_file = tmp_path / "c.yaml"
-    cfg_file.write_text("seed: 7\nretries: 4\n")
+    cfg_file.write_text("run:\n  seed: 7\norchestration:\n  retries: 4\n")
     res = CliRunner().invoke(app, ["config", "show", "--json", "--config", str(cfg_file), "orchestration.retries=5", "run.iterations=3"])
     assert res.exit_code == 0, res.output
     rows = {r["field"]: r for r in json.loads(res.output)}
-    assert list(rows) == list(RLCRConfig.model_fields)
-    assert rows["seed"] == {"field": "seed", "value": 7, "set_by": "file", "changes_results": True,
-                            "doc": " ".join(RLCRConfig.model_fields["seed"].description.split())}
-    assert (rows["retries"]["value"], rows["retries"]["set_by"], rows["retries"]["changes_results"]) == (5, "command line", False)
-    assert (rows["iterations"]["value"], rows["iterations"]["set_by"]) == (3, "command line")
-    assert rows["learning_rate"]["set_by"] == "default" and rows["learning_rate"]["doc"].startswith("AdamW learning rate")
-    assert all(r["changes_results"] == (name not in OPERATIONAL_FIELDS) and r["doc"] for name, r in rows.items())
+    fields = dict(RLCRConfig.dotted_fields())
+    assert list(rows) == list(fields) and "rollout.temperature" in rows
+    assert rows["run.seed"] == {"field": "run.seed", "value": 7, "set_by": "file", "changes_results": True,
+                                "doc": " ".join(fields["run.seed"].description.split())}
+    assert (rows["orchestration.retries"]["value"], rows["orchestration.retries"]["set_by"],
+            rows["orchestration.retries"]["changes_results"]) == (5, "command line", False)
+    assert (rows["run.iterations"]["value"], rows["run.iterations"]["set_by"]) == (3, "command line")
+    assert rows["update.learning_rate"]["set_by"] == "default"
+    assert rows["update.learning_rate"]["doc"].startswith("AdamW learning rate")
+    assert all(r["changes_results"] == changes_results(fields[name]) and r["doc"] for name, r in rows.items())
     res = CliRunner().invoke(app, ["config", "show", "run.seed=3"], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
-    seed = next(line for line in res.output.splitlines() if line.startswith("│ seed "))
+    seed = next(line for line in res.output.splitlines() if line.startswith("│ run.seed "))
     assert "│ 3 " in seed and "command line" in seed and "changes" in seed and "Master seed" in seed
-    retries = next(line for line in res.output.splitlines() if line.startswith("│ retries "))
+    retries = next(line for line in res.output.splitlines() if line.startswith("│ orchestration.retries "))
     assert "default" in retries and "operational" in retries
 
 

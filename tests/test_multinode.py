@@ -35,7 +35,7 @@ import pytest
 
 from rlcr.cluster import (ResourceError, StorageNotShared, check_fits, check_storage, engine_actor_resources,
                           run_demand, trainer_worker_resources)
-from rlcr.config import OPERATIONAL_FIELDS, ConfigError, RLCRConfig, result_changing_diff
+from rlcr.config import ConfigError, changes_results, RLCRConfig, result_changing_diff
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
@@ -49,17 +49,18 @@ def test_placement_fields_are_documented_operational_and_validated():
     cfg = RLCRConfig()
     assert cfg.placement.engine_resources == {} and cfg.placement.trainer_resources == {} and cfg.placement.storage_shared is False
     for name in PLACEMENT:
-        assert RLCRConfig.model_fields[name].description
-        assert name in OPERATIONAL_FIELDS
+        field = dict(RLCRConfig.dotted_fields())[f"placement.{name}"]
+        assert field.description
+        assert not changes_results(field)
     moved = RLCRConfig(placement={"engine_resources": {"worker_node": 1}, "trainer_resources": {"gpu_node": 0.5}, "storage_shared": True})
     assert result_changing_diff(cfg.model_dump(mode="json"), moved) == []  # a resume may move the run
-    assert RLCRConfig.from_yaml(None, ["placement.engine_resources={worker_node: 2}"]).engine_resources == {"worker_node": 2.0}
+    assert RLCRConfig.from_yaml(None, ["placement.engine_resources={worker_node: 2}"]).placement.engine_resources == {"worker_node": 2.0}
     for bad, words in [({"CPU": 1}, "'CPU' is not an extra resource"), ({"GPU": 1}, "'GPU'"),
                        ({"memory": 1e9}, "'memory'"), ({"w": 0}, "amount > 0"), ({"w": -1}, "amount > 0"),
                        ({"w": 1e-5}, "0.0001"), ({"": 1}, "non-empty"), ({"w": float("nan")}, "finite")]:
         for field in ("engine_resources", "trainer_resources"):
             with pytest.raises(ConfigError, match=field) as e:
-                RLCRConfig.from_dict({field: bad})
+                RLCRConfig.from_dict({f"placement.{field}": bad})
             assert words in str(e.value)
 
 

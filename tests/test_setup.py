@@ -39,7 +39,7 @@ def test_one_storage_default_everywhere():
 
     from rlcr.config import RLCRConfig
 
-    default = RLCRConfig.model_fields["storage_uri"].default
+    default = dict(RLCRConfig.dotted_fields())["storage.uri"].default
     assert default == "./runs-store"
     for name in ("demo", "tiny", "methods"):
         assert yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())["storage_uri"] == default, name

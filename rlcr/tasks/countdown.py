@@ -59,7 +59,7 @@ MAX_EQUATION_CHARS = 256
 MAX_TASK_ROW_BYTES = 64 * 1024
 ABS_TOL = 1e-5
 # compute_score's default format_score: the config's (RLCRConfig.format_score), the one place it is set.
-_FORMAT_SCORE: float = RLCRConfig.model_fields["format_score"].default
+_FORMAT_SCORE: float = dict(RLCRConfig.dotted_fields())["method.format_score"].default
 
 
 # --------------------------------------------------------------------------- tasks
