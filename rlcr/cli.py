@@ -303,7 +303,7 @@ def models_prepare(force: bool = typer.Option(False, help="Convert again even if
 def config_show(
     config: Optional[str] = typer.Option(None, help="YAML config file."),
     as_json: bool = typer.Option(False, "--json", help="A JSON list of the fields instead of a table."),
-    overrides: list[str] = typer.Argument(None, help="field=value overrides."),
+    overrides: list[str] = typer.Argument(None, help="section.field=value overrides."),
 ):
     """The resolved config: each field's value, where it was set (default, file, command line), whether it can
     change a run's results (else operational: a resume may change it) and its documentation."""
@@ -343,7 +343,7 @@ def train(
     config: Optional[str] = typer.Option(None, help="YAML config file."),
     run_id: Optional[str] = typer.Option(None, help="Run name; an existing run is resumed."),
     iterations: Optional[int] = typer.Option(None, min=1, help="Total iterations (overrides the config)."),
-    overrides: list[str] = typer.Argument(None, help="field=value overrides."),
+    overrides: list[str] = typer.Argument(None, help="section.field=value overrides."),
 ):
     """Run (or resume) the `rlcr` training flow locally (ephemeral Prefect, local or $RAY_ADDRESS Ray).
 
@@ -374,13 +374,13 @@ def train(
 def sft(
     config: Optional[str] = typer.Option(None, help="YAML config file (model, task ranges, update settings)."),
     out: Optional[str] = typer.Option(None, help="Storage to write the checkpoint to (default: the config's "
-                                                 "storage_uri), under runs/sft-<seed>/iter-0000/checkpoint."),
-    tasks: Optional[int] = typer.Option(None, help="Solver tasks to build traces from (overrides sft_tasks)."),
-    epochs: Optional[int] = typer.Option(None, help="Passes over the traces (overrides sft_epochs)."),
-    overrides: list[str] = typer.Argument(None, help="field=value overrides (e.g. sft_learning_rate=5e-5)."),
+                                                 "storage.uri), under runs/sft-<seed>/iter-0000/checkpoint."),
+    tasks: Optional[int] = typer.Option(None, help="Solver tasks to build traces from (overrides sft.tasks)."),
+    epochs: Optional[int] = typer.Option(None, help="Passes over the traces (overrides sft.epochs)."),
+    overrides: list[str] = typer.Argument(None, help="section.field=value overrides (e.g. sft.learning_rate=5e-5)."),
 ):
     """Format warm-start: supervised training on solver traces (both turns); prints the checkpoint URI.
-    Its settings are the config's sft_* fields (--tasks and --epochs override two of them)."""
+    Its settings are the config's sft section (--tasks and --epochs override two of them)."""
     from rlcr.sft import run_sft
 
     cfg = _config(config, [*(overrides or []), *_sft_overrides(tasks, epochs)])
@@ -393,7 +393,7 @@ def sft(
 
 def _sft_overrides(tasks: Optional[int], epochs: Optional[int]) -> list[str]:
     """The warm-start's command-line options as overrides of the config's ``sft.tasks`` / ``sft.epochs``."""
-    return [f"{k}={v}" for k, v in (("sft_tasks", tasks), ("sft_epochs", epochs)) if v is not None]
+    return [f"{k}={v}" for k, v in (("sft.tasks", tasks), ("sft.epochs", epochs)) if v is not None]
 
 
 def _records_target(records: str, cfg) -> tuple[Any, str]:
@@ -453,7 +453,7 @@ def evaluate(
     draw: int = typer.Option(0, min=0, help="Sample draw: 0 samples what the flow's evaluations sample; "
                                             "k > 0 re-samples the same tasks with other seeds (how much "
                                             "one evaluation moves between draws)."),
-    overrides: list[str] = typer.Argument(None, help="field=value overrides."),
+    overrides: list[str] = typer.Argument(None, help="section.field=value overrides."),
 ):
     """Held-out accuracy, format rate and calibration (docs/design.md §13) of one checkpoint."""
     cfg = _config(config, overrides or [])
@@ -583,7 +583,7 @@ def compare(
     iteration: Optional[int] = typer.Option(None, help="Iteration of both runs (0: their initial policies); "
                                                        "default: the last one both evaluated."),
     config: Optional[str] = typer.Option(None, help="YAML config file (for storage_uri)."),
-    overrides: list[str] = typer.Argument(None, help="field=value overrides."),
+    overrides: list[str] = typer.Argument(None, help="section.field=value overrides."),
 ):
     """Two runs' held-out evaluations, paired on the same tasks: each side's accuracy, ECE, Brier and AUROC on
     those tasks, and A − B with paired bootstrap 95% intervals over tasks (docs/design.md §9)."""
@@ -633,7 +633,7 @@ def compare(
 def probe(
     config: Optional[str] = typer.Option(None, help="YAML config file."),
     run_id: str = typer.Option(..., help="Run whose newest committed checkpoint is probed."),
-    overrides: list[str] = typer.Argument(None, help="field=value overrides."),
+    overrides: list[str] = typer.Argument(None, help="section.field=value overrides."),
 ):
     """Faithfulness probe + calibration report of a run's newest checkpoint (the `rlcr-probe` flow). A run that
     does not exist or has no committed iteration is one line, exit code 2, before Prefect starts."""
@@ -659,8 +659,8 @@ def probe(
 def demo(
     config: str = typer.Option("configs/demo.yaml", help="YAML config of the demo run."),
     run_id: str = typer.Option("demo", help="Run name (an existing demo run is resumed)."),
-    sft_tasks: Optional[int] = typer.Option(None, help="Solver tasks for the warm-start (overrides sft_tasks)."),
-    sft_epochs: Optional[int] = typer.Option(None, help="Passes over the warm-start traces (overrides sft_epochs)."),
+    sft_tasks: Optional[int] = typer.Option(None, help="Solver tasks for the warm-start (overrides sft.tasks)."),
+    sft_epochs: Optional[int] = typer.Option(None, help="Passes over the warm-start traces (overrides sft.epochs)."),
     probe_tasks: int = typer.Option(8, help="Held-out tasks in the final probe."),
     probe_samples: int = typer.Option(16, help="Forced answers per truncation point in the final probe."),
 ):

@@ -162,8 +162,8 @@ def test_sft_options_override_the_configs_warm_start_settings(monkeypatch, tmp_p
     assert CliRunner().invoke(app, ["sft", store]).exit_code == 0
     (cfg, out), (over, over_out), (default, _) = seen
     assert (cfg.sft.tasks, cfg.sft.epochs, cfg.sft.learning_rate, out) == (60, 2, 1e-4, None)  # configs/demo.yaml
-    assert (over.sft_tasks, over.sft_epochs, over.sft_learning_rate, over_out) == (5, 3, 5e-5, "o")
-    assert (default.sft_tasks, default.sft_epochs) == (RLCRConfig().sft.tasks, RLCRConfig().sft.epochs)
+    assert (over.sft.tasks, over.sft.epochs, over.sft.learning_rate, over_out) == (5, 3, 5e-5, "o")
+    assert (default.sft.tasks, default.sft.epochs) == (RLCRConfig().sft.tasks, RLCRConfig().sft.epochs)
 
 
 def says(output: str, message: str) -> bool:
