@@ -243,8 +243,8 @@ def _check_inputs(cfg, model: Optional[str] = None, option: str = "model") -> No
     if "://" not in model and model not in (SMOLLM2, "tiny") and not Path(model).expanduser().is_dir():
         raise UserError(f"{option} {printable(model, 300)}: no such directory (a Hugging Face checkpoint "
                         f"directory, an s3:// URI, or one of the names {SMOLLM2}, tiny)")
-    for name in ("train_tasks", "eval_tasks"):
-        path = getattr(cfg, name)
+    for name in ("tasks.train_file", "tasks.eval_file"):
+        path = cfg.get(name)
         if path is not None and "://" not in path and not Path(path).is_file():
             raise UserError(f"{name} {printable(path, 300)}: no such file")
 
@@ -317,7 +317,7 @@ def config_show(
         section, name = dotted.split(".", 1)
         if dotted in keys or section in keys:
             return "command line"
-        return "file" if name in getattr(cfg, section).model_fields_set else "default"
+        return "file" if name in dict(cfg)[section].model_fields_set else "default"
 
     rows = [{"field": dotted, "value": values[dotted.split(".")[0]][dotted.split(".", 1)[1]],
              "set_by": set_by(dotted), "changes_results": changes_results(field),

@@ -230,7 +230,7 @@ def check_storage(cfg: RLCRConfig, nodes: Sequence[Mapping[str, Any]] | None = N
     """
     if cfg.placement.storage_shared:
         return
-    local = [(name, getattr(cfg, name)) for name in ("storage_uri", "model") if _is_local(getattr(cfg, name))]
+    local = [(name, cfg.get(name)) for name in ("storage.uri", "model.name") if _is_local(cfg.get(name))]
     if not local:
         return
     if nodes is None:
