@@ -40,10 +40,10 @@ CANDIDATES: dict[str, dict] = {
     # the methods benchmark's setting: 2 or 3 numbers up to 20, targets up to 60, held-out in equal shares
     "mix23": {},
     # the same with the demo's smaller warm-start
-    "mix23-sft60": {"sft_tasks": 60},
+    "mix23-sft60": {"sft.tasks": 60},
     # the same warm-start, held-out tasks taken as drawn (the training pool holds much of the 2-number space, so
     # fewer 2-number tasks are left: a harder set than the training distribution)
-    "mix23-asdrawn": {"sft_from": "mix23", "eval_stratify_counts": False},
+    "mix23-asdrawn": {"sft_from": "mix23", "tasks.eval_stratify_counts": False},
     # one number count at a time, same ranges (the mix's two ends; lower_bound: never the recommendation)
     "two": {"sft_from": "mix23", "lower_bound": True, "tasks.min_count": 2, "tasks.max_count": 2,
             "tasks.num_train": 50},

@@ -160,8 +160,8 @@ def main() -> None:
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     samples = make_samples(args.prompts, args.ga, args.gc, prompt_len=args.prompt_len, answer_len=args.answer_len,
                            query_len=args.query_len, confidence_len=args.confidence_len, vocab=len(tok), seed=args.seed)
-    extra = {} if args.micro_batch_tokens is None else {"micro_batch_tokens": args.micro_batch_tokens}
-    cfg = RLCRConfig(**extra, update={"learning_rate": 1e-7})
+    extra = {} if args.micro_batch_tokens is None else {"update.micro_batch_tokens": args.micro_batch_tokens}
+    cfg = RLCRConfig.from_dict({**extra, "update": {"learning_rate": 1e-7}})
     budget = cfg.update.micro_batch_tokens
     params = sum(p.numel() for p in lm.parameters())
     trees = pack_prefix_trees(samples, budget)

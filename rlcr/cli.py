@@ -259,7 +259,7 @@ def _existing_run(cfg, run_id: str):
     runs = sorted(list_runs(run.store))
     shown = ", ".join(printable(r, 60) for r in runs[:10]) + (f", … ({len(runs)} runs)" if len(runs) > 10 else "")
     raise UserError(f"run {printable(repr(run_id), 140)} not found under {printable(run.store.url('runs'), 300)} "
-                    f"(runs there: {shown or 'none'}; storage_uri chooses the storage)")
+                    f"(runs there: {shown or 'none'}; storage.uri chooses the storage)")
 
 
 def _check_resume(run, cfg) -> None:

@@ -140,14 +140,14 @@ def _asked_by(cfg: RLCRConfig, res: str) -> str:
     """The settings that make the run ask for resource ``res``."""
     fields = []
     if res in cfg.placement.engine_resources:
-        fields.append("engine_resources")
+        fields.append("placement.engine_resources")
     if res in cfg.placement.trainer_resources:
-        fields.append("trainer_resources")
+        fields.append("placement.trainer_resources")
     if res == "CPU":
-        fields.append("rollout_actors, num_workers")
+        fields.append("rollout.actors, update.num_workers")
     if res == "GPU":
-        fields.append("use_gpu, engine_tensor_parallel_size, num_workers")
-    return ", ".join(fields) or "rollout_actors, num_workers"
+        fields.append("update.use_gpu, engine.tensor_parallel_size, update.num_workers")
+    return ", ".join(fields) or "rollout.actors, update.num_workers"
 
 
 def _add(a: dict[str, float], b: Mapping[str, float], times: float = 1.0) -> dict[str, float]:
@@ -194,9 +194,9 @@ def check_fits(cfg: RLCRConfig, cluster: Mapping[str, float],
     if problems:
         raise ResourceError(
             "the run does not fit in the Ray cluster: " + "; ".join(problems) + ". Asked: "
-            f"{cfg.rollout.actors} engine actor(s) × {engines} kept for the whole run (rollout_actors, "
-            f"engine_tensor_parallel_size, engine_resources) plus {cfg.update.num_workers} trainer worker(s) × {worker} "
-            f"during each update (num_workers, use_gpu, trainer_resources). Lower num_workers or rollout_actors, "
+            f"{cfg.rollout.actors} engine actor(s) × {engines} kept for the whole run (rollout.actors, "
+            f"engine.tensor_parallel_size, placement.engine_resources) plus {cfg.update.num_workers} trainer worker(s) × {worker} "
+            f"during each update (update.num_workers, update.use_gpu, placement.trainer_resources). Lower update.num_workers or rollout.actors, "
             f"or add nodes.")
 
 
@@ -241,8 +241,8 @@ def check_storage(cfg: RLCRConfig, nodes: Sequence[Mapping[str, Any]] | None = N
     what = " and ".join(f"{name} {value!r}" for name, value in local)
     raise StorageNotShared(
         f"{what}: a local path on a Ray cluster of {n} alive nodes; the engines and trainer workers on the other "
-        f"nodes would read and write their own disks, not this one. Use s3:// (storage_uri=s3://bucket/prefix, "
-        f"model.name=s3://… a sealed checkpoint, s3_endpoint_url for an S3-compatible server), or set "
+        f"nodes would read and write their own disks, not this one. Use s3:// (storage.uri=s3://bucket/prefix, "
+        f"model.name=s3://… a sealed checkpoint, storage.s3_endpoint_url for an S3-compatible server), or set "
         f"placement.storage_shared=true if the path is the same filesystem on every node (e.g. an NFS mount).")
 
 
@@ -253,9 +253,9 @@ def check_storage_reachable(cfg: RLCRConfig, timeout_s: float = 15.0, *, uri: st
     """Raise :class:`StorageUnreachable` naming the field, the URI and what to do unless the run's storage
     (``storage.uri``, or ``uri``) and an ``s3://`` ``model`` can be used (:func:`storage_problem`); each
     check answers within about ``timeout_s`` seconds and writes nothing."""
-    checks = [("storage_uri", uri or cfg.storage.uri)]
+    checks = [("storage.uri", uri or cfg.storage.uri)]
     if cfg.model.name.startswith("s3://"):
-        checks.append(("model", cfg.model.name))
+        checks.append(("model.name", cfg.model.name))
     for name, value in checks:
         problem = storage_problem(value, cfg.storage.s3_endpoint_url, timeout_s)
         if problem:
@@ -321,7 +321,7 @@ def _s3_problem(uri: str, endpoint: str | None, timeout_s: float) -> str | None:
     thread.start()
     thread.join(timeout_s + 1.0)
     if not answer:
-        return (f"no answer from {where} within {timeout_s:.0f} s; check s3_endpoint_url (or AWS_ENDPOINT_URL) "
+        return (f"no answer from {where} within {timeout_s:.0f} s; check storage.s3_endpoint_url (or AWS_ENDPOINT_URL) "
                 "and that the server is up")
     return answer[0]
 
@@ -338,14 +338,14 @@ def _list_one(bucket: str, prefix: str, endpoint: str | None, timeout_s: float, 
         client.list_objects_v2(Bucket=bucket, Prefix=prefix.strip("/"), MaxKeys=1)
     except (bx.NoCredentialsError, bx.PartialCredentialsError):
         return ("no AWS credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), "
-                "or use a local storage_uri")
+                "or use a local storage.uri")
     except (bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError) as e:
-        return f"cannot reach {where} ({type(e).__name__}); check s3_endpoint_url (or AWS_ENDPOINT_URL) and that " \
+        return f"cannot reach {where} ({type(e).__name__}); check storage.s3_endpoint_url (or AWS_ENDPOINT_URL) and that " \
                "the server is up"
     except bx.ClientError as e:
         code = str(e.response.get("Error", {}).get("Code", ""))
         if code in ("NoSuchBucket", "404"):
-            return f"bucket {bucket!r} does not exist at {where}; create it (aws s3 mb s3://{bucket}) or fix storage_uri"
+            return f"bucket {bucket!r} does not exist at {where}; create it (aws s3 mb s3://{bucket}) or fix storage.uri"
         if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "ExpiredToken",
                     "InvalidToken", "AllAccessDisabled"):
             return (f"{where} refused the request ({code}); check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or "

@@ -136,10 +136,10 @@ def held_out_set(cfg: RLCRConfig, train: Sequence[CountdownTask]) -> list[Countd
                     break
         if attempts >= limit:
             raise ValueError(
-                f"could generate only {len(out)} of num_eval_tasks={n} held-out tasks apart from the {len(train)} "
+                f"could generate only {len(out)} of tasks.num_eval={n} held-out tasks apart from the {len(train)} "
                 f"training tasks in {attempts} draws ({overlap} were training tasks, {repeats} repeats): the task space is "
-                "too small for these ranges; widen task_num_range/task_target_range or lower num_train_tasks/"
-                "num_eval_tasks" + (f" (eval_stratify_counts asks for {_count_quota(cfg)} tasks per number count; "
+                "too small for these ranges; widen tasks.num_range/tasks.target_range or lower tasks.num_train/"
+                "tasks.num_eval" + (f" (tasks.eval_stratify_counts asks for {_count_quota(cfg)} tasks per number count; "
                                     "false takes them as drawn)" if quota else ""))
     if overlap or repeats:
         log.info("held-out set (eval_seed %d): skipped %d generated tasks that are training tasks and %d repeats",
@@ -189,7 +189,7 @@ def sft_tasks(cfg: RLCRConfig, n: int, train: Sequence[CountdownTask] | None = N
         raise ValueError(f"the SFT task count must be >= 0, got {n}")
     if n > len(pool):
         raise ValueError(f"the SFT warm-start asks for {n} tasks but the training pool has only {len(pool)} "
-                         "distinct tasks; ask for fewer or raise num_train_tasks")
+                         "distinct tasks; ask for fewer or raise tasks.num_train")
     order = list(range(len(pool)))
     random.Random(sft_task_order_seed(cfg.run.seed)).shuffle(order)
     out: list[CountdownTask] = []

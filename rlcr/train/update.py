@@ -227,7 +227,7 @@ def lr_factor(step: int, *, total: int, warmup: int, schedule: str) -> float:
         return max(0.0, 1.0 - progress)
     if schedule == "cosine":
         return 0.5 * (1.0 + math.cos(math.pi * progress))
-    raise ValueError(f"lr_schedule: unknown schedule {schedule!r}")
+    raise ValueError(f"update.lr_schedule: unknown schedule {schedule!r}")
 
 
 @dataclass
