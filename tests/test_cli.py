@@ -219,7 +219,7 @@ def test_compare_pairs_two_runs_evaluations_on_the_same_tasks(tmp_path):
     drawn = tmp_path / "b-draw1.parquet"
     pq.write_table(with_provenance(pq.read_table(b_file), policy="ckpt/b", method="rlvr", draw=1, eval_samples=8),
                    drawn)
-    assert provenance(pq.read_table(drawn)) == {"policy": "ckpt/b", "method.name": "rlvr", "draw": 1, "eval.samples": 8}
+    assert provenance(pq.read_table(drawn)) == {"policy": "ckpt/b", "method": "rlvr", "draw": 1, "eval_samples": 8}
     assert provenance(pq.read_table(b_file)) == {}
     damaged = pq.read_table(drawn).replace_schema_metadata({b"rlcr.provenance": b"{not json"})
     assert provenance(damaged) == {} and provenance(damaged.replace_schema_metadata({b"rlcr.provenance": b"[1]"})) == {}

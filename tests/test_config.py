@@ -95,7 +95,7 @@ def test_non_finite_floats_are_refused(field, bad):
 
 @pytest.mark.parametrize("betas", ["[0.9, 1.0]", "[-0.1, 0.999]", "[1.5, 0.9]"])
 def test_adam_betas_in_unit_interval(betas):
-    with pytest.raises(ConfigError, match="adam_betas"):
+    with pytest.raises(ConfigError, match="update.adam_betas"):
         RLCRConfig.from_yaml(None, [f"update.adam_betas={betas}"])
     assert RLCRConfig.from_yaml(None, ["update.adam_betas=[0.0, 0.95]"]).update.adam_betas == (0.0, 0.95)
 

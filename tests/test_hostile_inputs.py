@@ -83,7 +83,7 @@ def test_compare_prints_a_files_provenance_bounded_and_without_control_character
 
 def test_config_errors_and_file_names_reach_the_terminal_escaped(tmp_path):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(json.dumps({HOSTILE: 1, "seed": HOSTILE}))  # JSON is YAML; "\u001b" escapes become ESC
+    cfg.write_text(json.dumps({HOSTILE: 1, "run": {"seed": HOSTILE}}))  # JSON is YAML; "\u001b" escapes become ESC
     res, _ = cli("eval", "--config", str(cfg))
     assert res.exit_code == 2 and "config error:" in res.output and "unknown field" in res.output
     assert "[red]x[/bold]" in res.output  # shown as it is, not read as markup
@@ -105,9 +105,9 @@ def laughs(levels: int) -> str:
     ("block.yaml", "model:\n  " + "- " * 5_000 + "x\n", "nested deeper than"),
     ("indented.yaml", "model:\n" + "".join(" " * (i + 1) + "-\n" for i in range(600)), "nested deeper than"),
     ("latin1.yaml", b"model: caf\xe9\n", "not UTF-8"),
-    ("bigint.yaml", "seed: " + "9" * 5000 + "\n", "not valid YAML"),
+    ("bigint.yaml", "run:\n  seed: " + "9" * 5000 + "\n", "not valid YAML"),
     ("huge.yaml", "model: " + "x" * 300_000 + "\n", "bytes a config file may hold"),
-    ("long.yaml", "seed: " + "x" * 200_000 + "\n", "field 'seed'"),  # the value is echoed, bounded
+    ("long.yaml", "run:\n  seed: " + "x" * 200_000 + "\n", "field 'run.seed'"),  # the value is echoed, bounded
 ])
 def test_hostile_config_files_give_one_line_naming_the_file(tmp_path, name, text, needle):
     path = tmp_path / name
@@ -126,7 +126,7 @@ def test_hostile_config_files_give_one_line_naming_the_file(tmp_path, name, text
     ("model.name=" + "[" * 5_000 + "]" * 5_000, "nested deeper than"),
     ("model.name=" + "- " * 5_000 + "x", "nested deeper than"),
     ("model.name=" + "x" * 100_000, "characters allowed"),
-    ("run.seed=" + "x" * 10_000, "field 'seed'"),
+    ("run.seed=" + "x" * 10_000, "field 'run.seed'"),
     ("run.seed=" + "9" * 5000, "not valid YAML"),
 ])
 def test_hostile_overrides_give_one_line_naming_the_override(override, needle):
@@ -210,7 +210,7 @@ def test_task_numbers_and_targets_share_the_scorers_limit(tmp_path):
     one_line_refusal(e.value, str(parquet), "row 1", "'nums' item 0")
     with pytest.raises(ConfigError) as e:  # generated tasks too
         RLCRConfig.from_yaml(None, [f"tasks.num_range=[1, {10**13}]"])
-    one_line_refusal(e.value, "task_num_range")
+    one_line_refusal(e.value, "tasks.num_range")
     from rlcr.tasks import countdown  # one constant: the loader's limit is the scorer's
 
     assert (countdown.MAX_LITERAL_DIGITS, countdown.MAX_TASK_NUMBER) == (MAX_LITERAL_DIGITS, MAX_TASK_NUMBER)

@@ -48,7 +48,7 @@ def test_sigkill_during_update_and_commit_then_resume(ray_local, prefect_harness
         "rollout.temperature": 1.0, "rollout.max_answer_tokens": 16, "rollout.max_confidence_tokens": 8, "engine.max_model_len": 512,
         "engine.kv_cache_gib": 0.25, "update.learning_rate": 1e-4, "orchestration.retries": 0, "eval.every": 2,
     }
-    run = RunStore.open(RLCRConfig(**overrides), "killed")
+    run = RunStore.open(RLCRConfig.from_dict(overrides), "killed")
 
     # killed as iteration 2's update starts (delay 0 blocks the stage until the kill: the update itself now takes
     # well under a second, so a timed kill would land after the commit)

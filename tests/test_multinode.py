@@ -94,7 +94,7 @@ def test_a_run_that_cannot_be_placed_fails_naming_the_resource():
         check_fits(cfg, {"CPU": 8.0})
     msg = str(e.value)
     assert "needs 1 worker_node but the cluster has 0" in msg and "needs 2 worker_node" in msg
-    assert "engine_resources, trainer_resources" in msg and "ray start --resources" in msg
+    assert "placement.engine_resources, placement.trainer_resources" in msg and "ray start --resources" in msg
     with pytest.raises(ResourceError, match="the update phase needs 2 worker_node but the cluster has 1"):
         check_fits(cfg, {"CPU": 8.0, "worker_node": 1.0})  # the engine keeps its unit through the update
     check_fits(cfg, {"CPU": 8.0, "worker_node": 2.0})
@@ -131,7 +131,7 @@ def test_local_storage_is_refused_on_a_multi_node_cluster(tmp_path):
     with pytest.raises(StorageNotShared) as e:
         check_storage(local, _nodes(2))
     msg = str(e.value)
-    assert f"storage_uri {str(tmp_path / 'runs')!r}" in msg and "2 alive nodes" in msg
+    assert f"storage.uri {str(tmp_path / 'runs')!r}" in msg and "2 alive nodes" in msg
     assert "placement.storage_shared=true" in msg and "s3://" in msg and "model" not in msg.split(":")[0]
     assert isinstance(e.value, ConfigError)
     with pytest.raises(StorageNotShared, match="3 alive nodes"):
@@ -139,12 +139,12 @@ def test_local_storage_is_refused_on_a_multi_node_cluster(tmp_path):
     check_storage(local, _nodes(1))  # one node: its disk is the only one
     check_storage(local, _nodes(1, dead=2))  # dead nodes do not count
     check_storage(local.model_copy(update={"placement.storage_shared": True}), _nodes(4))  # declared an NFS mount
-    check_storage(RLCRConfig(**s3), _nodes(4))
+    check_storage(RLCRConfig.from_dict(s3), _nodes(4))
     # a local model (a path, or a name that resolves into the driver's cache) is the same trap
     for model in (str(tmp_path), "smollm2-135m-instruct"):
-        with pytest.raises(StorageNotShared, match=f"model {model!r}"):
+        with pytest.raises(StorageNotShared, match=f"model.name {model!r}"):
             check_storage(RLCRConfig(storage={"uri": "s3://bucket/rlcr"}, model={"name": model}), _nodes(2))
-    with pytest.raises(StorageNotShared, match="storage_uri 'file:///x' and model 'tiny'"):
+    with pytest.raises(StorageNotShared, match="storage.uri 'file:///x' and model.name 'tiny'"):
         check_storage(RLCRConfig(storage={"uri": "file:///x"}, model={"name": "tiny"}), _nodes(2))
 
 
@@ -356,12 +356,12 @@ def _two_node_run(root: Path, s3, tiny_model_dir, *, logs: Path, t0: float) -> N
 
             # refused: a local storage_uri on this two-node cluster
             t = time.perf_counter()
-            rc, out, lines = run_driver(driver_env, {**overrides, "storage_uri": str(root / "local-store")},
+            rc, out, lines = run_driver(driver_env, {**overrides, "storage.uri": str(root / "local-store")},
                                         "refused", 1, timeout_s=300)
             (logs / "driver-refused.log").write_text(out)
             times["refusal"] = time.perf_counter() - t
             assert rc != 0 and "StorageNotShared" in out, out[-6000:]
-            assert f"storage_uri {str(root / 'local-store')!r}: a local path on a Ray cluster of 2 alive nodes" in out
+            assert f"storage.uri {str(root / 'local-store')!r}: a local path on a Ray cluster of 2 alive nodes" in out
             assert "placement.storage_shared=true" in out
             assert "ENGINE_NODES" not in lines  # refused before any engine started
             nodes = lines["NODES"]
@@ -393,7 +393,7 @@ def _two_node_run(root: Path, s3, tiny_model_dir, *, logs: Path, t0: float) -> N
         assert engine_nodes == [worker_id]  # ... the engine pool on the second node
 
     # the committed artifacts, complete on S3
-    run = RunStore.open(RLCRConfig(**overrides), "two-nodes")
+    run = RunStore.open(RLCRConfig.from_dict(overrides), "two-nodes")
     manifests = run.committed()
     assert [m["iteration"] for m in manifests] == [1, 2]
     keys = set(s3.keys(f"{prefix}/store/"))

@@ -248,8 +248,8 @@ def test_probe_settings_come_from_the_config():
     cfg = RLCRConfig(probe={"samples": 7, "truncation": "fractions", "forced_answer_tokens": 12}, rollout={"temperature": 0.9, "top_p": 0.8, "max_answer_tokens": 100, "max_confidence_tokens": 20}, method={"format_score": 0.2}, run={"seed": 11}, eval={"bootstrap_resamples": 300})
     s = ProbeSettings.from_config(cfg)
     assert dataclasses.asdict(s) == {
-        "samples": 7, "truncation": "fractions", "rollout.temperature": 0.9, "rollout.top_p": 0.8, "rollout.max_answer_tokens": 100,
-        "rollout.max_confidence_tokens": 20, "forced_answer_tokens": 12, "method.format_score": 0.2, "run.seed": 11,
+        "samples": 7, "truncation": "fractions", "temperature": 0.9, "top_p": 0.8, "max_answer_tokens": 100,
+        "max_confidence_tokens": 20, "forced_answer_tokens": 12, "format_score": 0.2, "seed": 11,
         "bootstrap_resamples": 300, "fractions": tuple(i / 10 for i in range(11))}
     assert ProbeSettings.from_config(cfg, samples=3).samples == 3  # the flow's `samples` argument
     own_defaults = [f.name for f in dataclasses.fields(ProbeSettings) if f.default is not dataclasses.MISSING]
@@ -264,7 +264,7 @@ def test_probe_settings_come_from_the_config():
 def tiny_cfg(model_dir, storage, **kw):
     from rlcr.config import RLCRConfig
 
-    return RLCRConfig(**kw, model={"name": str(model_dir)}, storage={"uri": str(storage)}, rollout={"temperature": 1.0, "max_answer_tokens": 32, "max_confidence_tokens": 12}, engine={"max_model_len": 512, "kv_cache_gib": 0.25}, run={"seed": 3}, tasks={"num_train": 8, "num_eval": 4}, probe={"samples": 4})
+    return RLCRConfig.from_dict({**kw, "model": {"name": str(model_dir)}, "storage": {"uri": str(storage)}, "rollout": {"temperature": 1.0, "max_answer_tokens": 32, "max_confidence_tokens": 12}, "engine": {"max_model_len": 512, "kv_cache_gib": 0.25}, "run": {"seed": 3}, "tasks": {"num_train": 8, "num_eval": 4}, "probe": {"samples": 4}})
 
 
 @pytest.fixture(scope="module")
@@ -289,7 +289,7 @@ def tiny_reports(engine, tiny_tokenizer, tiny_model_dir, tmp_path_factory):
     sampled = run_probe(tasks, tiny_tokenizer, vllm_sampler(engine, settings), settings)
     given = [f"<think>Try {t.solution}. That gives {t.target}.\nDone.</think>\n<answer>{t.solution}</answer>"
              for t in tasks]
-    frac = ProbeSettings.from_config(tiny_cfg(tiny_model_dir, store.uri, probe_truncation="fractions"))
+    frac = ProbeSettings.from_config(tiny_cfg(tiny_model_dir, store.uri, **{"probe.truncation": "fractions"}))
     traced = run_probe(tasks, tiny_tokenizer, vllm_sampler(engine, frac), frac, responses=given)
     sampled.update(checkpoint_uri=str(tiny_model_dir), iteration=1)
     uris = write_report(store, "tiny", sampled)

@@ -96,11 +96,11 @@ def test_resume_accepts_operational_changes_and_names_result_changing_ones(tmp_p
     run.check_config(cfg)
     run.check_config(cfg.model_copy(update={"orchestration.retries": 7, "rollout.progress": True, "run.iterations": 9}))
     saved = run.store.read_json(run.config_rel)
-    del saved["config"]["lambda_conf"]  # as if written before the field existed: its default reproduces it
+    del saved["config"]["method"]["lambda_conf"]  # as if written before the field existed: its default reproduces it
     saved["config_hash"] = "older-version"
     run.store.write_json(run.config_rel, saved)
     run.check_config(cfg)
-    with pytest.raises(RunConfigMismatch, match="lambda_conf") as err:
+    with pytest.raises(RunConfigMismatch, match="method.lambda_conf") as err:
         run.check_config(cfg.model_copy(update={"method.lambda_conf": 0.5, "orchestration.retries": 1}))
     assert "retries" not in str(err.value)
 

@@ -126,14 +126,14 @@ def test_sft_update_settings_come_from_the_config():
 
     cfg = RLCRConfig(sft={"learning_rate": 3e-4, "epochs": 3, "batch_size": 4, "lr_schedule": "linear", "warmup_steps": 1}, run={"iterations": 5}, loss={"kl_coef": 0.1}, update={"learning_rate": 2e-6, "weight_decay": 0.01})
     u = sft_update_config(cfg, 22, storage_uri="/elsewhere")
-    assert (u.objective, u.learning_rate, u.epochs_per_iteration, u.mini_batches_per_epoch, u.lr_schedule,
-            u.warmup_steps, u.kl_coef, u.iterations, u.storage_uri) == ("sft", 3e-4, 3, 5, "linear", 1, 0.0, 1,
+    assert (u.update.objective, u.update.learning_rate, u.update.epochs_per_iteration, u.update.mini_batches_per_epoch, u.update.lr_schedule,
+            u.update.warmup_steps, u.loss.kl_coef, u.run.iterations, u.storage.uri) == ("sft", 3e-4, 3, 5, "linear", 1, 0.0, 1,
                                                                         "/elsewhere")
-    assert u.weight_decay == 0.01 and sft_update_config(cfg, 3).mini_batches_per_epoch == 1
-    assert sft_update_config(cfg, 3).storage_uri == cfg.storage.uri
+    assert u.update.weight_decay == 0.01 and sft_update_config(cfg, 3).update.mini_batches_per_epoch == 1
+    assert sft_update_config(cfg, 3).storage.uri == cfg.storage.uri
     # the defaults are the values the warm-start always used: 1e-4, 2 epochs, 8 rows a step, cosine, 2 warm-up steps
     d = sft_update_config(RLCRConfig(), 80)
-    assert (d.learning_rate, d.epochs_per_iteration, d.mini_batches_per_epoch, d.lr_schedule, d.warmup_steps) == (
+    assert (d.update.learning_rate, d.update.epochs_per_iteration, d.update.mini_batches_per_epoch, d.update.lr_schedule, d.update.warmup_steps) == (
         1e-4, 2, 10, "cosine", 2)
     assert RLCRConfig().sft.tasks == 600
     demo = load_config(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml")

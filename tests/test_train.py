@@ -77,9 +77,9 @@ def seq_logprob(lm, context, completion):
 
 
 def cfg_for(tmp_path, **kw):
-    base = dict(storage_uri=str(tmp_path / "store"), learning_rate=1e-3, micro_batch_tokens=96, grad_clip=1.0)
+    base = {"storage.uri": str(tmp_path / "store"), "update.learning_rate": 1e-3, "update.micro_batch_tokens": 96, "update.grad_clip": 1.0}
     base.update(kw)
-    return RLCRConfig(**base)
+    return RLCRConfig.from_dict(base)
 
 
 # ----------------------------------------------------------------------------- batching (pure)
@@ -257,7 +257,7 @@ def test_update_raises_positive_and_lowers_negative_answer(tiny_model_dir, tiny_
     good = next(r for r in rows if r["sample_type"] == "answer" and r["advantage"] > 0)
     bad = next(r for r in rows if r["sample_type"] == "answer" and r["advantage"] < 0)
     before = [seq_logprob(lm, r["context_ids"], r["completion_ids"]) for r in (good, bad)]
-    cfg = cfg_for(tmp_path, learning_rate=3e-4)
+    cfg = cfg_for(tmp_path, **{"update.learning_rate": 3e-4})
     m = train_update(CompletionLogProbs(lm), prepare_samples(rows, tiny_tokenizer), cfg,
                      pad_id=tiny_tokenizer.pad_token_id)
     after = [seq_logprob(lm, r["context_ids"], r["completion_ids"]) for r in (good, bad)]
@@ -272,8 +272,7 @@ def test_recompute_prepass_is_exact_and_rollout_logprobs_are_used(tiny_model_dir
     lm = load_lm(tiny_model_dir)
     rows = make_rows(n_prompts=2, g_a=2, g_c=2)
     m = train_update(CompletionLogProbs(lm), prepare_samples(rows, tiny_tokenizer),
-                     cfg_for(tmp_path, mini_batches_per_epoch=2, epochs_per_iteration=2, lr_schedule="cosine",
-                             warmup_steps=1),
+                     cfg_for(tmp_path, **{"update.mini_batches_per_epoch": 2, "update.epochs_per_iteration": 2, "update.lr_schedule": "cosine", "update.warmup_steps": 1}),
                      pad_id=tiny_tokenizer.pad_token_id)
     first = m["history"][0]
     assert first["ratio_mean"] == 1.0 and first["approx_kl"] == 0.0
@@ -288,20 +287,20 @@ def test_recompute_prepass_is_exact_and_rollout_logprobs_are_used(tiny_model_dir
             logits = lm(ids).logits[0, len(r["context_ids"]) - 1:-1]
         r["completion_logprobs"] = (token_logprobs(logits, torch.tensor(r["completion_ids"]))[0] + 0.5).tolist()
     m = train_update(CompletionLogProbs(lm), prepare_samples(rows, tiny_tokenizer),
-                     cfg_for(tmp_path, old_logp_source="rollout", clip_low=0.9, clip_high=9.0),
+                     cfg_for(tmp_path, **{"update.old_logp_source": "rollout", "loss.clip_low": 0.9, "loss.clip_high": 9.0}),
                      pad_id=tiny_tokenizer.pad_token_id)
     assert m["ratio_mean_first"] == pytest.approx(math.exp(-0.5), rel=1e-4)
     rows[0]["completion_logprobs"] = None
     with pytest.raises(ValueError, match="completion_logprobs"):
         train_update(CompletionLogProbs(lm), prepare_samples(rows, tiny_tokenizer),
-                     cfg_for(tmp_path, old_logp_source="rollout"), pad_id=tiny_tokenizer.pad_token_id)
+                     cfg_for(tmp_path, **{"update.old_logp_source": "rollout"}), pad_id=tiny_tokenizer.pad_token_id)
 
 
 def test_kl_to_frozen_reference(tiny_model_dir, tiny_tokenizer, tmp_path):
     """β > 0: the reference is scored once; it equals the policy at step 1 and drifts after."""
     lm, ref = load_lm(tiny_model_dir), load_lm(tiny_model_dir)
     m = train_update(CompletionLogProbs(lm), prepare_samples(make_rows(1, 2, 2), tiny_tokenizer),
-                     cfg_for(tmp_path, kl_coef=0.5, kl_type="k3", mini_batches_per_epoch=2),
+                     cfg_for(tmp_path, **{"loss.kl_coef": 0.5, "loss.kl_type": "k3", "update.mini_batches_per_epoch": 2}),
                      pad_id=tiny_tokenizer.pad_token_id, ref=CompletionLogProbs(ref.requires_grad_(False)))
     assert m["history"][0]["ref_kl"] == 0.0 and m["history"][1]["ref_kl"] > 0.0
     assert all(torch.equal(a, b) for a, b in zip(ref.state_dict().values(), load_lm(tiny_model_dir).state_dict().values()))
