@@ -389,9 +389,9 @@ def test_probe_flow_probes_the_newest_committed_checkpoint(engine, tiny_model_di
 
     cfg = tiny_cfg(tiny_model_dir, tmp_path / "store")
     store = Store(cfg.storage.uri)
-    overrides = {k: v for k, v in cfg.model_dump(mode="json").items()
-                 if k in ("storage_uri", "temperature", "max_answer_tokens", "max_confidence_tokens",
-                          "engine_max_model_len", "engine_kv_cache_gib", "seed", "num_train_tasks", "num_eval_tasks")}
+    overrides = {k: cfg.get(k) for k in ("storage.uri", "rollout.temperature", "rollout.max_answer_tokens",
+                                         "rollout.max_confidence_tokens", "engine.max_model_len", "engine.kv_cache_gib",
+                                         "run.seed", "tasks.num_train", "tasks.num_eval")}
     with pytest.raises(NoCommittedIteration, match="no committed iteration"):
         rlcr_probe(overrides=overrides, run_id="empty")
 

@@ -204,7 +204,7 @@ def test_local_default_backend_needs_no_server(tmp_path, monkeypatch):
 
 
 def test_params_and_metrics_logged_with_steps(mlflow_server, tmp_path):
-    params = {"lr": 1e-5, "method.name": "rlcr", "placement.engine_resources": {"GPU": 1}}
+    params = {"lr": 1e-5, "method": "rlcr", "engine_resources": {"GPU": 1}}
     tracker = open_tracker("mlflow", mlflow_server.url, str(tmp_path), "steps run", params)
     assert tracker.enabled and tracker.run_url == (f"{mlflow_server.url}/#/experiments/{tracker.experiment_id}"
                                                    f"/runs/{tracker.mlflow_run_id}")
