@@ -121,7 +121,7 @@ def main() -> None:
     ap.add_argument("--config", default="configs/tiny.yaml")
     ap.add_argument("--rounds", type=int, default=3, help="counted rounds (after one warm-up round)")
     ap.add_argument("--modes", default="tasks,actors", help="stage modes to compare, the headline's first")
-    ap.add_argument("--store", default=None, help="storage_uri of the run (default: a new temporary directory)")
+    ap.add_argument("--store", default=None, help="storage.uri of the run (default: a new temporary directory)")
     ap.add_argument("overrides", nargs="*", help="config field=value")
     args = ap.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]

@@ -211,7 +211,7 @@ def main() -> None:
     ap.add_argument("--config", default="configs/methods.yaml")
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--chunk", type=int, default=5, help="iterations per flow run and between evaluations")
-    ap.add_argument("--store", default=None, help="storage_uri (default: the config's)")
+    ap.add_argument("--store", default=None, help="storage.uri (default: the config's)")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--prefix", default="methods", help="run ids: <prefix>-sft, <prefix>-<method>")
     ap.add_argument("--variant", default="", help="run ids <prefix>-<method>-VARIANT: the methods with other settings "

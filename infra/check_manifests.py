@@ -278,7 +278,7 @@ def check_entrypoint(r: Report, entrypoint: str, mods) -> tuple[Any, dict] | Non
         r.check(False, "RayJob entrypoint: config + overrides load", str(e))
         return None
     r.check(True, "RayJob entrypoint: config + overrides load (rlcr.config)")
-    r.check(cfg.update.use_gpu, "RayJob entrypoint: the config trains on GPUs (use_gpu)")
+    r.check(cfg.update.use_gpu, "RayJob entrypoint: the config trains on GPUs (update.use_gpu)")
     return cfg, pairs
 
 

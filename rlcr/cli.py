@@ -582,7 +582,7 @@ def compare(
     run_b: str = typer.Argument(..., help="Run B, or a .parquet file, or draws joined by '+'."),
     iteration: Optional[int] = typer.Option(None, help="Iteration of both runs (0: their initial policies); "
                                                        "default: the last one both evaluated."),
-    config: Optional[str] = typer.Option(None, help="YAML config file (for storage_uri)."),
+    config: Optional[str] = typer.Option(None, help="YAML config file (for storage.uri)."),
     overrides: list[str] = typer.Argument(None, help="section.field=value overrides."),
 ):
     """Two runs' held-out evaluations, paired on the same tasks: each side's accuracy, ECE, Brier and AUROC on

@@ -352,5 +352,5 @@ def _list_one(bucket: str, prefix: str, endpoint: str | None, timeout_s: float, 
                     f"AWS_PROFILE) and the permissions on bucket {bucket!r}")
         return f"{where} answered {code or type(e).__name__}: {e}"
     except ValueError as e:  # an endpoint URL botocore cannot use
-        return f"cannot use the endpoint {endpoint!r} ({e}); fix s3_endpoint_url"
+        return f"cannot use the endpoint {endpoint!r} ({e}); fix storage.s3_endpoint_url"
     return None

@@ -414,7 +414,7 @@ def open_tracker(kind: str, tracking_uri: str | None, storage_uri: str, run_id: 
     log = logger or _log
     backend = resolve_backend(tracking_uri, storage_uri)
     if backend is None:
-        log.warning("MLflow tracking is off for run %s: storage %s is not local and no tracking_uri (or "
+        log.warning("MLflow tracking is off for run %s: storage %s is not local and no tracking.uri (or "
                     "MLFLOW_TRACKING_URI) names a tracking server", run_id, storage_uri)
         return Tracker()
     if "'" in run_id or "\\" in run_id:

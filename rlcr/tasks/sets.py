@@ -142,7 +142,7 @@ def held_out_set(cfg: RLCRConfig, train: Sequence[CountdownTask]) -> list[Countd
                 "tasks.num_eval" + (f" (tasks.eval_stratify_counts asks for {_count_quota(cfg)} tasks per number count; "
                                     "false takes them as drawn)" if quota else ""))
     if overlap or repeats:
-        log.info("held-out set (eval_seed %d): skipped %d generated tasks that are training tasks and %d repeats",
+        log.info("held-out set (tasks.eval_seed %d): skipped %d generated tasks that are training tasks and %d repeats",
                  cfg.tasks.eval_seed, overlap, repeats)
     return out
 
