@@ -60,7 +60,7 @@ def resolve_config(config: str | None, overrides: dict | list | None, iterations
     if extra or iterations is not None:
         data = {**cfg.model_dump(), **extra}
         if iterations is not None:
-            data["iterations"] = iterations
+            data["run.iterations"] = iterations
         cfg = RLCRConfig.from_dict(data, source=config or "config")
     return cfg
 
