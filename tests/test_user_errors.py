@@ -133,5 +133,5 @@ def test_an_unknown_bucket_is_named_before_ray_or_prefect_start(s3_server, tmp_p
     """The one check that needs a server: a moto S3 endpoint that answers, without the bucket."""
     rc, lines, imported, took = run_cli(["train", "storage.uri=s3://no-such-bucket/runs",
                                          f"storage.s3_endpoint_url={s3_server.endpoint}"], tmp_path)
-    assert_one_line(rc, lines, imported, took, "storage_uri s3://no-such-bucket/runs",
+    assert_one_line(rc, lines, imported, took, "storage.uri s3://no-such-bucket/runs",
                     "bucket 'no-such-bucket' does not exist", s3_server.endpoint)

@@ -102,8 +102,8 @@ def build_rollout_dataset(
     items = [{"prompt_id": pid, "nums": list(t.nums), "target": int(t.target)} for pid, t in tasks]
     ds = ray.data.from_items(items, override_num_blocks=max(1, math.ceil(len(items) / cfg.rollout.batch_size)))
     ds = ds.map_batches(**answer, batch_size=cfg.rollout.batch_size)
-    ds = ds.map_batches(score_answers, fn_kwargs={"method.format_score": cfg.method.format_score, "method.name": cfg.method.name,
-                                                  "method.lambda_conf": cfg.method.lambda_conf}, **cheap)
+    ds = ds.map_batches(score_answers, fn_kwargs={"format_score": cfg.method.format_score, "method": cfg.method.name,
+                                                  "lambda_conf": cfg.method.lambda_conf}, **cheap)
     if not confidences:
         return ds
     ds = ds.map_batches(expand_to_turn2, **cheap)
