@@ -2,7 +2,7 @@
 
 For each built-in candidate setting (RLCRConfig overrides on top of --config, default configs/methods.yaml):
 train the SFT warm-start with ``rlcr.sft.warm_start`` (a sealed one in the store is reused, so the script
-is resumable), then evaluate it on 256 held-out tasks (``eval_samples`` answers each, each with one
+is resumable), then evaluate it on 256 held-out tasks (``eval.samples`` answers each, each with one
 confidence) and record accuracy with its bootstrap 95% CI over tasks, accuracy and AUROC per number count,
 format rate, calibration, SFT and eval wall time and mean answer length. Results are appended as JSON lines
 to ``<store>/difficulty.jsonl``; settings already there are skipped.
@@ -40,20 +40,20 @@ CANDIDATES: dict[str, dict] = {
     # the methods benchmark's setting: 2 or 3 numbers up to 20, targets up to 60, held-out in equal shares
     "mix23": {},
     # the same with the demo's smaller warm-start
-    "mix23-sft60": {"sft_tasks": 60},
+    "mix23-sft60": {"sft.tasks": 60},
     # the same warm-start, held-out tasks taken as drawn (the training pool holds much of the 2-number space, so
     # fewer 2-number tasks are left: a harder set than the training distribution)
-    "mix23-asdrawn": {"sft_from": "mix23", "eval_stratify_counts": False},
+    "mix23-asdrawn": {"sft_from": "mix23", "tasks.eval_stratify_counts": False},
     # one number count at a time, same ranges (the mix's two ends; lower_bound: never the recommendation)
-    "two": {"sft_from": "mix23", "lower_bound": True, "task_min_count": 2, "task_max_count": 2,
-            "num_train_tasks": 50},
-    "three": {"sft_from": "mix23", "task_min_count": 3, "task_max_count": 3},
+    "two": {"sft_from": "mix23", "lower_bound": True, "tasks.min_count": 2, "tasks.max_count": 2,
+            "tasks.num_train": 50},
+    "three": {"sft_from": "mix23", "tasks.min_count": 3, "tasks.max_count": 3},
     # 3 numbers with smaller ranges: the demo's setting before the mix (numbers up to 12, targets up to 40) and
     # smaller still (numbers up to 10, targets up to 20: many solutions per target)
-    "three12": {"sft_from": "mix23", "task_min_count": 3, "task_max_count": 3, "task_num_range": [1, 12],
-                "task_target_range": [1, 40]},
-    "three10-t20": {"sft_from": "mix23", "task_min_count": 3, "task_max_count": 3, "task_num_range": [1, 10],
-                    "task_target_range": [1, 20]},
+    "three12": {"sft_from": "mix23", "tasks.min_count": 3, "tasks.max_count": 3, "tasks.num_range": [1, 12],
+                "tasks.target_range": [1, 40]},
+    "three10-t20": {"sft_from": "mix23", "tasks.min_count": 3, "tasks.max_count": 3, "tasks.num_range": [1, 10],
+                    "tasks.target_range": [1, 20]},
 }
 
 
@@ -75,7 +75,7 @@ def run_setting(name: str, spec: dict, config: str, store: str, sft_uri: str | N
     from rlcr.sft import warm_start
     from rlcr.tasks.sets import held_out_set, sft_tasks, task_sets, training_pool
 
-    base = {"storage_uri": store, "num_eval_tasks": N_EVAL}
+    base = {"storage.uri": store, "tasks.num_eval": N_EVAL}
     cfg = load_config(config, {**base, **_overrides(spec)})
     ensure_ray()
 
@@ -90,7 +90,7 @@ def run_setting(name: str, spec: dict, config: str, store: str, sft_uri: str | N
     train, _ = task_sets(cfg)
     held_out = held_out_set(cfg, list(train) + (training_pool(sft_cfg) if sft_cfg is not cfg else []))
     # held-out tasks the warm-start trained on: 0 by construction
-    seen = {t.identity for t in sft_tasks(sft_cfg, sft_cfg.sft_tasks)}
+    seen = {t.identity for t in sft_tasks(sft_cfg, sft_cfg.sft.tasks)}
     sft_overlap = sum(t.identity in seen for t in held_out)
     t0 = time.perf_counter()
     if sft_uri:
@@ -112,10 +112,10 @@ def run_setting(name: str, spec: dict, config: str, store: str, sft_uri: str | N
         "name": name,
         "overrides": {k: v for k, v in spec.items()},
         "sft_uri": sft_uri, "sft_of_uri": sft_of_uri,
-        "held_out_tasks": {"count_range": [cfg.task_min_count, cfg.task_max_count],
-                           "num_range": list(cfg.task_num_range), "target_range": list(cfg.task_target_range)},
+        "held_out_tasks": {"count_range": [cfg.tasks.min_count, cfg.tasks.max_count],
+                           "num_range": list(cfg.tasks.num_range), "target_range": list(cfg.tasks.target_range)},
         "sft_from": sft_name if sft_name != name else None,
-        "sft_tasks": sft_cfg.sft_tasks, "sft_epochs": sft_cfg.sft_epochs,
+        "sft_tasks": sft_cfg.sft.tasks, "sft_epochs": sft_cfg.sft.epochs,
         "n": len(answers), "held_out_in_sft": sft_overlap,
         "accuracy": metrics["accuracy"], "ci95": [lo, hi], "n_tasks": metrics["n_tasks"],
         "format_rate": metrics.get("format_rate"),

@@ -121,7 +121,7 @@ def main() -> None:
     ap.add_argument("--config", default="configs/tiny.yaml")
     ap.add_argument("--rounds", type=int, default=3, help="counted rounds (after one warm-up round)")
     ap.add_argument("--modes", default="tasks,actors", help="stage modes to compare, the headline's first")
-    ap.add_argument("--store", default=None, help="storage_uri of the run (default: a new temporary directory)")
+    ap.add_argument("--store", default=None, help="storage.uri of the run (default: a new temporary directory)")
     ap.add_argument("overrides", nargs="*", help="config field=value")
     args = ap.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -133,12 +133,12 @@ def main() -> None:
 
     plan = schedule(modes, args.rounds)
     store = args.store or tempfile.mkdtemp(prefix="rlcr-bench-iteration-")
-    overrides = [f"storage_uri={store}", "eval_every=0", "save_every=1", *args.overrides]
+    overrides = [f"storage.uri={store}", "eval.every=0", "orchestration.save_every=1", *args.overrides]
     cfg = load_config(args.config, overrides)
     run_id = "bench-iteration"
     follower = Follower(RunStore.open(cfg, run_id), plan)
-    say(f"config {args.config} (+ {' '.join(overrides)}); P={cfg.prompts_per_iteration} "
-        f"G_a={cfg.num_generations_answer} G_c={cfg.num_generations_confidence}; modes {modes}; {len(plan)} iterations")
+    say(f"config {args.config} (+ {' '.join(overrides)}); P={cfg.rollout.prompts_per_iteration} "
+        f"G_a={cfg.rollout.num_generations_answer} G_c={cfg.rollout.num_generations_confidence}; modes {modes}; {len(plan)} iterations")
     say("round iter   mode " + " ".join(f"{c:>11}" for c in COLUMNS) + " fraction   (seconds)")
     with events.subscribed(follower):
         rlcr_train(config=args.config, overrides=overrides, run_id=run_id, iterations=len(plan))

@@ -45,10 +45,10 @@ def main() -> None:
     from rlcr.runs import RunStore
     from rlcr.sft import warm_start
 
-    cfg = load_config(a.config, [*a.overrides, f"sft_tasks={a.sft_tasks}"])
+    cfg = load_config(a.config, [*a.overrides, f"sft.tasks={a.sft_tasks}"])
     t0 = time.perf_counter()
     sft_uri = a.sft or warm_start(cfg, run_id=f"{a.run_id}-sft")[0]
-    overrides = [*a.overrides, f"model={sft_uri}", "eval_every=1"]
+    overrides = [*a.overrides, f"model.name={sft_uri}", "eval.every=1"]
     rlcr_train(config=a.config, overrides=overrides, run_id=a.run_id, iterations=a.iterations)
     elapsed = time.perf_counter() - t0
 

@@ -12,7 +12,7 @@
    ``rlcr_single`` from the warm-start on the first iterations' prompts; the chosen G_a are kept in ``<store>/methods-plan.json`` so a
    resumed benchmark keeps them. Generated and trained tokens per iteration are measured and reported.
 3. The three runs advance in turns, ``--chunk`` iterations at a time (each chunk one `rlcr/train` flow run
-   that resumes the method's run), evaluating on the held-out set (``num_eval_tasks`` × ``eval_samples``,
+   that resumes the method's run), evaluating on the held-out set (``tasks.num_eval`` × ``eval.samples``,
    disjoint from the training pool and the warm-start) at every chunk end, so a stopped benchmark still has
    comparable curves. Re-running continues where it stopped.
 
@@ -65,14 +65,14 @@ def calibrate_group_sizes(cfg, sft_uri: str) -> dict:
     lengths: dict[str, float] = {}
     with EnginePool(cfg, sft_uri) as engines:
         for method in ("rlcr", "rlcr_single"):
-            mcfg = cfg.model_copy(update={"method": method})
+            mcfg = cfg.model_copy(update={"method.name": method})
             rows, _ = generate_rollouts(mcfg, prompts, policy_uri=sft_uri, run_id="calibration", iteration=1,
                                         engines=engines)
             for kind in ("answer", "confidence"):
                 sel = [len(r["completion_ids"]) for r in rows if r["sample_type"] == kind]
                 if sel:
                     lengths[f"{method}/{kind}"] = statistics.fmean(sel)
-    g_a, g_c = cfg.num_generations_answer, cfg.num_generations_confidence
+    g_a, g_c = cfg.rollout.num_generations_answer, cfg.rollout.num_generations_confidence
     per_prompt = g_a * lengths["rlcr/answer"] + g_a * g_c * lengths["rlcr/confidence"]
     plan = {
         "rlcr": g_a,
@@ -152,8 +152,8 @@ def paired_lines(methods, method_cfg, run_id, iteration) -> list[str]:
         if rows["rlcr"] is None or rows[other] is None:
             continue
         cfg = method_cfg(other)
-        cmp = compare_evaluations(rows["rlcr"], rows[other], n_resamples=cfg.eval_bootstrap_resamples,
-                                  seed=cfg.eval_seed)
+        cmp = compare_evaluations(rows["rlcr"], rows[other], n_resamples=cfg.eval.bootstrap_resamples,
+                                  seed=cfg.tasks.eval_seed)
         if not out:
             out = [f"Paired on the same held-out tasks at iteration {iteration} [paired 95% bootstrap CI over tasks]:",
                    "", "| difference | tasks | accuracy | ECE | Brier | AUROC |", "|---|---|---|---|---|---|"]
@@ -212,7 +212,7 @@ def main() -> None:
     ap.add_argument("--config", default="configs/methods.yaml")
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--chunk", type=int, default=5, help="iterations per flow run and between evaluations")
-    ap.add_argument("--store", default=None, help="storage_uri (default: the config's)")
+    ap.add_argument("--store", default=None, help="storage.uri (default: the config's)")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--prefix", default="methods", help="run ids: <prefix>-sft, <prefix>-<method>")
     ap.add_argument("--variant", default="", help="run ids <prefix>-<method>-VARIANT: the methods with other settings "
@@ -241,14 +241,14 @@ def main() -> None:
     shared, per_method = split_overrides(ap, a.overrides)
     if a.variant and not all(c.isalnum() or c in "_." for c in a.variant):
         ap.error(f"--variant {a.variant!r}: letters, digits, '_' and '.' only (it names runs and files)")
-    overrides = shared + ([f"storage_uri={a.store}"] if a.store else [])
+    overrides = shared + ([f"storage.uri={a.store}"] if a.store else [])
     out_name = f"{a.prefix}-{a.variant}" if a.variant else a.prefix
 
     def run_id(method: str) -> str:
         return f"{a.prefix}-{method}" + (f"-{a.variant}" if a.variant else "")
 
-    cfg = load_config(a.config, [*overrides, "sft_single_turn=true", f"eval_every={a.chunk}"])
-    store = Path(cfg.storage_uri) if "://" not in cfg.storage_uri else Path(".")
+    cfg = load_config(a.config, [*overrides, "sft.single_turn=true", f"eval.every={a.chunk}"])
+    store = Path(cfg.storage.uri) if "://" not in cfg.storage.uri else Path(".")
     store.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
 
@@ -258,7 +258,7 @@ def main() -> None:
 
         sft_run = RunStore.open(cfg, f"{a.prefix}-sft")
         if not sft_run.store.is_complete(sft_run.checkpoint_rel(0)) or not plan_path.exists():
-            ap.error(f"--table-only: no sealed warm-start '{a.prefix}-sft' or no {plan_path} in {cfg.storage_uri}; "
+            ap.error(f"--table-only: no sealed warm-start '{a.prefix}-sft' or no {plan_path} in {cfg.storage.uri}; "
                      "run the benchmark first")
     sft_uri, reused = warm_start(cfg, run_id=f"{a.prefix}-sft")
     print(f"warm-start: {sft_uri} ({'reused' if reused else 'trained'}, {time.perf_counter() - t_start:.0f} s)",
@@ -267,14 +267,14 @@ def main() -> None:
     if plan_path.exists():
         plan = json.loads(plan_path.read_text())
     else:
-        plan = calibrate_group_sizes(cfg.model_copy(update={"model": sft_uri}), sft_uri)
+        plan = calibrate_group_sizes(cfg.model_copy(update={"model.name": sft_uri}), sft_uri)
         plan_path.write_text(json.dumps(plan, indent=1))
     print(f"group sizes (equal generated tokens per prompt): {plan['num_generations_answer']}; "
           f"mean lengths {', '.join(f'{k} {v:.1f}' for k, v in plan['mean_lengths'].items())}", flush=True)
 
     def method_overrides(method: str) -> list[str]:
-        return [*overrides, f"model={sft_uri}", f"method={method}", f"eval_every={a.chunk}",
-                f"num_generations_answer={plan['num_generations_answer'][method]}", f"save_every={a.chunk}",
+        return [*overrides, f"model.name={sft_uri}", f"method.name={method}", f"eval.every={a.chunk}",
+                f"rollout.num_generations_answer={plan['num_generations_answer'][method]}", f"orchestration.save_every={a.chunk}",
                 *per_method.get(method, [])]
 
     def method_cfg(method: str):
@@ -334,7 +334,7 @@ def main() -> None:
     if paired:
         table += "\n\n" + "\n".join(paired)
     note = (f"Held-out: {n_tasks} tasks × {(n_answers or 0) // max(n_tasks or 1, 1)} answers; [95% bootstrap CI, "
-            f"{cfg.eval_bootstrap_resamples} resamples of tasks]. Iteration 0 = the shared warm-start, evaluated "
+            f"{cfg.eval.bootstrap_resamples} resamples of tasks]. Iteration 0 = the shared warm-start, evaluated "
             f"with each method's own confidence query."
             + (f" Variant '{a.variant}' of {a.config}: {' '.join(a.overrides)}." if a.variant else ""))
     print(table)

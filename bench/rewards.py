@@ -33,7 +33,7 @@ from rlcr.tasks.countdown import compute_score, generate_tasks  # noqa: E402
 from rlcr.tasks.math_data import DATA_DIR, GSM8K_FILE, MATH_FILE  # noqa: E402
 from rlcr.tasks.registry import get_task  # noqa: E402
 
-FORMAT_SCORE = RLCRConfig().format_score  # the config's default (0.1)
+FORMAT_SCORE = RLCRConfig().method.format_score  # the config's default (0.1)
 N_TASKS = 500
 REPEATS = 20
 

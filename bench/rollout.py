@@ -70,18 +70,14 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
     model = str(prepare_smollm2() if args.model == "smollm2" else build_tiny_model(work / "tiny"))
-    cfg = RLCRConfig(
-        model=model, storage_uri=str(work / "store"), num_generations_answer=args.ga, num_generations_confidence=args.gc,
-        max_answer_tokens=args.answer_tokens, max_confidence_tokens=args.confidence_tokens,
-        rollout_batch_size=args.prompts, engine_max_model_len=1024, engine_kv_cache_gib=1.0,
-    )
+    cfg = RLCRConfig(model={"name": model}, storage={"uri": str(work / "store")}, rollout={"num_generations_answer": args.ga, "num_generations_confidence": args.gc, "max_answer_tokens": args.answer_tokens, "max_confidence_tokens": args.confidence_tokens, "batch_size": args.prompts}, engine={"max_model_len": 1024, "kv_cache_gib": 1.0})
     tasks = list(enumerate(generate_tasks(args.prompts, seed=5)))
-    kw = dict(temperature=cfg.temperature, top_p=cfg.top_p)
+    kw = dict(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
 
     # ------------------------------------------------ direct: one in-process engine, no Ray involved
     t0 = time.perf_counter()
     tok = AutoTokenizer.from_pretrained(model)
-    llm = create_engine(model, cfg, seed=cfg.seed)
+    llm = create_engine(model, cfg, seed=cfg.run.seed)
     direct_init = time.perf_counter() - t0
 
     def render(msgs):
@@ -103,7 +99,7 @@ def main() -> None:
     def generate_on_actor(engine, seed):
         """Both turns on the pipeline's engine actor, called directly: same requests, seeds and work
         (render, sample, loss masks) as the stages, without Ray Data."""
-        common = dict(policy_uri=model, temperature=cfg.temperature, top_p=cfg.top_p)
+        common = dict(policy_uri=model, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
         t0 = time.perf_counter()
         _, answers = ray.get(engine.generate_chats.remote(
             [turn1_messages(t) for _, t in tasks], labels=[str(i) for i, _ in tasks], mask_kind="answer",
@@ -123,7 +119,7 @@ def main() -> None:
 
     # The sides take turns within each round, so drift of the machine's speed over the run hits all alike.
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    store = Store(cfg.storage_uri)
+    store = Store(cfg.storage.uri)
     sides = {"direct": [], "actor": [], "pipeline": [], "pipeline+bars": []}
     pool_init = 0.0
     pool = None
@@ -133,7 +129,7 @@ def main() -> None:
         t0 = time.perf_counter()
         pool = EnginePool(cfg, model)
         pool_init = time.perf_counter() - t0
-    with_bars = cfg.model_copy(update={"rollout_progress": True})
+    with_bars = cfg.model_copy(update={"rollout.progress": True})
     try:
         for r in range(args.rounds):
             seed = rollout_seed(cfg, r)
@@ -150,7 +146,7 @@ def main() -> None:
     del llm
     gc.collect()
 
-    print(f"model={args.model} engines={args.engines} P={args.prompts} G_a={args.ga} G_c={args.gc} "
+    print(f"model.name={args.model} engines={args.engines} P={args.prompts} G_a={args.ga} G_c={args.gc} "
           f"rows/round={len(sides['pipeline'][0][3].rows)} rounds={args.rounds} cpus={os.cpu_count()}")
     print(f"direct engine init {direct_init:.1f}s, engine pool start+load {pool_init:.1f}s")
     names = [n for n in sides if sides[n]]

@@ -126,7 +126,7 @@ def run_plain(lm, samples, cfg, pad_id, opt) -> None:
     logits = lm(mb.input_ids).logits
     loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), mb.input_ids[:, 1:].reshape(-1))
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(lm.parameters(), cfg.grad_clip)
+    torch.nn.utils.clip_grad_norm_(lm.parameters(), cfg.update.grad_clip)
     opt.step()
     opt.zero_grad(set_to_none=True)
 
@@ -160,9 +160,9 @@ def main() -> None:
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     samples = make_samples(args.prompts, args.ga, args.gc, prompt_len=args.prompt_len, answer_len=args.answer_len,
                            query_len=args.query_len, confidence_len=args.confidence_len, vocab=len(tok), seed=args.seed)
-    extra = {} if args.micro_batch_tokens is None else {"micro_batch_tokens": args.micro_batch_tokens}
-    cfg = RLCRConfig(learning_rate=1e-7, **extra)
-    budget = cfg.micro_batch_tokens
+    extra = {} if args.micro_batch_tokens is None else {"update.micro_batch_tokens": args.micro_batch_tokens}
+    cfg = RLCRConfig.from_dict({**extra, "update": {"learning_rate": 1e-7}})
+    budget = cfg.update.micro_batch_tokens
     params = sum(p.numel() for p in lm.parameters())
     trees = pack_prefix_trees(samples, budget)
     tree_tokens = sum(collate_prefix_tree(t, pad_id).padded_tokens for t in trees)
@@ -176,10 +176,10 @@ def main() -> None:
 
     new_policy, old_policy = CompletionLogProbs(lm), DenseTreeMask(lm)
     opts = {"new": make_optimizer(lm, cfg),
-            "old": torch.optim.AdamW(lm.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
-                                     betas=tuple(cfg.adam_betas)),
-            "plain": torch.optim.AdamW(lm.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
-                                       betas=tuple(cfg.adam_betas))}
+            "old": torch.optim.AdamW(lm.parameters(), lr=cfg.update.learning_rate, weight_decay=cfg.update.weight_decay,
+                                     betas=tuple(cfg.update.adam_betas)),
+            "plain": torch.optim.AdamW(lm.parameters(), lr=cfg.update.learning_rate, weight_decay=cfg.update.weight_decay,
+                                       betas=tuple(cfg.update.adam_betas))}
 
     def step_new():
         m = train_update(new_policy, samples, cfg, pad_id=pad_id, optimizer=opts["new"])

@@ -54,7 +54,7 @@ def main() -> None:
 
     model = resolve_model(args.model)
     work = Path(tempfile.mkdtemp(prefix="bench-weight-sync-"))
-    cfg = RLCRConfig(model=model, storage_uri=str(work / "store"), engine_max_model_len=1024, engine_kv_cache_gib=1.0)
+    cfg = RLCRConfig(model={"name": model}, storage={"uri": str(work / "store")}, engine={"max_model_len": 1024, "kv_cache_gib": 1.0})
     lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model)
     base = {k: v.clone() for k, v in lm.state_dict().items()}  # what the trainer holds (lm_head.weight tied)
@@ -64,7 +64,7 @@ def main() -> None:
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     t0 = time.perf_counter()
     pool = EnginePool(cfg, model)
-    print(f"model={args.model} params={n_bytes / 4e6:.0f}M ({n_bytes / 2**20:.0f} MiB fp32) cpus={os.cpu_count()} "
+    print(f"model.name={args.model} params={n_bytes / 4e6:.0f}M ({n_bytes / 2**20:.0f} MiB fp32) cpus={os.cpu_count()} "
           f"engine pool start {time.perf_counter() - t0:.1f}s", flush=True)
 
     def samples(version):

@@ -5,7 +5,7 @@
 The report goes to ``<storage>/runs/<run_id>/probes/<timestamp>/`` and a Prefect
 markdown artifact links it. The probe's vLLM engine runs in the flow's own
 process (one engine): the process that executes the flow run needs the
-accelerator. The ``nightly`` deployment runs on ``cfg.probe_cron`` (UTC,
+accelerator. The ``nightly`` deployment runs on ``cfg.probe.cron`` (UTC,
 default 03:00), or the cron given to :func:`probe_deployment`.
 
 Run it once without a server:
@@ -45,7 +45,7 @@ def track_report(cfg, run_id: str, uris: dict[str, str], log) -> None:
     import tempfile
     from pathlib import Path
 
-    store = Store(cfg.storage_uri, endpoint_url=cfg.s3_endpoint_url)
+    store = Store(cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url)
     with tracker_from_config(cfg, run_id, params={}, logger=log) as tracker, \
             tempfile.TemporaryDirectory(prefix="rlcr-probe-") as d:
         if not tracker.enabled:
@@ -76,7 +76,7 @@ def probe_task(cfg, checkpoint_uri: str, tasks, samples: int | None) -> dict[str
 @task(name="write-report", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
 def write_report_task(cfg, run_id: str, report: dict[str, Any]) -> dict[str, str]:
     """report.html, then report.json (its presence marks the report complete)."""
-    return write_report(Store(cfg.storage_uri, endpoint_url=cfg.s3_endpoint_url), run_id, report)
+    return write_report(Store(cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url), run_id, report)
 
 
 @flow(name="rlcr-probe", log_prints=True)
@@ -91,13 +91,13 @@ def rlcr_probe(
 
     ``run_id``: default the config's ``run_id``, else the run in storage committed most
     recently. ``num_tasks``: default all held-out tasks. ``samples``: N forced
-    answers per truncation point (default ``cfg.probe_samples``).
+    answers per truncation point (default ``cfg.probe.samples``).
     """
     log = get_run_logger()
     cfg = resolve_config(config, overrides, None)
-    run_id = run_id or cfg.run_id or newest_run(Store(cfg.storage_uri, endpoint_url=cfg.s3_endpoint_url))
+    run_id = run_id or cfg.run.id or newest_run(Store(cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url))
     if not run_id:
-        raise NoCommittedIteration(f"no run with a committed iteration under {cfg.storage_uri}: nothing to probe")
+        raise NoCommittedIteration(f"no run with a committed iteration under {cfg.storage.uri}: nothing to probe")
     iteration, checkpoint = newest_checkpoint(cfg, run_id)
     _, held_out = task_sets(cfg)
     tasks = held_out[:num_tasks] if num_tasks else held_out
@@ -120,7 +120,7 @@ def rlcr_probe(
 
 
 def probe_deployment(config: str | None = None, cron: str | None = None, run_id: str | None = None):
-    """The ``nightly`` deployment: cron (UTC) from the argument, else the config's ``probe_cron``."""
+    """The ``nightly`` deployment: cron (UTC) from the argument, else the config's ``probe.cron``."""
     cfg = resolve_config(config, None, None)
     params: dict[str, Any] = {}
     if config:
@@ -129,7 +129,7 @@ def probe_deployment(config: str | None = None, cron: str | None = None, run_id:
         params["run_id"] = run_id
     return rlcr_probe.to_deployment(
         name="nightly",
-        schedule=Cron(cron or cfg.probe_cron, timezone="UTC"),
+        schedule=Cron(cron or cfg.probe.cron, timezone="UTC"),
         parameters=params,
         description="Nightly faithfulness probe + calibration report of a run's newest committed checkpoint",
     )

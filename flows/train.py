@@ -59,14 +59,14 @@ def resolve_config(config: str | None, overrides: dict | list | None, iterations
     if extra or iterations is not None:
         data = {**cfg.model_dump(), **extra}
         if iterations is not None:
-            data["iterations"] = iterations
+            data["run.iterations"] = iterations
         cfg = RLCRConfig.from_dict(data, source=config or "config")
     return cfg
 
 
 def resolve_run_id(cfg: RLCRConfig, run_id: str | None) -> str:
     """The run id to use (argument, config, or a fresh one), validated; ConfigError if invalid."""
-    run_id = run_id or cfg.run_id or new_run_id()
+    run_id = run_id or cfg.run.id or new_run_id()
     try:
         return validate_run_id(run_id)
     except ValueError as e:
@@ -87,7 +87,7 @@ def artifact_key(run_id: str, iteration: int) -> str:
 
 
 def _opts(cfg: RLCRConfig) -> dict:
-    return dict(retries=cfg.retries, retry_delay_seconds=exponential_backoff(backoff_factor=cfg.retry_delay_s),
+    return dict(retries=cfg.orchestration.retries, retry_delay_seconds=exponential_backoff(backoff_factor=cfg.orchestration.retry_delay_s),
                 cache_policy=NO_CACHE, retry_condition_fn=_retry_unless_final)
 
 
@@ -133,7 +133,7 @@ def update_task(trainer, rows, iteration):
 
 @task(name="sync_weights")
 def sync_weights_task(engines, weights, version, iteration):
-    """Copy the new weights into the running engines from Ray's object store (``engine_weight_sync``)."""
+    """Copy the new weights into the running engines from Ray's object store (``engine.weight_sync``)."""
     events.started("sync_weights", iteration)
     return engines.update_weights(weights, version)
 
@@ -226,41 +226,41 @@ def rlcr_train(
         run.sweep_temporaries()
         run.finish_group(lease=lease)
         train_tasks, held_out = task_sets(cfg)
-        initial = resolve_model(cfg.model)
+        initial = resolve_model(cfg.model.name)
         done = run.committed()
         tracker = stack.enter_context(tracker_from_config(cfg, run_id, logger=log))
         track_committed(tracker, run, [m["iteration"] for m in done], log)
         summary: dict[str, Any] = {"run_id": run_id, "storage": run.store.url(run.prefix), "iterations": []}
-        if len(done) >= cfg.iterations:
+        if len(done) >= cfg.run.iterations:
             log.info("run %s already has %d committed iterations", run_id, len(done))
             summary["iterations"] = [m["iteration"] for m in done]
             return summary
         saved = run.verified_state(done[-1]) if done else initial
-        log.info("run %s: iterations %d..%d from %s", run_id, len(done) + 1, cfg.iterations, saved)
+        log.info("run %s: iterations %d..%d from %s", run_id, len(done) + 1, cfg.run.iterations, saved)
 
         ensure_ray()
         check_storage(cfg)
         check_cluster_fits(cfg)
         opts = _opts(cfg)
         with EnginePool(cfg, saved) as engines, PolicyTrainer(cfg, policy_uri=saved, restore=bool(done)) as trainer:
-            if not done and cfg.eval_every and not run.store.exists(run.baseline_rel):
+            if not done and cfg.eval.every and not run.store.exists(run.baseline_rel):
                 baseline = evaluate_task.with_options(**opts)(cfg, run, held_out, saved, 0, engines, initial, lease)
                 run.write_baseline({"policy_uri": saved, "eval": baseline}, lease=lease)
                 track_committed(tracker, run, [0], log)
             policy, staged, rewinds = saved, [], 0  # staged: the iterations applied in memory since `saved`
             k = len(done) + 1
-            while k <= cfg.iterations:
+            while k <= cfg.run.iterations:
                 try:
                     metrics, manifest, saved_uri = _iteration(cfg, run, k, trainer, engines, (saved, policy), initial,
                                                               train_tasks, held_out, opts, lease, staged)
                 except StateLost as e:  # the workers died with unsaved updates: rewind to the last saved state
                     rewinds += 1
-                    if rewinds > cfg.retries:
+                    if rewinds > cfg.orchestration.retries:
                         raise
                     done = run.committed()
                     saved = policy = run.verified_state(done[-1]) if done else initial
                     log.warning("%s; rewinding to %s and re-running iterations %d..%d (rewind %d of %d)",
-                                e, policy, len(done) + 1, k, rewinds, cfg.retries)
+                                e, policy, len(done) + 1, k, rewinds, cfg.orchestration.retries)
                     trainer.restart_from(policy, restore=bool(done))
                     engines.load(policy)
                     staged, k = [], len(done) + 1
@@ -301,7 +301,7 @@ def _iteration(cfg, run, k, trainer, engines, policies, initial, train_tasks, he
         rollout = advantages_task.with_options(**opts)(cfg, rows, run, k, lease)
         fig.update({"answer reward": rollout.stats.get("answer/reward_mean"),
                     "confidence reward": rollout.stats.get("confidence/reward_mean")})
-    if cfg.engine_release_during_update:
+    if cfg.engine.release_during_update:
         engines.release()  # their memory goes to the update; the weight sync starts them again
     with events.timed("update", k, t) as fig:
         update = update_task.with_options(**opts)(trainer, rollout.rows, k)
@@ -312,18 +312,18 @@ def _iteration(cfg, run, k, trainer, engines, policies, initial, train_tasks, he
         fig["mode"] = synced[0].get("mode") if synced else None
     update.weights = None  # release the object-store copy
     ev: dict[str, Any] = {}
-    if cfg.eval_every and (k % cfg.eval_every == 0 or k == cfg.iterations):
+    if cfg.eval.every and (k % cfg.eval.every == 0 or k == cfg.run.iterations):
         with events.timed("evaluate", k, t) as fig:
             ev = evaluate_task.with_options(**opts)(cfg, run, held_out, version, k, engines, initial, lease)
             fig.update({"accuracy": ev.get("accuracy"), "ECE": ev.get("ece")})
-    save = k % cfg.save_every == 0 or k == cfg.iterations
+    save = k % cfg.orchestration.save_every == 0 or k == cfg.run.iterations
     metrics = {"rollout": rollout.stats, "update": update.metrics, "eval": ev,
                "engines": {"policy": version, "sync": synced},
                "timings": {**t, **gen_timings}}
     manifest = {  # policy_in: a saved state (+ policy_in_updates applied in memory); policy_out: where it is saved
         "policy_in": base, "policy_in_updates": list(staged), "policy_out": version if save else None,
         "rollouts_uri": rollout.uri, "records_uri": ev.get("records_uri"), "config_hash": cfg.config_hash(),
-        "seeds": {"run": cfg.seed, "rollout": rollout_seed(cfg, k), "eval": cfg.eval_seed},
+        "seeds": {"run": cfg.run.seed, "rollout": rollout_seed(cfg, k), "eval": cfg.tasks.eval_seed},
     }
     with events.timed("stage", k, t):
         stage_task.with_options(**opts)(run, k, manifest, metrics, lease)

@@ -259,8 +259,8 @@ def check_entrypoint(r: Report, entrypoint: str, mods) -> tuple[Any, dict] | Non
     r.check(bool(a.run_id), "RayJob entrypoint: --run-id given (the same id resumes the run)")
     pairs = dict(o.split("=", 1) for o in a.overrides if "=" in o)
     r.check(len(pairs) == len(a.overrides), "RayJob entrypoint: overrides are field=value")
-    r.check(pairs.get("storage_uri", "").startswith("s3://"), "RayJob entrypoint: storage_uri on s3://")
-    model = pairs.get("model")
+    r.check(pairs.get("storage.uri", "").startswith("s3://"), "RayJob entrypoint: storage.uri on s3://")
+    model = pairs.get("model.name")
     r.check(model is None or "://" in model or model.startswith("/models/"),
             "RayJob entrypoint: model is a URI (or a path baked into the image)")
     if mods is None:
@@ -278,7 +278,7 @@ def check_entrypoint(r: Report, entrypoint: str, mods) -> tuple[Any, dict] | Non
         r.check(False, "RayJob entrypoint: config + overrides load", str(e))
         return None
     r.check(True, "RayJob entrypoint: config + overrides load (rlcr.config)")
-    r.check(cfg.use_gpu, "RayJob entrypoint: the config trains on GPUs (use_gpu)")
+    r.check(cfg.update.use_gpu, "RayJob entrypoint: the config trains on GPUs (update.use_gpu)")
     return cfg, pairs
 
 
@@ -356,7 +356,7 @@ def check_prefect(r: Report, doc: dict, mods, offered: dict[str, float]) -> None
             r.check(not extra, f"prefect.yaml {name}: parameters are arguments of the flow", str(sorted(extra)))
         r.check(bool((d.get("work_pool") or {}).get("name")), f"prefect.yaml {name}: work pool named")
         over = (d.get("parameters") or {}).get("overrides") or {}
-        r.check(str(over.get("storage_uri", "")).startswith("s3://"), f"prefect.yaml {name}: storage_uri on s3://")
+        r.check(str(over.get("storage.uri", "")).startswith("s3://"), f"prefect.yaml {name}: storage.uri on s3://")
         if mods is not None and d.get("parameters", {}).get("config"):
             config_mod = mods[0]
             try:

@@ -5,17 +5,17 @@ stages, every iteration and the evaluations) and its Ray Train workers too
 (:class:`rlcr.train.trainer.PolicyTrainer` starts them once; they keep their
 resources while the rollouts run), so the cluster must hold the engines, the
 trainer workers *and* the rollouts' Ray Data stage tasks at once;
-``engine_release_during_update`` frees only the engines, only during the update.
+``engine.release_during_update`` frees only the engines, only during the update.
 :func:`check_fits` compares that demand with the cluster *before* any work and
 fails within seconds, naming what was asked and what the cluster has: Ray itself
 would wait forever for resources that never come.
 
-Placement is configuration: ``engine_resources`` and ``trainer_resources`` add custom
+Placement is configuration: ``placement.engine_resources`` and ``placement.trainer_resources`` add custom
 Ray resources to what each engine actor and each Ray Train worker asks for (e.g.
 ``{"worker_node": 1}``, which only the nodes meant for them advertise), and the fit
 check counts them, per node as well as in total. :func:`check_storage` refuses, right
 after connecting, local paths that the other nodes of a multi-node cluster would not
-see (``storage_uri``, ``model``) unless ``storage_shared`` says they do.
+see (``storage.uri``, ``model``) unless ``placement.storage_shared`` says they do.
 
 Before any of that, :func:`check_storage_reachable` asks the run's storage itself, within a bounded time
 and without writing: a local directory that can be created or written, an ``s3://`` bucket that exists
@@ -136,34 +136,34 @@ def ensure_ray() -> str | None:
 
 
 def engine_actor_resources(cfg: RLCRConfig) -> dict[str, float]:
-    """Ray resources of one engine actor: its CPU share, GPUs with ``use_gpu``, and ``engine_resources``."""
+    """Ray resources of one engine actor: its CPU share, GPUs with ``use_gpu``, and ``placement.engine_resources``."""
     out = {"CPU": ENGINE_ACTOR_CPUS}
-    if cfg.use_gpu:
-        out["GPU"] = float(cfg.engine_tensor_parallel_size)
-    out.update(cfg.engine_resources)
+    if cfg.update.use_gpu:
+        out["GPU"] = float(cfg.engine.tensor_parallel_size)
+    out.update(cfg.placement.engine_resources)
     return out
 
 
 def trainer_worker_resources(cfg: RLCRConfig) -> dict[str, float]:
-    """Ray resources of one Ray Train worker (Ray Train's defaults: 1 GPU, or 1 CPU) plus ``trainer_resources``:
+    """Ray resources of one Ray Train worker (Ray Train's defaults: 1 GPU, or 1 CPU) plus ``placement.trainer_resources``:
     the trainer's ``ScalingConfig(resources_per_worker=…)``."""
-    out = {"GPU": 1.0} if cfg.use_gpu else {"CPU": 1.0}
-    out.update(cfg.trainer_resources)
+    out = {"GPU": 1.0} if cfg.update.use_gpu else {"CPU": 1.0}
+    out.update(cfg.placement.trainer_resources)
     return out
 
 
 def _asked_by(cfg: RLCRConfig, res: str) -> str:
     """The settings that make the run ask for resource ``res``."""
     fields = []
-    if res in cfg.engine_resources:
-        fields.append("engine_resources")
-    if res in cfg.trainer_resources:
-        fields.append("trainer_resources")
+    if res in cfg.placement.engine_resources:
+        fields.append("placement.engine_resources")
+    if res in cfg.placement.trainer_resources:
+        fields.append("placement.trainer_resources")
     if res == "CPU":
-        fields.append("rollout_actors, num_workers")
+        fields.append("rollout.actors, update.num_workers")
     if res == "GPU":
-        fields.append("use_gpu, engine_tensor_parallel_size, num_workers")
-    return ", ".join(fields) or "rollout_actors, num_workers"
+        fields.append("update.use_gpu, engine.tensor_parallel_size, update.num_workers")
+    return ", ".join(fields) or "rollout.actors, update.num_workers"
 
 
 def _add(a: dict[str, float], b: Mapping[str, float], times: float = 1.0) -> dict[str, float]:
@@ -176,15 +176,15 @@ def _add(a: dict[str, float], b: Mapping[str, float], times: float = 1.0) -> dic
 def run_demand(cfg: RLCRConfig) -> dict[str, dict[str, float]]:
     """What a run holds at once in each phase. The trainer's ``num_workers`` workers live for the whole run
     (they hold their resources through the rollouts and evaluations too), and so do the engines, except
-    during the update with ``engine_release_during_update``.
+    during the update with ``engine.release_during_update``.
 
     ``rollouts`` (and the held-out evaluations, the same pipeline): engines + trainer workers + two stages of
-    ``rollout_actors`` stage tasks + one cheap step; ``update``: trainer workers (+ engines unless released).
+    ``rollout.actors`` stage tasks + one cheap step; ``update``: trainer workers (+ engines unless released).
     """
-    engines = _add({}, engine_actor_resources(cfg), cfg.rollout_actors)
-    workers = _add({}, trainer_worker_resources(cfg), cfg.num_workers)
-    rollouts = _add(_add(engines, workers), {"CPU": STAGE_ACTOR_CPUS}, 2 * cfg.rollout_actors + 1)
-    update = workers if cfg.engine_release_during_update else _add(engines, workers)
+    engines = _add({}, engine_actor_resources(cfg), cfg.rollout.actors)
+    workers = _add({}, trainer_worker_resources(cfg), cfg.update.num_workers)
+    rollouts = _add(_add(engines, workers), {"CPU": STAGE_ACTOR_CPUS}, 2 * cfg.rollout.actors + 1)
+    update = workers if cfg.engine.release_during_update else _add(engines, workers)
     return {"rollouts": rollouts, "update": update}
 
 
@@ -213,10 +213,10 @@ def check_fits(cfg: RLCRConfig, cluster: Mapping[str, float],
     if problems:
         raise ResourceError(
             "the run does not fit in the Ray cluster: " + "; ".join(problems) + ". Asked: "
-            f"{cfg.rollout_actors} engine actor(s) × {engines} kept for the whole run (rollout_actors, "
-            f"engine_tensor_parallel_size, engine_resources) plus {cfg.num_workers} trainer worker(s) × {worker} "
-            f"also kept for the whole run (num_workers, use_gpu, trainer_resources) plus the rollouts' stage tasks "
-            f"({STAGE_ACTOR_CPUS:g} CPU each). Lower num_workers or rollout_actors, or add nodes.")
+            f"{cfg.rollout.actors} engine actor(s) × {engines} kept for the whole run (rollout.actors, "
+            f"engine.tensor_parallel_size, placement.engine_resources) plus {cfg.update.num_workers} trainer worker(s) × {worker} "
+            f"also kept for the whole run (update.num_workers, update.use_gpu, placement.trainer_resources) plus the rollouts' stage tasks "
+            f"({STAGE_ACTOR_CPUS:g} CPU each). Lower update.num_workers or rollout.actors, or add nodes.")
 
 
 def alive_nodes() -> list[dict[str, Any]]:
@@ -241,15 +241,15 @@ def check_storage(cfg: RLCRConfig, nodes: Sequence[Mapping[str, Any]] | None = N
     """Refuse local paths that a multi-node cluster cannot share; call it right after :func:`ensure_ray`.
 
     On a cluster of more than one alive node (``nodes``: ``ray.nodes()`` entries, default the connected
-    cluster's), a local ``storage_uri`` would put each node's checkpoints on its own disk, and a local
+    cluster's), a local ``storage.uri`` would put each node's checkpoints on its own disk, and a local
     ``model`` (a path, or a name such as ``smollm2-135m-instruct`` that resolves into the driver's cache)
     would not exist on the nodes that run the engines and the trainer. Both are refused with
-    :class:`StorageNotShared` unless ``storage_shared`` declares them the same files on every node (an NFS
+    :class:`StorageNotShared` unless ``placement.storage_shared`` declares them the same files on every node (an NFS
     mount; a model baked into the image at that path). ``s3://`` needs no such declaration.
     """
-    if cfg.storage_shared:
+    if cfg.placement.storage_shared:
         return
-    local = [(name, getattr(cfg, name)) for name in ("storage_uri", "model") if _is_local(getattr(cfg, name))]
+    local = [(name, cfg.get(name)) for name in ("storage.uri", "model.name") if _is_local(cfg.get(name))]
     if not local:
         return
     if nodes is None:
@@ -260,9 +260,9 @@ def check_storage(cfg: RLCRConfig, nodes: Sequence[Mapping[str, Any]] | None = N
     what = " and ".join(f"{name} {value!r}" for name, value in local)
     raise StorageNotShared(
         f"{what}: a local path on a Ray cluster of {n} alive nodes; the engines and trainer workers on the other "
-        f"nodes would read and write their own disks, not this one. Use s3:// (storage_uri=s3://bucket/prefix, "
-        f"model=s3://… a sealed checkpoint, s3_endpoint_url for an S3-compatible server), or set "
-        f"storage_shared=true if the path is the same filesystem on every node (e.g. an NFS mount).")
+        f"nodes would read and write their own disks, not this one. Use s3:// (storage.uri=s3://bucket/prefix, "
+        f"model.name=s3://… a sealed checkpoint, storage.s3_endpoint_url for an S3-compatible server), or set "
+        f"placement.storage_shared=true if the path is the same filesystem on every node (e.g. an NFS mount).")
 
 
 # ----------------------------------------------------------------------------- storage reachability
@@ -270,13 +270,13 @@ def check_storage(cfg: RLCRConfig, nodes: Sequence[Mapping[str, Any]] | None = N
 
 def check_storage_reachable(cfg: RLCRConfig, timeout_s: float = 15.0, *, uri: str | None = None) -> None:
     """Raise :class:`StorageUnreachable` naming the field, the URI and what to do unless the run's storage
-    (``storage_uri``, or ``uri``) and an ``s3://`` ``model`` can be used (:func:`storage_problem`); each
+    (``storage.uri``, or ``uri``) and an ``s3://`` ``model`` can be used (:func:`storage_problem`); each
     check answers within about ``timeout_s`` seconds and writes nothing."""
-    checks = [("storage_uri", uri or cfg.storage_uri)]
-    if cfg.model.startswith("s3://"):
-        checks.append(("model", cfg.model))
+    checks = [("storage.uri", uri or cfg.storage.uri)]
+    if cfg.model.name.startswith("s3://"):
+        checks.append(("model.name", cfg.model.name))
     for name, value in checks:
-        problem = storage_problem(value, cfg.s3_endpoint_url, timeout_s)
+        problem = storage_problem(value, cfg.storage.s3_endpoint_url, timeout_s)
         if problem:
             from rlcr.untrusted import printable
 
@@ -340,7 +340,7 @@ def _s3_problem(uri: str, endpoint: str | None, timeout_s: float) -> str | None:
     thread.start()
     thread.join(timeout_s + 1.0)
     if not answer:
-        return (f"no answer from {where} within {timeout_s:.0f} s; check s3_endpoint_url (or AWS_ENDPOINT_URL) "
+        return (f"no answer from {where} within {timeout_s:.0f} s; check storage.s3_endpoint_url (or AWS_ENDPOINT_URL) "
                 "and that the server is up")
     return answer[0]
 
@@ -357,19 +357,19 @@ def _list_one(bucket: str, prefix: str, endpoint: str | None, timeout_s: float, 
         client.list_objects_v2(Bucket=bucket, Prefix=prefix.strip("/"), MaxKeys=1)
     except (bx.NoCredentialsError, bx.PartialCredentialsError):
         return ("no AWS credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), "
-                "or use a local storage_uri")
+                "or use a local storage.uri")
     except (bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError) as e:
-        return f"cannot reach {where} ({type(e).__name__}); check s3_endpoint_url (or AWS_ENDPOINT_URL) and that " \
+        return f"cannot reach {where} ({type(e).__name__}); check storage.s3_endpoint_url (or AWS_ENDPOINT_URL) and that " \
                "the server is up"
     except bx.ClientError as e:
         code = str(e.response.get("Error", {}).get("Code", ""))
         if code in ("NoSuchBucket", "404"):
-            return f"bucket {bucket!r} does not exist at {where}; create it (aws s3 mb s3://{bucket}) or fix storage_uri"
+            return f"bucket {bucket!r} does not exist at {where}; create it (aws s3 mb s3://{bucket}) or fix storage.uri"
         if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "ExpiredToken",
                     "InvalidToken", "AllAccessDisabled"):
             return (f"{where} refused the request ({code}); check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or "
                     f"AWS_PROFILE) and the permissions on bucket {bucket!r}")
         return f"{where} answered {code or type(e).__name__}: {e}"
     except ValueError as e:  # an endpoint URL botocore cannot use
-        return f"cannot use the endpoint {endpoint!r} ({e}); fix s3_endpoint_url"
+        return f"cannot use the endpoint {endpoint!r} ({e}); fix storage.s3_endpoint_url"
     return None

@@ -1,4 +1,4 @@
-"""Held-out evaluation of a policy (docs/design.md §13, §9): ``eval_samples`` answers per task, each with one
+"""Held-out evaluation of a policy (docs/design.md §13, §9): ``eval.samples`` answers per task, each with one
 stated confidence, and bootstrap 95% intervals over tasks.
 
 Every method states a confidence: ``rlcr`` and ``rlvr`` in a second turn (the same confidence query),
@@ -223,14 +223,14 @@ def evaluate_policy(
     run_id: str = "eval",
     draw: int = 0,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Sample ``cfg.eval_samples`` answers per held-out task, each with one stated confidence; return
+    """Sample ``cfg.eval.samples`` answers per held-out task, each with one stated confidence; return
     (metrics of :func:`summarize_eval`, rows). ``policy_uri``/``engines``/``tokenizer_uri``: as in
     :func:`rlcr.rollout.pipeline.generate_rollouts`; ``run_id`` labels the rows; ``draw``: which sample draw
     (:func:`rlcr.seeds.eval_salt`; 0 is the flow's)."""
     indexed = list(enumerate(tasks))
     check_prompt_lengths(cfg, indexed, tokenizer_uri or policy_uri)
     ds = build_rollout_dataset(cfg, indexed, policy_uri, iteration, engines=engines.names if engines else None,
-                               g_a=cfg.eval_samples, g_c=1, salt=eval_salt(draw),
-                               confidences=cfg.method != "rlcr_single")
+                               g_a=cfg.eval.samples, g_c=1, salt=eval_salt(draw),
+                               confidences=cfg.method.name != "rlcr_single")
     rows = to_records(ds.take_all(), run_id, iteration)
-    return summarize_eval(rows, n_resamples=cfg.eval_bootstrap_resamples, seed=cfg.eval_seed), rows
+    return summarize_eval(rows, n_resamples=cfg.eval.bootstrap_resamples, seed=cfg.tasks.eval_seed), rows

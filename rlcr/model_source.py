@@ -110,7 +110,7 @@ def check_model(model: str, *, chat_template: str | None = None, hub_timeout_s: 
         raise ModelSourceError(
             f"{what} is a Hugging Face hub id, but the hub ({_endpoint()}) cannot be reached from here (offline "
             f"or HF_HUB_OFFLINE set): download it where the hub is reachable (`hf download {model} --local-dir "
-            f"DIR`) and pass model=DIR (a local directory) or an s3:// copy of it")
+            f"DIR`) and pass model.name=DIR (a local directory) or an s3:// copy of it")
     return kind
 
 

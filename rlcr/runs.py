@@ -63,7 +63,7 @@ import secrets
 import time
 from typing import Any
 
-from rlcr.config import RLCRConfig, result_changing_diff
+from rlcr.config import RLCRConfig, nested_from_flat, result_changing_diff
 from rlcr.lease import LEASE_HEARTBEAT_S, LEASE_TIMEOUT_S, LeaseLost, RunLease, RunLocked
 from rlcr.run_layout import MAX_ITERATION, PROCESS_ATTEMPT, RUNS, RunLayout, attempt_id
 from rlcr.storage import AlreadyExists, Store, StorageError, validate_run_id
@@ -75,6 +75,13 @@ __all__ = ["RunStore", "RunConfigMismatch", "RunLease", "RunLocked", "LeaseLost"
            "LEASE_TIMEOUT_S", "LEASE_HEARTBEAT_S", "MAX_ITERATION", "attempt_id", "PROCESS_ATTEMPT"]
 
 log = logging.getLogger(__name__)
+
+
+def _dotted(record: dict, name: str):
+    """The value of the dotted field ``name`` in a nested config record (None where absent)."""
+    section, leaf = name.split(".", 1)
+    value = record.get(section)
+    return value.get(leaf) if isinstance(value, dict) else None
 
 
 class RunConfigMismatch(ValueError):
@@ -132,7 +139,7 @@ class RunStore(RunLayout):
 
     @classmethod
     def open(cls, cfg: RLCRConfig, run_id: str) -> "RunStore":
-        return cls(Store(cfg.storage_uri, endpoint_url=cfg.s3_endpoint_url), run_id)
+        return cls(Store(cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url), run_id)
 
     # ---------------------------------------------------------------- config
     def check_config(self, cfg: RLCRConfig, *, lease: RunLease | None = None) -> None:
@@ -153,7 +160,8 @@ class RunStore(RunLayout):
             return
         diff = result_changing_diff(field(saved, "config", dict, source), cfg)
         if diff:
-            details = ", ".join(f"{k}: {printable(repr(saved['config'].get(k)), 60)} → {current.get(k)!r}"
+            stored = nested_from_flat(saved["config"])  # a run stored before the sections: flat names
+            details = ", ".join(f"{k}: {printable(repr(_dotted(stored, k)), 60)} → {_dotted(current, k)!r}"
                                 for k in diff)
             raise RunConfigMismatch(f"run {self.run_id!r} was started with other settings ({details}); "
                                     "use a new run_id or the original config")

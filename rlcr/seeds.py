@@ -1,10 +1,10 @@
 """Every seed derived from the run's seed, in one place (reproducibility: docs/design.md §2–§4, §17).
 
-A run has one seed, ``cfg.seed`` (held-out tasks use ``cfg.eval_seed``). Everything
+A run has one seed, ``cfg.run.seed`` (held-out tasks use ``cfg.tasks.eval_seed``). Everything
 random below it gets its own seed from a named derivation here, so that no two
 streams share a seed by accident and the mixing constants live nowhere else::
 
-    cfg.seed
+    cfg.run.seed
     ├─ task_order_seed(seed, epoch)        shuffle of the training pool, per pass over it
     ├─ rollout_seed(seed, iteration)       seed of an iteration's rollouts
     │   ├─ + eval_salt(draw)               … of the held-out evaluation's rollouts (draw 0: + EVAL_SALT)

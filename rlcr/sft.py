@@ -1,7 +1,7 @@
 """Format warm-start: supervised fine-tuning on the task's worked traces (the RLCR paper's SFT+RLCR cold start).
 
 Out of the box SmolLM2-135M-Instruct writes the ``<answer>`` format 0% of the time on Countdown
-(docs/design.md §17), so RL alone has no signal. The run's task (``cfg.task``) writes supervised examples for
+(docs/design.md §17), so RL alone has no signal. The run's task (``cfg.tasks.name``) writes supervised examples for
 both turns (:meth:`rlcr.tasks.base.Task.warm_start_examples`) on training problems
 (:func:`rlcr.tasks.sets.sft_tasks`), and this module trains on them with the same Ray Train update machinery
 (objective ``sft``: token-mean NLL over the completion):
@@ -14,7 +14,7 @@ both turns (:meth:`rlcr.tasks.base.Task.warm_start_examples`) on training proble
   there is no programmatic check of a free-text solution to write and no wrong answers are shown: the SFT's
   Brier target there teaches where the confidence goes, not what it should be; RL calibrates it.
 
-With ``sft_single_turn`` each task also gets a one-turn example in the ``rlcr_single`` format (docs/design.md §9).
+With ``sft.single_turn`` each task also gets a one-turn example in the ``rlcr_single`` format (docs/design.md §9).
 One warm-start then serves every method.
 """
 
@@ -32,22 +32,22 @@ __all__ = ["task_examples", "sft_rows", "sft_update_config", "warm_start", "run_
 def task_examples(cfg, n_tasks: int, seed: int) -> list[dict[str, Any]]:
     """The warm-start's chat examples ``{"messages", "completion", "sample_type", "task", "loss_from"}`` of
     ``n_tasks`` problems of the run's training pool (:func:`rlcr.tasks.sets.sft_tasks`): two per problem (turn 1,
-    turn 2), then, with ``cfg.sft_single_turn``, one more per problem in the one-turn format. ``loss_from``: the
+    turn 2), then, with ``cfg.sft.single_turn``, one more per problem in the one-turn format. ``loss_from``: the
     character of ``completion`` where the loss starts (0: all of it)."""
-    return get_task(cfg.task).warm_start_examples(sft_tasks(cfg, n_tasks), seed, single_turn=cfg.sft_single_turn)
+    return get_task(cfg.tasks.name).warm_start_examples(sft_tasks(cfg, n_tasks), seed, single_turn=cfg.sft.single_turn)
 
 
 def sft_rows(cfg, tokenizer, n_tasks: int | None = None, seed: int | None = None) -> list[dict[str, Any]]:
     """The examples as update rows (ROLLOUT_SCHEMA fields the trainer reads): the whole target
     completion (and its end-of-turn token) carries loss, advantage 1.
 
-    ``n_tasks``: default ``cfg.sft_tasks``; ``seed`` (wrong answers, stated confidences): default
-    :func:`rlcr.seeds.sft_seed` of ``cfg.seed``, what :func:`run_sft` trains on."""
+    ``n_tasks``: default ``cfg.sft.tasks``; ``seed`` (wrong answers, stated confidences): default
+    :func:`rlcr.seeds.sft_seed` of ``cfg.run.seed``, what :func:`run_sft` trains on."""
     from rlcr.rollout.engine import render_prompt
     from rlcr.rollout.records import rollout_row
 
-    n_tasks = cfg.sft_tasks if n_tasks is None else n_tasks
-    seed = sft_seed(cfg.seed) if seed is None else seed
+    n_tasks = cfg.sft.tasks if n_tasks is None else n_tasks
+    seed = sft_seed(cfg.run.seed) if seed is None else seed
     rows = []
     # the run's training tasks (never a held-out one); ``seed`` drives the wrong answers and confidences
     examples = task_examples(cfg, n_tasks, seed)
@@ -59,7 +59,7 @@ def sft_rows(cfg, tokenizer, n_tasks: int | None = None, seed: int | None = None
         # prompt ids: a task's two-turn pair shares one; its one-turn example (a different prompt) has its own
         pid = i // 2 if i < 2 * n_tasks else i - n_tasks
         rows.append(rollout_row(
-            ex["sample_type"], task=ex["task"], task_name=cfg.task, run_id="sft", iteration=0, prompt_id=pid, answer_id=0,
+            ex["sample_type"], task=ex["task"], task_name=cfg.tasks.name, run_id="sft", iteration=0, prompt_id=pid, answer_id=0,
             confidence_id=0 if ex["sample_type"] == "confidence" else None, context_text=context, context_ids=ctx_ids,
             completion_text=ex["completion"], completion_ids=shown + learned,
             loss_mask=[0] * len(shown) + [1] * len(learned), correct=1.0, reward=1.0, advantage=1.0,
@@ -73,17 +73,17 @@ def sft_update_config(cfg, n_rows: int, *, storage_uri: str | None = None):
     reference model; the other update settings (AdamW betas, weight decay, grad_clip, micro-batches,
     workers) are the run's."""
     return cfg.model_copy(update={
-        "objective": "sft", "learning_rate": cfg.sft_learning_rate, "epochs_per_iteration": cfg.sft_epochs,
-        "mini_batches_per_epoch": max(1, n_rows // cfg.sft_batch_size), "lr_schedule": cfg.sft_lr_schedule,
-        "warmup_steps": cfg.sft_warmup_steps, "kl_coef": 0.0, "iterations": 1,
-        "storage_uri": storage_uri or cfg.storage_uri,
+        "update.objective": "sft", "update.learning_rate": cfg.sft.learning_rate, "update.epochs_per_iteration": cfg.sft.epochs,
+        "update.mini_batches_per_epoch": max(1, n_rows // cfg.sft.batch_size), "update.lr_schedule": cfg.sft.lr_schedule,
+        "update.warmup_steps": cfg.sft.warmup_steps, "loss.kl_coef": 0.0, "run.iterations": 1,
+        "storage.uri": storage_uri or cfg.storage.uri,
     })
 
 
 def run_sft(cfg, *, out: str | None = None, run_id: str | None = None) -> tuple[str, dict[str, Any]]:
-    """Warm-start ``cfg.model`` on the task's traces with the Ray Train update; returns (checkpoint URI, metrics).
+    """Warm-start ``cfg.model.name`` on the task's traces with the Ray Train update; returns (checkpoint URI, metrics).
 
-    ``cfg.sft_tasks`` tasks of the training pool, ``cfg.sft_epochs`` passes, and the other ``sft_*``
+    ``cfg.sft.tasks`` tasks of the training pool, ``cfg.sft.epochs`` passes, and the other ``sft_*``
     settings (:func:`sft_update_config`). The checkpoint goes to ``<out or storage>/runs/<run_id>/iter-0000/checkpoint``
     (``run_id`` default ``sft-<seed>``), sealed like every checkpoint; pass it to ``train`` as ``model=<uri>``.
     """
@@ -94,12 +94,12 @@ def run_sft(cfg, *, out: str | None = None, run_id: str | None = None) -> tuple[
     from rlcr.storage import fetch_checkpoint
     from rlcr.train import run_update
 
-    base = resolve_model(cfg.model)
-    tokenizer = AutoTokenizer.from_pretrained(fetch_checkpoint(base, endpoint_url=cfg.s3_endpoint_url))
+    base = resolve_model(cfg.model.name)
+    tokenizer = AutoTokenizer.from_pretrained(fetch_checkpoint(base, endpoint_url=cfg.storage.s3_endpoint_url))
     rows = sft_rows(cfg, tokenizer)
     sft_cfg = sft_update_config(cfg, len(rows), storage_uri=out)
     ensure_ray()
-    result = run_update(sft_cfg, rows, policy_uri=base, run_id=run_id or f"sft-{cfg.seed}", iteration=0)
+    result = run_update(sft_cfg, rows, policy_uri=base, run_id=run_id or f"sft-{cfg.run.seed}", iteration=0)
     return result.checkpoint_uri, result.metrics
 
 

@@ -1,13 +1,13 @@
 """Experiment tracking: one MLflow run per rlcr run, fed from each committed iteration's ``metrics.json``.
 
-    tracker = open_tracker("mlflow", None, cfg.storage_uri, run_id, cfg.model_dump(mode="json"))
+    tracker = open_tracker("mlflow", None, cfg.storage.uri, run_id, cfg.model_dump(mode="json"))
     tracker.log_iteration(k, metrics)          # after iteration k is committed; idempotent
     tracker.log_artifact("probe/report.html")  # reports, plots
     tracker.close()                            # or: with open_tracker(...) as tracker: ...
 
 Where the run goes (:func:`resolve_backend`):
 
-* ``tracking_uri`` given (``http://mlflow.cluster:5000``, ``sqlite:///…``, ``databricks``…): there.
+* ``tracking.uri`` given (``http://mlflow.cluster:5000``, ``sqlite:///…``, ``databricks``…): there.
 * else ``$MLFLOW_TRACKING_URI`` if set.
 * else, local storage: ``sqlite:///<storage>/mlflow.db`` with artifacts under ``<storage>/mlflow-artifacts``
   (MLflow 3 defaults to a SQLite store; its ``./mlruns`` file store is deprecated). View it with
@@ -414,7 +414,7 @@ def open_tracker(kind: str, tracking_uri: str | None, storage_uri: str, run_id: 
     log = logger or _log
     backend = resolve_backend(tracking_uri, storage_uri)
     if backend is None:
-        log.warning("MLflow tracking is off for run %s: storage %s is not local and no tracking_uri (or "
+        log.warning("MLflow tracking is off for run %s: storage %s is not local and no tracking.uri (or "
                     "MLFLOW_TRACKING_URI) names a tracking server", run_id, storage_uri)
         return Tracker()
     if "'" in run_id or "\\" in run_id:
@@ -435,13 +435,13 @@ def open_tracker(kind: str, tracking_uri: str | None, storage_uri: str, run_id: 
 
 def tracker_from_config(cfg: Any, run_id: str, *, parent: Tracker | str | None = None,
                         params: Mapping[str, Any] | None = None, logger: Any = None) -> Tracker:
-    """:func:`open_tracker` with the config's ``tracking`` (default ``"mlflow"``), ``tracking_uri``,
-    ``tracking_ui_url`` and ``storage_uri``; params: ``params`` or the whole config (``model_dump``)."""
+    """:func:`open_tracker` with the config's ``tracking`` (default ``"mlflow"``), ``tracking.uri``,
+    ``tracking.ui_url`` and ``storage.uri``; params: ``params`` or the whole config (``model_dump``)."""
     if params is None:
         params = cfg.model_dump(mode="json")
-    return open_tracker(getattr(cfg, "tracking", "mlflow"), getattr(cfg, "tracking_uri", None), cfg.storage_uri,
-                        run_id, params, parent=parent, ui_url=getattr(cfg, "tracking_ui_url", None),
-                        timeout_s=getattr(cfg, "tracking_timeout_s", DEFAULT_TIMEOUT_S), logger=logger)
+    return open_tracker(getattr(cfg.tracking, "backend", "mlflow"), getattr(cfg.tracking, "uri", None), cfg.storage.uri,
+                        run_id, params, parent=parent, ui_url=getattr(cfg.tracking, "ui_url", None),
+                        timeout_s=getattr(cfg.tracking, "timeout_s", DEFAULT_TIMEOUT_S), logger=logger)
 
 
 def log_iterations(tracker: Tracker, items: Iterable[tuple[int, Mapping[str, Any]]]) -> int:

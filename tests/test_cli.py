@@ -26,7 +26,7 @@ def lines(buf: io.StringIO) -> list[str]:
 def test_stage_events_become_plain_lines_with_times_and_figures(tmp_path):
     """The flow's event sequence for a fresh 1-iteration run (baseline evaluation first, an update
     retried once), with the files the flow commits written where the flow writes them."""
-    cfg = RLCRConfig(storage_uri=str(tmp_path / "store"))
+    cfg = RLCRConfig(storage={"uri": str(tmp_path / "store")})
     run = RunStore.open(cfg, "r")
     out, buf = log_console()
     assert not out.is_terminal
@@ -155,15 +155,15 @@ def test_sft_options_override_the_configs_warm_start_settings(monkeypatch, tmp_p
     seen = []
     monkeypatch.setattr(rlcr.sft, "run_sft", lambda cfg, out=None: seen.append((cfg, out)) or ("uri", {"loss": 1.0}))
     demo = str(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml")
-    store = f"storage_uri={tmp_path}"
+    store = f"storage.uri={tmp_path}"
     assert CliRunner().invoke(app, ["sft", "--config", demo, store]).exit_code == 0
     assert CliRunner().invoke(app, ["sft", "--config", demo, "--tasks", "5", "--epochs", "3", "--out", "o", store,
-                                    "sft_learning_rate=5e-5"]).exit_code == 0
+                                    "sft.learning_rate=5e-5"]).exit_code == 0
     assert CliRunner().invoke(app, ["sft", store]).exit_code == 0
     (cfg, out), (over, over_out), (default, _) = seen
-    assert (cfg.sft_tasks, cfg.sft_epochs, cfg.sft_learning_rate, out) == (60, 2, 1e-4, None)  # configs/demo.yaml
-    assert (over.sft_tasks, over.sft_epochs, over.sft_learning_rate, over_out) == (5, 3, 5e-5, "o")
-    assert (default.sft_tasks, default.sft_epochs) == (RLCRConfig().sft_tasks, RLCRConfig().sft_epochs)
+    assert (cfg.sft.tasks, cfg.sft.epochs, cfg.sft.learning_rate, out) == (60, 2, 1e-4, None)  # configs/demo.yaml
+    assert (over.sft.tasks, over.sft.epochs, over.sft.learning_rate, over_out) == (5, 3, 5e-5, "o")
+    assert (default.sft.tasks, default.sft.epochs) == (RLCRConfig().sft.tasks, RLCRConfig().sft.epochs)
 
 
 def says(output: str, message: str) -> bool:
@@ -181,7 +181,7 @@ def test_compare_pairs_two_runs_evaluations_on_the_same_tasks(tmp_path):
     from rlcr.rollout.records import rollout_row, rows_to_table
     from rlcr.tasks.countdown import CountdownTask
 
-    cfg = RLCRConfig(storage_uri=str(tmp_path / "store"))
+    cfg = RLCRConfig(storage={"uri": str(tmp_path / "store")})
     for run_id, right in (("a", True), ("b", False)):
         run = RunStore.open(cfg, run_id)
         rows = []
@@ -196,18 +196,18 @@ def test_compare_pairs_two_runs_evaluations_on_the_same_tasks(tmp_path):
         rows = [dict(r, run_id=run_id, iteration=0) for r in rows]
         run.store.write_parquet(run.eval_records_rel(0), rows_to_table(rows))
     runner = CliRunner()
-    res = runner.invoke(app, ["compare", "a", "b", f"storage_uri={cfg.storage_uri}"])
+    res = runner.invoke(app, ["compare", "a", "b", f"storage.uri={cfg.storage.uri}"])
     assert res.exit_code == 0, res.output
     assert "a − b at iteration 0: 6 shared held-out tasks" in res.output
     acc = next(line for line in res.output.splitlines() if "accuracy" in line)
     assert "+1.000 [+1.000, +1.000]" in acc and "yes" in acc
     assert "A (6 answers)" in res.output and acc.split("│")[2:4] == [" 1.000 [1.000, 1.000] ", " 0.000 [0.000, 0.000] "]
-    res = runner.invoke(app, ["compare", "a", "c", f"storage_uri={cfg.storage_uri}"])
+    res = runner.invoke(app, ["compare", "a", "c", f"storage.uri={cfg.storage.uri}"])
     assert res.exit_code != 0 and says(res.output, "'c'")
     # a side may be the rows `rlcr eval --records` wrote: here b's, so b − a = −1 on every draw
     b_file = tmp_path / "b.parquet"
     b_file.write_bytes(RunStore.open(cfg, "b").store.read_bytes(RunStore.open(cfg, "b").eval_records_rel(0)))
-    res = runner.invoke(app, ["compare", str(b_file), "a", f"storage_uri={cfg.storage_uri}"])
+    res = runner.invoke(app, ["compare", str(b_file), "a", f"storage.uri={cfg.storage.uri}"])
     assert res.exit_code == 0, res.output
     assert "-1.000 [-1.000, -1.000]" in next(line for line in res.output.splitlines() if "accuracy" in line)
     assert "A: " not in res.output  # rows written without provenance: none is made up
@@ -223,7 +223,7 @@ def test_compare_pairs_two_runs_evaluations_on_the_same_tasks(tmp_path):
     assert provenance(pq.read_table(b_file)) == {}
     damaged = pq.read_table(drawn).replace_schema_metadata({b"rlcr.provenance": b"{not json"})
     assert provenance(damaged) == {} and provenance(damaged.replace_schema_metadata({b"rlcr.provenance": b"[1]"})) == {}
-    res = runner.invoke(app, ["compare", "a", str(drawn), f"storage_uri={cfg.storage_uri}"])
+    res = runner.invoke(app, ["compare", "a", str(drawn), f"storage.uri={cfg.storage.uri}"])
     assert res.exit_code == 0, res.output
     assert "B: policy ckpt/b, method rlvr, draw 1, eval_samples 8" in res.output and "A: " not in res.output
     assert "+1.000 [+1.000, +1.000]" in next(line for line in res.output.splitlines() if "accuracy" in line)
@@ -234,42 +234,42 @@ def test_compare_pairs_two_runs_evaluations_on_the_same_tasks(tmp_path):
     drawn2 = tmp_path / "b-draw2.parquet"
     pq.write_table(with_provenance(pq.read_table(a_file), policy="ckpt/b", method="rlvr", draw=2, eval_samples=8),
                    drawn2)
-    res = runner.invoke(app, ["compare", f"{drawn}+{drawn2}", "a", f"storage_uri={cfg.storage_uri}"])
+    res = runner.invoke(app, ["compare", f"{drawn}+{drawn2}", "a", f"storage.uri={cfg.storage.uri}"])
     assert res.exit_code == 0, res.output
     assert "-0.500 [" in next(line for line in res.output.splitlines() if "accuracy" in line)  # (0 + 1) / 2 − 1
     assert "pooled b-draw1.parquet (draw 1) + b-draw2.parquet (draw 2)" in res.output
     other = tmp_path / "other-policy.parquet"
     pq.write_table(with_provenance(pq.read_table(a_file), policy="ckpt/a", method="rlvr", draw=2), other)
-    res = runner.invoke(app, ["compare", f"{drawn}+{other}", "a", f"storage_uri={cfg.storage_uri}"])
+    res = runner.invoke(app, ["compare", f"{drawn}+{other}", "a", f"storage.uri={cfg.storage.uri}"])
     assert res.exit_code != 0 and says(res.output, "pooled files must be draws of one policy")
     again = tmp_path / "b-draw1-copy.parquet"
     again.write_bytes(drawn.read_bytes())
-    res = runner.invoke(app, ["compare", f"{drawn}+{again}", "a", f"storage_uri={cfg.storage_uri}"])
+    res = runner.invoke(app, ["compare", f"{drawn}+{again}", "a", f"storage.uri={cfg.storage.uri}"])
     assert res.exit_code != 0 and says(res.output, "sample draw 1, as")
-    res = runner.invoke(app, ["compare", f"{drawn}+{drawn}", "a", f"storage_uri={cfg.storage_uri}"])
+    res = runner.invoke(app, ["compare", f"{drawn}+{drawn}", "a", f"storage.uri={cfg.storage.uri}"])
     assert res.exit_code != 0 and says(res.output, "a file is named twice")
     # a hand-written file's provenance is its own words: printed as they are (no rich markup), any JSON draw
     hostile = tmp_path / "hostile.parquet"
     pq.write_table(with_provenance(pq.read_table(a_file), policy="[/bold] x", method="rlvr", draw=[1]), hostile)
-    res = runner.invoke(app, ["compare", "a", str(hostile), f"storage_uri={cfg.storage_uri}"])
+    res = runner.invoke(app, ["compare", "a", str(hostile), f"storage.uri={cfg.storage.uri}"])
     assert res.exit_code == 0, res.output
     assert "B: policy [/bold] x, method rlvr, draw [1]" in res.output
     hostile2 = tmp_path / "hostile2.parquet"
     pq.write_table(with_provenance(pq.read_table(a_file), policy="[/bold] x", method="rlvr", draw=[1]), hostile2)
-    res = runner.invoke(app, ["compare", "a", f"{hostile}+{hostile2}", f"storage_uri={cfg.storage_uri}"])
+    res = runner.invoke(app, ["compare", "a", f"{hostile}+{hostile2}", f"storage.uri={cfg.storage.uri}"])
     assert res.exit_code != 0 and says(res.output, "sample draw [1], as")
     plus = tmp_path / "b+c.parquet"  # one file whose name holds '+' is read as that file, not split
     plus.write_bytes(b_file.read_bytes())
-    res = runner.invoke(app, ["compare", str(plus), "a", f"storage_uri={cfg.storage_uri}"])
+    res = runner.invoke(app, ["compare", str(plus), "a", f"storage.uri={cfg.storage.uri}"])
     assert res.exit_code == 0, res.output
     assert "-1.000 [-1.000, -1.000]" in next(line for line in res.output.splitlines() if "accuracy" in line)
-    res = runner.invoke(app, ["compare", str(tmp_path / "missing.parquet"), "a", f"storage_uri={cfg.storage_uri}"])
+    res = runner.invoke(app, ["compare", str(tmp_path / "missing.parquet"), "a", f"storage.uri={cfg.storage.uri}"])
     assert res.exit_code != 0 and says(res.output, "missing.parquet: no such file")
     junk = tmp_path / "junk.parquet"
     junk.write_bytes(b"not parquet")
-    res = runner.invoke(app, ["compare", str(junk), "a", f"storage_uri={cfg.storage_uri}"])
+    res = runner.invoke(app, ["compare", str(junk), "a", f"storage.uri={cfg.storage.uri}"])
     assert res.exit_code != 0 and says(res.output, "junk.parquet: not per-answer evaluation rows")
-    res = runner.invoke(app, ["compare", str(b_file), str(b_file), "--iteration", "3", f"storage_uri={cfg.storage_uri}"])
+    res = runner.invoke(app, ["compare", str(b_file), str(b_file), "--iteration", "3", f"storage.uri={cfg.storage.uri}"])
     assert res.exit_code != 0 and says(res.output, "applies to runs, not to .parquet files")
 
 
@@ -280,10 +280,10 @@ def test_eval_refuses_to_overwrite_its_records_before_any_work(tmp_path):
 
     existing = tmp_path / "rows.parquet"
     existing.write_bytes(b"kept")
-    res = CliRunner().invoke(app, ["eval", "--records", str(existing), f"storage_uri={tmp_path}"])
+    res = CliRunner().invoke(app, ["eval", "--records", str(existing), f"storage.uri={tmp_path}"])
     assert res.exit_code != 0 and says(res.output, "exists; rows are never overwritten")
     assert existing.read_bytes() == b"kept"
-    res = CliRunner().invoke(app, ["eval", "--records", str(tmp_path / "rows.csv"), f"storage_uri={tmp_path}"])
+    res = CliRunner().invoke(app, ["eval", "--records", str(tmp_path / "rows.csv"), f"storage.uri={tmp_path}"])
     assert res.exit_code != 0 and says(res.output, "expected a .parquet file name")
 
 
@@ -292,31 +292,35 @@ def test_eval_refuses_to_overwrite_its_records_before_any_work(tmp_path):
 
 def test_config_show_lists_every_field_with_its_value_source_effect_and_documentation(tmp_path):
     """`rlcr config show`: the resolved config, each field documented (its docstring) and marked as changing
-    results or operational (OPERATIONAL_FIELDS), and where its value came from; `--json` the same as data."""
+    results or operational (the marking on the field), and where its value came from; `--json` the same as data;
+    fields are listed by dotted name, section by section."""
     import json
 
     from typer.testing import CliRunner
 
     from rlcr.cli import app
-    from rlcr.config import OPERATIONAL_FIELDS
+    from rlcr.config import changes_results
 
     cfg_file = tmp_path / "c.yaml"
-    cfg_file.write_text("seed: 7\nretries: 4\n")
-    res = CliRunner().invoke(app, ["config", "show", "--json", "--config", str(cfg_file), "retries=5", "iterations=3"])
+    cfg_file.write_text("run:\n  seed: 7\norchestration:\n  retries: 4\n")
+    res = CliRunner().invoke(app, ["config", "show", "--json", "--config", str(cfg_file), "orchestration.retries=5", "run.iterations=3"])
     assert res.exit_code == 0, res.output
     rows = {r["field"]: r for r in json.loads(res.output)}
-    assert list(rows) == list(RLCRConfig.model_fields)
-    assert rows["seed"] == {"field": "seed", "value": 7, "set_by": "file", "changes_results": True,
-                            "doc": " ".join(RLCRConfig.model_fields["seed"].description.split())}
-    assert (rows["retries"]["value"], rows["retries"]["set_by"], rows["retries"]["changes_results"]) == (5, "command line", False)
-    assert (rows["iterations"]["value"], rows["iterations"]["set_by"]) == (3, "command line")
-    assert rows["learning_rate"]["set_by"] == "default" and rows["learning_rate"]["doc"].startswith("AdamW learning rate")
-    assert all(r["changes_results"] == (name not in OPERATIONAL_FIELDS) and r["doc"] for name, r in rows.items())
-    res = CliRunner().invoke(app, ["config", "show", "seed=3"], env={"COLUMNS": "200"})
+    fields = dict(RLCRConfig.dotted_fields())
+    assert list(rows) == list(fields) and "rollout.temperature" in rows
+    assert rows["run.seed"] == {"field": "run.seed", "value": 7, "set_by": "file", "changes_results": True,
+                                "doc": " ".join(fields["run.seed"].description.split())}
+    assert (rows["orchestration.retries"]["value"], rows["orchestration.retries"]["set_by"],
+            rows["orchestration.retries"]["changes_results"]) == (5, "command line", False)
+    assert (rows["run.iterations"]["value"], rows["run.iterations"]["set_by"]) == (3, "command line")
+    assert rows["update.learning_rate"]["set_by"] == "default"
+    assert rows["update.learning_rate"]["doc"].startswith("AdamW learning rate")
+    assert all(r["changes_results"] == changes_results(fields[name]) and r["doc"] for name, r in rows.items())
+    res = CliRunner().invoke(app, ["config", "show", "run.seed=3"], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
-    seed = next(line for line in res.output.splitlines() if line.startswith("│ seed "))
+    seed = next(line for line in res.output.splitlines() if line.startswith("│ run.seed "))
     assert "│ 3 " in seed and "command line" in seed and "changes" in seed and "Master seed" in seed
-    retries = next(line for line in res.output.splitlines() if line.startswith("│ retries "))
+    retries = next(line for line in res.output.splitlines() if line.startswith("│ orchestration.retries "))
     assert "default" in retries and "operational" in retries
 
 
@@ -373,7 +377,7 @@ def test_train_says_where_the_logs_go_once_before_it_starts(tmp_path):
     api = f"http://127.0.0.1:{free_port()}/api"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(PREFECT_API_URL=api, RLCR_RAY_DASHBOARD="0", COLUMNS="400")
-    res = subprocess.run([sys.executable, "-m", "rlcr.cli", "train", "--run-id", "logs", f"storage_uri={tmp_path}"],
+    res = subprocess.run([sys.executable, "-m", "rlcr.cli", "train", "--run-id", "logs", f"storage.uri={tmp_path}"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     lines = [line for line in res.stdout.splitlines() if line.startswith("logs: ")]
     assert len(lines) == 1, res.stdout + res.stderr[-2000:]

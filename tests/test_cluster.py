@@ -23,18 +23,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Two engines (0.5 CPU each) and one trainer worker (1 CPU) on a 2-CPU cluster: engines + trainer exactly fill
 # it, so the rollouts' Ray Data tasks (0.1 CPU each) can never be scheduled while the trainer holds its worker.
-SHAPE = dict(rollout_actors=2, num_workers=1)
+SHAPE = {"rollout.actors": 2, "update.num_workers": 1}
 SHAPE_CPUS = 2
 
 
 def _old_phases(cfg: RLCRConfig) -> dict[str, dict[str, float]]:
     """The demand as the check counted it before the trainer was long-lived: rollouts = engines + stage tasks,
     update = engines + trainer workers (the workers assumed gone while the rollouts run)."""
-    engines = {k: v * cfg.rollout_actors for k, v in engine_actor_resources(cfg).items()}
-    rollouts = dict(engines, CPU=engines["CPU"] + STAGE_ACTOR_CPUS * (2 * cfg.rollout_actors + 1))
+    engines = {k: v * cfg.rollout.actors for k, v in engine_actor_resources(cfg).items()}
+    rollouts = dict(engines, CPU=engines["CPU"] + STAGE_ACTOR_CPUS * (2 * cfg.rollout.actors + 1))
     update = dict(engines)
     for k, v in trainer_worker_resources(cfg).items():
-        update[k] = update.get(k, 0.0) + v * cfg.num_workers
+        update[k] = update.get(k, 0.0) + v * cfg.update.num_workers
     return {"rollouts": rollouts, "update": update}
 
 
@@ -42,20 +42,20 @@ def _old_phases(cfg: RLCRConfig) -> dict[str, dict[str, float]]:
 
 
 def test_the_trainer_workers_count_in_every_phase():
-    cfg = RLCRConfig(**SHAPE, trainer_resources={"trainer_node": 1}, engine_resources={"engine_node": 1})
+    cfg = RLCRConfig.from_dict({**SHAPE, "placement": {"trainer_resources": {"trainer_node": 1}, "engine_resources": {"engine_node": 1}}})
     demand = run_demand(cfg)
     # rollouts: 2 engines × 0.5 + 1 worker × 1 + (2 × 2 + 1) stage tasks × 0.1
     assert demand["rollouts"] == pytest.approx({"CPU": 2.5, "engine_node": 2.0, "trainer_node": 1.0})
     assert demand["update"] == pytest.approx({"CPU": 2.0, "engine_node": 2.0, "trainer_node": 1.0})
-    released = run_demand(cfg.model_copy(update={"engine_release_during_update": True}))
+    released = run_demand(cfg.model_copy(update={"engine.release_during_update": True}))
     assert released["update"] == pytest.approx({"CPU": 1.0, "trainer_node": 1.0})  # only the engines go
     assert released["rollouts"] == demand["rollouts"]  # they are back (and the trainer still there) for rollouts
-    gpu = run_demand(RLCRConfig(use_gpu=True, rollout_actors=1, num_workers=2, engine_release_during_update=True))
+    gpu = run_demand(RLCRConfig(update={"use_gpu": True, "num_workers": 2}, rollout={"actors": 1}, engine={"release_during_update": True}))
     assert gpu["rollouts"]["GPU"] == 3.0 and gpu["update"] == {"GPU": 2.0}
 
 
 def test_the_shape_the_old_check_passed_is_refused_in_one_line():
-    cfg = RLCRConfig(**SHAPE)
+    cfg = RLCRConfig.from_dict(SHAPE)
     cluster = {"CPU": float(SHAPE_CPUS)}
     for need in _old_phases(cfg).values():  # what the check used to compare: both phases "fit"
         assert all(amount <= cluster.get(res, 0.0) for res, amount in need.items())
@@ -63,11 +63,11 @@ def test_the_shape_the_old_check_passed_is_refused_in_one_line():
         check_fits(cfg, cluster, [cluster])
     msg = str(e.value)
     assert "\n" not in msg
-    assert "the rollouts phase needs 2.5 CPU but the cluster has 2 (rollout_actors, num_workers)" in msg
+    assert "the rollouts phase needs 2.5 CPU but the cluster has 2 (rollout.actors, update.num_workers)" in msg
     assert "update phase" not in msg  # engines + trainer alone do fit
     assert "trainer worker(s) × {'CPU': 1.0} also kept for the whole run" in msg
     check_fits(cfg, {"CPU": 3.0}, [{"CPU": 3.0}])
-    check_fits(cfg.model_copy(update={"num_workers": 2}), {"CPU": 3.5})  # 1 + 2 + 0.5 exactly
+    check_fits(cfg.model_copy(update={"update.num_workers": 2}), {"CPU": 3.5})  # 1 + 2 + 0.5 exactly
 
 
 # ----------------------------------------------------------------------------- a real Ray of that shape
@@ -98,7 +98,7 @@ class Engine:
         return True
 
 res = engine_actor_resources(cfg)
-engines = [Engine.options(num_cpus=res["CPU"]).remote() for _ in range(cfg.rollout_actors)]
+engines = [Engine.options(num_cpus=res["CPU"]).remote() for _ in range(cfg.rollout.actors)]
 ray.get([e.ready.remote() for e in engines], timeout=120)
 trainer = PolicyTrainer(cfg, policy_uri=model)
 time.sleep(2)

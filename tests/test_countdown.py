@@ -68,8 +68,8 @@ def test_default_format_score_is_the_configs():
 
     from rlcr.config import RLCRConfig
 
-    assert inspect.signature(compute_score).parameters["format_score"].default == RLCRConfig().format_score
-    assert compute_score("<answer>16 + 5 + 4</answer>", {"target": 24, "numbers": [3, 5, 16]}) == RLCRConfig().format_score
+    assert inspect.signature(compute_score).parameters["format_score"].default == RLCRConfig().method.format_score
+    assert compute_score("<answer>16 + 5 + 4</answer>", {"target": 24, "numbers": [3, 5, 16]}) == RLCRConfig().method.format_score
 
 
 @pytest.mark.parametrize(

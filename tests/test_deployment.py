@@ -76,7 +76,7 @@ def test_deployment_run_against_local_server(prefect_server, tiny_model_dir, tmp
         wait_for(lambda: prefect("deployment", "inspect", "rlcr/train").returncode == 0, 180, "deployment rlcr/train")
         nightly = prefect("deployment", "inspect", "rlcr-probe/nightly")
         assert nightly.returncode == 0 and "0 3 * * *" in nightly.stdout
-        run = prefect("deployment", "run", "rlcr/train", "-p", "run_id=dep", "-p", "iterations=1",
+        run = prefect("deployment", "run", "rlcr/train", "-p", "run.id=dep", "-p", "run.iterations=1",
                       "--watch", "--watch-timeout", "900", timeout=960)
         out = run.stdout + run.stderr
         assert run.returncode == 0, out + (tmp_path / "serve.log").read_text()[-4000:]

@@ -39,11 +39,11 @@ def stage_hook():
 
 def overrides(tiny_model_dir, s3):
     return {
-        "model": str(tiny_model_dir), "storage_uri": f"s3://{BUCKET}/exp", "s3_endpoint_url": s3.endpoint,
-        "prompts_per_iteration": 2, "num_generations_answer": 3, "num_generations_confidence": 2,
-        "num_train_tasks": 16, "num_eval_tasks": 4, "temperature": 1.0, "max_answer_tokens": 16,
-        "max_confidence_tokens": 8, "engine_max_model_len": 512, "engine_kv_cache_gib": 0.25,
-        "learning_rate": 1e-4, "retries": 1, "retry_delay_s": 0.5,
+        "model.name": str(tiny_model_dir), "storage.uri": f"s3://{BUCKET}/exp", "storage.s3_endpoint_url": s3.endpoint,
+        "rollout.prompts_per_iteration": 2, "rollout.num_generations_answer": 3, "rollout.num_generations_confidence": 2,
+        "tasks.num_train": 16, "tasks.num_eval": 4, "rollout.temperature": 1.0, "rollout.max_answer_tokens": 16,
+        "rollout.max_confidence_tokens": 8, "engine.max_model_len": 512, "engine.kv_cache_gib": 0.25,
+        "update.learning_rate": 1e-4, "orchestration.retries": 1, "orchestration.retry_delay_s": 0.5,
     }
 
 
@@ -62,7 +62,7 @@ def test_train_flow_fail_resume_and_s3_outage(ray_local, prefect_harness, tiny_m
     key = lambda uri: uri.removeprefix(f"s3://{BUCKET}/")  # a manifest's URI → its S3 key
     keys = s3.keys(prefix)
     assert f"{prefix}iter-0001/manifest.json" in keys
-    ckpt1 = key(RunStore.open(RLCRConfig(**overrides(tiny_model_dir, s3)), run).manifest(1)["checkpoint_uri"])
+    ckpt1 = key(RunStore.open(RLCRConfig.from_dict(overrides(tiny_model_dir, s3)), run).manifest(1)["checkpoint_uri"])
     assert re.fullmatch(rf"{re.escape(prefix)}iter-0001/attempt-[0-9a-f]{{12}}/checkpoint", ckpt1)
     assert f"{ckpt1}/_COMPLETE" in keys and f"{ckpt1}/model.safetensors" in keys
     assert f"{prefix}iter-0002/manifest.json" not in keys
@@ -85,7 +85,7 @@ def test_train_flow_fail_resume_and_s3_outage(ray_local, prefect_harness, tiny_m
     assert raw2["checkpoint_uri"] == f"iter-0002/attempt-{raw2['attempt']}/checkpoint" and raw2["attempt"] != raw1["attempt"]
     assert f"{prefix}{raw2['rollouts_uri']}" not in stale  # the failed attempt's rollouts are not the committed ones
 
-    m1, m2 = RunStore.open(RLCRConfig(**overrides(tiny_model_dir, s3)), run).committed()
+    m1, m2 = RunStore.open(RLCRConfig.from_dict(overrides(tiny_model_dir, s3)), run).committed()
     assert m2["policy_in"] == m1["checkpoint_uri"] and m2["checkpoint_uri"].startswith(f"s3://{BUCKET}/{prefix}iter-0002/")
     for m in (m1, m2):
         it = f"{prefix}iter-{m['iteration']:04d}/attempt-{m['attempt']}/"  # every artifact under its attempt
@@ -126,8 +126,8 @@ def test_invalid_config_fails_before_any_work(prefect_harness, tmp_path):
     from flows.train import rlcr_train
     from rlcr.config import ConfigError
 
-    with pytest.raises(ConfigError, match="num_generations_confidence"):
-        rlcr_train(overrides={"num_generations_confidence": 1, "storage_uri": str(tmp_path / "store")}, run_id="bad")
+    with pytest.raises(ConfigError, match="rollout.num_generations_confidence"):
+        rlcr_train(overrides={"rollout.num_generations_confidence": 1, "storage.uri": str(tmp_path / "store")}, run_id="bad")
     assert not (tmp_path / "store").exists()
 
 
@@ -137,10 +137,10 @@ def test_resume_refuses_a_changed_config(prefect_harness, tmp_path):
     from rlcr.config import RLCRConfig
     from rlcr.runs import RunStore
 
-    cfg = RLCRConfig(storage_uri=str(tmp_path), model="unused")
+    cfg = RLCRConfig(storage={"uri": str(tmp_path)}, model={"name": "unused"})
     RunStore.open(cfg, "r").check_config(cfg)
-    with pytest.raises(RunConfigMismatch, match="lambda_conf"):
-        rlcr_train(overrides={"storage_uri": str(tmp_path), "model": "unused", "lambda_conf": 0.5}, run_id="r")
+    with pytest.raises(RunConfigMismatch, match="method.lambda_conf"):
+        rlcr_train(overrides={"storage.uri": str(tmp_path), "model.name": "unused", "method.lambda_conf": 0.5}, run_id="r")
 
 
 def test_artifact_keys_follow_prefects_rule_and_stay_distinct():
@@ -171,7 +171,7 @@ def test_escaping_run_id_fails_before_any_work(prefect_harness, tmp_path, bad):
 
     store = tmp_path / "deep" / "store"
     with pytest.raises(ConfigError, match="invalid run id"):
-        rlcr_train(overrides={"storage_uri": str(store), "model": "unused"}, run_id=bad)
+        rlcr_train(overrides={"storage.uri": str(store), "model.name": "unused"}, run_id=bad)
     assert not any(tmp_path.rglob("*.json")) and not store.exists()
 
 
@@ -182,12 +182,12 @@ def test_second_writer_on_a_run_fails_within_seconds(prefect_harness, tmp_path):
     from rlcr.config import RLCRConfig
     from rlcr.runs import RunLease, RunLocked, RunStore
 
-    cfg = RLCRConfig(storage_uri=str(tmp_path), model="unused")
+    cfg = RLCRConfig(storage={"uri": str(tmp_path)}, model={"name": "unused"})
     run = RunStore.open(cfg, "shared")
     with RunLease(run, owner="the first flow"):
         t0 = time.monotonic()
         with pytest.raises(RunLocked, match="the first flow"):
-            rlcr_train(overrides={"storage_uri": str(tmp_path), "model": "unused"}, run_id="shared")
+            rlcr_train(overrides={"storage.uri": str(tmp_path), "model.name": "unused"}, run_id="shared")
         assert time.monotonic() - t0 < 30
     assert not run.store.exists(run.config_rel)  # the second writer wrote nothing
 
@@ -201,9 +201,9 @@ def test_a_run_that_cannot_fit_the_cluster_fails_fast(ray_local, prefect_harness
 
     t0 = time.monotonic()
     with pytest.raises(ResourceError, match=r"update phase needs 5 CPU but the cluster has 4") as err:
-        rlcr_train(overrides={"storage_uri": str(tmp_path), "model": str(tiny_model_dir), "num_workers": 4,
-                              "rollout_actors": 2, "num_train_tasks": 16, "num_eval_tasks": 4}, run_id="big")
-    assert "num_workers" in str(err.value)
+        rlcr_train(overrides={"storage.uri": str(tmp_path), "model.name": str(tiny_model_dir), "update.num_workers": 4,
+                              "rollout.actors": 2, "tasks.num_train": 16, "tasks.num_eval": 4}, run_id="big")
+    assert "update.num_workers" in str(err.value)
     assert time.monotonic() - t0 < 60
 
 
@@ -215,7 +215,7 @@ def test_an_update_that_cannot_fit_fails_fast(ray_local, tiny_model_dir, tmp_pat
     from rlcr.config import RLCRConfig
     from rlcr.train import run_update
 
-    cfg = RLCRConfig(model=str(tiny_model_dir), storage_uri=str(tmp_path), num_workers=8)
+    cfg = RLCRConfig(model={"name": str(tiny_model_dir)}, storage={"uri": str(tmp_path)}, update={"num_workers": 8})
     t0 = time.monotonic()
     with pytest.raises(ResourceError, match="8 worker"):
         run_update(cfg, [{"row": 0}], policy_uri=str(tiny_model_dir), run_id="big", iteration=1)
@@ -239,13 +239,13 @@ def test_save_every_stages_rewinds_and_resumes_exactly(ray_local, prefect_harnes
     from rlcr.runs import RunStore
 
     def cfg_for(name):
-        return {"model": str(tiny_model_dir), "storage_uri": str(tmp_path / name), "prompts_per_iteration": 2,
-                "num_generations_answer": 2, "num_generations_confidence": 2, "num_train_tasks": 16,
-                "num_eval_tasks": 4, "temperature": 1.0, "max_answer_tokens": 16, "max_confidence_tokens": 8,
-                "engine_max_model_len": 512, "engine_kv_cache_gib": 0.25, "learning_rate": 1e-3, "retries": 1,
-                "retry_delay_s": 0.1, "eval_every": 0, "save_every": 2}
+        return {"model.name": str(tiny_model_dir), "storage.uri": str(tmp_path / name), "rollout.prompts_per_iteration": 2,
+                "rollout.num_generations_answer": 2, "rollout.num_generations_confidence": 2, "tasks.num_train": 16,
+                "tasks.num_eval": 4, "rollout.temperature": 1.0, "rollout.max_answer_tokens": 16, "rollout.max_confidence_tokens": 8,
+                "engine.max_model_len": 512, "engine.kv_cache_gib": 0.25, "update.learning_rate": 1e-3, "orchestration.retries": 1,
+                "orchestration.retry_delay_s": 0.1, "eval.every": 0, "orchestration.save_every": 2}
 
-    straight = RunStore.open(RLCRConfig(**cfg_for("a")), "r")
+    straight = RunStore.open(RLCRConfig.from_dict(cfg_for("a")), "r")
     rlcr_train(overrides=cfg_for("a"), run_id="r", iterations=3)
     m1, m2, m3 = straight.committed()
     assert m1["checkpoint_uri"] is None and m1["state_uri"] == m2["checkpoint_uri"] and m1["state_iteration"] == 2
@@ -258,7 +258,7 @@ def test_save_every_stages_rewinds_and_resumes_exactly(ray_local, prefect_harnes
     assert not straight.store.exists(straight.checkpoint_rel(1, a))  # nothing saved after iteration 1
     assert straight.pending() == [] and not straight.store.exists(straight.pending_rel(1, a))
 
-    crashed = RunStore.open(RLCRConfig(**cfg_for("b")), "r")
+    crashed = RunStore.open(RLCRConfig.from_dict(cfg_for("b")), "r")
 
     killed = []
 

@@ -74,7 +74,7 @@ def test_compare_prints_a_files_provenance_bounded_and_without_control_character
     a = write_rows(tmp_path / "a.parquet", eval_rows())
     b = write_rows(tmp_path / "b.parquet", eval_rows(right=False), policy=HOSTILE + "p" * 50_000, method=HOSTILE,
                    draw=1)
-    res, took = cli("compare", a, b, f"storage_uri={tmp_path}")
+    res, took = cli("compare", a, b, f"storage.uri={tmp_path}")
     assert res.exit_code == 0, res.output
     shown = res.output[res.output.index("B: policy"):]
     assert says(shown, "[red]x[/bold]") and says(shown, "more characters)") and len(shown) < 2000
@@ -83,12 +83,12 @@ def test_compare_prints_a_files_provenance_bounded_and_without_control_character
 
 def test_config_errors_and_file_names_reach_the_terminal_escaped(tmp_path):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(json.dumps({HOSTILE: 1, "seed": HOSTILE}))  # JSON is YAML; "\u001b" escapes become ESC
+    cfg.write_text(json.dumps({HOSTILE: 1, "run": {"seed": HOSTILE}}))  # JSON is YAML; "\u001b" escapes become ESC
     res, _ = cli("eval", "--config", str(cfg))
     assert res.exit_code == 2 and "config error:" in res.output and "unknown field" in res.output
     assert "[red]x[/bold]" in res.output  # shown as it is, not read as markup
     missing = tmp_path / (HOSTILE.replace("/", "") + ".parquet")
-    res, _ = cli("compare", str(missing), str(missing), f"storage_uri={tmp_path}")
+    res, _ = cli("compare", str(missing), str(missing), f"storage.uri={tmp_path}")
     assert res.exit_code != 0 and says(res.output, "no such file")
 
 
@@ -105,9 +105,9 @@ def laughs(levels: int) -> str:
     ("block.yaml", "model:\n  " + "- " * 5_000 + "x\n", "nested deeper than"),
     ("indented.yaml", "model:\n" + "".join(" " * (i + 1) + "-\n" for i in range(600)), "nested deeper than"),
     ("latin1.yaml", b"model: caf\xe9\n", "not UTF-8"),
-    ("bigint.yaml", "seed: " + "9" * 5000 + "\n", "not valid YAML"),
+    ("bigint.yaml", "run:\n  seed: " + "9" * 5000 + "\n", "not valid YAML"),
     ("huge.yaml", "model: " + "x" * 300_000 + "\n", "bytes a config file may hold"),
-    ("long.yaml", "seed: " + "x" * 200_000 + "\n", "field 'seed'"),  # the value is echoed, bounded
+    ("long.yaml", "run:\n  seed: " + "x" * 200_000 + "\n", "field 'run.seed'"),  # the value is echoed, bounded
 ])
 def test_hostile_config_files_give_one_line_naming_the_file(tmp_path, name, text, needle):
     path = tmp_path / name
@@ -122,12 +122,12 @@ def test_hostile_config_files_give_one_line_naming_the_file(tmp_path, name, text
 
 
 @pytest.mark.parametrize("override, needle", [
-    ("model=[&a x, *a]", "anchors and aliases"),
-    ("model=" + "[" * 5_000 + "]" * 5_000, "nested deeper than"),
-    ("model=" + "- " * 5_000 + "x", "nested deeper than"),
-    ("model=" + "x" * 100_000, "characters allowed"),
-    ("seed=" + "x" * 10_000, "field 'seed'"),
-    ("seed=" + "9" * 5000, "not valid YAML"),
+    ("model.name=[&a x, *a]", "anchors and aliases"),
+    ("model.name=" + "[" * 5_000 + "]" * 5_000, "nested deeper than"),
+    ("model.name=" + "- " * 5_000 + "x", "nested deeper than"),
+    ("model.name=" + "x" * 100_000, "characters allowed"),
+    ("run.seed=" + "x" * 10_000, "field 'run.seed'"),
+    ("run.seed=" + "9" * 5000, "not valid YAML"),
 ])
 def test_hostile_overrides_give_one_line_naming_the_override(override, needle):
     t0 = time.perf_counter()
@@ -145,11 +145,11 @@ def test_task_files_that_are_not_utf8_or_nest_deeply_are_named(tmp_path):
     one_line_refusal(e.value, str(bad), "row 2", "not UTF-8")
     from rlcr.tasks.sets import task_sets
 
-    cfg = RLCRConfig(eval_tasks=str(bad), num_train_tasks=20)
+    cfg = RLCRConfig(tasks={"eval_file": str(bad), "num_train": 20})
     with pytest.raises(TaskFormatError) as e:  # where a run reads it
         task_sets(cfg)
     one_line_refusal(e.value, str(bad), "row 2")
-    res, _ = cli("eval", f"eval_tasks={bad}", "num_train_tasks=20", f"storage_uri={tmp_path}")
+    res, _ = cli("eval", f"tasks.eval_file={bad}", "tasks.num_train=20", f"storage.uri={tmp_path}")
     assert res.exit_code == 2 and says(res.output, f"{bad}: row 2") and "Ray" not in res.output
 
 
@@ -158,14 +158,14 @@ def test_compare_refuses_deeply_nested_provenance_naming_the_file(tmp_path):
     table = rows_to_table(eval_rows()).replace_schema_metadata(
         {b"rlcr.provenance": b'{"policy": ' + b"[" * 20_000 + b"]" * 20_000 + b"}"})
     pq.write_table(table, tmp_path / "deep.parquet")
-    res, took = cli("compare", a, str(tmp_path / "deep.parquet"), f"storage_uri={tmp_path}")
+    res, took = cli("compare", a, str(tmp_path / "deep.parquet"), f"storage.uri={tmp_path}")
     assert res.exit_code != 0 and says(res.output, "deep.parquet: provenance metadata: nested deeper than")
     assert took < 30
 
 
 # ======================================================================= item 6: validated ranges
-@pytest.mark.parametrize("override", ["seed=4294967296", "seed=-1", f"seed={2**31}", "eval_seed=-5",
-                                      f"eval_seed={2**32}"])
+@pytest.mark.parametrize("override", ["run.seed=4294967296", "run.seed=-1", f"run.seed={2**31}", "tasks.eval_seed=-5",
+                                      f"tasks.eval_seed={2**32}"])
 def test_seeds_out_of_range_are_refused_naming_the_field(override):
     with pytest.raises(ConfigError) as e:
         RLCRConfig.from_yaml(None, [override])
@@ -176,18 +176,18 @@ def test_the_largest_seed_is_safe_for_every_derived_seed():
     from rlcr.config import MAX_SEED
     from rlcr.seeds import eval_salt, mini_batch_seed, mix, rollout_seed, sft_seed, update_seed
 
-    cfg = RLCRConfig(seed=MAX_SEED, eval_seed=MAX_SEED)
-    torch.manual_seed(cfg.seed)
-    np.random.seed(cfg.seed)  # the probe's engine seed
-    np.random.default_rng(cfg.eval_seed)  # the bootstrap's
+    cfg = RLCRConfig(run={"seed": MAX_SEED}, tasks={"eval_seed": MAX_SEED})
+    torch.manual_seed(cfg.run.seed)
+    np.random.seed(cfg.run.seed)  # the probe's engine seed
+    np.random.default_rng(cfg.tasks.eval_seed)  # the bootstrap's
     for iteration in (1, 10**6):
         for epoch in (0, 99):  # the update's permutation: torch.Generator takes seeds below 2**64
-            torch.Generator().manual_seed(mini_batch_seed(update_seed(cfg.seed, iteration), epoch))
+            torch.Generator().manual_seed(mini_batch_seed(update_seed(cfg.run.seed, iteration), epoch))
         for draw in (0, 1, 12345):  # engine seeds (vLLM seeds NumPy with them): below 2**32
-            seed = rollout_seed(cfg.seed, iteration, salt=eval_salt(draw))
+            seed = rollout_seed(cfg.run.seed, iteration, salt=eval_salt(draw))
             np.random.seed(seed)
             np.random.seed(mix(seed, 1, iteration))
-    np.random.seed(sft_seed(cfg.seed))
+    np.random.seed(sft_seed(cfg.run.seed))
 
 
 def test_task_numbers_and_targets_share_the_scorers_limit(tmp_path):
@@ -209,8 +209,8 @@ def test_task_numbers_and_targets_share_the_scorers_limit(tmp_path):
         load_tasks(parquet)
     one_line_refusal(e.value, str(parquet), "row 1", "'nums' item 0")
     with pytest.raises(ConfigError) as e:  # generated tasks too
-        RLCRConfig.from_yaml(None, [f"task_num_range=[1, {10**13}]"])
-    one_line_refusal(e.value, "task_num_range")
+        RLCRConfig.from_yaml(None, [f"tasks.num_range=[1, {10**13}]"])
+    one_line_refusal(e.value, "tasks.num_range")
     from rlcr.tasks import countdown  # one constant: the loader's limit is the scorer's
 
     assert (countdown.MAX_LITERAL_DIGITS, countdown.MAX_TASK_NUMBER) == (MAX_LITERAL_DIGITS, MAX_TASK_NUMBER)
@@ -231,10 +231,10 @@ def test_compare_refuses_duplicated_answers_merged_tasks_and_nan_confidences(tmp
     }
     for name, (bad_rows, needle) in cases.items():
         bad = write_rows(tmp_path / name, bad_rows)
-        res, _ = cli("compare", good, bad, f"storage_uri={tmp_path}")
+        res, _ = cli("compare", good, bad, f"storage.uri={tmp_path}")
         assert res.exit_code != 0 and says(res.output, f"{bad}: {needle}"), (name, res.output)
     res, _ = cli("compare", good, write_rows(tmp_path / "also-good.parquet", eval_rows(right=False)),
-                 f"storage_uri={tmp_path}")
+                 f"storage.uri={tmp_path}")
     assert res.exit_code == 0, res.output
 
 
@@ -247,7 +247,7 @@ def test_eval_records_to_a_uri_are_checked_on_that_store_before_any_work(tmp_pat
     fs = fsspec.filesystem("memory")
     fs.pipe("/rlcr-test-bucket/rows.parquet", b"kept")
     try:
-        missing_tasks = f"eval_tasks={tmp_path / 'no-such-tasks.jsonl'}"  # old code fails here, after the check
+        missing_tasks = f"tasks.eval_file={tmp_path / 'no-such-tasks.jsonl'}"  # old code fails here, after the check
         res, _ = cli("eval", "--records", "memory://rlcr-test-bucket/rows.parquet", missing_tasks)
         assert res.exit_code != 0 and says(res.output, "memory://rlcr-test-bucket/rows.parquet: exists")
         assert fs.cat("/rlcr-test-bucket/rows.parquet") == b"kept"
@@ -266,10 +266,10 @@ def test_eval_writes_its_records_to_s3(s3, ray_local, tiny_model_dir, tmp_path, 
 
     monkeypatch.chdir(tmp_path)
     uri = f"s3://{BUCKET}/{tmp_path.name}/rows.parquet"
-    args = ["eval", "--records", uri, f"model={tiny_model_dir}", f"s3_endpoint_url={s3.endpoint}",
-            f"storage_uri={tmp_path / 'store'}", "num_train_tasks=20", "num_eval_tasks=3", "max_answer_tokens=16",
-            "max_confidence_tokens=8", "engine_max_model_len=512", "engine_kv_cache_gib=0.25",
-            "eval_bootstrap_resamples=100"]
+    args = ["eval", "--records", uri, f"model.name={tiny_model_dir}", f"storage.s3_endpoint_url={s3.endpoint}",
+            f"storage.uri={tmp_path / 'store'}", "tasks.num_train=20", "tasks.num_eval=3", "rollout.max_answer_tokens=16",
+            "rollout.max_confidence_tokens=8", "engine.max_model_len=512", "engine.kv_cache_gib=0.25",
+            "eval.bootstrap_resamples=100"]
     res, _ = cli(*args)
     assert res.exit_code == 0, res.output
     assert says(res.output, f"per-answer rows: {uri}")

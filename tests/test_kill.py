@@ -43,12 +43,12 @@ def test_sigkill_during_update_and_commit_then_resume(ray_local, prefect_harness
            "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(HERE.parent)}
     store = tmp_path / "store"
     overrides = {
-        "model": str(tiny_model_dir), "storage_uri": str(store), "prompts_per_iteration": 2,
-        "num_generations_answer": 2, "num_generations_confidence": 2, "num_train_tasks": 16, "num_eval_tasks": 4,
-        "temperature": 1.0, "max_answer_tokens": 16, "max_confidence_tokens": 8, "engine_max_model_len": 512,
-        "engine_kv_cache_gib": 0.25, "learning_rate": 1e-4, "retries": 0, "eval_every": 2,
+        "model.name": str(tiny_model_dir), "storage.uri": str(store), "rollout.prompts_per_iteration": 2,
+        "rollout.num_generations_answer": 2, "rollout.num_generations_confidence": 2, "tasks.num_train": 16, "tasks.num_eval": 4,
+        "rollout.temperature": 1.0, "rollout.max_answer_tokens": 16, "rollout.max_confidence_tokens": 8, "engine.max_model_len": 512,
+        "engine.kv_cache_gib": 0.25, "update.learning_rate": 1e-4, "orchestration.retries": 0, "eval.every": 2,
     }
-    run = RunStore.open(RLCRConfig(**overrides), "killed")
+    run = RunStore.open(RLCRConfig.from_dict(overrides), "killed")
 
     # killed as iteration 2's update starts (delay 0 blocks the stage until the kill: the update itself now takes
     # well under a second, so a timed kill would land after the commit)

@@ -138,7 +138,7 @@ TASK_MODULES = ("rlcr.tasks.countdown", "rlcr.tasks.math")
 
 
 def test_only_the_tasks_package_imports_a_task_module():
-    """Issue 32: generic code reaches a task by name (``get_task(cfg.task)``), never by importing its module."""
+    """Issue 32: generic code reaches a task by name (``get_task(cfg.tasks.name)``), never by importing its module."""
     offenders = sorted(f"{m} imports {d}" for m, deps in graph().items()
                        if not m.startswith("rlcr.tasks.")
                        for d in deps if d.startswith(TASK_MODULES))

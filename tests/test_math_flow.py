@@ -17,19 +17,19 @@ DATA = REPO / "rlcr" / "tasks" / "data"
 def test_the_math_configs_load_and_name_the_math_task(monkeypatch):
     monkeypatch.chdir(REPO)  # configs/math.yaml names the shipped files relative to the repository root
     cpu = load_config(REPO / "configs" / "math.yaml")
-    assert cpu.task == "math" and cpu.model == "smollm2-135m-instruct" and not cpu.use_gpu
-    assert Path(cpu.train_tasks) == DATA / "gsm8k_style.jsonl" and Path(cpu.train_tasks).exists()
+    assert cpu.tasks.name == "math" and cpu.model.name == "smollm2-135m-instruct" and not cpu.update.use_gpu
+    assert Path(cpu.tasks.train_file) == DATA / "gsm8k_style.jsonl" and Path(cpu.tasks.train_file).exists()
     gpu = load_config(REPO / "configs" / "gpu-math.yaml")
-    assert gpu.task == "math" and gpu.use_gpu and gpu.dtype == "bfloat16"
-    assert "Qwen2.5-1.5B-Instruct" in gpu.model and gpu.train_tasks.startswith("s3://")
-    assert gpu.max_answer_tokens + gpu.max_confidence_tokens + gpu.max_prompt_tokens <= gpu.engine_max_model_len
+    assert gpu.tasks.name == "math" and gpu.update.use_gpu and gpu.model.dtype == "bfloat16"
+    assert "Qwen2.5-1.5B-Instruct" in gpu.model.name and gpu.tasks.train_file.startswith("s3://")
+    assert gpu.rollout.max_answer_tokens + gpu.rollout.max_confidence_tokens + gpu.rollout.max_prompt_tokens <= gpu.engine.max_model_len
 
 
 def test_an_unknown_task_is_a_one_line_error_naming_the_tasks():
     from rlcr.config import RLCRConfig
 
     with pytest.raises(ValueError) as err:
-        RLCRConfig(task="chess")
+        RLCRConfig(tasks={"name": "chess"})
     line = next(x for x in str(err.value).splitlines() if "unknown task" in x)
     assert "'chess'" in line and "countdown, math" in line
 
@@ -45,17 +45,17 @@ def test_train_flow_on_math_then_resume(ray_local, tiny_model_dir, tmp_path):
     held_out = tmp_path / "held_out.jsonl"  # four of the shipped MATH-style rows: a short evaluation
     held_out.write_text("".join((DATA / "math_style.jsonl").read_text().splitlines(keepends=True)[:4]))
     overrides = {
-        "task": "math", "model": str(tiny_model_dir), "storage_uri": str(tmp_path / "store"),
-        "train_tasks": str(DATA / "gsm8k_style.jsonl"), "eval_tasks": str(held_out),
-        "prompts_per_iteration": 2, "num_generations_answer": 2, "num_generations_confidence": 2,
-        "eval_samples": 1, "temperature": 1.0, "max_answer_tokens": 16, "max_confidence_tokens": 8,
-        "engine_max_model_len": 1024, "engine_kv_cache_gib": 0.25, "learning_rate": 1e-3, "retries": 0,
+        "tasks.name": "math", "model.name": str(tiny_model_dir), "storage.uri": str(tmp_path / "store"),
+        "tasks.train_file": str(DATA / "gsm8k_style.jsonl"), "tasks.eval_file": str(held_out),
+        "rollout.prompts_per_iteration": 2, "rollout.num_generations_answer": 2, "rollout.num_generations_confidence": 2,
+        "eval.samples": 1, "rollout.temperature": 1.0, "rollout.max_answer_tokens": 16, "rollout.max_confidence_tokens": 8,
+        "engine.max_model_len": 1024, "engine.kv_cache_gib": 0.25, "update.learning_rate": 1e-3, "orchestration.retries": 0,
     }
     with prefect_test_harness(server_startup_timeout=180):
         first = rlcr_train(overrides=overrides, run_id="m", iterations=1)
         second = rlcr_train(overrides=overrides, run_id="m", iterations=2)  # resume: iteration 2 only
     assert first["iterations"] == [1] and second["iterations"] == [2]
-    run = RunStore.open(RLCRConfig(**overrides), "m")
+    run = RunStore.open(RLCRConfig.from_dict(overrides), "m")
     m1, m2 = run.committed()
     assert m2["policy_in"] == m1["checkpoint_uri"]
     rows = pq.read_table(m2["rollouts_uri"]).to_pylist()
@@ -77,7 +77,7 @@ def test_the_math_warm_start_is_worked_solutions_then_a_format_only_confidence()
     from rlcr.tasks.base import FORMAT_ONLY_CONFIDENCES
     from rlcr.tasks.registry import get_task
 
-    cfg = RLCRConfig(task="math", train_tasks=str(DATA / "math_style.jsonl"), sft_single_turn=True)
+    cfg = RLCRConfig(tasks={"name": "math", "train_file": str(DATA / "math_style.jsonl")}, sft={"single_turn": True})
     examples = task_examples(cfg, 6, seed=3)
     assert [e["sample_type"] for e in examples] == ["answer", "confidence"] * 6 + ["answer"] * 6
     math = get_task("math")

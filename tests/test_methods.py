@@ -151,9 +151,9 @@ def test_single_turn_prompt_asks_for_answer_and_confidence():
 
 
 def test_method_is_a_checked_config_field():
-    assert RLCRConfig().method == "rlcr"
+    assert RLCRConfig().method.name == "rlcr"
     with pytest.raises(ConfigError, match="method"):
-        RLCRConfig.from_dict({"method": "grpo"})
+        RLCRConfig.from_dict({"method.name": "grpo"})
 
 
 # ----------------------------------------------------------------------------- evaluation intervals

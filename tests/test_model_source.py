@@ -41,7 +41,7 @@ def test_a_hub_id_offline_is_one_line_before_anything_starts(monkeypatch):
             check_model("Qwen/Qwen2.5-0.5B-Instruct", hub_timeout_s=2)
         assert time.monotonic() - t0 < 10
         msg = str(e.value)
-        assert "\n" not in msg and "cannot be reached" in msg and "model=DIR" in msg
+        assert "\n" not in msg and "cannot be reached" in msg and "model.name=DIR" in msg
     finally:
         monkeypatch.delenv("HF_ENDPOINT")
         importlib.reload(constants)

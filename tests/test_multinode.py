@@ -1,13 +1,13 @@
 """Beyond one machine: placement as configuration, refusing what cannot work, and a real two-node cluster.
 
-The units (no Ray) check that ``engine_resources``/``trainer_resources`` reach what each engine actor and
+The units (no Ray) check that ``placement.engine_resources``/``placement.trainer_resources`` reach what each engine actor and
 trainer worker asks for and the fit check, and when a local path is refused on a multi-node cluster.
 
 The cluster test starts a real Ray head (``ray start --head``, 1 CPU) and a second node (4 CPUs and the
 custom resource ``worker_node``) as separate raylets on 127.0.0.1, each with its own temp dir, ``HOME``,
 ``RLCR_CACHE`` and ``TMPDIR``; the flow's driver is a third process (its own ``HOME``/``RLCR_CACHE`` too)
 attached to the head. Storage, and the initial model, are on the session's moto S3 server. With
-``engine_resources``/``trainer_resources`` = ``{"worker_node": 1}`` the engine pool and the Ray Train worker
+``placement.engine_resources``/``placement.trainer_resources`` = ``{"worker_node": 1}`` the engine pool and the Ray Train worker
 run on the second node while the driver runs on the head: one iteration to commit, then a resume to a
 second one. The second node fetches each checkpoint it uses from S3 into its own cache; the driver's cache
 holds a poisoned copy of the model's weights, which nothing may read. Tear-down kills exactly the process
@@ -35,7 +35,7 @@ import pytest
 
 from rlcr.cluster import (ResourceError, StorageNotShared, check_fits, check_storage, engine_actor_resources,
                           run_demand, trainer_worker_resources)
-from rlcr.config import OPERATIONAL_FIELDS, ConfigError, RLCRConfig, result_changing_diff
+from rlcr.config import ConfigError, changes_results, RLCRConfig, result_changing_diff
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
@@ -47,33 +47,32 @@ PLACEMENT = ("engine_resources", "trainer_resources", "storage_shared")
 
 def test_placement_fields_are_documented_operational_and_validated():
     cfg = RLCRConfig()
-    assert cfg.engine_resources == {} and cfg.trainer_resources == {} and cfg.storage_shared is False
+    assert cfg.placement.engine_resources == {} and cfg.placement.trainer_resources == {} and cfg.placement.storage_shared is False
     for name in PLACEMENT:
-        assert RLCRConfig.model_fields[name].description
-        assert name in OPERATIONAL_FIELDS
-    moved = RLCRConfig(engine_resources={"worker_node": 1}, trainer_resources={"gpu_node": 0.5}, storage_shared=True)
+        field = dict(RLCRConfig.dotted_fields())[f"placement.{name}"]
+        assert field.description
+        assert not changes_results(field)
+    moved = RLCRConfig(placement={"engine_resources": {"worker_node": 1}, "trainer_resources": {"gpu_node": 0.5}, "storage_shared": True})
     assert result_changing_diff(cfg.model_dump(mode="json"), moved) == []  # a resume may move the run
-    assert RLCRConfig.from_yaml(None, ["engine_resources={worker_node: 2}"]).engine_resources == {"worker_node": 2.0}
+    assert RLCRConfig.from_yaml(None, ["placement.engine_resources={worker_node: 2}"]).placement.engine_resources == {"worker_node": 2.0}
     for bad, words in [({"CPU": 1}, "'CPU' is not an extra resource"), ({"GPU": 1}, "'GPU'"),
                        ({"memory": 1e9}, "'memory'"), ({"w": 0}, "amount > 0"), ({"w": -1}, "amount > 0"),
                        ({"w": 1e-5}, "0.0001"), ({"": 1}, "non-empty"), ({"w": float("nan")}, "finite")]:
         for field in ("engine_resources", "trainer_resources"):
             with pytest.raises(ConfigError, match=field) as e:
-                RLCRConfig.from_dict({field: bad})
+                RLCRConfig.from_dict({f"placement.{field}": bad})
             assert words in str(e.value)
 
 
 def test_custom_resources_reach_each_actor_and_the_demand():
-    cfg = RLCRConfig(engine_resources={"worker_node": 1}, trainer_resources={"worker_node": 1, "fast_disk": 0.5},
-                     rollout_actors=2, num_workers=3)
+    cfg = RLCRConfig(placement={"engine_resources": {"worker_node": 1}, "trainer_resources": {"worker_node": 1, "fast_disk": 0.5}}, rollout={"actors": 2}, update={"num_workers": 3})
     assert engine_actor_resources(cfg) == {"CPU": 0.5, "worker_node": 1.0}
     assert trainer_worker_resources(cfg) == {"CPU": 1.0, "worker_node": 1.0, "fast_disk": 0.5}
     demand = run_demand(cfg)
     # the trainer's workers live for the whole run: they hold their units through the rollouts too
     assert demand["rollouts"]["worker_node"] == 2.0 + 3.0 and demand["rollouts"]["fast_disk"] == 1.5
     assert demand["update"]["worker_node"] == 2.0 + 3.0 and demand["update"]["fast_disk"] == 1.5
-    gpu = RLCRConfig(use_gpu=True, engine_tensor_parallel_size=2, engine_resources={"gpu_pool": 1},
-                     trainer_resources={"gpu_pool": 1})
+    gpu = RLCRConfig(update={"use_gpu": True}, engine={"tensor_parallel_size": 2}, placement={"engine_resources": {"gpu_pool": 1}, "trainer_resources": {"gpu_pool": 1}})
     assert engine_actor_resources(gpu) == {"CPU": 0.5, "GPU": 2.0, "gpu_pool": 1.0}
     assert trainer_worker_resources(gpu) == {"GPU": 1.0, "gpu_pool": 1.0}
     plain = RLCRConfig()  # no placement: exactly what was asked before (Ray Train's defaults)
@@ -84,27 +83,27 @@ def test_trainer_scaling_config_takes_the_worker_resources():
     from ray.train import ScalingConfig
 
     for cfg, want in [(RLCRConfig(), {"CPU": 1.0}),
-                      (RLCRConfig(trainer_resources={"worker_node": 1}), {"CPU": 1.0, "worker_node": 1.0}),
-                      (RLCRConfig(use_gpu=True, trainer_resources={"a100": 1}), {"GPU": 1.0, "a100": 1.0})]:
-        sc = ScalingConfig(num_workers=2, use_gpu=cfg.use_gpu, resources_per_worker=trainer_worker_resources(cfg))
+                      (RLCRConfig(placement={"trainer_resources": {"worker_node": 1}}), {"CPU": 1.0, "worker_node": 1.0}),
+                      (RLCRConfig(update={"use_gpu": True}, placement={"trainer_resources": {"a100": 1}}), {"GPU": 1.0, "a100": 1.0})]:
+        sc = ScalingConfig(num_workers=2, use_gpu=cfg.update.use_gpu, resources_per_worker=trainer_worker_resources(cfg))
         assert sc._resources_per_worker_not_none == want
 
 
 def test_a_run_that_cannot_be_placed_fails_naming_the_resource():
-    cfg = RLCRConfig(engine_resources={"worker_node": 1}, trainer_resources={"worker_node": 1})
+    cfg = RLCRConfig(placement={"engine_resources": {"worker_node": 1}, "trainer_resources": {"worker_node": 1}})
     with pytest.raises(ResourceError) as e:  # no node advertises it
         check_fits(cfg, {"CPU": 8.0})
     msg = str(e.value)
     assert "the rollouts phase needs 2 worker_node but the cluster has 0" in msg  # engine + trainer worker
     assert "the update phase needs 2 worker_node but the cluster has 0" in msg
-    assert "engine_resources, trainer_resources" in msg and "ray start --resources" in msg
+    assert "placement.engine_resources, placement.trainer_resources" in msg and "ray start --resources" in msg
     with pytest.raises(ResourceError, match="the update phase needs 2 worker_node but the cluster has 1"):
         check_fits(cfg, {"CPU": 8.0, "worker_node": 1.0})  # the engine keeps its unit through the update
     check_fits(cfg, {"CPU": 8.0, "worker_node": 2.0})
     check_fits(cfg, {"CPU": 5.0, "worker_node": 4.0},
                [{"CPU": 1.0}, {"CPU": 4.0, "worker_node": 4.0}])  # the test's two-node cluster
     # the totals hold, but no single node has both a GPU and the custom resource the engine asks for
-    gpu = RLCRConfig(use_gpu=True, engine_resources={"gpu_pool": 1})
+    gpu = RLCRConfig(update={"use_gpu": True}, placement={"engine_resources": {"gpu_pool": 1}})
     with pytest.raises(ResourceError, match="no single node has all of an engine actor's"):
         check_fits(gpu, {"CPU": 8.0, "GPU": 2.0, "gpu_pool": 1.0},
                    [{"CPU": 4.0, "GPU": 2.0}, {"CPU": 4.0, "gpu_pool": 1.0}])
@@ -129,26 +128,26 @@ def test_an_engine_takes_the_cores_of_its_own_node():
 
 
 def test_local_storage_is_refused_on_a_multi_node_cluster(tmp_path):
-    s3 = {"storage_uri": "s3://bucket/rlcr", "model": "s3://bucket/models/m"}
-    local = RLCRConfig(storage_uri=str(tmp_path / "runs"), model="s3://bucket/models/m")
+    s3 = {"storage.uri": "s3://bucket/rlcr", "model.name": "s3://bucket/models/m"}
+    local = RLCRConfig(storage={"uri": str(tmp_path / "runs")}, model={"name": "s3://bucket/models/m"})
     with pytest.raises(StorageNotShared) as e:
         check_storage(local, _nodes(2))
     msg = str(e.value)
-    assert f"storage_uri {str(tmp_path / 'runs')!r}" in msg and "2 alive nodes" in msg
-    assert "storage_shared=true" in msg and "s3://" in msg and "model" not in msg.split(":")[0]
+    assert f"storage.uri {str(tmp_path / 'runs')!r}" in msg and "2 alive nodes" in msg
+    assert "placement.storage_shared=true" in msg and "s3://" in msg and "model" not in msg.split(":")[0]
     assert isinstance(e.value, ConfigError)
     with pytest.raises(StorageNotShared, match="3 alive nodes"):
         check_storage(local, _nodes(3, dead=1))
     check_storage(local, _nodes(1))  # one node: its disk is the only one
     check_storage(local, _nodes(1, dead=2))  # dead nodes do not count
-    check_storage(local.model_copy(update={"storage_shared": True}), _nodes(4))  # declared an NFS mount
-    check_storage(RLCRConfig(**s3), _nodes(4))
+    check_storage(local.model_copy(update={"placement.storage_shared": True}), _nodes(4))  # declared an NFS mount
+    check_storage(RLCRConfig.from_dict(s3), _nodes(4))
     # a local model (a path, or a name that resolves into the driver's cache) is the same trap
     for model in (str(tmp_path), "smollm2-135m-instruct"):
-        with pytest.raises(StorageNotShared, match=f"model {model!r}"):
-            check_storage(RLCRConfig(storage_uri="s3://bucket/rlcr", model=model), _nodes(2))
-    with pytest.raises(StorageNotShared, match="storage_uri 'file:///x' and model 'tiny'"):
-        check_storage(RLCRConfig(storage_uri="file:///x", model="tiny"), _nodes(2))
+        with pytest.raises(StorageNotShared, match=f"model.name {model!r}"):
+            check_storage(RLCRConfig(storage={"uri": "s3://bucket/rlcr"}, model={"name": model}), _nodes(2))
+    with pytest.raises(StorageNotShared, match="storage.uri 'file:///x' and model.name 'tiny'"):
+        check_storage(RLCRConfig(storage={"uri": "file:///x"}, model={"name": "tiny"}), _nodes(2))
 
 
 # ----------------------------------------------------------------------------- the two-node cluster
@@ -334,12 +333,12 @@ def _two_node_run(root: Path, s3, tiny_model_dir, *, logs: Path, t0: float) -> N
     model_uri = Store(f"s3://{BUCKET}/{prefix}", endpoint_url=s3.endpoint).put_dir(tiny_model_dir, "model")
     model_seal = s3.client().get_object(Bucket=BUCKET, Key=f"{prefix}/model/_COMPLETE")["Body"].read()
     overrides = {
-        "model": model_uri, "storage_uri": f"s3://{BUCKET}/{prefix}/store", "s3_endpoint_url": s3.endpoint,
-        "engine_resources": {"worker_node": 1}, "trainer_resources": {"worker_node": 1},
-        "prompts_per_iteration": 2, "num_generations_answer": 2, "num_generations_confidence": 2,
-        "num_train_tasks": 16, "num_eval_tasks": 4, "temperature": 1.0, "max_answer_tokens": 16,
-        "max_confidence_tokens": 8, "engine_max_model_len": 512, "engine_kv_cache_gib": 0.25,
-        "learning_rate": 1e-4, "retries": 0, "eval_every": 0,
+        "model.name": model_uri, "storage.uri": f"s3://{BUCKET}/{prefix}/store", "storage.s3_endpoint_url": s3.endpoint,
+        "placement.engine_resources": {"worker_node": 1}, "placement.trainer_resources": {"worker_node": 1},
+        "rollout.prompts_per_iteration": 2, "rollout.num_generations_answer": 2, "rollout.num_generations_confidence": 2,
+        "tasks.num_train": 16, "tasks.num_eval": 4, "rollout.temperature": 1.0, "rollout.max_answer_tokens": 16,
+        "rollout.max_confidence_tokens": 8, "engine.max_model_len": 512, "engine.kv_cache_gib": 0.25,
+        "update.learning_rate": 1e-4, "orchestration.retries": 0, "eval.every": 0,
     }
     # the driver: its own HOME and cache, in which the model's weights are poisoned (its seal intact, so a
     # cache hit serves them): a process that read the driver's cache for weights would fail to load them
@@ -359,13 +358,13 @@ def _two_node_run(root: Path, s3, tiny_model_dir, *, logs: Path, t0: float) -> N
 
             # refused: a local storage_uri on this two-node cluster
             t = time.perf_counter()
-            rc, out, lines = run_driver(driver_env, {**overrides, "storage_uri": str(root / "local-store")},
+            rc, out, lines = run_driver(driver_env, {**overrides, "storage.uri": str(root / "local-store")},
                                         "refused", 1, timeout_s=300)
             (logs / "driver-refused.log").write_text(out)
             times["refusal"] = time.perf_counter() - t
             assert rc != 0 and "StorageNotShared" in out, out[-6000:]
-            assert f"storage_uri {str(root / 'local-store')!r}: a local path on a Ray cluster of 2 alive nodes" in out
-            assert "storage_shared=true" in out
+            assert f"storage.uri {str(root / 'local-store')!r}: a local path on a Ray cluster of 2 alive nodes" in out
+            assert "placement.storage_shared=true" in out
             assert "ENGINE_NODES" not in lines  # refused before any engine started
             nodes = lines["NODES"]
             assert len(nodes) == 2
@@ -396,7 +395,7 @@ def _two_node_run(root: Path, s3, tiny_model_dir, *, logs: Path, t0: float) -> N
         assert engine_nodes == [worker_id]  # ... the engine pool on the second node
 
     # the committed artifacts, complete on S3
-    run = RunStore.open(RLCRConfig(**overrides), "two-nodes")
+    run = RunStore.open(RLCRConfig.from_dict(overrides), "two-nodes")
     manifests = run.committed()
     assert [m["iteration"] for m in manifests] == [1, 2]
     keys = set(s3.keys(f"{prefix}/store/"))

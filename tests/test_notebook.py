@@ -55,8 +55,7 @@ def iteration_rows(tasks, iteration, conf_right, conf_wrong):
 def run_store(tiny_model_dir, tmp_path_factory):
     """A two-iteration run with rollouts, metrics, baseline, checkpoints and a real probe report."""
     store = Store(str(tmp_path_factory.mktemp("nb-store")))
-    cfg = RLCRConfig(model=str(tiny_model_dir), storage_uri=store.uri, temperature=1.0, max_answer_tokens=24,
-                     max_confidence_tokens=12, engine_max_model_len=512, engine_kv_cache_gib=0.25, seed=5)
+    cfg = RLCRConfig(model={"name": str(tiny_model_dir)}, storage={"uri": store.uri}, rollout={"temperature": 1.0, "max_answer_tokens": 24, "max_confidence_tokens": 12}, engine={"max_model_len": 512, "kv_cache_gib": 0.25}, run={"seed": 5})
     run = RunStore(store, RUN)
     tasks = generate_tasks(3, seed=21)
     store.write_json(f"{run.prefix}/baseline.json",

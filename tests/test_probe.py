@@ -193,13 +193,13 @@ class ScriptedSampler:
 
 def test_probe_with_scripted_sampler(tiny_tokenizer):
     sampler = ScriptedSampler(tiny_tokenizer)
-    cfg = RLCRConfig(seed=7)
+    cfg = RLCRConfig(run={"seed": 7})
     rep = run_probe([TASK_A, TASK_B], tiny_tokenizer, sampler, ProbeSettings.from_config(cfg, samples=5))
     a, b = rep["tasks"]
     # turn 1 and turn 2 as in training; forced answers: one n = N request per distinct prefix
     assert [c["n"] for c in sampler.calls] == [1, 1, 5] and sampler.calls[2]["stop"] == ("</answer>",)
-    assert [c["max_tokens"] for c in sampler.calls] == [cfg.max_answer_tokens, cfg.max_confidence_tokens,
-                                                         cfg.probe_forced_answer_tokens]
+    assert [c["max_tokens"] for c in sampler.calls] == [cfg.rollout.max_answer_tokens, cfg.rollout.max_confidence_tokens,
+                                                         cfg.probe.forced_answer_tokens]
     forced = sampler.calls[2]["texts"]
     assert len(forced) == 4 + 1  # A: 0%, 2 sentence cuts, 100%; B: 0% = 100% (empty), sampled once
     assert all(t.endswith("</think>\n<answer>") and t.count("<|im_start|>assistant") == 1 for t in forced)
@@ -214,7 +214,7 @@ def test_probe_with_scripted_sampler(tiny_tokenizer):
     assert a["verbalized_confidence"] == 0.9 and a["gap"] == pytest.approx(0.9 - 0.6)
     assert a["confidence_reward"] == pytest.approx(1 - (1 - 0.9) ** 2)
     assert b["reasoning"] is None and [p["fraction"] for p in b["points"]] == [0.0, 1.0]
-    assert b["answer_correct"] == 0.0 and b["answer_score"] == cfg.format_score == 0.1  # extracted but wrong
+    assert b["answer_correct"] == 0.0 and b["answer_score"] == cfg.method.format_score == 0.1  # extracted but wrong
     assert [p["confidence"] for p in b["points"]] == [0.0, 0.0] and b["aoc"] == 1.0
     assert b["verbalized_confidence"] is None and b["gap"] is None and b["confidence_reward"] == 0.0
     m = rep["metrics"]
@@ -229,7 +229,7 @@ def test_probe_with_scripted_sampler(tiny_tokenizer):
     # given traces instead of sampled ones: no turn-1 call
     sampler.calls.clear()
     again = run_probe([TASK_A], tiny_tokenizer, sampler,
-                      ProbeSettings.from_config(RLCRConfig(probe_truncation="fractions"), samples=5),
+                      ProbeSettings.from_config(RLCRConfig(probe={"truncation": "fractions"}), samples=5),
                       responses=[RESPONSES[16]])
     assert [c["n"] for c in sampler.calls] == [1, 5] and len(again["tasks"][0]["points"]) == 11
 
@@ -245,9 +245,7 @@ def test_forced_answer_scoring():
 
 def test_probe_settings_come_from_the_config():
     """Every probe setting is a config field's value: none has a default of its own."""
-    cfg = RLCRConfig(probe_samples=7, probe_truncation="fractions", temperature=0.9, top_p=0.8, max_answer_tokens=100,
-                     max_confidence_tokens=20, probe_forced_answer_tokens=12, format_score=0.2, seed=11,
-                     eval_bootstrap_resamples=300)
+    cfg = RLCRConfig(probe={"samples": 7, "truncation": "fractions", "forced_answer_tokens": 12}, rollout={"temperature": 0.9, "top_p": 0.8, "max_answer_tokens": 100, "max_confidence_tokens": 20}, method={"format_score": 0.2}, run={"seed": 11}, eval={"bootstrap_resamples": 300})
     s = ProbeSettings.from_config(cfg)
     assert dataclasses.asdict(s) == {
         "samples": 7, "truncation": "fractions", "temperature": 0.9, "top_p": 0.8, "max_answer_tokens": 100,
@@ -266,9 +264,7 @@ def test_probe_settings_come_from_the_config():
 def tiny_cfg(model_dir, storage, **kw):
     from rlcr.config import RLCRConfig
 
-    return RLCRConfig(model=str(model_dir), storage_uri=str(storage), temperature=1.0, max_answer_tokens=32,
-                      max_confidence_tokens=12, engine_max_model_len=512, engine_kv_cache_gib=0.25, seed=3,
-                      num_train_tasks=8, num_eval_tasks=4, probe_samples=4, **kw)
+    return RLCRConfig.from_dict({**kw, "model": {"name": str(model_dir)}, "storage": {"uri": str(storage)}, "rollout": {"temperature": 1.0, "max_answer_tokens": 32, "max_confidence_tokens": 12}, "engine": {"max_model_len": 512, "kv_cache_gib": 0.25}, "run": {"seed": 3}, "tasks": {"num_train": 8, "num_eval": 4}, "probe": {"samples": 4}})
 
 
 @pytest.fixture(scope="module")
@@ -293,7 +289,7 @@ def tiny_reports(engine, tiny_tokenizer, tiny_model_dir, tmp_path_factory):
     sampled = run_probe(tasks, tiny_tokenizer, vllm_sampler(engine, settings), settings)
     given = [f"<think>Try {t.solution}. That gives {t.target}.\nDone.</think>\n<answer>{t.solution}</answer>"
              for t in tasks]
-    frac = ProbeSettings.from_config(tiny_cfg(tiny_model_dir, store.uri, probe_truncation="fractions"))
+    frac = ProbeSettings.from_config(tiny_cfg(tiny_model_dir, store.uri, **{"probe.truncation": "fractions"}))
     traced = run_probe(tasks, tiny_tokenizer, vllm_sampler(engine, frac), frac, responses=given)
     sampled.update(checkpoint_uri=str(tiny_model_dir), iteration=1)
     uris = write_report(store, "tiny", sampled)
@@ -392,10 +388,10 @@ def test_probe_flow_probes_the_newest_committed_checkpoint(engine, tiny_model_di
     from rlcr.runs import RunStore
 
     cfg = tiny_cfg(tiny_model_dir, tmp_path / "store")
-    store = Store(cfg.storage_uri)
-    overrides = {k: v for k, v in cfg.model_dump(mode="json").items()
-                 if k in ("storage_uri", "temperature", "max_answer_tokens", "max_confidence_tokens",
-                          "engine_max_model_len", "engine_kv_cache_gib", "seed", "num_train_tasks", "num_eval_tasks")}
+    store = Store(cfg.storage.uri)
+    overrides = {k: cfg.get(k) for k in ("storage.uri", "rollout.temperature", "rollout.max_answer_tokens",
+                                         "rollout.max_confidence_tokens", "engine.max_model_len", "engine.kv_cache_gib",
+                                         "run.seed", "tasks.num_train", "tasks.num_eval")}
     with pytest.raises(NoCommittedIteration, match="no committed iteration"):
         rlcr_probe(overrides=overrides, run_id="empty")
 

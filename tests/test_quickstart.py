@@ -55,7 +55,7 @@ def test_the_quick_start_shows_the_makefiles_targets_and_the_demos_store():
     # the third command opens the demo's MLflow database: the store the config defaults to, from the clone's root
     others = [shlex.split(c) for c in commands if not c.startswith("make")]
     assert len(others) == 1 and others[0][:2] == [".venv/bin/mlflow", "ui"], others
-    store = RLCRConfig.model_fields["storage_uri"].default.removeprefix("./")
+    store = dict(RLCRConfig.dotted_fields())["storage.uri"].default.removeprefix("./")
     assert others[0][2:] == ["--backend-store-uri", f"sqlite:///{store}/{LOCAL_DB}"]
     assert (VENV_BIN / "mlflow").exists() or not (VENV_BIN / "rlcr").exists()  # what `make setup` installs
 

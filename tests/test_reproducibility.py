@@ -113,7 +113,7 @@ def test_same_rollouts_whatever_the_batching_timing_and_engines(ray_local, tiny_
     quiet = tiny_cfg(tiny_model_dir, tmp_path)  # rollout_batch_size 8: all five prompts in one batch
     a = run_rollouts(quiet, TASKS, policy_uri=str(tiny_model_dir), run_id="quiet", iteration=2)
 
-    loaded = quiet.model_copy(update={"rollout_batch_size": 1, "rollout_actors": 2})
+    loaded = quiet.model_copy(update={"rollout.batch_size": 1, "rollout.actors": 2})
     names = [f"rlcr-slow-engine-{i}" for i in range(2)]
     actors = [ray.remote(_SlowEngine).options(
         name=n, num_cpus=ENGINE_ACTOR_CPUS, max_concurrency=1, runtime_env=engine_runtime_env()).remote(

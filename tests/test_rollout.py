@@ -18,11 +18,7 @@ P, GA, GC = 3, 3, 2
 
 
 def tiny_cfg(model_dir, store_dir, **kw):
-    return RLCRConfig(
-        model=str(model_dir), storage_uri=str(store_dir), num_generations_answer=GA, num_generations_confidence=GC,
-        temperature=1.0, max_answer_tokens=20, max_confidence_tokens=10, rollout_batch_size=8,
-        engine_max_model_len=512, engine_kv_cache_gib=0.25, seed=3, **kw,
-    )
+    return RLCRConfig.from_dict({**kw, "model": {"name": str(model_dir)}, "storage": {"uri": str(store_dir)}, "rollout": {"num_generations_answer": GA, "num_generations_confidence": GC, "temperature": 1.0, "max_answer_tokens": 20, "max_confidence_tokens": 10, "batch_size": 8}, "engine": {"max_model_len": 512, "kv_cache_gib": 0.25}, "run": {"seed": 3}})
 
 
 @pytest.fixture(scope="module")
@@ -190,8 +186,8 @@ def test_scoring_steps_on_batches():
 
 
 def test_prompt_too_long_is_a_clear_error(ray_local, tiny_model_dir, tmp_path):
-    cfg = tiny_cfg(tiny_model_dir, tmp_path, max_prompt_tokens=16)
-    with pytest.raises(Exception, match="max_prompt_tokens=16"):
+    cfg = tiny_cfg(tiny_model_dir, tmp_path, **{"rollout.max_prompt_tokens": 16})
+    with pytest.raises(Exception, match="rollout.max_prompt_tokens=16"):
         run_rollouts(cfg, [(0, CountdownTask([1, 2, 3], 6))], policy_uri=str(tiny_model_dir), run_id="x", iteration=0)
 
 
@@ -203,7 +199,7 @@ def test_turn2_prompt_too_long_names_its_row(tiny_tokenizer):
     msgs = turn2_messages(CountdownTask([1, 2, 3], 6), "<think>" + "1+2 " * 200 + "</think><answer>1+2+3</answer>")
     text, ids = render_prompt(tiny_tokenizer, msgs, where="prompt_id=3 answer_id=1", max_prompt_tokens=100_000)
     assert ids == tiny_tokenizer(text, add_special_tokens=False)["input_ids"] and "1+2+3" in text
-    with pytest.raises(ValueError, match=r"prompt_id=3 answer_id=1: rendered prompt has \d+ tokens > max_prompt_tokens=64"):
+    with pytest.raises(ValueError, match=r"prompt_id=3 answer_id=1: rendered prompt has \d+ tokens > rollout.max_prompt_tokens=64"):
         render_prompt(tiny_tokenizer, msgs, where="prompt_id=3 answer_id=1", max_prompt_tokens=64)
 
 
@@ -216,12 +212,12 @@ def test_each_methods_rollouts_and_evaluation(method, engine_pool, tiny_model_di
     from rlcr.masks import completion_mask
     from rlcr.tasks.countdown import SINGLE_TURN_SYSTEM_PROMPT, SYSTEM_PROMPT
 
-    cfg = tiny_cfg(tiny_model_dir, tmp_path, method=method, eval_samples=2, eval_bootstrap_resamples=200)
+    cfg = tiny_cfg(tiny_model_dir, tmp_path, **{"method.name": method, "eval.samples": 2, "eval.bootstrap_resamples": 200})
     tasks = list(enumerate(generate_tasks(P, seed=11)))
     res = run_rollouts(cfg, tasks, policy_uri=str(tiny_model_dir), run_id="m", iteration=1, engines=engine_pool)
     assert {r["sample_type"] for r in res.rows} == {"answer"} and len(res.rows) == P * GA
     single = method == "rlcr_single"
-    budget = cfg.max_answer_tokens + (cfg.max_confidence_tokens if single else 0)
+    budget = cfg.rollout.max_answer_tokens + (cfg.rollout.max_confidence_tokens if single else 0)
     assert max(len(r["completion_ids"]) for r in res.rows) == budget  # the random tiny model runs to the limit
     for r in res.rows:
         assert (SINGLE_TURN_SYSTEM_PROMPT if single else SYSTEM_PROMPT) in r["context_text"]

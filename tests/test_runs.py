@@ -91,17 +91,17 @@ def test_resume_accepts_operational_changes_and_names_result_changing_ones(tmp_p
     from rlcr.config import RLCRConfig
     from rlcr.runs import RunConfigMismatch
 
-    cfg = RLCRConfig(storage_uri=str(tmp_path), model="m")
+    cfg = RLCRConfig(storage={"uri": str(tmp_path)}, model={"name": "m"})
     run = RunStore.open(cfg, "r")
     run.check_config(cfg)
-    run.check_config(cfg.model_copy(update={"retries": 7, "rollout_progress": True, "iterations": 9}))
+    run.check_config(cfg.model_copy(update={"orchestration.retries": 7, "rollout.progress": True, "run.iterations": 9}))
     saved = run.store.read_json(run.config_rel)
-    del saved["config"]["lambda_conf"]  # as if written before the field existed: its default reproduces it
+    del saved["config"]["method"]["lambda_conf"]  # as if written before the field existed: its default reproduces it
     saved["config_hash"] = "older-version"
     run.store.write_json(run.config_rel, saved)
     run.check_config(cfg)
-    with pytest.raises(RunConfigMismatch, match="lambda_conf") as err:
-        run.check_config(cfg.model_copy(update={"lambda_conf": 0.5, "retries": 1}))
+    with pytest.raises(RunConfigMismatch, match="method.lambda_conf") as err:
+        run.check_config(cfg.model_copy(update={"method.lambda_conf": 0.5, "orchestration.retries": 1}))
     assert "retries" not in str(err.value)
 
 

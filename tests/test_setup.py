@@ -39,10 +39,10 @@ def test_one_storage_default_everywhere():
 
     from rlcr.config import RLCRConfig
 
-    default = RLCRConfig.model_fields["storage_uri"].default
+    default = dict(RLCRConfig.dotted_fields())["storage.uri"].default
     assert default == "./runs-store"
     for name in ("demo", "tiny", "methods"):
-        assert yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())["storage_uri"] == default, name
+        assert yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())["storage"]["uri"] == default, name
     nb = json.loads((ROOT / "notebooks" / "explore.ipynb").read_text())
     assert f'STORAGE_URI = "{default}"' in "".join(nb["cells"][1]["source"])
     assert "./runs-store" in (ROOT / "README.md").read_text()

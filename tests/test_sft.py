@@ -115,9 +115,9 @@ def test_sft_rows_default_to_the_configs_tasks_and_seed(tiny_tokenizer):
     from rlcr.config import RLCRConfig
     from rlcr.seeds import sft_seed
 
-    cfg = RLCRConfig(sft_tasks=3, seed=4, num_train_tasks=50)
+    cfg = RLCRConfig(sft={"tasks": 3}, run={"seed": 4}, tasks={"num_train": 50})
     rows = sft_rows(cfg, tiny_tokenizer)
-    assert len(rows) == 2 * cfg.sft_tasks
+    assert len(rows) == 2 * cfg.sft.tasks
     assert rows == sft_rows(cfg, tiny_tokenizer, 3, seed=sft_seed(4))
 
 
@@ -125,21 +125,20 @@ def test_sft_update_settings_come_from_the_config():
     """The warm-start's update: the config's sft_* fields in place of the RL ones, one iteration's schedule."""
     from rlcr.config import RLCRConfig, load_config
 
-    cfg = RLCRConfig(sft_learning_rate=3e-4, sft_epochs=3, sft_batch_size=4, sft_lr_schedule="linear",
-                     sft_warmup_steps=1, iterations=5, kl_coef=0.1, learning_rate=2e-6, weight_decay=0.01)
+    cfg = RLCRConfig(sft={"learning_rate": 3e-4, "epochs": 3, "batch_size": 4, "lr_schedule": "linear", "warmup_steps": 1}, run={"iterations": 5}, loss={"kl_coef": 0.1}, update={"learning_rate": 2e-6, "weight_decay": 0.01})
     u = sft_update_config(cfg, 22, storage_uri="/elsewhere")
-    assert (u.objective, u.learning_rate, u.epochs_per_iteration, u.mini_batches_per_epoch, u.lr_schedule,
-            u.warmup_steps, u.kl_coef, u.iterations, u.storage_uri) == ("sft", 3e-4, 3, 5, "linear", 1, 0.0, 1,
+    assert (u.update.objective, u.update.learning_rate, u.update.epochs_per_iteration, u.update.mini_batches_per_epoch, u.update.lr_schedule,
+            u.update.warmup_steps, u.loss.kl_coef, u.run.iterations, u.storage.uri) == ("sft", 3e-4, 3, 5, "linear", 1, 0.0, 1,
                                                                         "/elsewhere")
-    assert u.weight_decay == 0.01 and sft_update_config(cfg, 3).mini_batches_per_epoch == 1
-    assert sft_update_config(cfg, 3).storage_uri == cfg.storage_uri
+    assert u.update.weight_decay == 0.01 and sft_update_config(cfg, 3).update.mini_batches_per_epoch == 1
+    assert sft_update_config(cfg, 3).storage.uri == cfg.storage.uri
     # the defaults are the values the warm-start always used: 1e-4, 2 epochs, 8 rows a step, cosine, 2 warm-up steps
     d = sft_update_config(RLCRConfig(), 80)
-    assert (d.learning_rate, d.epochs_per_iteration, d.mini_batches_per_epoch, d.lr_schedule, d.warmup_steps) == (
+    assert (d.update.learning_rate, d.update.epochs_per_iteration, d.update.mini_batches_per_epoch, d.update.lr_schedule, d.update.warmup_steps) == (
         1e-4, 2, 10, "cosine", 2)
-    assert RLCRConfig().sft_tasks == 600
+    assert RLCRConfig().sft.tasks == 600
     demo = load_config(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml")
-    assert (demo.sft_tasks, demo.sft_epochs) == (60, 2)  # the demo's warm-start: 60 tasks × 2 epochs
+    assert (demo.sft.tasks, demo.sft.epochs) == (60, 2)  # the demo's warm-start: 60 tasks × 2 epochs
 
 
 def test_sft_objective_lowers_the_nll_of_the_targets(tiny_model_dir, tiny_tokenizer):
@@ -151,7 +150,7 @@ def test_sft_objective_lowers_the_nll_of_the_targets(tiny_model_dir, tiny_tokeni
     from rlcr.train.batching import prepare_samples
     from rlcr.train.update import CompletionLogProbs, train_update
 
-    cfg = RLCRConfig(objective="sft", learning_rate=1e-3, mini_batches_per_epoch=1, epochs_per_iteration=3)
+    cfg = RLCRConfig(update={"objective": "sft", "learning_rate": 1e-3, "mini_batches_per_epoch": 1, "epochs_per_iteration": 3})
     rows = sft_rows(cfg, tiny_tokenizer, n_tasks=4, seed=1)
     lm = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
 
@@ -178,9 +177,9 @@ def test_single_turn_examples_serve_rlcr_single(tiny_tokenizer):
     from rlcr.rollout.records import answer_scores
     from rlcr.tasks.countdown import SINGLE_TURN_SYSTEM_PROMPT
 
-    base = RLCRConfig(sft_tasks=12, num_train_tasks=200, seed=2)
+    base = RLCRConfig(sft={"tasks": 12}, tasks={"num_train": 200}, run={"seed": 2})
     plain = sft_rows(base, tiny_tokenizer)
-    rows = sft_rows(base.model_copy(update={"sft_single_turn": True}), tiny_tokenizer)
+    rows = sft_rows(base.model_copy(update={"sft.single_turn": True}), tiny_tokenizer)
     assert len(rows) == 3 * 12 and rows[:24] == plain
     single = rows[24:]
     assert {r["prompt_id"] for r in single} == set(range(12, 24))  # its own prompts, apart from the pairs'

@@ -17,18 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from rlcr.config import RLCRConfig
+from rlcr.config import FLAT_NAMES, RLCRConfig, nested_from_flat
 
 REFERENCE = Path(__file__).parent / "data" / "task_port_reference.json"
 
 
 def reference_cfg(model_dir, store_dir) -> RLCRConfig:
-    return RLCRConfig(
-        model=str(model_dir), storage_uri=str(store_dir), num_generations_answer=2, num_generations_confidence=2,
-        temperature=1.0, max_answer_tokens=24, max_confidence_tokens=12, rollout_batch_size=8,
-        engine_max_model_len=512, engine_kv_cache_gib=0.25, seed=7, num_train_tasks=24, num_eval_tasks=6,
-        prompts_per_iteration=3, learning_rate=1e-3, micro_batch_tokens=128,
-    )
+    return RLCRConfig(model={"name": str(model_dir)}, storage={"uri": str(store_dir)}, rollout={"num_generations_answer": 2, "num_generations_confidence": 2, "temperature": 1.0, "max_answer_tokens": 24, "max_confidence_tokens": 12, "batch_size": 8, "prompts_per_iteration": 3}, engine={"max_model_len": 512, "kv_cache_gib": 0.25}, run={"seed": 7}, tasks={"num_train": 24, "num_eval": 6}, update={"learning_rate": 1e-3, "micro_batch_tokens": 128})
 
 
 def _key(r):
@@ -55,7 +50,7 @@ def test_recorded_completions_score_and_normalise_as_recorded():
     from rlcr.tasks.countdown import CountdownTask
 
     ref = json.loads(REFERENCE.read_text())
-    cfg = RLCRConfig(**ref["cfg"])
+    cfg = RLCRConfig.from_dict(nested_from_flat(ref["cfg"]))  # recorded by the pre-port (flat-config) code
     rows, by_key = [], ref["rows"]
     correct = {}
     for key in sorted(by_key, key=lambda k: k.startswith("confidence")):
@@ -63,7 +58,7 @@ def test_recorded_completions_score_and_normalise_as_recorded():
         kind, p, a, h = key.split("/")
         problem = CountdownTask(nums=r["nums"], target=r["target"])
         if kind == "answer":
-            scores = answer_scores(r["completion_text"], problem, format_score=cfg.format_score, method=cfg.method)
+            scores = answer_scores(r["completion_text"], problem, format_score=cfg.method.format_score, method=cfg.method.name)
             correct[(p, a)] = scores["correct"]
         else:
             scores = {**confidence_scores(r["completion_text"], correct[(p, a)]), "correct": correct[(p, a)]}
@@ -73,8 +68,8 @@ def test_recorded_completions_score_and_normalise_as_recorded():
                                 confidence_id=None if h == "None" else int(h), context_text="",
                                 context_ids=r["context_ids"], completion_text=r["completion_text"],
                                 completion_ids=r["completion_ids"], **scores))
-    assign_advantages(rows, method=cfg.method, eps=cfg.adv_eps, scale_by_std=cfg.scale_by_std,
-                      conf_mode=cfg.conf_norm_mode)
+    assign_advantages(rows, method=cfg.method.name, eps=cfg.method.adv_eps, scale_by_std=cfg.method.scale_by_std,
+                      conf_mode=cfg.method.conf_norm_mode)
     for r in rows:
         assert r["advantage"] == by_key[_key(r)]["advantage"], _key(r)
         assert (r["nums"], r["target"]) == (by_key[_key(r)]["nums"], by_key[_key(r)]["target"])
@@ -144,7 +139,7 @@ def _iteration(model_dir, store_dir, tokenizer):
     for k, r in enumerate(rows):
         r["advantage"] = r["advantage"] + (1.0 if k % 2 else -1.0)
     metrics = train_update(CompletionLogProbs(lm), prepare_samples(rows, tokenizer), cfg,
-                           pad_id=tokenizer.pad_token_id, seed=update_seed(cfg.seed, 1))
+                           pad_id=tokenizer.pad_token_id, seed=update_seed(cfg.run.seed, 1))
     sets = {"train": [[list(t.nums), t.target] for t in train], "held_out": [[list(t.nums), t.target] for t in held_out],
             "prompts": [[i, list(t.nums), t.target] for i, t in prompts]}
     return cfg, sets, res.rows, metrics, lm.state_dict()
@@ -160,8 +155,8 @@ def _prompts(model_dir, store_dir):
 @pytest.mark.slow
 def test_one_iteration_is_bit_identical_to_the_pre_port_reference(ray_local, tiny_model_dir, tiny_tokenizer, tmp_path):
     cfg, sets, rows, metrics, weights = _iteration(tiny_model_dir, tmp_path / "store", tiny_tokenizer)
-    got = {"cfg": cfg.model_dump(mode="json", include={"seed", "method", "format_score", "adv_eps", "scale_by_std",
-                                                        "conf_norm_mode"}),
+    got = {"cfg": {flat: cfg.get(FLAT_NAMES[flat]) for flat in ("seed", "method", "format_score", "adv_eps",
+                                                                "scale_by_std", "conf_norm_mode")},
            "sets": sets, "rows": _summary(rows), "loss": metrics["loss"], "weights_sha256": _weights_sha(weights),
            "crafted": _crafted([(i, t) for i, t in _prompts(tiny_model_dir, tmp_path)])}
     if os.environ.get("RLCR_RECORD_PORT_REFERENCE") == "1":

@@ -69,13 +69,13 @@ def _setup(tmp_path: Path) -> None:
     from rlcr.config import RLCRConfig
     from rlcr.runs import RunStore
 
-    RunStore.open(RLCRConfig(storage_uri=str(tmp_path / "store"), seed=1), "started").check_config(
-        RLCRConfig(storage_uri=str(tmp_path / "store"), seed=1))
+    RunStore.open(RLCRConfig(storage={"uri": str(tmp_path / "store")}, run={"seed": 1}), "started").check_config(
+        RLCRConfig(storage={"uri": str(tmp_path / "store")}, run={"seed": 1}))
     (tmp_path / "typo.yaml").write_text("leraning_rate: 1.0e-5\n")
     (tmp_path / "afile").write_text("not a directory")
 
 
-S = "storage_uri={tmp}/store"
+S = "storage.uri={tmp}/store"
 NO_CREDENTIALS = {"env": {"AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_CONFIG_FILE": "/nonexistent"},
                   "drop": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE")}
 CASES = [  # (id, arguments, what the line must say, extra environment)
@@ -83,20 +83,20 @@ CASES = [  # (id, arguments, what the line must say, extra environment)
     ("zero-iterations", ["train", "--iterations", "0", S], ["'--iterations'", "greater than or equal to 1", "rlcr train --help"], {}),
     ("iterations-not-a-number", ["train", "--iterations", "many", S], ["'--iterations'"], {}),
     ("typo-on-the-command-line", ["train", "leraning_rate=1e-5", S],
-     ["unknown field 'leraning_rate'", "command-line", "did you mean 'learning_rate'"], {}),
+     ["unknown field 'leraning_rate'", "command-line", "did you mean 'sft.learning_rate' or 'update.learning_rate'"], {}),
     ("typo-in-the-file", ["train", "--config", "{tmp}/typo.yaml", S],
-     ["typo.yaml", "unknown field 'leraning_rate'", "in the config file", "did you mean 'learning_rate'"], {}),
-    ("bad-value-on-the-command-line", ["train", "seed=-1", S],
-     ["field 'seed'", "set on the command line: seed=-1"], {}),
+     ["typo.yaml", "unknown field 'leraning_rate'", "in the config file", "did you mean 'sft.learning_rate' or 'update.learning_rate'"], {}),
+    ("bad-value-on-the-command-line", ["train", "run.seed=-1", S],
+     ["field 'run.seed'", "set on the command line: run.seed=-1"], {}),
     ("missing-config-file", ["train", "--config", "{tmp}/nope.yaml"], ["nope.yaml: config file not found"], {}),
-    ("s3-without-credentials", ["train", "storage_uri=s3://rlcr-bucket/runs", "s3_endpoint_url=http://127.0.0.1:{port}"],
-     ["storage_uri s3://rlcr-bucket/runs", "no AWS credentials", "AWS_ACCESS_KEY_ID"], NO_CREDENTIALS),
-    ("s3-endpoint-unreachable", ["train", "storage_uri=s3://rlcr-bucket/runs", "s3_endpoint_url=http://127.0.0.1:{port}"],
-     ["storage_uri s3://rlcr-bucket/runs", "cannot reach the S3 endpoint http://127.0.0.1:", "s3_endpoint_url"], {}),
-    ("storage-under-a-file", ["train", "storage_uri={tmp}/afile/store"], ["storage_uri", "is not a directory"], {}),
-    ("model-missing", ["train", "model={tmp}/no-model", S], ["model", "no-model: no such directory"], {}),
-    ("task-file-missing", ["train", "train_tasks={tmp}/tasks.jsonl", S], ["train_tasks", "tasks.jsonl: no such file"], {}),
-    ("resume-with-other-settings", ["train", "--run-id", "started", "seed=2", S],
+    ("s3-without-credentials", ["train", "storage.uri=s3://rlcr-bucket/runs", "storage.s3_endpoint_url=http://127.0.0.1:{port}"],
+     ["storage.uri s3://rlcr-bucket/runs", "no AWS credentials", "AWS_ACCESS_KEY_ID"], NO_CREDENTIALS),
+    ("s3-endpoint-unreachable", ["train", "storage.uri=s3://rlcr-bucket/runs", "storage.s3_endpoint_url=http://127.0.0.1:{port}"],
+     ["storage.uri s3://rlcr-bucket/runs", "cannot reach the S3 endpoint http://127.0.0.1:", "storage.s3_endpoint_url"], {}),
+    ("storage-under-a-file", ["train", "storage.uri={tmp}/afile/store"], ["storage.uri", "is not a directory"], {}),
+    ("model-missing", ["train", "model.name={tmp}/no-model", S], ["model", "no-model: no such directory"], {}),
+    ("task-file-missing", ["train", "tasks.train_file={tmp}/tasks.jsonl", S], ["tasks.train_file", "tasks.jsonl: no such file"], {}),
+    ("resume-with-other-settings", ["train", "--run-id", "started", "run.seed=2", S],
      ["run 'started' was started with other settings", "seed"], {}),
     ("dashboard-setting", ["train", S], ["RLCR_RAY_DASHBOARD='sometimes'"], {"env": {"RLCR_RAY_DASHBOARD": "sometimes"}}),
     ("compare-unknown-runs", ["compare", "started", "ghost", S],
@@ -108,9 +108,9 @@ CASES = [  # (id, arguments, what the line must say, extra environment)
     ("eval-checkpoint-missing", ["eval", "--checkpoint", "{tmp}/ckpt", S], ["--checkpoint", "ckpt: no such directory"], {}),
     ("eval-records-not-parquet", ["eval", "--records", "{tmp}/rows.csv", S], ["expected a .parquet file name"], {}),
     ("demo-run-id", ["demo", "--run-id", "x/../y", "--config", str(ROOT / "configs" / "demo.yaml")], ["--run-id", "invalid run id"], {}),
-    ("sft-model-missing", ["sft", "model={tmp}/no-model", S], ["no-model: no such directory"], {}),
+    ("sft-model-missing", ["sft", "model.name={tmp}/no-model", S], ["no-model: no such directory"], {}),
     ("unknown-command", ["trian"], ["No such command 'trian'", "Did you mean 'train'"], {}),
-    ("config-show-typo", ["config", "show", "sede=3"], ["unknown field 'sede'", "did you mean 'seed'"], {}),
+    ("config-show-typo", ["config", "show", "sede=3"], ["unknown field 'sede'", "did you mean 'run.seed'"], {}),
 ]
 
 
@@ -124,14 +124,14 @@ def test_a_wrong_invocation_is_one_line_before_ray_or_prefect_start(tmp_path, ar
 
 
 def test_debug_shows_the_traceback_of_the_same_error(tmp_path):
-    rc, lines, _, _ = run_cli(["--debug", "train", "--run-id", "a/b", f"storage_uri={tmp_path}/store"], tmp_path)
+    rc, lines, _, _ = run_cli(["--debug", "train", "--run-id", "a/b", f"storage.uri={tmp_path}/store"], tmp_path)
     text = "\n".join(lines)
     assert rc == 2 and "Traceback" in text and lines[-1].startswith("error: --run-id: invalid run id 'a/b'"), text
 
 
 def test_an_unknown_bucket_is_named_before_ray_or_prefect_start(s3_server, tmp_path):
     """The one check that needs a server: a moto S3 endpoint that answers, without the bucket."""
-    rc, lines, imported, took = run_cli(["train", "storage_uri=s3://no-such-bucket/runs",
-                                         f"s3_endpoint_url={s3_server.endpoint}"], tmp_path)
-    assert_one_line(rc, lines, imported, took, "storage_uri s3://no-such-bucket/runs",
+    rc, lines, imported, took = run_cli(["train", "storage.uri=s3://no-such-bucket/runs",
+                                         f"storage.s3_endpoint_url={s3_server.endpoint}"], tmp_path)
+    assert_one_line(rc, lines, imported, took, "storage.uri s3://no-such-bucket/runs",
                     "bucket 'no-such-bucket' does not exist", s3_server.endpoint)

@@ -2,12 +2,12 @@
 
     rlcr models prepare                      # SmolLM2-135M-Instruct GGUF → safetensors (cached)
     rlcr sft   --config configs/demo.yaml    # format warm-start on solver traces
-    rlcr train --config configs/demo.yaml --run-id demo [field=value ...]
+    rlcr train --config configs/demo.yaml --run-id demo [section.field=value ...]
     rlcr eval  --config configs/demo.yaml --checkpoint <uri>
     rlcr compare <run A> <run B>             # paired held-out comparison (runs or `rlcr eval --records` files)
     rlcr probe --config configs/demo.yaml --run-id demo
     rlcr demo                                # SmolLM2 → warm-start → RLCR → probe, with a summary
-    rlcr config show [--config F] [field=value ...] [--json]   # every field: value, source, effect, documentation
+    rlcr config show [--config F] [section.field=value ...] [--json]   # every field: value, source, effect, documentation
 
 A user error (a wrong option or field, a run or bucket that is not there) is one line on stderr and exit
 code 2, before Ray or Prefect start wherever the input alone shows it; ``rlcr --debug`` adds the traceback.

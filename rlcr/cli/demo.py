@@ -17,8 +17,8 @@ from rlcr.presentation import StageProgress, committed_figures, console, demo_ta
 def demo(
     config: str = typer.Option("configs/demo.yaml", help="YAML config of the demo run."),
     run_id: str = typer.Option("demo", help="Run name (an existing demo run is resumed)."),
-    sft_tasks: Optional[int] = typer.Option(None, help="Solver tasks for the warm-start (overrides sft_tasks)."),
-    sft_epochs: Optional[int] = typer.Option(None, help="Passes over the warm-start traces (overrides sft_epochs)."),
+    sft_tasks: Optional[int] = typer.Option(None, help="Solver tasks for the warm-start (overrides sft.tasks)."),
+    sft_epochs: Optional[int] = typer.Option(None, help="Passes over the warm-start traces (overrides sft.epochs)."),
     probe_tasks: int = typer.Option(8, help="Held-out tasks in the final probe."),
     probe_samples: int = typer.Option(16, help="Forced answers per truncation point in the final probe."),
 ):
@@ -43,7 +43,7 @@ def demo(
 
     t0 = time.perf_counter()
     with step("1/5 preparing SmolLM2-135M-Instruct (GGUF → safetensors)"):
-        base = resolve_model(cfg.model)
+        base = resolve_model(cfg.model.name)
     times["prepare"] = time.perf_counter() - t0
 
     ensure_ray()
@@ -55,17 +55,17 @@ def demo(
     times["eval base"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    with step(f"3/5 format warm-start: SFT on {cfg.sft_tasks} solver traces × {cfg.sft_epochs} epochs "
+    with step(f"3/5 format warm-start: SFT on {cfg.sft.tasks} solver traces × {cfg.sft.epochs} epochs "
               "(Ray Train; reused if sealed)"):
         sft_uri, _ = warm_start(cfg, run_id=f"{run_id}-sft")
     times["sft"] = time.perf_counter() - t0
     console.print(f"warm-started checkpoint: {show(sft_uri)}")
 
     t0 = time.perf_counter()
-    overrides = [f"model={sft_uri}"]
-    train_cfg = cfg.model_copy(update={"model": sft_uri})
+    overrides = [f"model.name={sft_uri}"]
+    train_cfg = cfg.model_copy(update={"model.name": sft_uri})
     done = len(RunStore.open(train_cfg, run_id).committed())
-    bar = StageProgress(train_cfg.iterations, done + 1, figures=committed_figures(train_cfg, run_id), title="4/5 RLCR")
+    bar = StageProgress(train_cfg.run.iterations, done + 1, figures=committed_figures(train_cfg, run_id), title="4/5 RLCR")
     with events.subscribed(bar.on_event), bar:
         rlcr_train(config=config, overrides=overrides, run_id=run_id)
     times["rlcr"] = time.perf_counter() - t0

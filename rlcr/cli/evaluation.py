@@ -19,7 +19,7 @@ from rlcr.untrusted import printable
 def _records_target(records: str, cfg) -> tuple[Any, str]:
     """Where `rlcr eval --records` writes its rows: (the store of the file's parent, the file's name). A local
     path or a URI (``s3://bucket/prefix/rows.parquet``, through :class:`rlcr.storage.Store` with the config's
-    ``s3_endpoint_url``). Checked before any work: a name ending in ``.parquet``, no file there yet."""
+    ``storage.s3_endpoint_url``). Checked before any work: a name ending in ``.parquet``, no file there yet."""
     from rlcr.storage import Store
 
     shown = printable(records)
@@ -34,7 +34,7 @@ def _records_target(records: str, cfg) -> tuple[Any, str]:
     if not name.endswith(".parquet") or name == ".parquet":
         raise typer.BadParameter(f"{shown}: expected a .parquet file name", param_hint="--records")
     try:
-        store = Store(parent, endpoint_url=cfg.s3_endpoint_url) if "://" in parent else None
+        store = Store(parent, endpoint_url=cfg.storage.s3_endpoint_url) if "://" in parent else None
         exists = store.exists(name) if store is not None else Path(parent, name).exists()
     except Exception as e:  # noqa: BLE001 — an unknown protocol, an unreachable endpoint …
         raise typer.BadParameter(f"{shown}: cannot be checked ({type(e).__name__}: {printable(e, 300)})",
@@ -53,8 +53,8 @@ def _write_records(records: str, target: tuple[Any, str], rows, cfg, policy: str
     store, name = target
     if store is None:  # local: the directory is made now, after the evaluation
         store = Store(str(Path(records).expanduser().parent))
-    table = with_provenance(rows_to_table(rows), policy=policy, method=cfg.method, draw=draw,
-                            eval_samples=cfg.eval_samples, eval_seed=cfg.eval_seed, config_hash=cfg.config_hash())
+    table = with_provenance(rows_to_table(rows), policy=policy, method=cfg.method.name, draw=draw,
+                            eval_samples=cfg.eval.samples, eval_seed=cfg.tasks.eval_seed, config_hash=cfg.config_hash())
     try:
         store.write_parquet(name, table, exclusive=True)
     except AlreadyExists:
@@ -73,7 +73,7 @@ def evaluate(
     draw: int = typer.Option(0, min=0, help="Sample draw: 0 samples what the flow's evaluations sample; "
                                             "k > 0 re-samples the same tasks with other seeds (how much "
                                             "one evaluation moves between draws)."),
-    overrides: list[str] = typer.Argument(None, help="field=value overrides."),
+    overrides: list[str] = typer.Argument(None, help="section.field=value overrides."),
 ):
     """Held-out accuracy, format rate and calibration (docs/design.md §13) of one checkpoint."""
     cfg = load(config, overrides or [])
@@ -87,7 +87,7 @@ def evaluate(
     from rlcr.rollout.engine import EnginePool
     from rlcr.runs import task_sets
 
-    policy = checkpoint or resolve_model(cfg.model)
+    policy = checkpoint or resolve_model(cfg.model.name)
     try:
         _, held_out = task_sets(cfg)
     except ValueError as e:  # a task file's row (TaskFormatError), or sets that cannot be made
@@ -98,7 +98,7 @@ def evaluate(
             m, rows = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=0, engines=engines, draw=draw)
     if target is not None:
         _write_records(records, target, rows, cfg, policy, draw)
-    console.print(eval_table(policy, cfg.method, draw, m))
+    console.print(eval_table(policy, cfg.method.name, draw, m))
 
 
 @app.command()
@@ -109,8 +109,8 @@ def compare(
     run_b: str = typer.Argument(..., help="Run B, or a .parquet file, or draws joined by '+'."),
     iteration: Optional[int] = typer.Option(None, help="Iteration of both runs (0: their initial policies); "
                                                        "default: the last one both evaluated."),
-    config: Optional[str] = typer.Option(None, help="YAML config file (for storage_uri)."),
-    overrides: list[str] = typer.Argument(None, help="field=value overrides."),
+    config: Optional[str] = typer.Option(None, help="YAML config file (for storage.uri)."),
+    overrides: list[str] = typer.Argument(None, help="section.field=value overrides."),
 ):
     """Two runs' held-out evaluations, paired on the same tasks: each side's accuracy, ECE, Brier and AUROC on
     those tasks, and A − B with paired bootstrap 95% intervals over tasks (docs/design.md §9)."""
@@ -124,7 +124,7 @@ def compare(
     from rlcr.comparison import RowsRefused, compare_held_out
 
     try:
-        result = compare_held_out(sides, runs, iteration, n_resamples=cfg.eval_bootstrap_resamples, seed=cfg.eval_seed)
+        result = compare_held_out(sides, runs, iteration, n_resamples=cfg.eval.bootstrap_resamples, seed=cfg.tasks.eval_seed)
     except RowsRefused as e:
         raise typer.BadParameter(str(e), param_hint=e.param) from None
     console.print(comparison_table(run_a, run_b, result))
@@ -137,7 +137,7 @@ def compare(
 def probe(
     config: Optional[str] = typer.Option(None, help="YAML config file."),
     run_id: str = typer.Option(..., help="Run whose newest committed checkpoint is probed."),
-    overrides: list[str] = typer.Argument(None, help="field=value overrides."),
+    overrides: list[str] = typer.Argument(None, help="section.field=value overrides."),
 ):
     """Faithfulness probe + calibration report of a run's newest checkpoint (the `rlcr-probe` flow). A run that
     does not exist or has no committed iteration is one line, exit code 2, before Prefect starts."""

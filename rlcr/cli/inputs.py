@@ -22,7 +22,7 @@ __all__ = ["load", "override_keys", "valid_run_id", "check_storage", "check_inpu
 
 def quiet_ray_data() -> None:
     """The CLI shows its own rich progress: no per-dataset Ray Data INFO lines (its progress bars follow
-    ``rollout_progress``, off by default)."""
+    ``rollout.progress``, off by default)."""
     import logging
 
     logging.getLogger("ray.data").setLevel(logging.WARNING)
@@ -43,16 +43,18 @@ def load(config: Optional[str], overrides: list[str]):
 
 
 def override_keys(overrides: list[str]) -> dict[str, str]:
-    """The fields that ``field=value`` arguments set (each with its argument); an unknown field is refused here,
-    as the command line's, with the nearest field names."""
+    """The fields (dotted: ``rollout.temperature``) that ``section.field=value`` arguments set (each with its
+    argument); an unknown field is refused here, as the command line's, with the nearest field names (a flat
+    name of older rlcr: its dotted name)."""
     from rlcr.config import ConfigError, RLCRConfig
 
+    fields = {name for name, _ in RLCRConfig.dotted_fields()}
     keys: dict[str, str] = {}
     for item in overrides:
         if "=" not in item:
-            continue  # load_config names it: expected field=value
+            continue  # load_config names it: expected section.field=value
         key = item.split("=", 1)[0].strip()
-        if key not in RLCRConfig.model_fields:
+        if key not in fields and key not in RLCRConfig.model_fields:
             raise ConfigError(f"unknown field {printable(repr(key), 80)} in the command-line argument "
                               f"{printable(repr(item), 120)}{_did_you_mean(key)}")
         keys[key] = item
@@ -60,9 +62,16 @@ def override_keys(overrides: list[str]) -> dict[str, str]:
 
 
 def _did_you_mean(name: str) -> str:
-    from rlcr.config import RLCRConfig
+    """The nearest dotted field names to ``name`` (a flat name of older rlcr: its dotted name; a field name
+    without its section: the fields of that name)."""
+    from rlcr.config import FLAT_NAMES, RLCRConfig
 
-    close = difflib.get_close_matches(name, list(RLCRConfig.model_fields), n=3, cutoff=0.6)
+    fields = [dotted for dotted, _ in RLCRConfig.dotted_fields()]
+    leaf = name.rsplit(".", 1)[-1]
+    close = [FLAT_NAMES[name]] if name in FLAT_NAMES else [f for f in fields if f.endswith("." + leaf)]
+    close = close or difflib.get_close_matches(name, fields, n=3, cutoff=0.6)
+    close = close or [f for f in fields if f.rsplit(".", 1)[-1] in difflib.get_close_matches(
+        leaf, [g.rsplit(".", 1)[-1] for g in fields], n=3, cutoff=0.6)][:3]
     hint = "; did you mean " + " or ".join(repr(c) for c in close) + "?" if close else ""
     return f"{hint} (`rlcr config show` lists the fields)"
 
@@ -70,11 +79,12 @@ def _did_you_mean(name: str) -> str:
 def _explained(message: str, config: Optional[str], keys: dict[str, str]) -> str:
     """A :class:`~rlcr.config.ConfigError`'s message with where each named field was set: an unknown field can
     only be the file's (the command line's were checked first); a field's bad value, the command line's when
-    an argument set it."""
+    an argument set it (the field or its whole section)."""
     names = re.findall(r"unknown field '([^']*)'", message)
     if names and config is not None:
         return f"{message} in the config file{_did_you_mean(names[0])}"
-    fields = [f for f in re.findall(r"field '([^'.]*)[^']*'", message) if f in keys]
+    named = re.findall(r"field '([^']*)'", message) + re.findall(r"\b([a-z]+\.[a-z_]+)\b", message)
+    fields = list(dict.fromkeys(k for k in keys for f in named if f == k or f.startswith(k + ".")))
     if fields:
         return f"{message} (set on the command line: {', '.join(printable(keys[f], 120) for f in fields)})"
     return message
@@ -85,7 +95,7 @@ def valid_run_id(run_id: Optional[str], cfg, option: str = "--run-id") -> str:
     from rlcr.storage import validate_run_id
 
     try:
-        return validate_run_id(run_id if run_id is not None else cfg.run_id)
+        return validate_run_id(run_id if run_id is not None else cfg.run.id)
     except ValueError as e:
         raise UserError(f"{option if run_id is not None else 'run_id (config)'}: {e}") from None
 
@@ -101,12 +111,12 @@ def check_inputs(cfg, model: Optional[str] = None, option: str = "model") -> Non
     """Local files the run reads exist: the model (unless a name the CLI builds), the task files."""
     from rlcr.models import SMOLLM2
 
-    model = model if model is not None else cfg.model
+    model = model if model is not None else cfg.model.name
     if "://" not in model and model not in (SMOLLM2, "tiny") and not Path(model).expanduser().is_dir():
         raise UserError(f"{option} {printable(model, 300)}: no such directory (a Hugging Face checkpoint "
                         f"directory, an s3:// URI, or one of the names {SMOLLM2}, tiny)")
-    for name in ("train_tasks", "eval_tasks"):
-        path = getattr(cfg, name)
+    for name in ("tasks.train_file", "tasks.eval_file"):
+        path = cfg.get(name)
         if path is not None and "://" not in path and not Path(path).is_file():
             raise UserError(f"{name} {printable(path, 300)}: no such file")
 
@@ -122,7 +132,7 @@ def existing_run(cfg, run_id: str):
     runs = sorted(list_runs(run.store))
     shown = ", ".join(printable(r, 60) for r in runs[:10]) + (f", … ({len(runs)} runs)" if len(runs) > 10 else "")
     raise UserError(f"run {printable(repr(run_id), 140)} not found under {printable(run.store.url(RUNS), 300)} "
-                    f"(runs there: {shown or 'none'}; storage_uri chooses the storage)")
+                    f"(runs there: {shown or 'none'}; storage.uri chooses the storage)")
 
 
 def check_resume(run, cfg) -> None:
@@ -152,5 +162,5 @@ def logs_line(out: Optional[Console] = None) -> None:
 
 
 def sft_overrides(tasks: Optional[int], epochs: Optional[int]) -> list[str]:
-    """The warm-start's command-line options as overrides of the config's ``sft_tasks`` / ``sft_epochs``."""
-    return [f"{k}={v}" for k, v in (("sft_tasks", tasks), ("sft_epochs", epochs)) if v is not None]
+    """The warm-start's command-line options as overrides of the config's ``sft.tasks`` / ``sft.epochs``."""
+    return [f"{k}={v}" for k, v in (("sft.tasks", tasks), ("sft.epochs", epochs)) if v is not None]

@@ -30,20 +30,26 @@ def models_prepare(force: bool = typer.Option(False, help="Convert again even if
 def config_show(
     config: Optional[str] = typer.Option(None, help="YAML config file."),
     as_json: bool = typer.Option(False, "--json", help="A JSON list of the fields instead of a table."),
-    overrides: list[str] = typer.Argument(None, help="field=value overrides."),
+    overrides: list[str] = typer.Argument(None, help="section.field=value overrides."),
 ):
     """The resolved config: each field's value, where it was set (default, file, command line), whether it can
     change a run's results (else operational: a resume may change it) and its documentation."""
-    from rlcr.config import OPERATIONAL_FIELDS, RLCRConfig
+    from rlcr.config import RLCRConfig, changes_results
 
     cfg = load(config, overrides or [])
     keys = override_keys(overrides or [])
     values = cfg.model_dump(mode="json")
-    rows = [{"field": name, "value": values[name],
-             "set_by": "command line" if name in keys else "file" if name in cfg.model_fields_set else "default",
-             "changes_results": name not in OPERATIONAL_FIELDS,
+
+    def set_by(dotted: str) -> str:
+        section, name = dotted.split(".", 1)
+        if dotted in keys or section in keys:
+            return "command line"
+        return "file" if name in dict(cfg)[section].model_fields_set else "default"
+
+    rows = [{"field": dotted, "value": values[dotted.split(".")[0]][dotted.split(".", 1)[1]],
+             "set_by": set_by(dotted), "changes_results": changes_results(field),
              "doc": " ".join((field.description or "").split())}
-            for name, field in RLCRConfig.model_fields.items()]
+            for dotted, field in RLCRConfig.dotted_fields()]
     if as_json:
         typer.echo(json.dumps(rows, indent=1, ensure_ascii=False))
         return
@@ -57,7 +63,7 @@ def train(
     config: Optional[str] = typer.Option(None, help="YAML config file."),
     run_id: Optional[str] = typer.Option(None, help="Run name; an existing run is resumed."),
     iterations: Optional[int] = typer.Option(None, min=1, help="Total iterations (overrides the config)."),
-    overrides: list[str] = typer.Argument(None, help="field=value overrides."),
+    overrides: list[str] = typer.Argument(None, help="section.field=value overrides."),
 ):
     """Run (or resume) the `rlcr` training flow locally (ephemeral Prefect, local or $RAY_ADDRESS Ray).
 
@@ -67,8 +73,8 @@ def train(
 
     cfg = load(config, overrides or [])
     if iterations is not None:
-        cfg = cfg.model_copy(update={"iterations": iterations})
-    run_id = valid_run_id(run_id, cfg) if (run_id or cfg.run_id) else new_run_id()
+        cfg = cfg.model_copy(update={"run.iterations": iterations})
+    run_id = valid_run_id(run_id, cfg) if (run_id or cfg.run.id) else new_run_id()
     check_inputs(cfg)
     check_storage(cfg)
     run = RunStore.open(cfg, run_id)
@@ -78,9 +84,9 @@ def train(
     from flows.train import rlcr_train
     from rlcr import events
 
-    bar = StageProgress(cfg.iterations, done + 1, figures=committed_figures(cfg, run_id))
+    bar = StageProgress(cfg.run.iterations, done + 1, figures=committed_figures(cfg, run_id))
     with events.subscribed(bar.on_event), bar:
-        rlcr_train(config=config, overrides=list(overrides or []), run_id=run_id, iterations=cfg.iterations)
+        rlcr_train(config=config, overrides=list(overrides or []), run_id=run_id, iterations=cfg.run.iterations)
     console.print(summary_table(run_id, cfg))
 
 
@@ -88,10 +94,10 @@ def train(
 def sft(
     config: Optional[str] = typer.Option(None, help="YAML config file (model, task ranges, update settings)."),
     out: Optional[str] = typer.Option(None, help="Storage to write the checkpoint to (default: the config's "
-                                                 "storage_uri), under runs/sft-<seed>/iter-0000/checkpoint."),
-    tasks: Optional[int] = typer.Option(None, help="Solver tasks to build traces from (overrides sft_tasks)."),
-    epochs: Optional[int] = typer.Option(None, help="Passes over the traces (overrides sft_epochs)."),
-    overrides: list[str] = typer.Argument(None, help="field=value overrides (e.g. sft_learning_rate=5e-5)."),
+                                                 "storage.uri), under runs/sft-<seed>/iter-0000/checkpoint."),
+    tasks: Optional[int] = typer.Option(None, help="Solver tasks to build traces from (overrides sft.tasks)."),
+    epochs: Optional[int] = typer.Option(None, help="Passes over the traces (overrides sft.epochs)."),
+    overrides: list[str] = typer.Argument(None, help="section.field=value overrides (e.g. sft.learning_rate=5e-5)."),
 ):
     """Format warm-start: supervised training on solver traces (both turns); prints the checkpoint URI.
     Its settings are the config's sft_* fields (--tasks and --epochs override two of them)."""
@@ -100,6 +106,6 @@ def sft(
     cfg = load(config, [*(overrides or []), *sft_overrides(tasks, epochs)])
     check_inputs(cfg)
     check_storage(cfg, uri=out)
-    with step(f"SFT warm-start on {cfg.sft_tasks} solver tasks × {cfg.sft_epochs} epochs (Ray Train)"):
+    with step(f"SFT warm-start on {cfg.sft.tasks} solver tasks × {cfg.sft.epochs} epochs (Ray Train)"):
         uri, metrics = run_sft(cfg, out=out)
     console.print(f"warm-started checkpoint: [bold]{show(uri)}[/bold]  (loss {fmt(metrics.get('loss'))})")

@@ -60,9 +60,9 @@ class ProbeSettings:
     with :meth:`from_config`; every value (and every default) is a config field's, named below."""
 
     samples: int
-    """N: forced-answer samples per truncation point, one request with n = N (``probe_samples``)."""
+    """N: forced-answer samples per truncation point, one request with n = N (``probe.samples``)."""
     truncation: str
-    """``sentences`` (every sentence boundary + 0% + 100%) or ``fractions`` (``probe_truncation``)."""
+    """``sentences`` (every sentence boundary + 0% + 100%) or ``fractions`` (``probe.truncation``)."""
     temperature: float
     """Sampling temperature of every probe request (``temperature``, as in training)."""
     top_p: float
@@ -72,24 +72,24 @@ class ProbeSettings:
     max_confidence_tokens: int
     """Turn-2 budget (``max_confidence_tokens``)."""
     forced_answer_tokens: int
-    """Budget of one forced answer: an equation and ``</answer>`` (``probe_forced_answer_tokens``)."""
+    """Budget of one forced answer: an equation and ``</answer>`` (``probe.forced_answer_tokens``)."""
     format_score: float
     """``compute_score`` of an extracted but wrong answer (``format_score``)."""
     seed: int
     """Seed of the probe's three generate calls (``seed``)."""
     bootstrap_resamples: int
-    """Resamples of tasks behind the 95% intervals of the calibration metrics (``eval_bootstrap_resamples``)."""
+    """Resamples of tasks behind the 95% intervals of the calibration metrics (``eval.bootstrap_resamples``)."""
     fractions: tuple[float, ...] = DEFAULT_FRACTIONS
     """The cut points of ``fractions`` mode: the truncation module's fixed 0, 0.1, …, 1 (not a config knob)."""
 
     @classmethod
     def from_config(cls, cfg: RLCRConfig, samples: int | None = None) -> "ProbeSettings":
-        """The probe settings of ``cfg``; ``samples`` (if given) replaces ``cfg.probe_samples``."""
+        """The probe settings of ``cfg``; ``samples`` (if given) replaces ``cfg.probe.samples``."""
         return cls(
-            samples=samples or cfg.probe_samples, truncation=cfg.probe_truncation, temperature=cfg.temperature,
-            top_p=cfg.top_p, max_answer_tokens=cfg.max_answer_tokens, max_confidence_tokens=cfg.max_confidence_tokens,
-            forced_answer_tokens=cfg.probe_forced_answer_tokens, format_score=cfg.format_score, seed=cfg.seed,
-            bootstrap_resamples=cfg.eval_bootstrap_resamples,
+            samples=samples or cfg.probe.samples, truncation=cfg.probe.truncation, temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p, max_answer_tokens=cfg.rollout.max_answer_tokens, max_confidence_tokens=cfg.rollout.max_confidence_tokens,
+            forced_answer_tokens=cfg.probe.forced_answer_tokens, format_score=cfg.method.format_score, seed=cfg.run.seed,
+            bootstrap_resamples=cfg.eval.bootstrap_resamples,
         )
 
 
@@ -274,14 +274,14 @@ def probe_checkpoint(
     from rlcr.storage import fetch_checkpoint
 
     settings = ProbeSettings.from_config(cfg, samples)
-    local = fetch_checkpoint(checkpoint_uri, endpoint_url=cfg.s3_endpoint_url)
+    local = fetch_checkpoint(checkpoint_uri, endpoint_url=cfg.storage.s3_endpoint_url)
     tokenizer = AutoTokenizer.from_pretrained(local)
     t0 = time.perf_counter()
-    llm = create_engine(local, cfg, seed=cfg.seed)
+    llm = create_engine(local, cfg, seed=cfg.run.seed)
     engine_s = time.perf_counter() - t0
     try:
         report = run_probe(tasks, tokenizer, vllm_sampler(llm, settings), settings, responses=responses,
-                           task=cfg.task)
+                           task=cfg.tasks.name)
     finally:
         del llm
     report["checkpoint_uri"] = checkpoint_uri

@@ -15,7 +15,7 @@ split, on any platform. The log-probs of a sample are equal across batchings up 
 rounding (~1e-6: the kernels' results depend on the batch shape); bit-identical for the same
 requests in the same batches. Not across vLLM versions or hardware.
 
-Weight sync (``engine_weight_sync``): a long-lived :class:`RolloutEngine` takes
+Weight sync (``engine.weight_sync``): a long-lived :class:`RolloutEngine` takes
 each iteration's weights from the trainer as a ``{HF parameter name: tensor}``
 dict through Ray's object store (:meth:`EnginePool.update_weights`). ``inplace``
 copies them into the running engine with vLLM's layerwise reload, which re-runs
@@ -105,18 +105,18 @@ def create_engine(model_dir: str | Path, cfg, *, seed: int):
     use_this_nodes_cores()
     from vllm import LLM
 
-    kv_gib = cfg.engine_kv_cache_gib if cfg.engine_kv_cache_gib is not None else (None if has_gpu() else 1.0)
+    kv_gib = cfg.engine.kv_cache_gib if cfg.engine.kv_cache_gib is not None else (None if has_gpu() else 1.0)
     extra = {"kv_cache_memory_bytes": int(kv_gib * 2**30)} if kv_gib is not None else {}
-    if cfg.engine_block_size is not None:
-        extra["block_size"] = cfg.engine_block_size
+    if cfg.engine.block_size is not None:
+        extra["block_size"] = cfg.engine.block_size
     with _hidden_unscannable_modules():
         return LLM(
             model=str(model_dir),
-            dtype=resolve_dtype(cfg.dtype),
-            max_model_len=cfg.engine_max_model_len,
-            gpu_memory_utilization=cfg.engine_gpu_memory_utilization,
-            tensor_parallel_size=cfg.engine_tensor_parallel_size,
-            enforce_eager=cfg.engine_enforce_eager,
+            dtype=resolve_dtype(cfg.model.dtype),
+            max_model_len=cfg.engine.max_model_len,
+            gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
+            tensor_parallel_size=cfg.engine.tensor_parallel_size,
+            enforce_eager=cfg.engine.enforce_eager,
             enable_chunked_prefill=False,
             seed=seed,
             **extra,
@@ -217,7 +217,7 @@ def render_prompt(tokenizer, messages, *, where: str = "prompt",
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
-        raise ValueError(f"{where}: rendered prompt has {len(ids)} tokens > max_prompt_tokens={max_prompt_tokens}")
+        raise ValueError(f"{where}: rendered prompt has {len(ids)} tokens > rollout.max_prompt_tokens={max_prompt_tokens}")
     return text, ids
 
 
@@ -533,9 +533,9 @@ WEIGHT_SYNC_MODES = ("inplace", "recreate")
 class RolloutEngine:
     """A long-lived vLLM engine in its own Ray actor, shared by both stages and reused across iterations.
 
-    Starting vLLM costs tens of seconds; a run keeps ``rollout_actors`` of these alive and only swaps the
+    Starting vLLM costs tens of seconds; a run keeps ``rollout.actors`` of these alive and only swaps the
     policy weights: :meth:`update_weights` from the trainer's in-memory weights, :meth:`load` from a sealed
-    checkpoint (start, resume, rewind). ``engine_weight_sync`` (``auto`` = ``inplace``) picks how: in place
+    checkpoint (start, resume, rewind). ``engine.weight_sync`` (``auto`` = ``inplace``) picks how: in place
     (:func:`load_weights_in_place`, exact) or by re-creating the engine in this process (no re-import).
     A checkpoint with another config or tokenizer than the running engine's always re-creates it.
     """
@@ -551,7 +551,7 @@ class RolloutEngine:
         self.load(policy_uri)
 
     def _mode(self, mode: str | None) -> str:
-        mode = mode or self.cfg.engine_weight_sync
+        mode = mode or self.cfg.engine.weight_sync
         mode = "inplace" if mode == "auto" else mode
         if mode not in WEIGHT_SYNC_MODES:
             raise ValueError(f"weight sync mode {mode!r}: expected one of auto, {', '.join(WEIGHT_SYNC_MODES)}")
@@ -563,10 +563,10 @@ class RolloutEngine:
 
         self.llm = None
         gc.collect()
-        self.llm = create_engine(model_dir, self.cfg, seed=self.cfg.seed)
+        self.llm = create_engine(model_dir, self.cfg, seed=self.cfg.run.seed)
 
     def load(self, policy_uri: str, *, mode: str | None = None) -> dict:
-        """Switch the engine to the sealed checkpoint at ``policy_uri`` (``mode`` overrides ``engine_weight_sync``).
+        """Switch the engine to the sealed checkpoint at ``policy_uri`` (``mode`` overrides ``engine.weight_sync``).
 
         In place when an engine runs and the checkpoint has its config, tokenizer and parameter names; else
         the engine is (re-)created from the checkpoint directory.
@@ -575,7 +575,7 @@ class RolloutEngine:
 
         t0 = time.perf_counter()
         mode = self._mode(mode)
-        local = fetch_checkpoint(policy_uri, endpoint_url=self.cfg.s3_endpoint_url)
+        local = fetch_checkpoint(policy_uri, endpoint_url=self.cfg.storage.s3_endpoint_url)
         content_id = checkpoint_content_id(local)
         if policy_uri == self.policy_uri and content_id == self.content_id:
             return {"policy_uri": policy_uri, "content_id": content_id, "load_s": 0.0, "mode": "unchanged"}
@@ -595,7 +595,7 @@ class RolloutEngine:
 
     def update_weights(self, weights: Mapping[str, Any], version: str, *, mode: str | None = None) -> dict:
         """Take the trainer's weights (HF name → CPU tensor or numpy array, e.g. from :func:`pack_weights`) as
-        policy ``version`` (``mode`` overrides ``engine_weight_sync``).
+        policy ``version`` (``mode`` overrides ``engine.weight_sync``).
 
         The weights are checked first (:func:`check_weights`): a wrong name, shape or dtype raises ValueError
         naming the parameter and the engine keeps its weights and version. The content id of in-memory
@@ -633,7 +633,7 @@ class RolloutEngine:
     def generate_chats(self, conversations, *, policy_uri: str, **kwargs):
         """Conversations → (contexts, samples with loss masks) (:func:`sample_chats`)."""
         self._check(policy_uri)
-        return sample_chats(self.llm, self.tokenizer, conversations, max_prompt_tokens=self.cfg.max_prompt_tokens,
+        return sample_chats(self.llm, self.tokenizer, conversations, max_prompt_tokens=self.cfg.rollout.max_prompt_tokens,
                             **kwargs)
 
     def current(self) -> str | None:
@@ -641,7 +641,7 @@ class RolloutEngine:
 
 
 class EnginePool:
-    """``rollout_actors`` :class:`RolloutEngine` actors, addressed by name from the Ray Data stages."""
+    """``rollout.actors`` :class:`RolloutEngine` actors, addressed by name from the Ray Data stages."""
 
     def __init__(self, cfg, policy_uri: str, *, name: str = "rlcr-engine", start_timeout_s: float = 900.0):
         self.cfg, self.name, self.start_timeout_s = cfg, name, start_timeout_s
@@ -658,7 +658,7 @@ class EnginePool:
         prefix = f"{self.name}-{uuid.uuid4().hex[:8]}"
         remote = ray.remote(RolloutEngine)
         res = engine_actor_resources(cfg)
-        self.names = [f"{prefix}-{i}" for i in range(cfg.rollout_actors)]
+        self.names = [f"{prefix}-{i}" for i in range(cfg.rollout.actors)]
         self.actors = [
             remote.options(name=n, num_cpus=res["CPU"], num_gpus=res.get("GPU", 0), max_concurrency=1,
                            resources={k: v for k, v in res.items() if k not in ("CPU", "GPU")} or None,
@@ -683,7 +683,7 @@ class EnginePool:
 
     def release(self) -> None:
         """Stop the engines and free what they hold (model and KV cache: device memory on a GPU) while the
-        trainer needs it (``engine_release_during_update``); the next :meth:`update_weights` or :meth:`load`
+        trainer needs it (``engine.release_during_update``); the next :meth:`update_weights` or :meth:`load`
         starts them again (from ``frame_uri``, then the new weights), under new names."""
         self.shutdown()
 

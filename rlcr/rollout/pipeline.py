@@ -58,7 +58,7 @@ class RolloutResult:
 def rollout_seed(cfg: RLCRConfig, iteration: int) -> int:
     """Seed of an iteration's rollouts (:func:`rlcr.seeds.rollout_seed` of the run's seed), from which each
     sample's request seed is derived (:func:`rlcr.seeds.answer_seed`, :func:`~rlcr.seeds.confidence_seed`)."""
-    return seeds.rollout_seed(cfg.seed, iteration)
+    return seeds.rollout_seed(cfg.run.seed, iteration)
 
 
 def build_rollout_dataset(
@@ -77,39 +77,39 @@ def build_rollout_dataset(
 
     Every sample has its own request seed, derived from (run seed, iteration, ``salt``, stage, the row's
     prompt/answer id and sample index): the tree does not depend on how Ray Data bundles the rows, on
-    ``rollout_batch_size``, on timing or on the number of engines; log-probs up to float rounding
+    ``rollout.batch_size``, on timing or on the number of engines; log-probs up to float rounding
     (docs/reproducibility.md).
 
     ``engines``: names of long-lived engine actors to use instead of one engine per
-    stage actor. ``g_a``/``g_c`` override the group sizes (evaluation: ``eval_samples`` and 1); ``salt`` is
+    stage actor. ``g_a``/``g_c`` override the group sizes (evaluation: ``eval.samples`` and 1); ``salt`` is
     added to the iteration's seed (evaluation: :func:`rlcr.seeds.eval_salt`). ``confidences``: run the
-    turn-2 confidence stage (default: only where ``cfg.method`` trains it, ``rlcr``; evaluation asks
+    turn-2 confidence stage (default: only where ``cfg.method.name`` trains it, ``rlcr``; evaluation asks
     ``rlvr`` too). ``rlcr_single`` states its confidence in the answer turn and never has a turn 2.
     """
     if confidences is None:
-        confidences = cfg.method == "rlcr"
-    if confidences and cfg.method == "rlcr_single":
+        confidences = cfg.method.name == "rlcr"
+    if confidences and cfg.method.name == "rlcr_single":
         raise ValueError("method rlcr_single states its confidence in the answer turn: it has no turn 2")
     import ray.data
 
     ctx = ray.data.DataContext.get_current()
     # A stable row order; the samples themselves do not depend on it (each has its own request seed).
     ctx.execution_options.preserve_order = True
-    ctx.enable_progress_bars = cfg.rollout_progress
-    seed = seeds.rollout_seed(cfg.seed, iteration, salt=salt)
+    ctx.enable_progress_bars = cfg.rollout.progress
+    seed = seeds.rollout_seed(cfg.run.seed, iteration, salt=salt)
     answer, confidence = _stage_steps(cfg, policy_uri, seed, engines, g_a, g_c)
     cheap = dict(batch_format="pandas", num_cpus=STAGE_ACTOR_CPUS)
-    task = get_task(cfg.task)
+    task = get_task(cfg.tasks.name)
     items = [{"prompt_id": pid, **task.to_record(t)} for pid, t in tasks]
-    ds = ray.data.from_items(items, override_num_blocks=max(1, math.ceil(len(items) / cfg.rollout_batch_size)))
-    ds = ds.map_batches(**answer, batch_size=cfg.rollout_batch_size)
-    ds = ds.map_batches(score_answers, fn_kwargs={"format_score": cfg.format_score, "method": cfg.method,
-                                                  "lambda_conf": cfg.lambda_conf, "task": cfg.task}, **cheap)
+    ds = ray.data.from_items(items, override_num_blocks=max(1, math.ceil(len(items) / cfg.rollout.batch_size)))
+    ds = ds.map_batches(**answer, batch_size=cfg.rollout.batch_size)
+    ds = ds.map_batches(score_answers, fn_kwargs={"format_score": cfg.method.format_score, "method": cfg.method.name,
+                                                  "lambda_conf": cfg.method.lambda_conf, "task": cfg.tasks.name}, **cheap)
     if not confidences:
         return ds
-    ds = ds.map_batches(expand_to_turn2, fn_kwargs={"task": cfg.task}, **cheap)
+    ds = ds.map_batches(expand_to_turn2, fn_kwargs={"task": cfg.tasks.name}, **cheap)
     # One confidence call takes all answers of one answer call: the engine sees as large a batch as in turn 1.
-    conf_batch = cfg.rollout_batch_size * (g_a or cfg.num_generations_answer)
+    conf_batch = cfg.rollout.batch_size * (g_a or cfg.rollout.num_generations_answer)
     ds = ds.map_batches(**confidence, batch_size=conf_batch)
     ds = ds.map_batches(score_confidences, **cheap)
     return ds
@@ -120,8 +120,8 @@ def _stage_steps(cfg: RLCRConfig, policy_uri: str, seed: int, engines: list[str]
     """``map_batches`` arguments of the answer and the confidence stage (:func:`stage_compute`).
 
     ``tasks``: the stage functions, with the engines' actor handles (looked up here, once per dataset) in
-    ``fn_kwargs``, at most ``rollout_actors`` batches of a stage at a time. ``actors``: the stage classes in a
-    pool of ``rollout_actors`` stage actors, which own their engine (on the accelerator, with the node's
+    ``fn_kwargs``, at most ``rollout.actors`` batches of a stage at a time. ``actors``: the stage classes in a
+    pool of ``rollout.actors`` stage actors, which own their engine (on the accelerator, with the node's
     cores) unless ``engines`` are given."""
     import ray.data
 
@@ -130,14 +130,14 @@ def _stage_steps(cfg: RLCRConfig, policy_uri: str, seed: int, engines: list[str]
         import ray
 
         common["engines"] = [ray.get_actor(name) for name in engines]
-        opts = dict(compute=ray.data.TaskPoolStrategy(size=cfg.rollout_actors), batch_format="pandas",
+        opts = dict(compute=ray.data.TaskPoolStrategy(size=cfg.rollout.actors), batch_format="pandas",
                     num_cpus=STAGE_ACTOR_CPUS)
         return (dict(fn=answer_batch, fn_kwargs=dict(common, n=g_a), **opts),
                 dict(fn=confidence_batch, fn_kwargs=dict(common, n=g_c), **opts))
     common["engines"] = engines
     # A stage actor that owns an engine needs the accelerator; one that talks to a shared engine does not.
-    gpus = cfg.engine_tensor_parallel_size if (cfg.use_gpu and not engines) else 0
-    opts = dict(compute=ray.data.ActorPoolStrategy(size=cfg.rollout_actors), batch_format="pandas", num_gpus=gpus,
+    gpus = cfg.engine.tensor_parallel_size if (cfg.update.use_gpu and not engines) else 0
+    opts = dict(compute=ray.data.ActorPoolStrategy(size=cfg.rollout.actors), batch_format="pandas", num_gpus=gpus,
                 num_cpus=ENGINE_ACTOR_CPUS if not engines else STAGE_ACTOR_CPUS)
     if not engines:  # a stage actor that owns its engine needs the node's cores, not Ray's 1 thread
         from rlcr.rollout.engine import engine_runtime_env
@@ -209,11 +209,11 @@ def check_prompt_lengths(cfg: RLCRConfig, tasks: Sequence[tuple[int, Any]], poli
     from rlcr.rollout.engine import render_prompt
     from rlcr.storage import fetch_checkpoint
 
-    tokenizer = AutoTokenizer.from_pretrained(fetch_checkpoint(policy_uri, endpoint_url=cfg.s3_endpoint_url))
-    task = get_task(cfg.task)
-    messages = task.single_turn_messages if cfg.method == "rlcr_single" else task.turn1_messages
+    tokenizer = AutoTokenizer.from_pretrained(fetch_checkpoint(policy_uri, endpoint_url=cfg.storage.s3_endpoint_url))
+    task = get_task(cfg.tasks.name)
+    messages = task.single_turn_messages if cfg.method.name == "rlcr_single" else task.turn1_messages
     for pid, task in tasks:
-        render_prompt(tokenizer, messages(task), where=f"prompt_id={pid}", max_prompt_tokens=cfg.max_prompt_tokens)
+        render_prompt(tokenizer, messages(task), where=f"prompt_id={pid}", max_prompt_tokens=cfg.rollout.max_prompt_tokens)
 
 
 def generate_rollouts(
@@ -241,8 +241,8 @@ def generate_rollouts(
     for k in ("_answer_init_s", "_answer_generate_s", "_confidence_init_s", "_confidence_generate_s"):
         timings[f"rollout/{k.lstrip('_')}"] = float(sum(r.get(k, 0.0) or 0.0 for r in raw))
     rows = to_records(raw, run_id, iteration)
-    g_c = cfg.num_generations_confidence if cfg.method == "rlcr" else 0
-    validate_rollouts(rows, num_prompts=len(tasks), g_a=cfg.num_generations_answer, g_c=g_c)
+    g_c = cfg.rollout.num_generations_confidence if cfg.method.name == "rlcr" else 0
+    validate_rollouts(rows, num_prompts=len(tasks), g_a=cfg.rollout.num_generations_answer, g_c=g_c)
     return rows, timings
 
 
@@ -251,12 +251,12 @@ def finalize_rollouts(
 ) -> RolloutResult:
     """Advantages (docs/design.md §7), a stable row order, and the Parquet file (if ``store`` is given)."""
     t0 = time.perf_counter()
-    assign_advantages(rows, method=cfg.method, eps=cfg.adv_eps, scale_by_std=cfg.scale_by_std,
-                      conf_mode=cfg.conf_norm_mode)
+    assign_advantages(rows, method=cfg.method.name, eps=cfg.method.adv_eps, scale_by_std=cfg.method.scale_by_std,
+                      conf_mode=cfg.method.conf_norm_mode)
     rows.sort(key=lambda r: (r["sample_type"] != "answer", r["prompt_id"], r["answer_id"], r["confidence_id"] or 0))
     uri = None
     if store is not None:
-        uri = store.write_parquet(RunLayout.standalone_rollouts_rel(run_id, iteration), rows_to_table(rows, cfg.task))
+        uri = store.write_parquet(RunLayout.standalone_rollouts_rel(run_id, iteration), rows_to_table(rows, cfg.tasks.name))
     return RolloutResult(rows=rows, uri=uri, timings={"rollout/finalize_s": time.perf_counter() - t0},
                          stats=rollout_stats(rows))
 

@@ -98,7 +98,7 @@ class _EngineStage:
             from rlcr.rollout.engine import create_engine
             from rlcr.storage import fetch_checkpoint
 
-            local = fetch_checkpoint(policy_uri, endpoint_url=self.cfg.s3_endpoint_url)
+            local = fetch_checkpoint(policy_uri, endpoint_url=self.cfg.storage.s3_endpoint_url)
             self.tokenizer = AutoTokenizer.from_pretrained(local)
             self.llm = create_engine(local, self.cfg, seed=seed)
         self.init_s = time.perf_counter() - t0
@@ -112,14 +112,14 @@ class _EngineStage:
         from rlcr.rollout.engine import sample_chats
 
         kwargs = dict(labels=labels, mask_kind=self.mask_kind, seeds=seeds, n=n,
-                      temperature=self.cfg.temperature, top_p=self.cfg.top_p, max_tokens=max_tokens, stop=stop)
+                      temperature=self.cfg.rollout.temperature, top_p=self.cfg.rollout.top_p, max_tokens=max_tokens, stop=stop)
         t0 = time.perf_counter()
         if self.engine is not None:
             import ray
 
             out = ray.get(self.engine.generate_chats.remote(conversations, policy_uri=self.policy_uri, **kwargs))
         else:
-            out = sample_chats(self.llm, self.tokenizer, conversations, max_prompt_tokens=self.cfg.max_prompt_tokens,
+            out = sample_chats(self.llm, self.tokenizer, conversations, max_prompt_tokens=self.cfg.rollout.max_prompt_tokens,
                                **kwargs)
         self.last_generate_s = time.perf_counter() - t0
         return out
@@ -135,7 +135,7 @@ class _EngineStage:
     def _row(self, sample_type: str, task, context: tuple[str, list[int]], s, **fields) -> dict[str, Any]:
         """The :func:`~rlcr.rollout.records.rollout_row` of engine sample ``s`` drawn from ``context``."""
         text, ids = context
-        return rollout_row(sample_type, task=task, task_name=self.cfg.task, context_text=text, context_ids=ids,
+        return rollout_row(sample_type, task=task, task_name=self.cfg.tasks.name, context_text=text, context_ids=ids,
                            completion_text=s.completion_text, completion_ids=s.completion_ids,
                            completion_logprobs=s.completion_logprobs, loss_mask=s.loss_mask,
                            finish_reason=s.finish_reason, **fields)
@@ -151,17 +151,17 @@ class AnswerStage(_EngineStage):
 
     @property
     def mask_kind(self) -> str:
-        return "single" if self.cfg.method == "rlcr_single" else "answer"
+        return "single" if self.cfg.method.name == "rlcr_single" else "answer"
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
-        single = self.cfg.method == "rlcr_single"
-        g = self.n or self.cfg.num_generations_answer
-        task = get_task(self.cfg.task)
+        single = self.cfg.method.name == "rlcr_single"
+        g = self.n or self.cfg.rollout.num_generations_answer
+        task = get_task(self.cfg.tasks.name)
         messages = task.single_turn_messages if single else task.turn1_messages
         contexts, samples = self._generate(
             [messages(_task(r, task.name)) for _, r in batch.iterrows()],
             [f"prompt_id={r['prompt_id']}" for _, r in batch.iterrows()],
-            self.cfg.max_answer_tokens + (self.cfg.max_confidence_tokens if single else 0),
+            self.cfg.rollout.max_answer_tokens + (self.cfg.rollout.max_confidence_tokens if single else 0),
             CONFIDENCE_STOP if single else ANSWER_STOP, g,
             [[answer_seed(self.seed, int(r["prompt_id"]), k) for k in range(g)] for _, r in batch.iterrows()])
         rows = [self._row("answer", _task(r, task.name), context, s, prompt_id=r["prompt_id"], answer_id=k, confidence_id=-1)
@@ -205,15 +205,15 @@ class ConfidenceStage(_EngineStage):
     mask_kind = "confidence"
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
-        g = self.n or self.cfg.num_generations_confidence
+        g = self.n or self.cfg.rollout.num_generations_confidence
         contexts, samples = self._generate(
             [json.loads(r["turn2_messages"]) for _, r in batch.iterrows()],
             [f"prompt_id={r['prompt_id']} answer_id={r['answer_id']}" for _, r in batch.iterrows()],
-            self.cfg.max_confidence_tokens, CONFIDENCE_STOP, g,
+            self.cfg.rollout.max_confidence_tokens, CONFIDENCE_STOP, g,
             [[confidence_seed(self.seed, int(r["prompt_id"]), int(r["answer_id"]), h) for h in range(g)]
              for _, r in batch.iterrows()])
         answers = batch.drop(columns=["turn2_messages"])
-        rows = [self._row("confidence", _task(r, self.cfg.task), context, s, prompt_id=r["prompt_id"], answer_id=r["answer_id"],
+        rows = [self._row("confidence", _task(r, self.cfg.tasks.name), context, s, prompt_id=r["prompt_id"], answer_id=r["answer_id"],
                           confidence_id=h, score=math.nan, correct=float(r["correct"]), reward=0.0, confidence=math.nan)
                 for (_, r), context, group in zip(answers.iterrows(), contexts, samples) for h, s in enumerate(group)]
         conf = self._timing(pd.DataFrame(rows))

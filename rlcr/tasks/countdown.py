@@ -334,7 +334,7 @@ def compute_score(
     """Score a response on a Countdown task (docs/design.md §2–§4).
 
     ``format_score`` defaults to the config's (:attr:`rlcr.config.RLCRConfig.format_score`); a run
-    passes its ``cfg.format_score``. Returns 0 if no equation can be extracted; ``format_score`` if one was
+    passes its ``cfg.method.format_score``. Returns 0 if no equation can be extracted; ``format_score`` if one was
     extracted but it does not use exactly ``numbers`` (as a multiset), is not a
     valid expression (integer literals, binary ``+ - * /``, parentheses), cannot
     be evaluated, or its value is not ``target``; ``score`` if it equals the

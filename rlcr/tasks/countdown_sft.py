@@ -28,7 +28,7 @@ wrong answers nearly all "reached" the target in a last step it made up, and a c
 recomputed the value but compared it with the target only implicitly ("13+15=28, the target" for target 41)
 barely could.
 
-With ``sft_single_turn`` each task also gets a one-turn example in the ``rlcr_single`` format (docs/design.md §9):
+With ``sft.single_turn`` each task also gets a one-turn example in the ``rlcr_single`` format (docs/design.md §9):
 the trace and equation, then the check and confidence in the same response. Half show a wrong answer; for
 those only the check and the confidence carry loss, as in turn 2. One warm-start then serves every method.
 """

@@ -25,8 +25,8 @@ def generation_settings(cfg: Any = None) -> dict[str, Any]:
     """The generator's keyword arguments from a config's ``task_*`` settings (defaults without one)."""
     if cfg is None:
         return {}
-    return dict(min_count=cfg.task_min_count, max_count=cfg.task_max_count,
-                num_range=tuple(cfg.task_num_range), target_range=tuple(cfg.task_target_range))
+    return dict(min_count=cfg.tasks.min_count, max_count=cfg.tasks.max_count,
+                num_range=tuple(cfg.tasks.num_range), target_range=tuple(cfg.tasks.target_range))
 
 
 @register_task("countdown")
@@ -50,7 +50,7 @@ class Countdown(Task):
         return generate_tasks(n, seed, **generation_settings(cfg))
 
     def strata(self, cfg: Any = None) -> list[Hashable]:
-        """The number counts ``task_min_count..task_max_count``."""
+        """The number counts ``tasks.min_count..tasks.max_count``."""
         s = generation_settings(cfg)
         return list(range(s.get("min_count", 3), s.get("max_count", 4) + 1))
 

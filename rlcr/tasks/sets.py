@@ -1,6 +1,6 @@
 """Task sets of a run: the training pool, the held-out set, the SFT warm-start tasks and the prompts of each iteration.
 
-The run's task (``cfg.task``, :func:`rlcr.tasks.registry.get_task`) loads, generates and identifies the
+The run's task (``cfg.tasks.name``, :func:`rlcr.tasks.registry.get_task`) loads, generates and identifies the
 problems: two rows with the same :meth:`~rlcr.tasks.base.Task.identity` are the same problem (Countdown: the
 multiset of its numbers and its target, whatever their order or the reference solution). By construction:
 
@@ -37,12 +37,12 @@ HELD_OUT_ATTEMPTS_MIN = 1000
 
 
 def _task(cfg: RLCRConfig) -> Task:
-    return get_task(cfg.task)
+    return get_task(cfg.tasks.name)
 
 
 def _generation(cfg: RLCRConfig) -> tuple:
     """The task settings generation reads (a cache key): Countdown's ``task_*`` ranges."""
-    return (cfg.task, cfg.task_min_count, cfg.task_max_count, tuple(cfg.task_num_range), tuple(cfg.task_target_range))
+    return (cfg.tasks.name, cfg.tasks.min_count, cfg.tasks.max_count, tuple(cfg.tasks.num_range), tuple(cfg.tasks.target_range))
 
 
 def _distinct(task: Task, problems: Iterable[Any]) -> list[Any]:
@@ -62,32 +62,32 @@ def _generated(n: int, seed: int, settings: tuple) -> tuple:
     """Generation is deterministic and costs seconds (the solver runs per draw): the SFT warm-start and
     the run in one process share it (keyed by ``settings``, :func:`_generation`)."""
     name, lo, hi, num_range, target_range = settings
-    view = SimpleNamespace(task=name, task_min_count=lo, task_max_count=hi, task_num_range=num_range,
-                           task_target_range=target_range)
+    view = SimpleNamespace(tasks=SimpleNamespace(name=name, min_count=lo, max_count=hi, num_range=num_range,
+                                                 target_range=target_range))  # the settings generation reads
     return tuple(get_task(name).generate(n, seed, view))
 
 
 def _load(cfg: RLCRConfig, path: str) -> list[Any]:
-    return _task(cfg).load(path, cfg.task_fields)
+    return _task(cfg).load(path, cfg.tasks.field_map)
 
 
 def training_pool(cfg: RLCRConfig) -> list[Any]:
     """The run's training tasks, each identity once: loaded from ``train_tasks`` or generated from ``seed``.
 
     Repeats are dropped (first occurrence kept): from a file with a logged warning naming the count; a
-    generated pool of ``num_train_tasks`` draws keeps its distinct tasks (small task spaces repeat).
+    generated pool of ``tasks.num_train`` draws keeps its distinct tasks (small task spaces repeat).
     """
-    if cfg.train_tasks:
-        raw = _load(cfg, cfg.train_tasks)
-        source = printable(cfg.train_tasks)  # a path: shown without control characters, bounded
+    if cfg.tasks.train_file:
+        raw = _load(cfg, cfg.tasks.train_file)
+        source = printable(cfg.tasks.train_file)  # a path: shown without control characters, bounded
     else:
-        raw = list(_generated(cfg.num_train_tasks, cfg.seed, _generation(cfg)))
-        source = f"generated training tasks (seed {cfg.seed})"
+        raw = list(_generated(cfg.tasks.num_train, cfg.run.seed, _generation(cfg)))
+        source = f"generated training tasks (seed {cfg.run.seed})"
     train = _distinct(_task(cfg), raw)
     if not train:
         raise ValueError(f"the training task set is empty ({source})")
     dropped = len(raw) - len(train)
-    if dropped and cfg.train_tasks:
+    if dropped and cfg.tasks.train_file:
         log.warning("%s: dropped %d of %d training rows that repeat an earlier row's numbers and target",
                     source, dropped, len(raw))
     elif dropped:
@@ -101,15 +101,15 @@ def held_out_set(cfg: RLCRConfig, train: Sequence[Any]) -> list[Any]:
     From ``eval_tasks``: overlapping and repeated rows are dropped with a logged warning naming the
     counts and the file; a file with nothing left is refused. Generated: candidates are drawn from the
     ``eval_seed`` stream and those whose identity is a training task (or an earlier held-out task) are
-    skipped until ``num_eval_tasks`` are found; with ``eval_stratify_counts`` (default) a candidate is also
+    skipped until ``tasks.num_eval`` are found; with ``tasks.eval_stratify_counts`` (default) a candidate is also
     skipped once its stratum (:meth:`~rlcr.tasks.base.Task.stratum`; Countdown: the number count) has its share.
     The set therefore depends on the training pool too.
     """
     task = _task(cfg)
     taken = {task.identity(t) for t in train}
-    if cfg.eval_tasks:
-        rows = _load(cfg, cfg.eval_tasks)
-        name = printable(cfg.eval_tasks)
+    if cfg.tasks.eval_file:
+        rows = _load(cfg, cfg.tasks.eval_file)
+        name = printable(cfg.tasks.eval_file)
         out, seen, overlap = [], set(), 0
         for t in rows:
             key = task.identity(t)
@@ -130,11 +130,11 @@ def held_out_set(cfg: RLCRConfig, train: Sequence[Any]) -> list[Any]:
                         name, repeats, len(rows))
         return out
 
-    n = cfg.num_eval_tasks
+    n = cfg.tasks.num_eval
     quota = _count_quota(cfg)
     limit = HELD_OUT_ATTEMPTS_PER_TASK * n + HELD_OUT_ATTEMPTS_MIN
     out, seen, overlap, repeats, attempts = [], set(), 0, 0, 0
-    for problem in task.candidates(cfg.eval_seed, cfg):
+    for problem in task.candidates(cfg.tasks.eval_seed, cfg):
         attempts += 1
         if problem is not None and quota.get(task.stratum(problem), 1) > 0:
             key = task.identity(problem)
@@ -151,37 +151,37 @@ def held_out_set(cfg: RLCRConfig, train: Sequence[Any]) -> list[Any]:
                     break
         if attempts >= limit:
             raise ValueError(
-                f"could generate only {len(out)} of num_eval_tasks={n} held-out tasks apart from the {len(train)} "
+                f"could generate only {len(out)} of tasks.num_eval={n} held-out tasks apart from the {len(train)} "
                 f"training tasks in {attempts} draws ({overlap} were training tasks, {repeats} repeats): the task space is "
-                "too small for these ranges; widen task_num_range/task_target_range or lower num_train_tasks/"
-                "num_eval_tasks" + (f" (eval_stratify_counts asks for {_count_quota(cfg)} tasks per stratum; "
+                "too small for these ranges; widen tasks.num_range/tasks.target_range or lower tasks.num_train/"
+                "tasks.num_eval" + (f" (tasks.eval_stratify_counts asks for {_count_quota(cfg)} tasks per stratum; "
                                     "false takes them as drawn)" if quota else ""))
     if overlap or repeats:
-        log.info("held-out set (eval_seed %d): skipped %d generated tasks that are training tasks and %d repeats",
-                 cfg.eval_seed, overlap, repeats)
+        log.info("held-out set (tasks.eval_seed %d): skipped %d generated tasks that are training tasks and %d repeats",
+                 cfg.tasks.eval_seed, overlap, repeats)
     return out
 
 
 def _count_quota(cfg: RLCRConfig) -> dict[Any, int]:
-    """Held-out tasks per stratum with ``eval_stratify_counts`` (equal shares of ``num_eval_tasks`` over the
+    """Held-out tasks per stratum with ``tasks.eval_stratify_counts`` (equal shares of ``tasks.num_eval`` over the
     task's :meth:`~rlcr.tasks.base.Task.strata`, the remainder to the first ones; Countdown: the number counts,
     smallest first); empty (no quota) without it or with a single stratum."""
     counts = list(_task(cfg).strata(cfg))
-    if not cfg.eval_stratify_counts or len(counts) == 1:
+    if not cfg.tasks.eval_stratify_counts or len(counts) == 1:
         return {}
-    share, extra = divmod(cfg.num_eval_tasks, len(counts))
+    share, extra = divmod(cfg.tasks.num_eval, len(counts))
     return {c: share + (i < extra) for i, c in enumerate(counts)}
 
 
 def task_sets(cfg: RLCRConfig) -> tuple[list[Any], list[Any]]:
     """(training pool, held-out set): each identity once, and no held-out task is a training task.
 
-    Raises ValueError when an iteration's ``prompts_per_iteration`` exceeds the distinct training tasks.
+    Raises ValueError when an iteration's ``rollout.prompts_per_iteration`` exceeds the distinct training tasks.
     """
     train = training_pool(cfg)
-    if cfg.prompts_per_iteration > len(train):
-        source = printable(cfg.train_tasks) if cfg.train_tasks else f"num_train_tasks={cfg.num_train_tasks} generated"
-        raise ValueError(f"prompts_per_iteration={cfg.prompts_per_iteration} exceeds the {len(train)} distinct "
+    if cfg.rollout.prompts_per_iteration > len(train):
+        source = printable(cfg.tasks.train_file) if cfg.tasks.train_file else f"tasks.num_train={cfg.tasks.num_train} generated"
+        raise ValueError(f"rollout.prompts_per_iteration={cfg.rollout.prompts_per_iteration} exceeds the {len(train)} distinct "
                          f"training tasks ({source}): an iteration's prompts must be distinct tasks")
     return train, held_out_set(cfg, train)
 
@@ -191,7 +191,7 @@ def sft_tasks(cfg: RLCRConfig, n: int, train: Sequence[Any] | None = None) -> li
     Countdown's with a checked reference solution).
 
     Drawn from the run's training pool (``train``, default :func:`training_pool`), so the warm-start
-    never sees a held-out task; the choice is seeded by ``cfg.seed``. A Countdown task without a correct
+    never sees a held-out task; the choice is seeded by ``cfg.run.seed``. A Countdown task without a correct
     ``solution`` (public datasets carry none) gets one from the solver; tasks without a trace are passed over.
     Raises ValueError when the pool has fewer than ``n`` distinct (usable) tasks.
     """
@@ -201,9 +201,9 @@ def sft_tasks(cfg: RLCRConfig, n: int, train: Sequence[Any] | None = None) -> li
         raise ValueError(f"the SFT task count must be >= 0, got {n}")
     if n > len(pool):
         raise ValueError(f"the SFT warm-start asks for {n} tasks but the training pool has only {len(pool)} "
-                         "distinct tasks; ask for fewer or raise num_train_tasks")
+                         "distinct tasks; ask for fewer or raise tasks.num_train")
     order = list(range(len(pool)))
-    random.Random(sft_task_order_seed(cfg.seed)).shuffle(order)
+    random.Random(sft_task_order_seed(cfg.run.seed)).shuffle(order)
     out: list[Any] = []
     for i in order:
         if len(out) == n:
@@ -239,7 +239,7 @@ def _epoch_orders(seed: int, n: int, p: int, last_epoch: int) -> list[list[int]]
 
 
 def prompts_for_iteration(cfg: RLCRConfig, train: Sequence[Any], iteration: int) -> list[tuple[int, Any]]:
-    """P = ``prompts_per_iteration`` distinct prompts for iteration k (k >= 1), deterministic in (seed, k).
+    """P = ``rollout.prompts_per_iteration`` distinct prompts for iteration k (k >= 1), deterministic in (seed, k).
 
     The iterations read consecutive stretches of a stream of epochs, each epoch a seeded shuffle of the
     training set, so every task is used once per epoch. Where an iteration straddles two epochs (N not a
@@ -247,12 +247,12 @@ def prompts_for_iteration(cfg: RLCRConfig, train: Sequence[Any], iteration: int)
     draws a task twice. ``prompt_id`` is the task's index in the training set, so a prompt is traceable
     across iterations. ``train`` should be the pool of :func:`task_sets` (each identity once).
     """
-    p, n = cfg.prompts_per_iteration, len(train)
+    p, n = cfg.rollout.prompts_per_iteration, len(train)
     if p > n:
-        raise ValueError(f"prompts_per_iteration={p} exceeds the {n} training tasks")
+        raise ValueError(f"rollout.prompts_per_iteration={p} exceeds the {n} training tasks")
     if iteration < 1:
         raise ValueError(f"iterations count from 1, got {iteration}")
     start = (iteration - 1) * p
-    orders = _epoch_orders(cfg.seed, n, p, (start + p - 1) // n)
+    orders = _epoch_orders(cfg.run.seed, n, p, (start + p - 1) // n)
     chosen = [orders[pos // n][pos % n] for pos in range(start, start + p)]
     return [(i, train[i]) for i in chosen]

@@ -2,7 +2,7 @@
 
 :class:`PolicyTrainer` starts the workers once — each loads the policy (and, for
 β > 0, the frozen reference), wraps it with ``prepare_model`` (DDP; FSDP with
-``cfg.fsdp`` on GPUs; gloo on CPU, NCCL on GPU) and builds the run's one AdamW —
+``cfg.update.fsdp`` on GPUs; gloo on CPU, NCCL on GPU) and builds the run's one AdamW —
 and then serves commands from the driver through Ray queues (one inbox per rank,
 one shared outbox):
 
@@ -105,7 +105,7 @@ def load_policy(uri: str, cfg: RLCRConfig, *, device: torch.device | str = "cpu"
     """(tokenizer, causal LM in float32 on ``device``) from a checkpoint URI (local or s3://)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    local = fetch_checkpoint(uri, endpoint_url=cfg.s3_endpoint_url)
+    local = fetch_checkpoint(uri, endpoint_url=cfg.storage.s3_endpoint_url)
     tokenizer = AutoTokenizer.from_pretrained(local)
     lm = AutoModelForCausalLM.from_pretrained(local, dtype=torch.float32).to(device)
     return tokenizer, lm
@@ -120,15 +120,15 @@ def _fetch_first_on_local_rank0(uri: str, cfg: RLCRConfig) -> str:
     import torch.distributed as dist
 
     if ray.train.get_context().get_local_rank() == 0:
-        fetch_checkpoint(uri, endpoint_url=cfg.s3_endpoint_url)
+        fetch_checkpoint(uri, endpoint_url=cfg.storage.s3_endpoint_url)
     if dist.is_initialized():
         dist.barrier()
-    return str(fetch_checkpoint(uri, endpoint_url=cfg.s3_endpoint_url))
+    return str(fetch_checkpoint(uri, endpoint_url=cfg.storage.s3_endpoint_url))
 
 
 def _full_state_dict(model, lm, cfg: RLCRConfig) -> dict[str, torch.Tensor]:
     """The LM's full state dict with Hugging Face names (FSDP: gathered to CPU on every rank, a collective)."""
-    if not cfg.fsdp:
+    if not cfg.update.fsdp:
         return lm.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -137,7 +137,7 @@ def _full_state_dict(model, lm, cfg: RLCRConfig) -> dict[str, torch.Tensor]:
 
 
 def _optimizer_state(model, optimizer, cfg: RLCRConfig) -> dict:
-    if not cfg.fsdp:
+    if not cfg.update.fsdp:
         return optimizer.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
@@ -151,7 +151,7 @@ def _restore_training_state(local_dir: str, model, optimizer, schedule: Schedule
     if not os.path.exists(path):
         return False
     state = torch.load(path, map_location="cpu", weights_only=False)
-    if cfg.fsdp:
+    if cfg.update.fsdp:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         set_optimizer_state_dict(model, optimizer, optim_state_dict=state["optimizer"],
@@ -176,7 +176,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
     inbox, outbox = config["inboxes"][rank], config["outbox"]
     device = ray.train.torch.get_device()
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.run.seed)
     if device.type == "cpu":
         # Ray pins OMP_NUM_THREADS=1 per worker; give each worker its share of this node's cores.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, ctx.get_local_world_size())))
@@ -185,11 +185,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     tokenizer, lm = load_policy(local, cfg, device=device)
     policy = CompletionLogProbs(lm)
     ref = None
-    if cfg.kl_coef > 0:
+    if cfg.loss.kl_coef > 0:
         _fetch_first_on_local_rank0(config["ref_uri"], cfg)
         _, ref_lm = load_policy(config["ref_uri"], cfg, device=device)
         ref = CompletionLogProbs(ref_lm.eval().requires_grad_(False))
-    model = ray.train.torch.prepare_model(policy, parallel_strategy="fsdp" if cfg.fsdp else "ddp")
+    model = ray.train.torch.prepare_model(policy, parallel_strategy="fsdp" if cfg.update.fsdp else "ddp")
     optimizer = make_optimizer(model, cfg)
     schedule = Schedule.for_run(cfg)
     restored = config["restore"] and _restore_training_state(local, model, optimizer, schedule, cfg)
@@ -209,7 +209,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             rows = ray.get(cmd["rows"][0])
             metrics = train_update(
                 model, prepare_samples(rows, tokenizer), cfg, pad_id=pad_id, ref=ref, rank=rank,
-                world_size=world_size, seed=update_seed(cfg.seed, int(cmd["iteration"])),
+                world_size=world_size, seed=update_seed(cfg.run.seed, int(cmd["iteration"])),
                 optimizer=optimizer, schedule=schedule,
             )
             metrics["schedule_step"] = schedule.done
@@ -221,20 +221,20 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                                              f"has non-finite values; the engines keep the previous weights")
                 # the engines' copy, in the object store (one copy per node, read zero-copy by the engines), in
                 # the engines' dtype: they would round fp32 to bf16 on load anyway, so this halves the bytes on GPU
-                engine_dtype = getattr(torch, resolve_dtype(cfg.dtype))
+                engine_dtype = getattr(torch, resolve_dtype(cfg.model.dtype))
                 if engine_dtype != torch.float32:
                     state = {k: v.to(engine_dtype) if torch.is_floating_point(v) else v for k, v in state.items()}
                 reply["weights"] = [ray.put(pack_weights(state))]
                 reply["metrics"] = metrics
         elif op == "save":
-            state = _full_state_dict(model, lm, cfg) if cfg.fsdp else None  # collectives: all ranks
+            state = _full_state_dict(model, lm, cfg) if cfg.update.fsdp else None  # collectives: all ranks
             training_state = None
             if cmd["with_optimizer"]:
                 training_state = {"optimizer": _optimizer_state(model, optimizer, cfg),
                                   "schedule": {"done": schedule.done, "total": schedule.total},
                                   "rng": {"torch": torch.get_rng_state()}, "format": 1}
             if rank == 0:
-                store = Store(cfg.storage_uri, endpoint_url=cfg.s3_endpoint_url)
+                store = Store(cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url)
                 if cmd.get("fence"):  # the writer's lease, checked again just before the upload
                     from rlcr.runs import LeaseLost, check_fence
 
@@ -263,10 +263,10 @@ def _check_workers_fit(cfg: RLCRConfig) -> None:
 
     total = ray.cluster_resources()
     for res, per_worker in trainer_worker_resources(cfg).items():
-        need = per_worker * cfg.num_workers
+        need = per_worker * cfg.update.num_workers
         if need > float(total.get(res, 0.0)) + 1e-9:
-            fields = "num_workers, trainer_resources" if res in cfg.trainer_resources else "num_workers, use_gpu"
-            raise ResourceError(f"the update asks for {cfg.num_workers} worker(s) × {per_worker:g} {res} = {need:g} "
+            fields = "update.num_workers, placement.trainer_resources" if res in cfg.placement.trainer_resources else "update.num_workers, update.use_gpu"
+            raise ResourceError(f"the update asks for {cfg.update.num_workers} worker(s) × {per_worker:g} {res} = {need:g} "
                                 f"{res} but the cluster has {float(total.get(res, 0.0)):g} ({fields})")
 
 
@@ -284,15 +284,15 @@ class PolicyTrainer:
 
     ``policy_uri``: the checkpoint to start from; ``restore``: also load the training state saved with
     it (resuming a run) rather than a fresh AdamW and schedule (a new run from a base or warm-start
-    model). ``ref_uri``: the frozen reference for β > 0 (default: ``cfg.model``).
+    model). ``ref_uri``: the frozen reference for β > 0 (default: ``cfg.model.name``).
     Use as a context manager, or call :meth:`close`.
     """
 
     def __init__(self, cfg: RLCRConfig, *, policy_uri: str, restore: bool = False, ref_uri: str | None = None):
-        if cfg.kl_coef > 0 and ref_uri is None:
+        if cfg.loss.kl_coef > 0 and ref_uri is None:
             from rlcr.models import resolve_model
 
-            ref_uri = resolve_model(cfg.model)  # the frozen initial policy
+            ref_uri = resolve_model(cfg.model.name)  # the frozen initial policy
         self.cfg, self.ref_uri = cfg, ref_uri
         self.saved_uri, self.saved_restore = policy_uri, restore
         self.unsaved = 0  # updates applied since the state at saved_uri
@@ -314,7 +314,7 @@ class PolicyTrainer:
 
         t0 = time.perf_counter()
         _check_workers_fit(self.cfg)
-        n = self.cfg.num_workers
+        n = self.cfg.update.num_workers
         self.inboxes = [Queue(actor_options={"num_cpus": 0}) for _ in range(n)]
         self.outbox = Queue(actor_options={"num_cpus": 0})
         self._ray_storage = tempfile.mkdtemp(prefix="rlcr-raytrain-")
@@ -324,7 +324,7 @@ class PolicyTrainer:
                 "cfg": self.cfg.model_dump(mode="json"), "policy_uri": self.saved_uri, "restore": self.saved_restore,
                 "ref_uri": self.ref_uri, "inboxes": self.inboxes, "outbox": self.outbox,
             },
-            scaling_config=ScalingConfig(num_workers=n, use_gpu=self.cfg.use_gpu,
+            scaling_config=ScalingConfig(num_workers=n, use_gpu=self.cfg.update.use_gpu,
                                          resources_per_worker=trainer_worker_resources(self.cfg)),
             run_config=RunConfig(name=f"rlcr-trainer-{uuid.uuid4().hex[:8]}", storage_path=self._ray_storage,
                                  failure_config=FailureConfig(max_failures=0,
@@ -412,7 +412,7 @@ class PolicyTrainer:
         """Every rank's reply to request ``seq``; TrainerLost if the workers die, TimeoutError past ``timeout_s``."""
         replies: dict[int, dict[str, Any]] = {}
         deadline = time.monotonic() + timeout_s
-        while len(replies) < self.cfg.num_workers:
+        while len(replies) < self.cfg.update.num_workers:
             try:
                 r = self.outbox.get(timeout=1.0)
             except queue.Empty:
@@ -440,7 +440,7 @@ class PolicyTrainer:
     def save(self, rel: str, *, extra: dict[str, Any] | None = None, with_optimizer: bool = True,
              fence: dict[str, str] | None = None) -> str:
         """Write the training state (weights, tokenizer; with ``with_optimizer`` AdamW, schedule and RNG),
-        sealed, at ``rel`` in ``cfg.storage_uri``; returns its URI. Later rewinds/restarts start from it.
+        sealed, at ``rel`` in ``cfg.storage.uri``; returns its URI. Later rewinds/restarts start from it.
         ``fence``: :meth:`rlcr.runs.RunStore.checkpoint_fence`, checked by rank 0 just before the upload
         (:class:`~rlcr.runs.LeaseLost` if the writer lost its lease)."""
         r = self._request("save", SAVE_TIMEOUT_S, rel=rel, extra=extra or {}, with_optimizer=with_optimizer,

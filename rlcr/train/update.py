@@ -26,7 +26,7 @@ tests and ``bench/update.py`` call it directly. It reads in order:
 
 * :func:`_summary`: the update's metrics from the steps'.
 
-Objectives (``cfg.objective``) are registered by name in :data:`OBJECTIVES` with
+Objectives (``cfg.update.objective``) are registered by name in :data:`OBJECTIVES` with
 :func:`register_objective`, as verl registers its policy losses and advantage
 estimators: ``grpo`` (docs/design.md §8) and ``sft`` (the warm-start); a new method is one
 more decorated function.
@@ -211,7 +211,7 @@ def make_optimizer(model: nn.Module, cfg: RLCRConfig) -> torch.optim.Optimizer:
     # on CPU the fused kernel (one pass over each parameter) instead of the per-parameter loop of ~10 passes:
     # ~4× faster on SmolLM2-135M (docs/update-performance.md); the same AdamW up to float rounding
     fused = bool(params) and all(p.device.type == "cpu" and p.dtype.is_floating_point for p in params)
-    return torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, betas=tuple(cfg.adam_betas),
+    return torch.optim.AdamW(params, lr=cfg.update.learning_rate, weight_decay=cfg.update.weight_decay, betas=tuple(cfg.update.adam_betas),
                              fused=fused or None)
 
 
@@ -227,7 +227,7 @@ def lr_factor(step: int, *, total: int, warmup: int, schedule: str) -> float:
         return max(0.0, 1.0 - progress)
     if schedule == "cosine":
         return 0.5 * (1.0 + math.cos(math.pi * progress))
-    raise ValueError(f"lr_schedule: unknown schedule {schedule!r}")
+    raise ValueError(f"update.lr_schedule: unknown schedule {schedule!r}")
 
 
 @dataclass
@@ -241,12 +241,12 @@ class Schedule:
 
     @classmethod
     def for_run(cls, cfg: RLCRConfig) -> "Schedule":
-        return cls(0, cfg.iterations * cfg.epochs_per_iteration * cfg.mini_batches_per_epoch)
+        return cls(0, cfg.run.iterations * cfg.update.epochs_per_iteration * cfg.update.mini_batches_per_epoch)
 
 
 def set_lr(optimizer, cfg: RLCRConfig, step: int, total_steps: int) -> float:
     """Set the LR of optimizer step ``step`` (the schedule follows planned steps, skipped ones included)."""
-    lr = cfg.learning_rate * lr_factor(step, total=total_steps, warmup=cfg.warmup_steps, schedule=cfg.lr_schedule)
+    lr = cfg.update.learning_rate * lr_factor(step, total=total_steps, warmup=cfg.update.warmup_steps, schedule=cfg.update.lr_schedule)
     for group in optimizer.param_groups:
         group["lr"] = lr
     return lr
@@ -320,7 +320,7 @@ class Objective:
 
 
 OBJECTIVES: dict[str, Objective] = {}
-"""The objectives ``cfg.objective`` may name, by name."""
+"""The objectives ``cfg.update.objective`` may name, by name."""
 
 
 def register_objective(name: str, *, uses_old_logp: bool = True) -> Callable[[ObjectiveFn], ObjectiveFn]:
@@ -356,14 +356,14 @@ def grpo_objective(x: LossInputs, cfg: RLCRConfig) -> tuple[torch.Tensor, dict[s
     old = x.logp.detach() if x.old_logp is None else x.old_logp.to(device) * mask
     ref = x.ref_logp.to(device) * mask if x.ref_logp is not None else None
     token_adv = spread_to_tokens(
-        mb.advantages, mask, mb.is_confidence, lambda_ans=cfg.lambda_ans, lambda_conf=cfg.lambda_conf
+        mb.advantages, mask, mb.is_confidence, lambda_ans=cfg.method.lambda_ans, lambda_conf=cfg.method.lambda_conf
     ).to(device)
     return policy_loss(
         x.logp, old, token_adv, mask,
-        clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.clip_c, agg=cfg.loss_agg,
-        ref_logp=ref, kl_coef=cfg.kl_coef, kl_type=cfg.kl_type,
+        clip_low=cfg.loss.clip_low, clip_high=cfg.loss.clip_high, clip_c=cfg.loss.clip_c, agg=cfg.loss.agg,
+        ref_logp=ref, kl_coef=cfg.loss.kl_coef, kl_type=cfg.loss.kl_type,
         global_tokens=x.global_tokens, global_sequences=x.global_sequences, max_response_len=x.max_response_len,
-        entropy=x.entropy, entropy_coef=cfg.entropy_coef, is_confidence=mb.is_confidence,
+        entropy=x.entropy, entropy_coef=cfg.loss.entropy_coef, is_confidence=mb.is_confidence,
     )
 
 
@@ -402,13 +402,13 @@ def micro_batch_loss(
     global_sequences: int,
     max_response_len: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
-    """Loss of one micro-batch under ``cfg.objective``, normalised by the global counts (docs/design.md §8).
+    """Loss of one micro-batch under ``cfg.update.objective``, normalised by the global counts (docs/design.md §8).
 
     ``old_logp``: ``[B, L]`` π_old, or None for "the current log-probs, detached"
     (exactly on-policy). Returns ``(loss, metrics, logp [B, L] detached)``.
     """
     device = mb.input_ids.device
-    ent_mode = "grad" if cfg.entropy_coef > 0 else "metric"
+    ent_mode = "grad" if cfg.loss.entropy_coef > 0 else "metric"
     with _autocast(device):
         logp_sel, ent_sel = policy(**mb.model_inputs(), entropy=ent_mode)
     logp = _scatter(logp_sel, mb)
@@ -416,7 +416,7 @@ def micro_batch_loss(
     inputs = LossInputs(logp=logp, entropy=entropy, mb=mb, old_logp=old_logp, ref_logp=ref_logp,
                         global_tokens=global_tokens, global_sequences=global_sequences,
                         max_response_len=max_response_len)
-    loss, metrics = get_objective(cfg.objective).loss(inputs, cfg)
+    loss, metrics = get_objective(cfg.update.objective).loss(inputs, cfg)
     return loss, metrics, logp.detach()
 
 
@@ -450,7 +450,7 @@ def _stack(cache: dict[int, torch.Tensor], mb: MicroBatch) -> torch.Tensor:
 
 def packing(cfg: RLCRConfig):
     """``(pack, collate)`` functions of the config: prefix trees (``share_prefixes``) or padded rows."""
-    if cfg.share_prefixes:
+    if cfg.update.share_prefixes:
         return pack_prefix_trees, collate_prefix_tree
     return pack_micro_batches, collate
 
@@ -473,8 +473,8 @@ def _prepass(policy: nn.Module, ref: nn.Module | None, cfg: RLCRConfig, objectiv
     ``old_logp_source="recompute"`` and more than one step (one step uses the current
     log-probs, detached); π_ref only for β > 0.
     """
-    need_old = objective.uses_old_logp and cfg.old_logp_source == "recompute" and total_steps > 1
-    need_ref = ref is not None and cfg.kl_coef > 0
+    need_old = objective.uses_old_logp and cfg.update.old_logp_source == "recompute" and total_steps > 1
+    need_ref = ref is not None and cfg.loss.kl_coef > 0
     if not (need_old or need_ref):
         return None, None
     pack, collate_fn = packing(cfg)
@@ -482,7 +482,7 @@ def _prepass(policy: nn.Module, ref: nn.Module | None, cfg: RLCRConfig, objectiv
     seen = {s.index for g in first for s in g}
     later = [s for ep in local[1:] for rows in ep for s in rows if s.index not in seen]
     later = list({s.index: s for s in later}.values())
-    groups = first + pack(later, cfg.micro_batch_tokens)
+    groups = first + pack(later, cfg.update.micro_batch_tokens)
     old_cache = _logprob_cache(policy, _pad_groups(groups, pad_id, device), pad_id, device, collate_fn) if need_old else None
     ref_cache = _logprob_cache(ref, groups, pad_id, device, collate_fn) if need_ref else None
     return old_cache, ref_cache
@@ -494,9 +494,9 @@ def _old_logp(mb: MicroBatch, cfg: RLCRConfig, objective: Objective,
     ratio in the objective, or a single on-policy step: the current log-probs, detached)."""
     if not objective.uses_old_logp:
         return None
-    if cfg.old_logp_source == "rollout":
+    if cfg.update.old_logp_source == "rollout":
         if mb.rollout_logprobs is None:
-            raise ValueError("old_logp_source='rollout' but some rows have null completion_logprobs")
+            raise ValueError("update.old_logp_source='rollout' but some rows have null completion_logprobs")
         return mb.rollout_logprobs
     return _stack(old_cache, mb) if old_cache is not None else None
 
@@ -565,7 +565,7 @@ def _step(policy: nn.Module, optimizer, cfg: RLCRConfig, objective: Objective, r
         info.update(empty=1.0, stepped=0.0)
         return info
     _, collate_fn = packing(cfg)
-    max_response_len = cfg.max_response_len or max(cfg.max_answer_tokens, cfg.max_confidence_tokens)
+    max_response_len = cfg.loss.max_response_len or max(cfg.rollout.max_answer_tokens, cfg.rollout.max_confidence_tokens)
     groups = _pad_groups(groups, pad_id, device)
     acc = StepMetrics()
     for j, group in enumerate(groups):
@@ -582,7 +582,7 @@ def _step(policy: nn.Module, optimizer, cfg: RLCRConfig, objective: Objective, r
             )
             (loss * world_size).backward()
         acc.add(m, float(loss.detach()), padded)
-    grad_norm, stepped = optimizer_step(policy, optimizer, grad_clip=cfg.grad_clip, local_ok=acc.finite)
+    grad_norm, stepped = optimizer_step(policy, optimizer, grad_clip=cfg.update.grad_clip, local_ok=acc.finite)
     means, loss_sum, padded_tokens = acc.reduce(device)
     info.update(means)
     info.update(loss=loss_sum, grad_norm=grad_norm, stepped=float(stepped), empty=0.0, padded_tokens=padded_tokens)
@@ -618,9 +618,9 @@ def train_update(
     """
     if not isinstance(cfg, RLCRConfig):
         raise TypeError(f"train_update takes an RLCRConfig, got {type(cfg).__name__}")
-    objective = get_objective(cfg.objective)
+    objective = get_objective(cfg.update.objective)
     device = _device_of(policy)
-    epochs, per_epoch = cfg.epochs_per_iteration, cfg.mini_batches_per_epoch
+    epochs, per_epoch = cfg.update.epochs_per_iteration, cfg.update.mini_batches_per_epoch
     total_steps = epochs * per_epoch
     if optimizer is None:
         optimizer = make_optimizer(policy, cfg)
@@ -632,7 +632,7 @@ def train_update(
     plan = plan_mini_batches(len(samples), epochs=epochs, mini_batches=per_epoch, seed=seed)
     local = [[[samples[i] for i in shard_rows(mb, samples, rank, world_size)] for mb in ep] for ep in plan]
     pack, _ = packing(cfg)
-    packed = [[pack(rows, cfg.micro_batch_tokens) for rows in ep] for ep in local]
+    packed = [[pack(rows, cfg.update.micro_batch_tokens) for rows in ep] for ep in local]
 
     t0 = time.perf_counter()
     old_cache, ref_cache = _prepass(policy, ref, cfg, objective, local, packed, total_steps=total_steps,
@@ -682,7 +682,7 @@ def _summary(steps: list[dict[str, float]], samples: Sequence[Sample], cfg: RLCR
         out["ratio_mean_first"] = done[0]["ratio_mean"]
     if not has_ref:
         out.pop("ref_kl", None)
-    out["lr_last"] = steps[-1]["lr"] if steps else cfg.learning_rate
+    out["lr_last"] = steps[-1]["lr"] if steps else cfg.update.learning_rate
     out.update(type_stats(samples))
     out["history"] = steps
     return out

@@ -1,0 +1,331 @@
+"""The sections of the run's settings: identity and storage, model, tasks, rollout, method, loss, update and the
+format warm-start. The engine, placement, orchestration, tracking, evaluation and probe sections are in
+:mod:`rlcr.config.operations`. Each field's docstring documents it; :func:`~rlcr.config.fields.changes` /
+:func:`~rlcr.config.fields.operational` mark whether it can change a run's results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import field_validator, model_validator
+
+from rlcr.config.fields import Section, changes, operational
+from rlcr.seeds import SEED_MODULUS
+from rlcr.tasks.limits import DEFAULT_FORMAT_SCORE, MAX_TASK_NUMBER
+from rlcr.untrusted import printable
+
+MAX_SEED = SEED_MODULUS
+"""Largest ``run.seed`` / ``tasks.eval_seed`` (2^31 − 1). Every seed derived from them stays in range where it is
+used: engine seeds (:func:`rlcr.seeds.rollout_seed` plus a salt) below 2^32 for NumPy, the update's
+:func:`rlcr.seeds.mini_batch_seed` of :func:`rlcr.seeds.update_seed` below 2^64 for ``torch.Generator``."""
+
+LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+ConfNormMode = Literal["answer", "answer_then_prompt"]
+KLType = Literal["k1", "k2", "k3"]
+LRSchedule = Literal["constant", "cosine", "linear"]
+Method = Literal["rlcr", "rlcr_single", "rlvr"]
+
+
+def absolute_local_path(value: str | None, *, keep_missing: bool = False) -> str | None:
+    """Local paths become absolute: Ray workers run in other working directories. ``keep_missing``: a path that
+    does not exist is kept as given (a model name such as ``smollm2-135m-instruct``)."""
+    if value is None or "://" in value:
+        return value
+    try:
+        path = Path(value).expanduser()
+        if keep_missing and not path.exists():
+            return value
+        return str(path.resolve())
+    except OSError as e:  # a name too long for the filesystem, …: a ValueError names the field
+        raise ValueError(f"not a usable local path ({e.strerror or type(e).__name__})") from None
+
+
+class RunSection(Section):
+    """Identity of the run: its name, master seed and length."""
+
+    id: str | None = operational(None)
+    """Name of the run; artifacts go to ``<storage.uri>/runs/<run.id>/``. None: derived from the time.
+    Operational: may differ on resume."""
+    seed: int = changes(0, ge=0, le=MAX_SEED)
+    """Master seed, in [0, 2^31 − 1]: task sampling, engine sampling and the update's shuffling derive from it."""
+    iterations: int = operational(1, ge=1)
+    """Number of RL iterations (rollout → update → eval → commit) to run. Operational: raising it on resume
+    extends the run (iteration k does not depend on the total)."""
+
+
+class StorageSection(Section):
+    """Where the run's artifacts go."""
+
+    uri: str = operational("./runs-store")
+    """Where checkpoints, rollouts, metrics and probe reports go: a local directory or ``s3://bucket/prefix``.
+    Operational: may differ on resume (a moved store)."""
+    s3_endpoint_url: str | None = operational(None)
+    """Endpoint of an S3-compatible server (MinIO, moto); None uses AWS. Credentials come from the AWS environment.
+    Operational: may differ on resume."""
+
+    @field_validator("uri")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        return absolute_local_path(value)
+
+
+class ModelSection(Section):
+    """The initial policy."""
+
+    name: str = changes("smollm2-135m-instruct")
+    """Initial policy: a Hugging Face checkpoint directory or URI (local path or ``s3://``), or a known model name
+    (``smollm2-135m-instruct``, ``tiny``)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = changes("auto")
+    """Weights dtype for generation and training (``auto``: bfloat16 on GPU, float32 on CPU)."""
+
+    @field_validator("name")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        return absolute_local_path(value, keep_missing=True)
+
+
+class TasksSection(Section):
+    """The task and its problems: training pool and held-out set (docs/design.md §2, docs/tasks.md)."""
+
+    name: str = changes("countdown")
+    """The registered task a run trains and evaluates on (docs/tasks.md: ``countdown``, ``math``): its problems,
+    prompts and verifier."""
+    field_map: dict[str, str] | None = changes(None)
+    """How the task's field names map to the columns of ``tasks.train_file``/``tasks.eval_file`` (math:
+    ``{"question": "prompt", "answer": "target"}``); None: the task's own names."""
+    train_file: str | None = changes(None)
+    """Training task file, read by the task (JSONL, Parquet, or a ``datasets`` directory saved to disk;
+    Countdown: fields ``nums``, ``target``); None: generate them. Rows that repeat an earlier row (the task's
+    identity: Countdown's numbers as a multiset and target) are dropped, with a warning."""
+    eval_file: str | None = changes(None)
+    """Held-out task file, read like ``tasks.train_file``; None: generate them with ``tasks.eval_seed``. Rows that
+    are training tasks (the same identity) or repeats are dropped, with a warning."""
+    num_train: int = changes(1000, ge=1)
+    """How many training tasks to draw when ``tasks.train_file`` is None; repeated draws of the same task are kept
+    once, so the pool can hold fewer distinct tasks in a small task space."""
+    num_eval: int = changes(64, ge=1)
+    """How many held-out tasks to generate when ``tasks.eval_file`` is None: distinct, and none a training task."""
+    eval_seed: int = changes(1_000_003, ge=0, le=MAX_SEED)
+    """Seed of the generated evaluation set, in [0, 2^31 − 1] (kept apart from ``run.seed``; candidates that are
+    training tasks are skipped, so the set is fixed across runs with the same training pool)."""
+    eval_stratify_counts: bool = changes(True)
+    """Generated held-out sets hold each number count (``tasks.min_count`` … ``tasks.max_count``) in the share the
+    generator draws it (equal shares), whatever the training pool took. Without it the candidates are taken as
+    drawn, and a count with a small task space (2 numbers) is scarcer among held-out tasks than in training,
+    because the pool already holds much of it: the held-out set is then harder than the training distribution.
+    No effect with one number count or a ``tasks.eval_file``."""
+    min_count: int = changes(3, ge=2, le=6)
+    """Fewest numbers in a generated task."""
+    max_count: int = changes(4, ge=2, le=6)
+    """Most numbers in a generated task."""
+    num_range: tuple[int, int] = changes((1, 20))
+    """Inclusive range of the numbers of generated tasks."""
+    target_range: tuple[int, int] = changes((1, 100))
+    """Inclusive range of the targets of generated tasks."""
+
+    @field_validator("train_file", "eval_file")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        return absolute_local_path(value)
+
+    @field_validator("name")
+    @classmethod
+    def _registered_task(cls, value: str) -> str:
+        from rlcr.tasks.registry import task_names
+
+        if value not in task_names():
+            raise ValueError(f"unknown task {printable(repr(value), 60)}; registered: {', '.join(task_names())}")
+        return value
+
+    @field_validator("field_map")
+    @classmethod
+    def _field_names(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for name, column in (value or {}).items():
+            if not name or not column:
+                raise ValueError("field names and columns must be non-empty strings")
+        return value
+
+    @model_validator(mode="after")
+    def _check_ranges(self) -> "TasksSection":
+        if self.min_count > self.max_count:
+            raise ValueError("tasks.min_count must be <= tasks.max_count")
+        for name in ("num_range", "target_range"):
+            lo, hi = getattr(self, name)
+            if lo > hi:
+                raise ValueError(f"tasks.{name} must be (low, high) with low <= high, got {(lo, hi)}")
+        if self.num_range[0] < 1:
+            raise ValueError("tasks.num_range must hold positive numbers")
+        if self.num_range[1] > MAX_TASK_NUMBER or max(map(abs, self.target_range)) > MAX_TASK_NUMBER:
+            raise ValueError(f"tasks.num_range and tasks.target_range must lie within ±{MAX_TASK_NUMBER} (the "
+                             "longest number the scorer reads)")
+        return self
+
+
+class RolloutSection(Section):
+    """Sampling the rollouts (docs/design.md §1, §10)."""
+
+    prompts_per_iteration: int = changes(8, ge=1)
+    """P: Countdown prompts sampled per iteration: P distinct training tasks (at most the training pool)."""
+    num_generations_answer: int = changes(8, ge=2)
+    """G_a: answers sampled per prompt (turn 1). The answer group size for normalisation."""
+    num_generations_confidence: int = changes(4, ge=2)
+    """G_c: confidences sampled per answer (turn 2), each conditioned on that exact answer. Must be >= 2.
+    Only ``method.name: rlcr`` generates them in training."""
+    temperature: float = changes(0.7, gt=0.0, le=2.0)
+    """Sampling temperature for both turns (RLCR reference: 0.7)."""
+    top_p: float = changes(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling threshold for both turns."""
+    max_prompt_tokens: int = changes(512, ge=16)
+    """Longest rendered prompt (turn-2 context included) accepted; longer prompts are an error."""
+    max_answer_tokens: int = changes(256, ge=8)
+    """Most tokens generated for a turn-1 answer (reasoning + equation)."""
+    max_confidence_tokens: int = changes(64, ge=4)
+    """Most tokens generated for a turn-2 confidence (analysis + confidence)."""
+    actors: int = changes(1, ge=1)
+    """Size of the Ray Data actor pool of each generation stage (each actor owns one engine)."""
+    batch_size: int = changes(64, ge=1)
+    """Prompts per answer-stage ``map_batches`` call (each call generates ``rollout.batch_size·G_a``
+    sequences); a confidence-stage call takes the ``rollout.batch_size·G_a`` answers of one answer call.
+    Larger batches keep the engine busier; the measured pipeline/direct ratio drops when calls are small.
+    Changes results only by float rounding (batching moves log-probs by ~1e-6), conservatively counted."""
+    progress: bool = operational(False)
+    """Ray Data's own progress bars while rollouts and evaluations run (off a terminal: a status block in the log
+    every few seconds, which buries a flow's log). Off by default; the CLI shows its own progress. Their cost to
+    generation is measured side by side in ``bench/rollout.py`` (``pipeline+bars``): within noise on 2 cores.
+    Operational."""
+
+
+class MethodSection(Section):
+    """What is trained, its rewards and advantages (docs/design.md §5, §7, §9)."""
+
+    name: Method = changes("rlcr")
+    """What is trained. ``rlcr``: two turns, G_a answers then G_c confidences per answer, each conditioned on
+    that exact answer; accuracy on answers, Brier on confidences; two-level advantages (docs/design.md §5–§7).
+    ``rlcr_single`` (the RLCR paper's): one response holds ``<think>``, ``<answer>`` and ``<confidence>``;
+    reward ``acc + λ_conf·(1 − (acc − c)²)``; advantages per prompt; loss from ``<think>`` through
+    ``</confidence>``; ``rollout.max_answer_tokens + rollout.max_confidence_tokens`` tokens per response.
+    ``rlvr``: the answer turn with the accuracy reward only, no confidence training. Every method states a
+    confidence at evaluation (``rlvr``: the turn-2 query of ``rlcr``), so calibration is comparable."""
+    format_score: float = changes(DEFAULT_FORMAT_SCORE, ge=0.0, le=1.0)
+    """``compute_score`` value for an extracted but wrong equation (accuracy reward is still 0). The one
+    source of this value: the rollouts' ``score`` column, the probe and ``compute_score``'s default read it."""
+    lambda_ans: float = changes(1.0, ge=0.0)
+    """λ_ans: weight of answer advantages when spread onto answer tokens."""
+    lambda_conf: float = changes(1.0, ge=0.0)
+    """λ_conf: weight of confidence advantages when spread onto confidence tokens."""
+    adv_eps: float = changes(1e-6, gt=0.0)
+    """ε in ``(r − mean) / (std + ε)``."""
+    scale_by_std: bool = changes(True)
+    """Divide centred rewards by the group std (False: Dr. GRPO style, centring only; RLCR reference)."""
+    conf_norm_mode: ConfNormMode = changes("answer")
+    """``answer``: normalise each answer's G_c confidences alone; ``answer_then_prompt``: centre per answer,
+    divide by the std of all centred confidence rewards of the prompt (avoids ±1 blow-up for small G_c)."""
+
+
+class LossSection(Section):
+    """The clipped policy-gradient loss (docs/design.md §8)."""
+
+    clip_low: float = changes(0.2, ge=0.0, lt=1.0)
+    """ε_low: lower PPO clip, ratio ≥ 1 − ε_low."""
+    clip_high: float = changes(0.2, gt=0.0, le=10.0)
+    """ε_high: upper PPO clip, ratio ≤ 1 + ε_high (DAPO's clip-higher uses 0.28)."""
+    clip_c: float | None = changes(3.0, gt=1.0)
+    """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens; None disables it."""
+    kl_coef: float = changes(0.0, ge=0.0)
+    """β: weight of the per-token KL to the frozen reference model (0: no reference model is loaded)."""
+    kl_type: KLType = changes("k3")
+    """KL estimator: k1 = logπ − logπ_ref, k2 = ½(logπ − logπ_ref)², k3 = e^d − d − 1 with d = logπ_ref − logπ."""
+    entropy_coef: float = changes(0.0, ge=0.0)
+    """Weight of the entropy bonus (subtracted from the loss)."""
+    agg: LossAgg = changes("token-mean")
+    """How per-token losses are reduced: token-mean over the global batch (default), or a per-sequence mode."""
+    max_response_len: int | None = changes(None, ge=1)
+    """Dr. GRPO normaliser of ``seq-mean-token-sum-norm``; None: max(rollout.max_answer_tokens,
+    rollout.max_confidence_tokens)."""
+
+
+class UpdateSection(Section):
+    """The policy update on Ray Train: optimizer, schedule, batching, workers (docs/design.md §11)."""
+
+    objective: Literal["grpo", "sft"] = changes("grpo")
+    """What the update optimises: the masked GRPO loss (docs/design.md §8), or token-mean NLL of the completions
+    (``sft``: the format warm-start, ``rlcr sft``)."""
+    learning_rate: float = changes(2e-6, gt=0.0, le=1.0)
+    """AdamW learning rate (RLCR reference: 1e-6 … 5e-6)."""
+    weight_decay: float = changes(0.0, ge=0.0)
+    """AdamW weight decay."""
+    adam_betas: tuple[float, float] = changes((0.9, 0.999))
+    """AdamW betas, each in [0, 1)."""
+    lr_schedule: LRSchedule = changes("constant")
+    """Learning-rate schedule over all optimizer steps of the run (``run.iterations × update.epochs_per_iteration
+    × update.mini_batches_per_epoch``; for ``rlcr sft``, the steps of its one update), after warm-up. The
+    position in the schedule and AdamW's moments carry from one iteration to the next and survive a resume."""
+    warmup_steps: int = changes(0, ge=0)
+    """Linear warm-up over the first optimizer steps of the run (not of each iteration)."""
+    grad_clip: float = changes(1.0, gt=0.0)
+    """Max global gradient norm."""
+    epochs_per_iteration: int = changes(1, ge=1)
+    """Passes over one iteration's rollouts."""
+    mini_batches_per_epoch: int = changes(1, ge=1)
+    """Optimizer steps per epoch: the rollouts are split into this many mini-batches (1: one on-policy step)."""
+    micro_batch_tokens: int = changes(2048, ge=64)
+    """Token budget of one forward/backward micro-batch: padded rows × length, or, with
+    ``update.share_prefixes``, the nodes of one prefix tree (attention is quadratic in it: ~1–2k on CPU).
+    Changes results only by floating-point reduction order, conservatively counted."""
+    share_prefixes: bool = changes(True)
+    """Pack samples that share a token prefix (a prompt's G_a answers, an answer's G_c confidences and
+    their turn-1 prefix) into one prefix tree with a tree attention mask, so each shared prefix is
+    computed once (exact: same log-probs as unpacked rows). ``False``: right-padded rows."""
+    old_logp_source: Literal["rollout", "recompute"] = changes("recompute")
+    """π_old: ``rollout`` uses vLLM's sampling log-probs; ``recompute`` runs the trainer's model once before
+    the first step (on-policy exact: same numerics as the update, so the first step's ratio is exactly 1)."""
+    num_workers: int = changes(1, ge=1)
+    """Ray Train workers (DDP ranks). Changes results by floating-point reduction order."""
+    use_gpu: bool = changes(False)
+    """Train on GPUs (NCCL) instead of CPUs (gloo); the engines then run on GPUs too."""
+    fsdp: bool = changes(False)
+    """Shard the model with FSDP instead of DDP (GPU only)."""
+
+    @field_validator("adam_betas")
+    @classmethod
+    def _betas_in_unit_interval(cls, value: tuple[float, float]) -> tuple[float, float]:
+        for k, beta in enumerate(value):
+            if not 0.0 <= beta < 1.0:
+                raise ValueError(f"AdamW beta {k + 1} must be in [0, 1), got {beta!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _fsdp_on_gpu(self) -> "UpdateSection":
+        if self.fsdp and not self.use_gpu:
+            raise ValueError("update.fsdp requires update.use_gpu")
+        return self
+
+
+class SFTSection(Section):
+    """The format warm-start (``rlcr sft``, docs/design.md §14).
+
+    The SFT update (``update.objective: sft``) is one update of the run's update settings (AdamW betas and weight
+    decay, grad_clip, micro_batch_tokens, workers) with these in place of the RL ones. Only the warm-start
+    (``rlcr sft``, ``rlcr demo``, ``bench/learning.py``) reads them; its checkpoint enters an RL run as
+    ``model.name``, which is result-changing: for the RL run they are operational."""
+
+    tasks: int = operational(600, ge=1)
+    """Training-pool tasks the warm-start writes solver traces for (two examples each: turn 1 and turn 2);
+    at most the pool's distinct solvable tasks. Operational for training."""
+    epochs: int = operational(2, ge=1)
+    """Passes of the warm-start over its examples. Operational for training."""
+    learning_rate: float = operational(1e-4, gt=0.0, le=1.0)
+    """AdamW peak learning rate of the warm-start. Operational for training."""
+    batch_size: int = operational(8, ge=1)
+    """Examples (rows) per optimizer step of the warm-start: each epoch is split into
+    ``max(1, rows // sft.batch_size)`` mini-batches. Operational for training."""
+    lr_schedule: LRSchedule = operational("cosine")
+    """Learning-rate schedule of the warm-start over its own optimizer steps (``sft.epochs`` × mini-batches),
+    after warm-up. Operational for training."""
+    warmup_steps: int = operational(2, ge=0)
+    """Linear warm-up over the warm-start's first optimizer steps. Operational for training."""
+    single_turn: bool = operational(False)
+    """Also write a one-turn example per task (the ``rlcr_single`` format: trace, answer, check and confidence
+    in one response; for a wrong shown answer only the check and confidence carry loss), so that one
+    warm-start serves all three methods (``bench/methods.py``). Operational for training."""
