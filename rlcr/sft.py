@@ -279,7 +279,7 @@ def sft_rows(cfg, tokenizer, n_tasks: int | None = None, seed: int | None = None
 
     ``n_tasks``: default ``cfg.sft_tasks``; ``seed`` (wrong answers, stated confidences): default
     :func:`rlcr.seeds.sft_seed` of ``cfg.seed``, what :func:`run_sft` trains on."""
-    from rlcr.rollout.engine import render_prompt
+    from rlcr.tasks.chat import render_prompt
     from rlcr.rollout.records import rollout_row
 
     n_tasks = cfg.sft_tasks if n_tasks is None else n_tasks

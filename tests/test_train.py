@@ -419,7 +419,7 @@ def _in_process_updates(model_dir, batches, tokenizer, cfg, *, continuous: bool)
 
 def unpacked(weights) -> dict[str, torch.Tensor]:
     """The trainer's object-store weights as tensors (a tied parameter is sent as a reference to its twin)."""
-    from rlcr.rollout.engine import SameAs
+    from rlcr.weights import SameAs
 
     out = {k: torch.tensor(v) for k, v in weights.items() if not isinstance(v, SameAs)}
     out.update({k: out[v.name] for k, v in weights.items() if isinstance(v, SameAs)})

@@ -205,7 +205,7 @@ def check_prompt_lengths(cfg: RLCRConfig, tasks: Sequence[tuple[int, CountdownTa
     """Fail before any Ray work if a first-turn prompt (``method``'s) is longer than ``max_prompt_tokens``."""
     from transformers import AutoTokenizer
 
-    from rlcr.rollout.engine import render_prompt
+    from rlcr.tasks.chat import render_prompt
     from rlcr.storage import fetch_checkpoint
     from rlcr.tasks.countdown import single_turn_messages, turn1_messages
 
