@@ -27,7 +27,8 @@ from rlcr.train.batching import (
     shard_rows,
 )
 from rlcr.train.checkpoint import NonFiniteError, save_checkpoint
-from rlcr.train.update import CompletionLogProbs, train_update
+from rlcr.train.logprobs import CompletionLogProbs
+from rlcr.train.update import train_update
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -175,7 +176,7 @@ def test_prepare_samples_validates_and_computes_null_masks(tiny_tokenizer):
 def test_objectives_are_registered_by_name():
     from types import SimpleNamespace
 
-    from rlcr.train.update import OBJECTIVES, get_objective, register_objective
+    from rlcr.train.objectives import OBJECTIVES, get_objective, register_objective
 
     assert {"grpo", "sft"} <= set(OBJECTIVES)
     assert OBJECTIVES["grpo"].uses_old_logp and not OBJECTIVES["sft"].uses_old_logp
