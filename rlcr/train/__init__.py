@@ -5,6 +5,7 @@
 * :mod:`rlcr.train.objectives` — the objectives, registered by name;
 * :mod:`rlcr.train.update` — the optimizer, its schedule and the step loop (no Ray);
 * :mod:`rlcr.train.checkpoint` — sealed, finite checkpoints in the artifact store;
+* :mod:`rlcr.train.worker` — one rank's state and the methods the driver calls on it (:mod:`rlcr.train.rpc`);
 * :mod:`rlcr.train.trainer` — :class:`~rlcr.train.trainer.PolicyTrainer`, Ray Train workers that live for a
   run, and the standalone :func:`run_update` (imports Ray lazily).
 """
