@@ -313,11 +313,11 @@ class RolloutEngine:
         return {"policy_uri": policy_uri, "content_id": content_id, "load_s": time.perf_counter() - t0, "mode": mode}
 
     def update_weights(self, weights: Mapping[str, Any], version: str, *, mode: str | None = None) -> dict:
-        """Take the trainer's weights (HF name → CPU tensor or numpy array, e.g. from :func:`~rlcr.weights.pack_weights`) as
-        policy ``version`` (``mode`` overrides ``engine_weight_sync``).
+        """Take the trainer's weights (HF name → CPU tensor or numpy array, e.g. from
+        :func:`~rlcr.weights.pack_weights`) as policy ``version`` (``mode`` overrides ``engine_weight_sync``).
 
-        The weights are checked first (:func:`~rlcr.weights.check_weights`): a wrong name, shape or dtype raises ValueError
-        naming the parameter and the engine keeps its weights and version. The content id of in-memory
+        The weights are checked first (:func:`~rlcr.weights.check_weights`): a wrong name, shape or dtype raises
+        ValueError naming the parameter and the engine keeps its weights and version. The content id of in-memory
         weights is None (``version`` names them).
         """
         t0 = time.perf_counter()

@@ -112,7 +112,8 @@ class WorkerGroup:
                 if not self._alive():
                     raise WorkerGroupLost(f"the workers died during {call.method!r}") from None
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"trainer workers: no answer to {call.method!r} within {timeout_s:.0f} s") from None
+                    raise TimeoutError(f"trainer workers: no answer to {call.method!r} "
+                                       f"within {timeout_s:.0f} s") from None
                 continue
             except Exception as e:  # the queue actor itself is gone
                 raise WorkerGroupLost(f"lost its queue during {call.method!r}: {e}") from e
