@@ -6,7 +6,7 @@ with interleaved repeats (the order rotates between rounds, each round printed a
 * ``matmul``: a plain fp32 ``torch.mm`` of two 2048×2048 matrices (2·n³ FLOP), the CPU's peak as
   PyTorch reaches it, measured in every round;
 * ``new``: the update as the code runs it, :func:`rlcr.train.update.train_update` — prefix-tree
-  micro-batches, prefix-tree attention per segment (:func:`rlcr.train.update.tree_sdpa_attention`),
+  micro-batches, prefix-tree attention per segment (:func:`rlcr.train.logprobs.tree_sdpa_attention`),
   blocked log-probs at the masked completion tokens only (:func:`rlcr.loss.token_logprobs`),
   ``policy_loss``, backward, grad clipping, fused AdamW (:func:`rlcr.train.update.make_optimizer`);
   one on-policy step (``old_logp_source="recompute"``, one mini-batch);
@@ -36,10 +36,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-import rlcr.train.update as update_mod  # noqa: E402
+import rlcr.train.logprobs as update_mod  # noqa: E402 - CompletionLogProbs calls its token_logprobs
 from rlcr.config import RLCRConfig  # noqa: E402
 from rlcr.train.batching import Sample, collate  # noqa: E402
-from rlcr.train.update import CompletionLogProbs, make_optimizer, train_update  # noqa: E402
+from rlcr.train.logprobs import CompletionLogProbs  # noqa: E402
+from rlcr.train.update import make_optimizer, train_update  # noqa: E402
 
 
 def make_samples(prompts: int, g_a: int, g_c: int, *, prompt_len: int, answer_len: int, query_len: int,

@@ -6,7 +6,7 @@
               checkpoint and re-creates itself (``update_weights(..., mode="recreate")``)
   inplace     from memory: ``ray.put`` of the state dict, transfer, copied into the running engine
               (``update_weights(..., mode="inplace")``); ``inplace-torch`` puts torch tensors instead
-              of :func:`~rlcr.rollout.engine.pack_weights`'s numpy arrays (copied through a pickle)
+              of :func:`~rlcr.weights.pack_weights`'s numpy arrays (copied through a pickle)
 
 Every side starts when the trainer holds the new state dict (fp32 CPU tensors, HF names) and ends
 when the engine can sample from it. The weights change every round (the model's, scaled by
@@ -47,10 +47,9 @@ def main() -> None:
 
     from rlcr.config import RLCRConfig
     from rlcr.models import resolve_model
-    from rlcr.rollout.engine import EnginePool, pack_weights
-    from rlcr.tasks.registry import get_task
-
-    countdown = get_task("countdown")
+    from rlcr.rollout.engine import EnginePool
+    from rlcr.weights import pack_weights
+    from rlcr.tasks.countdown import generate_tasks, turn1_messages
 
     model = resolve_model(args.model)
     work = Path(tempfile.mkdtemp(prefix="bench-weight-sync-"))

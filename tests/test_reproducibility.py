@@ -34,7 +34,8 @@ def test_a_sample_does_not_depend_on_its_batch(tiny_model_dir, tiny_tokenizer):
     """One in-process engine: the same seeded requests alone, in one large call (more prompt tokens than
     one engine step takes, so prefills are scheduled over several steps) and in other groups and orders
     give the same tokens; log-probs equal up to float rounding (the kernels see other batch shapes)."""
-    from rlcr.rollout.engine import create_engine, render_prompt, sample
+    from rlcr.rollout.engine import create_engine, sample
+    from rlcr.tasks.chat import render_prompt
     from rlcr.seeds import answer_seed
 
     cfg = tiny_cfg(tiny_model_dir, "unused")

@@ -193,7 +193,7 @@ def test_prompt_too_long_is_a_clear_error(ray_local, tiny_model_dir, tmp_path):
 
 def test_turn2_prompt_too_long_names_its_row(tiny_tokenizer):
     """Turn-2 contexts are rendered where the engine is; an overlong one names prompt and answer."""
-    from rlcr.rollout.engine import render_prompt
+    from rlcr.tasks.chat import render_prompt
     from rlcr.tasks.countdown import turn2_messages
 
     msgs = turn2_messages(CountdownTask([1, 2, 3], 6), "<think>" + "1+2 " * 200 + "</think><answer>1+2+3</answer>")

@@ -148,7 +148,8 @@ def test_sft_objective_lowers_the_nll_of_the_targets(tiny_model_dir, tiny_tokeni
 
     from rlcr.config import RLCRConfig
     from rlcr.train.batching import prepare_samples
-    from rlcr.train.update import CompletionLogProbs, train_update
+    from rlcr.train.logprobs import CompletionLogProbs
+    from rlcr.train.update import train_update
 
     cfg = RLCRConfig(update={"objective": "sft", "learning_rate": 1e-3, "mini_batches_per_epoch": 1, "epochs_per_iteration": 3})
     rows = sft_rows(cfg, tiny_tokenizer, n_tasks=4, seed=1)

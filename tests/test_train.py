@@ -27,7 +27,8 @@ from rlcr.train.batching import (
     shard_rows,
 )
 from rlcr.train.checkpoint import NonFiniteError, save_checkpoint
-from rlcr.train.update import CompletionLogProbs, train_update
+from rlcr.train.logprobs import CompletionLogProbs
+from rlcr.train.update import train_update
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -175,7 +176,7 @@ def test_prepare_samples_validates_and_computes_null_masks(tiny_tokenizer):
 def test_objectives_are_registered_by_name():
     from types import SimpleNamespace
 
-    from rlcr.train.update import OBJECTIVES, get_objective, register_objective
+    from rlcr.train.objectives import OBJECTIVES, get_objective, register_objective
 
     assert {"grpo", "sft"} <= set(OBJECTIVES)
     assert OBJECTIVES["grpo"].uses_old_logp and not OBJECTIVES["sft"].uses_old_logp
@@ -327,6 +328,55 @@ def test_nonfinite_step_is_skipped_and_never_checkpointed(tiny_model_dir, tiny_t
     assert not store.exists("runs/r/iter-0/checkpoint") and store.ls("runs") == []
 
 
+# ----------------------------------------------------------------------------- the workers' RPC
+
+
+def test_a_served_worker_runs_the_calls_in_order_until_stop_and_ends_on_an_unknown_call():
+    import queue
+
+    from rlcr.train.rpc import Call, Reply, serve
+
+    class Counter:
+        METHODS = ("add", "stop")
+
+        def __init__(self):
+            self.total = 0
+
+        def add(self, k):
+            self.total += k
+            return self.total
+
+        def stop(self):
+            return "bye"
+
+    inbox, outbox = queue.Queue(), queue.Queue()
+    for call in (Call(1, "add", {"k": 2}), Call(2, "add", {"k": 3}), Call(3, "stop"), Call(4, "add", {"k": 9})):
+        inbox.put(call)
+    serve(Counter(), Counter.METHODS, inbox, outbox, rank=1)
+    assert [outbox.get_nowait() for _ in range(3)] == [Reply(1, 1, 2), Reply(2, 1, 5), Reply(3, 1, "bye")]
+    assert outbox.empty() and inbox.qsize() == 1  # returned at stop: the call after it was never read
+    for bad in (Call(5, "__init__"), Call(6, "total"), {"op": "add", "seq": 1}):
+        inbox = queue.Queue()
+        inbox.put(bad)
+        with pytest.raises(ValueError, match="worker 0: unknown call"):
+            serve(Counter(), Counter.METHODS, inbox, outbox, rank=0)
+
+
+def test_a_call_is_checked_against_the_trainer_worker_before_it_is_sent():
+    from rlcr.train.rpc import check_call
+    from rlcr.train.worker import TrainerWorker
+
+    check_call(TrainerWorker, "update", {"rows": None, "iteration": 3})
+    check_call(TrainerWorker, "save", {"rel": "x", "extra": {}, "with_optimizer": True, "fence": None})
+    with pytest.raises(TypeError):
+        check_call(TrainerWorker, "update", {"row": None, "iteration": 3})  # a misspelt argument
+    with pytest.raises(TypeError):
+        check_call(TrainerWorker, "save", {"rel": "x"})  # a missing one
+    for method in ("_restore", "weights", "nope"):  # private, or not served on its own
+        with pytest.raises(AttributeError, match="serves no method"):
+            check_call(TrainerWorker, method, {})
+
+
 # ----------------------------------------------------------------------------- Ray Train
 
 
@@ -417,7 +467,7 @@ def _in_process_updates(model_dir, batches, tokenizer, cfg, *, continuous: bool)
 
 def unpacked(weights) -> dict[str, torch.Tensor]:
     """The trainer's object-store weights as tensors (a tied parameter is sent as a reference to its twin)."""
-    from rlcr.rollout.engine import SameAs
+    from rlcr.weights import SameAs
 
     out = {k: torch.tensor(v) for k, v in weights.items() if not isinstance(v, SameAs)}
     out.update({k: out[v.name] for k, v in weights.items() if isinstance(v, SameAs)})
@@ -470,3 +520,12 @@ def test_a_trainer_restored_from_a_save_continues_exactly(continuous_trainer):
     assert again.metrics["loss"] == pytest.approx(third.metrics["loss"], rel=1e-6)
     for k in straight:
         assert torch.equal(straight[k], resumed[k]), k
+
+
+def test_restoring_a_checkpoint_without_training_state_fails_naming_the_file(ray_local, tiny_model_dir, tmp_path):
+    """A resume needs AdamW, schedule and RNG: a checkpoint without them is refused, not a silent fresh AdamW."""
+    from rlcr.train.trainer import PolicyTrainer, TrainerLost
+
+    cfg = RLCRConfig(storage_uri=str(tmp_path / "store"))
+    with pytest.raises(TrainerLost, match=f"{tiny_model_dir}: no training_state.pt to restore"):
+        PolicyTrainer(cfg, policy_uri=str(tiny_model_dir), restore=True)

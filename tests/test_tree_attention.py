@@ -1,6 +1,6 @@
 """The update's CPU fast paths compute what the plain paths compute (docs/update-performance.md).
 
-* prefix-tree attention per segment (:func:`rlcr.train.update.tree_sdpa_attention`) = SDPA with the
+* prefix-tree attention per segment (:func:`rlcr.train.logprobs.tree_sdpa_attention`) = SDPA with the
   dense ``[T, T]`` tree mask, forward and backward;
 * :func:`rlcr.loss.token_logprobs` (blocked, one gradient buffer) = log-softmax + gather under plain
   autograd, forward and backward, float32 and bfloat16.
@@ -10,7 +10,7 @@ import torch
 
 from rlcr.loss import token_logprobs
 from rlcr.train.batching import collate_prefix_tree, prefix_tree, prepare_samples, tree_segments
-from rlcr.train.update import TREE_ATTENTION, CompletionLogProbs
+from rlcr.train.logprobs import TREE_ATTENTION, CompletionLogProbs
 
 from test_train import load_lm, make_rows
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlcr.rollout.engine import (
+from rlcr.weights import (
     Bfloat16Bits, SameAs, WeightSpec, check_weights, checkpoint_weight_spec, frame_id, pack_weights, read_checkpoint_weights,
     read_frame,
 )

@@ -33,7 +33,7 @@ from rlcr.metrics import bootstrap_intervals, calibration_metrics
 from rlcr.probe.metrics import aoc, curve_aoc, mean_curve, verbalized_gap
 from rlcr.probe.truncation import DEFAULT_FRACTIONS, reasoning_of, truncation_points
 from rlcr.rewards import brier_reward, parse_confidence
-from rlcr.rollout.engine import render_prompt  # pure helper; no vLLM import
+from rlcr.tasks.chat import render_prompt  # pure helper; no vLLM import
 from rlcr.seeds import PROBE_FORCED_SALT, PROBE_TURN1_SALT, PROBE_TURN2_SALT, mix
 from rlcr.tasks.base import Task
 from rlcr.tasks.registry import get_task

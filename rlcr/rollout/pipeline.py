@@ -206,7 +206,7 @@ def check_prompt_lengths(cfg: RLCRConfig, tasks: Sequence[tuple[int, Any]], poli
     """Fail before any Ray work if a first-turn prompt (``method``'s) is longer than ``max_prompt_tokens``."""
     from transformers import AutoTokenizer
 
-    from rlcr.rollout.engine import render_prompt
+    from rlcr.tasks.chat import render_prompt
     from rlcr.storage import fetch_checkpoint
 
     tokenizer = AutoTokenizer.from_pretrained(fetch_checkpoint(policy_uri, endpoint_url=cfg.storage.s3_endpoint_url))

@@ -209,7 +209,7 @@ class MicroBatch:
     tree: "TreeSegments | None" = None  # prefix tree: the same mask as chains of nodes (sparse attention)
 
     def model_inputs(self) -> dict[str, Any]:
-        """Keyword arguments of :class:`rlcr.train.update.CompletionLogProbs`."""
+        """Keyword arguments of :class:`rlcr.train.logprobs.CompletionLogProbs`."""
         return {
             "input_ids": self.input_ids, "sel_seq": self.sel_row if self.sel_seq is None else self.sel_seq,
             "sel_pos": self.sel_pos, "sel_label": self.sel_label, "position_ids": self.position_ids,
@@ -358,7 +358,7 @@ class TreeSegments:
     queries and keys: every key outside them is masked for these queries. Attention computed per
     segment over its keys alone is therefore the dense tree-masked attention (masked keys weigh
     exactly 0), up to float reassociation, at the cost of the visible pairs instead of ``T²``
-    (:func:`rlcr.train.update.tree_sdpa_attention`).
+    (:func:`rlcr.train.logprobs.tree_sdpa_attention`).
     """
 
     bounds: list[tuple[int, int]]

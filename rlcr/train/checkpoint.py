@@ -1,7 +1,7 @@
 """Writing a policy checkpoint to the artifact store (docs/design.md §1: checkpoint → storage).
 
-The update (:mod:`rlcr.train.update`) only changes weights; the Ray Train worker
-(:mod:`rlcr.train.trainer`) writes them here, sealed, and never when they are not finite.
+The update (:mod:`rlcr.train.update`) only changes weights; the trainer's worker
+(:mod:`rlcr.train.worker`) writes them here, sealed, and never when they are not finite.
 """
 
 from __future__ import annotations

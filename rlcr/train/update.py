@@ -1,4 +1,4 @@
-"""The masked GRPO update, in-process (docs/design.md §8): log-probs, objectives, optimizer steps.
+"""The masked GRPO update, in-process (docs/design.md §8): the optimizer, the step loop, the metrics.
 
 Nothing here needs Ray or the artifact store. :func:`train_update` runs one
 iteration's optimizer steps on whatever ranks exist (``torch.distributed`` when
@@ -14,8 +14,8 @@ tests and ``bench/update.py`` call it directly. It reads in order:
      all-reduced, so every micro-batch's loss is normalised by the *whole* batch's
      count (``loss_agg`` token-mean: Σ ℓ·M / Σ M over all micro-batches and workers);
   2. each micro-batch (:func:`micro_batch_loss`): log π at the masked completion
-     tokens only (backbone → hidden states at the positions that predict them →
-     ``lm_head`` on those rows alone → :func:`rlcr.loss.token_logprobs`), the loss
+     tokens only (:class:`rlcr.train.logprobs.CompletionLogProbs`: backbone → hidden states at the
+     positions that predict them → ``lm_head`` on those rows alone), the loss
      of the configured objective, backward of ``loss × world_size`` (DDP averages
      gradients over ranks, so the accumulated gradient is the whole-batch gradient);
      ranks with fewer micro-batches run zero-loss dummies, so DDP's collectives match;
@@ -26,10 +26,8 @@ tests and ``bench/update.py`` call it directly. It reads in order:
 
 * :func:`_summary`: the update's metrics from the steps'.
 
-Objectives (``cfg.update.objective``) are registered by name in :data:`OBJECTIVES` with
-:func:`register_objective`, as verl registers its policy losses and advantage
-estimators: ``grpo`` (docs/design.md §8) and ``sft`` (the warm-start); a new method is one
-more decorated function.
+Objectives (``cfg.objective``) are registered by name in :mod:`rlcr.train.objectives`
+(``grpo``, docs/design.md §8, and ``sft``, the warm-start); this loop looks them up.
 
 π_old (``old_logp_source``): ``recompute`` (default) is the on-policy-exact one —
 the trainer's own model and numerics, so the first step's ratio is exactly 1
@@ -44,15 +42,13 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from rlcr.advantages import spread_to_tokens
 from rlcr.config import RLCRConfig
-from rlcr.loss import policy_loss, token_logprobs
 from rlcr.train.batching import (
     MicroBatch,
     Sample,
@@ -65,16 +61,9 @@ from rlcr.train.batching import (
     shard_rows,
     type_stats,
 )
+from rlcr.train.objectives import LossInputs, Objective, get_objective
 
 __all__ = [
-    "CompletionLogProbs",
-    "TREE_ATTENTION",
-    "tree_sdpa_attention",
-    "LossInputs",
-    "Objective",
-    "OBJECTIVES",
-    "register_objective",
-    "get_objective",
     "make_optimizer",
     "Schedule",
     "set_lr",
@@ -83,93 +72,6 @@ __all__ = [
     "StepMetrics",
     "train_update",
 ]
-
-
-# ----------------------------------------------------------------------------- log-probs
-
-
-TREE_ATTENTION = "rlcr_tree_sdpa"
-"""The attention implementation :class:`CompletionLogProbs` gives an SDPA model: SDPA, except on a
-prefix tree with its :class:`~rlcr.train.batching.TreeSegments`, where :func:`tree_sdpa_attention`
-computes only the pairs the tree mask lets through."""
-
-
-def tree_sdpa_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                        attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                        rlcr_tree=None, **kwargs) -> tuple[torch.Tensor, None]:
-    """A transformers attention function: with ``rlcr_tree`` (one prefix tree, ``query`` ``[1, H, T, D]``)
-    each segment's queries attend over its own keys only — the ancestors and, causally, the segment,
-    gathered once per layer — with SDPA and the segment's slice of the tree mask; else plain SDPA
-    (transformers' own function, so a model without a tree computes exactly as with ``"sdpa"``).
-
-    The dense ``[T, T]`` tree mask makes SDPA compute all T² pairs (the CPU kernels skip no masked
-    block); an RLCR tree of ~2k nodes has ~10× fewer visible pairs. Masked keys weigh exactly 0 in
-    the dense softmax, so the result is the dense one up to float reassociation.
-    """
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    if rlcr_tree is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
-    if query.shape[0] != 1:
-        raise ValueError(f"tree attention takes one prefix-tree row, got {query.shape[0]}")
-    gqa = query.shape[1] != key.shape[1]
-    # split, not slices: the backward of a split is one cat (a slice's is a zero-filled [1, H, T, D] each)
-    queries = query.split([b - a for a, b in rlcr_tree.bounds], 2)
-    keys = key.index_select(2, rlcr_tree.key_index).split(rlcr_tree.sizes, 2)
-    values = value.index_select(2, rlcr_tree.key_index).split(rlcr_tree.sizes, 2)
-    outs = [
-        torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling,
-                                                         enable_gqa=gqa)
-        for q, k, v, mask in zip(queries, keys, values, rlcr_tree.masks)
-    ]
-    return torch.cat(outs, 2).transpose(1, 2).contiguous(), None
-
-
-def _register_tree_attention() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-    AttentionInterface.register(TREE_ATTENTION, tree_sdpa_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(TREE_ATTENTION, sdpa_mask)
-
-
-class CompletionLogProbs(nn.Module):
-    """A causal LM whose forward returns log π of selected tokens only.
-
-    ``forward(input_ids [R,T], sel_seq [N], sel_pos [N], sel_label [N], position_ids,
-    attention_mask, tree)`` runs the backbone once (optionally on a packed prefix tree:
-    depth position ids and a ``[R,1,T,T]`` tree mask), applies the output head to
-    the N hidden states that predict the selected tokens (not to all R·T
-    positions) and returns ``(logp [N], entropy [N] | None)``. Wrapping the whole computation in one module lets DDP
-    see one forward per micro-batch. Logits are taken as they are (temperature 1),
-    like vLLM's default raw sampling log-probs.
-
-    An SDPA model is switched to :data:`TREE_ATTENTION` (SDPA itself wherever no ``tree`` is passed),
-    so a prefix tree's attention costs its visible pairs, not T² (``tree``: its
-    :class:`~rlcr.train.batching.TreeSegments`; other attention implementations use the dense mask).
-    """
-
-    def __init__(self, lm: nn.Module, *, chunk_rows: int = 1024):
-        super().__init__()
-        self.lm = lm
-        self.chunk_rows = chunk_rows
-        config = getattr(lm, "config", None)
-        if getattr(config, "_attn_implementation", None) == "sdpa" and hasattr(lm, "set_attn_implementation"):
-            _register_tree_attention()
-            lm.set_attn_implementation(TREE_ATTENTION)
-
-    def forward(self, input_ids, sel_seq, sel_pos, sel_label, *, position_ids=None, attention_mask=None,
-                tree=None, entropy: str = "none"):
-        backbone = self.lm.base_model
-        extra = {"rlcr_tree": tree} if tree is not None and self.lm.config._attn_implementation == TREE_ATTENTION else {}
-        hidden = backbone(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                          use_cache=False, **extra).last_hidden_state
-        logits = self.lm.get_output_embeddings()(hidden[sel_seq, sel_pos])
-        if entropy == "none":
-            return token_logprobs(logits, sel_label, chunk_rows=self.chunk_rows)
-        return token_logprobs(logits, sel_label, return_entropy=True, entropy_grad=entropy == "grad",
-                              chunk_rows=self.chunk_rows)
 
 
 def _scatter(values: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
@@ -274,118 +176,6 @@ def optimizer_step(model: nn.Module, optimizer, *, grad_clip: float, local_ok: b
 
 def _device_of(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
-
-
-# ----------------------------------------------------------------------------- objectives
-
-
-@dataclass
-class LossInputs:
-    """What an objective sees of one micro-batch; tensors are completion-aligned ``[B, L]``."""
-
-    logp: torch.Tensor
-    """log π at the masked tokens (0 elsewhere), with gradient."""
-    entropy: torch.Tensor | None
-    """Per-token entropy (with gradient when ``entropy_coef`` > 0), or None."""
-    mb: MicroBatch
-    """The micro-batch: ``loss_mask``, ``advantages``, ``is_confidence``."""
-    old_logp: torch.Tensor | None
-    """π_old, or None for "the current log-probs, detached" (exactly on-policy)."""
-    ref_logp: torch.Tensor | None
-    """π_ref of the frozen reference model (β > 0), or None."""
-    global_tokens: float
-    """Masked tokens of the whole mini-batch, over all micro-batches and ranks."""
-    global_sequences: int
-    """Sequences of the whole mini-batch, over all ranks."""
-    max_response_len: int | None
-    """Dr. GRPO normaliser (``seq-mean-token-sum-norm``)."""
-
-
-ObjectiveFn = Callable[[LossInputs, RLCRConfig], tuple[torch.Tensor, dict[str, float]]]
-
-
-@dataclass(frozen=True)
-class Objective:
-    """A registered objective: ``loss(inputs, cfg) → (loss, metrics)``.
-
-    ``loss`` is this micro-batch's share of the mini-batch loss (normalised by the
-    global counts); ``metrics`` holds at least ``tokens``, ``answer/tokens`` and
-    ``confidence/tokens`` (the weights of the per-token means in :class:`StepMetrics`).
-    ``uses_old_logp``: whether the update provides π_old (pre-pass or rollout log-probs).
-    """
-
-    name: str
-    loss: ObjectiveFn
-    uses_old_logp: bool = True
-
-
-OBJECTIVES: dict[str, Objective] = {}
-"""The objectives ``cfg.update.objective`` may name, by name."""
-
-
-def register_objective(name: str, *, uses_old_logp: bool = True) -> Callable[[ObjectiveFn], ObjectiveFn]:
-    """Decorator registering ``fn(inputs: LossInputs, cfg) -> (loss, metrics)`` as objective ``name``."""
-
-    def decorate(fn: ObjectiveFn) -> ObjectiveFn:
-        if name in OBJECTIVES:
-            raise ValueError(f"objective {name!r} is already registered")
-        OBJECTIVES[name] = Objective(name, fn, uses_old_logp)
-        return fn
-
-    return decorate
-
-
-def get_objective(name: str) -> Objective:
-    """The objective registered as ``name``; ValueError naming the registered ones otherwise."""
-    try:
-        return OBJECTIVES[name]
-    except KeyError:
-        raise ValueError(f"unknown objective {name!r}; registered: {sorted(OBJECTIVES)}") from None
-
-
-@register_objective("grpo")
-def grpo_objective(x: LossInputs, cfg: RLCRConfig) -> tuple[torch.Tensor, dict[str, float]]:
-    """Masked clipped policy gradient over answer and confidence samples together (docs/design.md §8).
-
-    Token advantages are λ_ans·A_ans·M_ans and λ_conf·A_conf·M_conf (docs/design.md §7, masks
-    docs/design.md §6); ratio ρ = exp(logπ − logπ_old) with the (dual) clip, optional KL to
-    π_ref and entropy bonus, aggregated by ``loss_agg``: :func:`rlcr.loss.policy_loss`.
-    """
-    mb, mask = x.mb, x.mb.loss_mask
-    device = mb.input_ids.device
-    old = x.logp.detach() if x.old_logp is None else x.old_logp.to(device) * mask
-    ref = x.ref_logp.to(device) * mask if x.ref_logp is not None else None
-    token_adv = spread_to_tokens(
-        mb.advantages, mask, mb.is_confidence, lambda_ans=cfg.method.lambda_ans, lambda_conf=cfg.method.lambda_conf
-    ).to(device)
-    return policy_loss(
-        x.logp, old, token_adv, mask,
-        clip_low=cfg.loss.clip_low, clip_high=cfg.loss.clip_high, clip_c=cfg.loss.clip_c, agg=cfg.loss.agg,
-        ref_logp=ref, kl_coef=cfg.loss.kl_coef, kl_type=cfg.loss.kl_type,
-        global_tokens=x.global_tokens, global_sequences=x.global_sequences, max_response_len=x.max_response_len,
-        entropy=x.entropy, entropy_coef=cfg.loss.entropy_coef, is_confidence=mb.is_confidence,
-    )
-
-
-@register_objective("sft", uses_old_logp=False)
-def sft_objective(x: LossInputs, cfg: RLCRConfig) -> tuple[torch.Tensor, dict[str, float]]:
-    """Supervised warm-start: token-mean negative log-likelihood of the masked completion tokens over
-    the global batch (no ratio, no advantages).
-
-    SmolLM2 writes the answer format 0% of the time out of the box, so RL needs a
-    warm-start on solver traces first (docs/design.md §17; the methods compared share it,
-    docs/design.md §9). ``pg_loss`` reports the NLL per token, overall and per sample type.
-    """
-    mb, logp, mask = x.mb, x.logp, x.mb.loss_mask
-    nll = -(logp * mask).sum() / x.global_tokens
-    with torch.no_grad():
-        metrics = {"tokens": float(mask.sum())}
-        metrics["pg_loss"] = float(-(logp * mask).sum()) / max(metrics["tokens"], 1.0)
-        conf = mb.is_confidence.to(mb.input_ids.device)[:, None].to(mask.dtype)
-        for name, sel in (("answer", mask * (1 - conf)), ("confidence", mask * conf)):
-            metrics[f"{name}/tokens"] = float(sel.sum())
-            metrics[f"{name}/pg_loss"] = float(-(logp * sel).sum()) / max(metrics[f"{name}/tokens"], 1.0)
-    return nll, metrics
 
 
 # ----------------------------------------------------------------------------- one micro-batch
@@ -610,7 +400,7 @@ def train_update(
     ``optimizer``/``schedule``: the run's AdamW and LR-schedule position, carried from iteration to
     iteration (``schedule.done`` advances by this call's steps); None: a fresh AdamW and a schedule over
     this call's steps alone (a standalone update such as the warm-start).
-    ``policy``: a :class:`CompletionLogProbs`, possibly DDP/FSDP-wrapped;
+    ``policy``: a :class:`~rlcr.train.logprobs.CompletionLogProbs`, possibly DDP/FSDP-wrapped;
     ``samples``: ALL of the iteration's samples, in the global order of
     :func:`prepare_samples` (each rank picks its rows per mini-batch); ``seed``:
     the mini-batch plan's (:func:`rlcr.seeds.update_seed`). Returns metrics

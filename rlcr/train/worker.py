@@ -1,0 +1,248 @@
+"""One rank of the trainer (docs/design.md §11, §12): :class:`TrainerWorker`, the state a Ray Train worker keeps
+for a whole flow run, and the methods the driver calls on it (:mod:`rlcr.train.rpc`).
+
+A worker loads the policy (and, for β > 0, the frozen reference) once, wraps it with ``prepare_model`` (DDP;
+FSDP with ``cfg.fsdp`` on GPUs; gloo on CPU, NCCL on GPU), builds the run's one AdamW and its LR schedule and,
+with ``restore``, loads the training state saved with the checkpoint. Then, for every call, on every rank:
+
+* :meth:`TrainerWorker.update`: one iteration's :func:`rlcr.train.update.train_update` with that same optimizer
+  and schedule; rank 0 returns the metrics and the new weights in Ray's object store (:meth:`~TrainerWorker.weights`);
+* :meth:`TrainerWorker.save`: rank 0 writes the training state, sealed, after checking the writer's lease;
+* :meth:`TrainerWorker.stop`.
+
+Every method is a collective under DDP/FSDP (all ranks run it); what only rank 0 returns is None elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlcr.config import RLCRConfig
+from rlcr.seeds import update_seed
+from rlcr.storage import Store, fetch_checkpoint
+from rlcr.train.batching import prepare_samples
+from rlcr.train.checkpoint import TRAINING_STATE_FILE, NonFiniteError, save_checkpoint
+from rlcr.train.logprobs import CompletionLogProbs
+from rlcr.train.update import Schedule, make_optimizer, train_update
+from rlcr.weights import pack_weights, resolve_dtype
+
+__all__ = ["TrainerWorker", "WorkerInfo", "UpdateOut", "SaveOut", "train_loop_per_worker", "load_policy"]
+
+log = logging.getLogger(__name__)
+
+TRAINING_STATE_FORMAT = 1
+"""``format`` of :data:`~rlcr.train.checkpoint.TRAINING_STATE_FILE` this code writes and reads."""
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """Where a rank runs and what it started from."""
+
+    rank: int
+    pid: int
+    node_id: str
+    restored: bool
+    schedule: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class UpdateOut:
+    """Rank 0's answer to an update: its metrics and an ObjectRef of the packed new weights."""
+
+    metrics: dict[str, Any]
+    weights: Any
+
+
+@dataclass(frozen=True)
+class SaveOut:
+    """Rank 0's answer to a save: the sealed checkpoint's URI, or why the upload was refused (lease lost)."""
+
+    uri: str | None = None
+    refused: str | None = None
+
+
+def load_policy(uri: str, cfg: RLCRConfig, *, device: torch.device | str = "cpu"):
+    """(tokenizer, causal LM in float32 on ``device``) from a checkpoint URI (local or s3://)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    local = fetch_checkpoint(uri, endpoint_url=cfg.s3_endpoint_url)
+    tokenizer = AutoTokenizer.from_pretrained(local)
+    lm = AutoModelForCausalLM.from_pretrained(local, dtype=torch.float32).to(device)
+    return tokenizer, lm
+
+
+def _fetch_first_on_local_rank0(uri: str, cfg: RLCRConfig) -> str:
+    """Download a remote checkpoint once per node before the others read the cache; its local path."""
+    import ray.train
+    import torch.distributed as dist
+
+    if ray.train.get_context().get_local_rank() == 0:
+        fetch_checkpoint(uri, endpoint_url=cfg.s3_endpoint_url)
+    if dist.is_initialized():
+        dist.barrier()
+    return str(fetch_checkpoint(uri, endpoint_url=cfg.s3_endpoint_url))
+
+
+def _check_finite(state: dict[str, torch.Tensor], iteration: int) -> None:
+    for name, t in state.items():
+        if torch.is_floating_point(t) and not torch.isfinite(t).all():
+            raise NonFiniteError(f"update of iteration {iteration}: parameter {name!r} "
+                                 f"has non-finite values; the engines keep the previous weights")
+
+
+class TrainerWorker:
+    """One rank's model, reference, optimizer and schedule, for a whole flow run (module docstring)."""
+
+    METHODS = ("describe", "update", "save", "stop")
+    """What the driver may call (:func:`rlcr.train.rpc.serve`)."""
+
+    def __init__(self, cfg: RLCRConfig, *, policy_uri: str, ref_uri: str | None, restore: bool):
+        import ray.train
+        import ray.train.torch
+
+        self.cfg = cfg
+        ctx = ray.train.get_context()
+        self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
+        device = ray.train.torch.get_device()
+        torch.manual_seed(cfg.seed)
+        if device.type == "cpu":
+            # Ray pins OMP_NUM_THREADS=1 per worker; give each worker its share of this node's cores.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, ctx.get_local_world_size())))
+
+        local = _fetch_first_on_local_rank0(policy_uri, cfg)
+        self.tokenizer, self.lm = load_policy(local, cfg, device=device)
+        self.ref = None
+        if cfg.kl_coef > 0:
+            _fetch_first_on_local_rank0(ref_uri, cfg)
+            _, ref_lm = load_policy(ref_uri, cfg, device=device)
+            self.ref = CompletionLogProbs(ref_lm.eval().requires_grad_(False))
+        self.model = ray.train.torch.prepare_model(CompletionLogProbs(self.lm),
+                                                   parallel_strategy="fsdp" if cfg.fsdp else "ddp")
+        self.optimizer = make_optimizer(self.model, cfg)
+        self.schedule = Schedule.for_run(cfg)
+        self.restored = bool(restore) and self._restore(local, policy_uri)
+        tok = self.tokenizer
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+    # ------------------------------------------------------------ the training state
+    def _full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The LM's full state dict with Hugging Face names (FSDP: gathered to CPU on every rank, a collective)."""
+        if not self.cfg.fsdp:
+            return self.lm.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {k.removeprefix("lm."): v for k, v in sd.items()}
+
+    def _training_state(self) -> dict[str, Any]:
+        """AdamW state, schedule position and RNG (FSDP: the optimizer state gathered, a collective)."""
+        if not self.cfg.fsdp:
+            optimizer = self.optimizer.state_dict()
+        else:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+            optimizer = get_optimizer_state_dict(self.model, self.optimizer,
+                                                 options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {"optimizer": optimizer, "schedule": {"done": self.schedule.done, "total": self.schedule.total},
+                "rng": {"torch": torch.get_rng_state()}, "format": TRAINING_STATE_FORMAT}
+
+    def _restore(self, local_dir: str, policy_uri: str) -> bool:
+        """Load the AdamW state, schedule position and RNG saved next to the weights.
+
+        A checkpoint to restore must hold them, in this format: a resume from one without (weights saved with
+        ``with_optimizer=False``, or by an rlcr before the training state existed) would silently restart AdamW
+        and the LR schedule, which is not the run continuing, so it is an error naming the file."""
+        path = os.path.join(local_dir, TRAINING_STATE_FILE)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{policy_uri}: no {TRAINING_STATE_FILE} to restore (AdamW, schedule, RNG)")
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        if not isinstance(state, dict) or state.get("format") != TRAINING_STATE_FORMAT:
+            got = state.get("format") if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"{policy_uri}/{TRAINING_STATE_FILE}: format {got!r}, expected {TRAINING_STATE_FORMAT}")
+        if self.cfg.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state["optimizer"],
+                                     options=StateDictOptions(full_state_dict=True))
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.done, self.schedule.total = int(state["schedule"]["done"]), int(state["schedule"]["total"])
+        torch.set_rng_state(state["rng"]["torch"])
+        return True
+
+    # ------------------------------------------------------------ the driver's calls
+    def describe(self) -> WorkerInfo:
+        import ray
+
+        return WorkerInfo(rank=self.rank, pid=os.getpid(), node_id=ray.get_runtime_context().get_node_id(),
+                          restored=self.restored, schedule=(self.schedule.done, self.schedule.total))
+
+    def update(self, rows, iteration: int) -> UpdateOut | None:
+        """One iteration's update of ``rows`` (an ObjectRef of the rollout rows; every rank reads them all);
+        rank 0 returns the metrics and the new weights (:meth:`weights`)."""
+        import ray
+
+        metrics = train_update(
+            self.model, prepare_samples(ray.get(rows), self.tokenizer), self.cfg, pad_id=self.pad_id, ref=self.ref,
+            rank=self.rank, world_size=self.world_size, seed=update_seed(self.cfg.seed, int(iteration)),
+            optimizer=self.optimizer, schedule=self.schedule,
+        )
+        metrics["schedule_step"] = self.schedule.done
+        weights = self.weights(iteration)
+        return UpdateOut(metrics=metrics, weights=weights) if self.rank == 0 else None
+
+    def weights(self, iteration: int):
+        """Rank 0: the full weights, checked finite, packed in Ray's object store for the engines (an ObjectRef);
+        other ranks: None (under FSDP they take part in the gathering)."""
+        import ray
+
+        state = self._full_state_dict()  # a collective under FSDP: all ranks
+        if self.rank != 0:
+            return None
+        _check_finite(state, iteration)
+        # the engines' copy, in the object store (one copy per node, read zero-copy by the engines), in
+        # the engines' dtype: they would round fp32 to bf16 on load anyway, so this halves the bytes on GPU
+        engine_dtype = getattr(torch, resolve_dtype(self.cfg.dtype))
+        if engine_dtype != torch.float32:
+            state = {k: v.to(engine_dtype) if torch.is_floating_point(v) else v for k, v in state.items()}
+        return ray.put(pack_weights(state))
+
+    def save(self, rel: str, extra: dict[str, Any], with_optimizer: bool,
+             fence: dict[str, str] | None = None) -> SaveOut | None:
+        """Rank 0 writes the weights, tokenizer and (``with_optimizer``) training state, sealed, at ``rel`` — after
+        checking ``fence``, the writer's lease, just before the upload."""
+        state = self._full_state_dict() if self.cfg.fsdp else None  # collectives: all ranks
+        training_state = self._training_state() if with_optimizer else None
+        if self.rank != 0:
+            return None
+        store = Store(self.cfg.storage_uri, endpoint_url=self.cfg.s3_endpoint_url)
+        if fence:
+            from rlcr.runs import LeaseLost, check_fence
+
+            try:
+                check_fence(store, fence)
+            except LeaseLost as e:
+                return SaveOut(refused=str(e))
+        return SaveOut(uri=save_checkpoint(self.lm, self.tokenizer, store, rel, state_dict=state, extra=extra,
+                                           training_state=training_state))
+
+    def stop(self) -> None:
+        """The last call: :func:`rlcr.train.rpc.serve` returns after it, so the worker's function ends."""
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    """Ray Train's function for each worker: build this rank's :class:`TrainerWorker` and serve the driver's
+    calls until :meth:`~TrainerWorker.stop` (an error in a call ends it, and ``fit()`` with it)."""
+    import ray.train
+
+    from rlcr.train.rpc import serve
+
+    rank = ray.train.get_context().get_world_rank()
+    worker = TrainerWorker(RLCRConfig.model_validate(config["cfg"]), policy_uri=config["policy_uri"],
+                           ref_uri=config["ref_uri"], restore=config["restore"])
+    serve(worker, TrainerWorker.METHODS, config["inboxes"][rank], config["outbox"], rank=rank)
