@@ -41,8 +41,8 @@ def sft_rows(cfg, tokenizer, n_tasks: int | None = None, seed: int | None = None
     """The examples as update rows (ROLLOUT_SCHEMA fields the trainer reads): the whole target
     completion (and its end-of-turn token) carries loss, advantage 1.
 
-    ``n_tasks``: default ``cfg.sft_tasks``; ``seed`` (wrong answers, stated confidences): default
-    :func:`rlcr.seeds.sft_seed` of ``cfg.seed``, what :func:`run_sft` trains on."""
+    ``n_tasks``: default ``cfg.sft.tasks``; ``seed`` (wrong answers, stated confidences): default
+    :func:`rlcr.seeds.sft_seed` of ``cfg.run.seed``, what :func:`run_sft` trains on."""
     from rlcr.tasks.chat import render_prompt
     from rlcr.rollout.records import rollout_row
 

@@ -75,8 +75,8 @@ RUN_PATH = ("runs/", "iter-", "attempt-", "checkpoint", "rollouts", "probes", "m
             "baseline.json", "eval.parquet", "metrics.json", "lease.json", "config.json")
 LAYOUT_OWNERS = {"rlcr/run_layout.py", "rlcr/runs.py"}
 NOT_RUN_PATHS = {("rlcr/tracking.py", "/runs/"): "an MLflow UI address (…/#/experiments/<id>/runs/<id>)"}
-AWAITING_MERGE = {("rlcr/storage/__init__.py", "iteration_prefix"), ("rlcr/train/trainer.py", "checkpoint_rel")}
-"""Functions another branch switches to RunLayout at the merge (issue 31 item 5); delete both entries then."""
+AWAITING_MERGE: set[tuple[str, str]] = set()
+"""(file, function) pairs exempt from the run-path rule while a branch moves them to RunLayout: none now."""
 
 
 def _path_pieces(path: Path):

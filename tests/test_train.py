@@ -526,6 +526,6 @@ def test_restoring_a_checkpoint_without_training_state_fails_naming_the_file(ray
     """A resume needs AdamW, schedule and RNG: a checkpoint without them is refused, not a silent fresh AdamW."""
     from rlcr.train.trainer import PolicyTrainer, TrainerLost
 
-    cfg = RLCRConfig(storage_uri=str(tmp_path / "store"))
+    cfg = RLCRConfig(storage={"uri": str(tmp_path / "store")})
     with pytest.raises(TrainerLost, match=f"{tiny_model_dir}: no training_state.pt to restore"):
         PolicyTrainer(cfg, policy_uri=str(tiny_model_dir), restore=True)

@@ -15,7 +15,7 @@ split, on any platform. The log-probs of a sample are equal across batchings up 
 rounding (~1e-6: the kernels' results depend on the batch shape); bit-identical for the same
 requests in the same batches. Not across vLLM versions or hardware.
 
-Weight sync (``engine_weight_sync``; the transfer itself is :mod:`rlcr.weights`): a long-lived
+Weight sync (``engine.weight_sync``; the transfer itself is :mod:`rlcr.weights`): a long-lived
 :class:`RolloutEngine` takes each iteration's weights from the trainer as a ``{HF parameter name: tensor}``
 dict through Ray's object store (:meth:`EnginePool.update_weights`). ``inplace``
 copies them into the running engine with vLLM's layerwise reload, which re-runs
@@ -254,7 +254,7 @@ class RolloutEngine:
 
     Starting vLLM costs tens of seconds; a run keeps ``rollout.actors`` of these alive and only swaps the
     policy weights: :meth:`update_weights` from the trainer's in-memory weights, :meth:`load` from a sealed
-    checkpoint (start, resume, rewind). ``engine_weight_sync`` (``auto`` = ``inplace``) picks how: in place
+    checkpoint (start, resume, rewind). ``engine.weight_sync`` (``auto`` = ``inplace``) picks how: in place
     (:func:`~rlcr.weights.load_weights_in_place`, exact) or by re-creating the engine in this process (no re-import).
     A checkpoint with another config or tokenizer than the running engine's always re-creates it.
     """
@@ -314,7 +314,7 @@ class RolloutEngine:
 
     def update_weights(self, weights: Mapping[str, Any], version: str, *, mode: str | None = None) -> dict:
         """Take the trainer's weights (HF name → CPU tensor or numpy array, e.g. from
-        :func:`~rlcr.weights.pack_weights`) as policy ``version`` (``mode`` overrides ``engine_weight_sync``).
+        :func:`~rlcr.weights.pack_weights`) as policy ``version`` (``mode`` overrides ``engine.weight_sync``).
 
         The weights are checked first (:func:`~rlcr.weights.check_weights`): a wrong name, shape or dtype raises
         ValueError naming the parameter and the engine keeps its weights and version. The content id of in-memory

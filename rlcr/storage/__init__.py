@@ -48,7 +48,7 @@ from rlcr.untrusted import printable
 
 __all__ = [
     "Store", "COMPLETE_MARKER", "fetch_checkpoint", "StorageError", "AlreadyExists", "VersionConflict",
-    "iteration_prefix", "atomic_directory", "sweep_temporaries", "default_cache_dir", "validate_run_id",
+    "atomic_directory", "sweep_temporaries", "default_cache_dir", "validate_run_id",
     "safe_join", "checkpoint_content_id", "pid_alive", "InvalidSeal", "parse_seal", "new_seal", "MAX_SEAL_BYTES",
     "MAX_SEAL_FILES", "MAX_NAME_CHARS", "MAX_FILE_BYTES", "RUN_ID_PATTERN",
 ]
@@ -454,10 +454,3 @@ def _cache_entry(cache: Path, uri: str, content_id: str) -> Path:
         raise StorageError(f"refusing cache entry {printable(name)!r} for {printable(uri)}: not a plain name")
     return local
 
-
-def iteration_prefix(run_id: str, iteration: int) -> str:
-    """Store-relative folder of one iteration: ``runs/<run_id>/iter-<k>`` (k zero-padded to 4).
-
-    Kept only for ``rlcr/train/trainer.py::checkpoint_rel`` until it calls
-    :meth:`rlcr.run_layout.RunLayout.standalone_checkpoint_rel` (run paths are the layout's); delete it then."""
-    return f"runs/{validate_run_id(run_id)}/iter-{iteration:04d}"

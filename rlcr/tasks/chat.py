@@ -21,5 +21,5 @@ def render_prompt(tokenizer, messages, *, where: str = "prompt",
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
-        raise ValueError(f"{where}: rendered prompt has {len(ids)} tokens > max_prompt_tokens={max_prompt_tokens}")
+        raise ValueError(f"{where}: rendered prompt has {len(ids)} tokens > rollout.max_prompt_tokens={max_prompt_tokens}")
     return text, ids

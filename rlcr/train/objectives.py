@@ -1,4 +1,4 @@
-"""The update's objectives, registered by name (docs/design.md §8, §11): ``cfg.objective`` names one.
+"""The update's objectives, registered by name (docs/design.md §8, §11): ``cfg.update.objective`` names one.
 
 :func:`register_objective` adds ``fn(inputs: LossInputs, cfg) -> (loss, metrics)`` to :data:`OBJECTIVES`, as
 verl registers its policy losses: ``grpo`` (the masked clipped policy gradient, :func:`rlcr.loss.policy_loss`)
@@ -63,7 +63,7 @@ class Objective:
 
 
 OBJECTIVES: dict[str, Objective] = {}
-"""The objectives ``cfg.objective`` may name, by name."""
+"""The objectives ``cfg.update.objective`` may name, by name."""
 
 
 def register_objective(name: str, *, uses_old_logp: bool = True) -> Callable[[ObjectiveFn], ObjectiveFn]:
@@ -99,14 +99,14 @@ def grpo_objective(x: LossInputs, cfg: RLCRConfig) -> tuple[torch.Tensor, dict[s
     old = x.logp.detach() if x.old_logp is None else x.old_logp.to(device) * mask
     ref = x.ref_logp.to(device) * mask if x.ref_logp is not None else None
     token_adv = spread_to_tokens(
-        mb.advantages, mask, mb.is_confidence, lambda_ans=cfg.lambda_ans, lambda_conf=cfg.lambda_conf
+        mb.advantages, mask, mb.is_confidence, lambda_ans=cfg.method.lambda_ans, lambda_conf=cfg.method.lambda_conf
     ).to(device)
     return policy_loss(
         x.logp, old, token_adv, mask,
-        clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.clip_c, agg=cfg.loss_agg,
-        ref_logp=ref, kl_coef=cfg.kl_coef, kl_type=cfg.kl_type,
+        clip_low=cfg.loss.clip_low, clip_high=cfg.loss.clip_high, clip_c=cfg.loss.clip_c, agg=cfg.loss.agg,
+        ref_logp=ref, kl_coef=cfg.loss.kl_coef, kl_type=cfg.loss.kl_type,
         global_tokens=x.global_tokens, global_sequences=x.global_sequences, max_response_len=x.max_response_len,
-        entropy=x.entropy, entropy_coef=cfg.entropy_coef, is_confidence=mb.is_confidence,
+        entropy=x.entropy, entropy_coef=cfg.loss.entropy_coef, is_confidence=mb.is_confidence,
     )
 
 

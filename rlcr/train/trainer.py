@@ -1,7 +1,7 @@
 """The update on Ray Train: one ``TorchTrainer`` whose workers live for a whole flow run (docs/design.md §11, §12).
 
 :class:`PolicyTrainer` starts the workers once; each builds a :class:`rlcr.train.worker.TrainerWorker` — the
-policy (and, for β > 0, the frozen reference) wrapped by ``prepare_model`` (DDP; FSDP with ``cfg.fsdp`` on
+policy (and, for β > 0, the frozen reference) wrapped by ``prepare_model`` (DDP; FSDP with ``cfg.update.fsdp`` on
 GPUs; gloo on CPU, NCCL on GPU) and the run's one AdamW — and the driver then calls its methods on every rank
 (:mod:`rlcr.train.rpc`):
 
@@ -17,7 +17,7 @@ GPUs; gloo on CPU, NCCL on GPU) and the run's one AdamW — and the driver then 
 * ``stop``.
 
 Why ``TorchTrainer`` and not one plain Ray actor per rank (verl's and open-instruct's worker groups, whose
-methods Ray calls directly): Ray Train places the workers (placement group, ``trainer_resources``, GPUs), sets
+methods Ray calls directly): Ray Train places the workers (placement group, ``placement.trainer_resources``, GPUs), sets
 up the process group and the device, gives ``prepare_model`` (DDP/FSDP) its context, and ends ``fit()`` the
 moment a worker dies (``max_failures=0``), which is how a dead worker is noticed within seconds. Actors would
 have to redo all of that by hand. What Ray Train lacks is a way to call into a worker that lives on; the RPC
@@ -47,12 +47,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlcr.config import RLCRConfig
-from rlcr.storage import iteration_prefix
+from rlcr.run_layout import RunLayout
 from rlcr.train.rpc import WorkerGroup, WorkerGroupLost
 from rlcr.train.worker import TrainerWorker, load_policy, train_loop_per_worker
 
 __all__ = [
-    "UpdateResult", "PolicyTrainer", "TrainerLost", "StateLost", "run_update", "checkpoint_rel",
+    "UpdateResult", "PolicyTrainer", "TrainerLost", "StateLost", "run_update",
     "train_loop_per_worker", "load_policy",
 ]
 
@@ -94,11 +94,6 @@ class UpdateResult:
     metrics: dict[str, Any] = field(default_factory=dict)
     weights: Any = None
     checkpoint_uri: str | None = None
-
-
-def checkpoint_rel(run_id: str, iteration: int) -> str:
-    """Path of an iteration's checkpoint inside the store."""
-    return f"{iteration_prefix(run_id, iteration)}/checkpoint"
 
 
 # ----------------------------------------------------------------------------- the driver's handle
@@ -163,7 +158,7 @@ class PolicyTrainer:
 
         t0 = time.perf_counter()
         _check_workers_fit(self.cfg)
-        n = self.cfg.num_workers
+        n = self.cfg.update.num_workers
         self._error: BaseException | None = None
         self._done = threading.Event()
         self._group = WorkerGroup(TrainerWorker, n, alive=lambda: not self._done.is_set())
@@ -301,7 +296,7 @@ def run_update(
         result = trainer.update(rows, iteration)
         meta = {k: v for k, v in result.metrics.items() if k != "history"}
         meta.update(run_id=run_id, iteration=iteration, parent=policy_uri)
-        result.checkpoint_uri = trainer.save(checkpoint_rel(run_id, iteration), extra=meta,
+        result.checkpoint_uri = trainer.save(RunLayout.standalone_checkpoint_rel(run_id, iteration), extra=meta,
                                              with_optimizer=with_optimizer)
         result.weights = None
     return result

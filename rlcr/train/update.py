@@ -26,7 +26,7 @@ tests and ``bench/update.py`` call it directly. It reads in order:
 
 * :func:`_summary`: the update's metrics from the steps'.
 
-Objectives (``cfg.objective``) are registered by name in :mod:`rlcr.train.objectives`
+Objectives (``cfg.update.objective``) are registered by name in :mod:`rlcr.train.objectives`
 (``grpo``, docs/design.md §8, and ``sft``, the warm-start); this loop looks them up.
 
 π_old (``old_logp_source``): ``recompute`` (default) is the on-policy-exact one —

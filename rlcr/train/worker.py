@@ -2,7 +2,7 @@
 for a whole flow run, and the methods the driver calls on it (:mod:`rlcr.train.rpc`).
 
 A worker loads the policy (and, for β > 0, the frozen reference) once, wraps it with ``prepare_model`` (DDP;
-FSDP with ``cfg.fsdp`` on GPUs; gloo on CPU, NCCL on GPU), builds the run's one AdamW and its LR schedule and,
+FSDP with ``cfg.update.fsdp`` on GPUs; gloo on CPU, NCCL on GPU), builds the run's one AdamW and its LR schedule and,
 with ``restore``, loads the training state saved with the checkpoint. Then, for every call, on every rank:
 
 * :meth:`TrainerWorker.update`: one iteration's :func:`rlcr.train.update.train_update` with that same optimizer
@@ -70,7 +70,7 @@ def load_policy(uri: str, cfg: RLCRConfig, *, device: torch.device | str = "cpu"
     """(tokenizer, causal LM in float32 on ``device``) from a checkpoint URI (local or s3://)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    local = fetch_checkpoint(uri, endpoint_url=cfg.s3_endpoint_url)
+    local = fetch_checkpoint(uri, endpoint_url=cfg.storage.s3_endpoint_url)
     tokenizer = AutoTokenizer.from_pretrained(local)
     lm = AutoModelForCausalLM.from_pretrained(local, dtype=torch.float32).to(device)
     return tokenizer, lm
@@ -82,10 +82,10 @@ def _fetch_first_on_local_rank0(uri: str, cfg: RLCRConfig) -> str:
     import torch.distributed as dist
 
     if ray.train.get_context().get_local_rank() == 0:
-        fetch_checkpoint(uri, endpoint_url=cfg.s3_endpoint_url)
+        fetch_checkpoint(uri, endpoint_url=cfg.storage.s3_endpoint_url)
     if dist.is_initialized():
         dist.barrier()
-    return str(fetch_checkpoint(uri, endpoint_url=cfg.s3_endpoint_url))
+    return str(fetch_checkpoint(uri, endpoint_url=cfg.storage.s3_endpoint_url))
 
 
 def _check_finite(state: dict[str, torch.Tensor], iteration: int) -> None:
@@ -109,7 +109,7 @@ class TrainerWorker:
         ctx = ray.train.get_context()
         self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
         device = ray.train.torch.get_device()
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(cfg.run.seed)
         if device.type == "cpu":
             # Ray pins OMP_NUM_THREADS=1 per worker; give each worker its share of this node's cores.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, ctx.get_local_world_size())))
@@ -117,12 +117,12 @@ class TrainerWorker:
         local = _fetch_first_on_local_rank0(policy_uri, cfg)
         self.tokenizer, self.lm = load_policy(local, cfg, device=device)
         self.ref = None
-        if cfg.kl_coef > 0:
+        if cfg.loss.kl_coef > 0:
             _fetch_first_on_local_rank0(ref_uri, cfg)
             _, ref_lm = load_policy(ref_uri, cfg, device=device)
             self.ref = CompletionLogProbs(ref_lm.eval().requires_grad_(False))
         self.model = ray.train.torch.prepare_model(CompletionLogProbs(self.lm),
-                                                   parallel_strategy="fsdp" if cfg.fsdp else "ddp")
+                                                   parallel_strategy="fsdp" if cfg.update.fsdp else "ddp")
         self.optimizer = make_optimizer(self.model, cfg)
         self.schedule = Schedule.for_run(cfg)
         self.restored = bool(restore) and self._restore(local, policy_uri)
@@ -132,7 +132,7 @@ class TrainerWorker:
     # ------------------------------------------------------------ the training state
     def _full_state_dict(self) -> dict[str, torch.Tensor]:
         """The LM's full state dict with Hugging Face names (FSDP: gathered to CPU on every rank, a collective)."""
-        if not self.cfg.fsdp:
+        if not self.cfg.update.fsdp:
             return self.lm.state_dict()
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -141,7 +141,7 @@ class TrainerWorker:
 
     def _training_state(self) -> dict[str, Any]:
         """AdamW state, schedule position and RNG (FSDP: the optimizer state gathered, a collective)."""
-        if not self.cfg.fsdp:
+        if not self.cfg.update.fsdp:
             optimizer = self.optimizer.state_dict()
         else:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
@@ -164,7 +164,7 @@ class TrainerWorker:
         if not isinstance(state, dict) or state.get("format") != TRAINING_STATE_FORMAT:
             got = state.get("format") if isinstance(state, dict) else type(state).__name__
             raise ValueError(f"{policy_uri}/{TRAINING_STATE_FILE}: format {got!r}, expected {TRAINING_STATE_FORMAT}")
-        if self.cfg.fsdp:
+        if self.cfg.update.fsdp:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
             set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state["optimizer"],
@@ -189,7 +189,7 @@ class TrainerWorker:
 
         metrics = train_update(
             self.model, prepare_samples(ray.get(rows), self.tokenizer), self.cfg, pad_id=self.pad_id, ref=self.ref,
-            rank=self.rank, world_size=self.world_size, seed=update_seed(self.cfg.seed, int(iteration)),
+            rank=self.rank, world_size=self.world_size, seed=update_seed(self.cfg.run.seed, int(iteration)),
             optimizer=self.optimizer, schedule=self.schedule,
         )
         metrics["schedule_step"] = self.schedule.done
@@ -207,7 +207,7 @@ class TrainerWorker:
         _check_finite(state, iteration)
         # the engines' copy, in the object store (one copy per node, read zero-copy by the engines), in
         # the engines' dtype: they would round fp32 to bf16 on load anyway, so this halves the bytes on GPU
-        engine_dtype = getattr(torch, resolve_dtype(self.cfg.dtype))
+        engine_dtype = getattr(torch, resolve_dtype(self.cfg.model.dtype))
         if engine_dtype != torch.float32:
             state = {k: v.to(engine_dtype) if torch.is_floating_point(v) else v for k, v in state.items()}
         return ray.put(pack_weights(state))
@@ -216,11 +216,11 @@ class TrainerWorker:
              fence: dict[str, str] | None = None) -> SaveOut | None:
         """Rank 0 writes the weights, tokenizer and (``with_optimizer``) training state, sealed, at ``rel`` — after
         checking ``fence``, the writer's lease, just before the upload."""
-        state = self._full_state_dict() if self.cfg.fsdp else None  # collectives: all ranks
+        state = self._full_state_dict() if self.cfg.update.fsdp else None  # collectives: all ranks
         training_state = self._training_state() if with_optimizer else None
         if self.rank != 0:
             return None
-        store = Store(self.cfg.storage_uri, endpoint_url=self.cfg.s3_endpoint_url)
+        store = Store(self.cfg.storage.uri, endpoint_url=self.cfg.storage.s3_endpoint_url)
         if fence:
             from rlcr.runs import LeaseLost, check_fence
 
