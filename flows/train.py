@@ -34,7 +34,7 @@ from rlcr import events
 from rlcr.cluster import check_cluster_fits, check_storage, ensure_ray
 from rlcr.config import ConfigError, RLCRConfig, load_config
 from rlcr.evaluate import evaluate_policy
-from rlcr.models import resolve_model
+from rlcr.model_source import import_model
 from rlcr.presentation import metrics_markdown, progress_line
 from rlcr.rollout.engine import EnginePool
 from rlcr.rollout.pipeline import finalize_rollouts, generate_rollouts, rollout_seed
@@ -226,7 +226,7 @@ def rlcr_train(
         run.sweep_temporaries()
         run.finish_group(lease=lease)
         train_tasks, held_out = task_sets(cfg)
-        initial = resolve_model(cfg.model.name)
+        initial = import_model(cfg.model.name, run.store, chat_template=cfg.model.chat_template)
         done = run.committed()
         tracker = stack.enter_context(tracker_from_config(cfg, run_id, logger=log))
         track_committed(tracker, run, [m["iteration"] for m in done], log)
@@ -242,7 +242,7 @@ def rlcr_train(
         check_storage(cfg)
         check_cluster_fits(cfg)
         opts = _opts(cfg)
-        with EnginePool(cfg, saved) as engines, PolicyTrainer(cfg, policy_uri=saved, restore=bool(done)) as trainer:
+        with EnginePool(cfg, saved) as engines, PolicyTrainer(cfg, policy_uri=saved, restore=bool(done), ref_uri=initial) as trainer:
             if not done and cfg.eval.every and not run.store.exists(run.baseline_rel):
                 baseline = evaluate_task.with_options(**opts)(cfg, run, held_out, saved, 0, engines, initial, lease)
                 run.write_baseline({"policy_uri": saved, "eval": baseline}, lease=lease)

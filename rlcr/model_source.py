@@ -94,14 +94,15 @@ def hub_reachable(timeout_s: float = 3.0) -> bool:
         return False
 
 
-def check_model(model: str, *, chat_template: str | None = None, hub_timeout_s: float = 3.0) -> Kind:
+def check_model(model: str, *, chat_template: str | None = None, hub_timeout_s: float = 3.0,
+                label: str = "model") -> Kind:
     """Early checks of ``model``, before Ray or any engine starts; returns its kind.
 
     A local directory must be a checkpoint with weights, a tokenizer and a chat template (or
     ``chat_template`` given); a hub id needs the hub to answer. A remote directory is checked when it is
     imported (:func:`import_model`). Raises :class:`ModelSourceError` in one line otherwise."""
     kind = model_kind(model)
-    what = f"model {printable(model, 200)!r}"
+    what = f"{label} {printable(model, 200)}"
     if kind == "local":
         path = Path(model.removeprefix("file://")).expanduser()
         _check_local_dir(path, what)

@@ -90,11 +90,12 @@ def run_sft(cfg, *, out: str | None = None, run_id: str | None = None) -> tuple[
     from transformers import AutoTokenizer
 
     from rlcr.cluster import ensure_ray
-    from rlcr.models import resolve_model
-    from rlcr.storage import fetch_checkpoint
+    from rlcr.model_source import import_model
+    from rlcr.storage import Store, fetch_checkpoint
     from rlcr.train import run_update
 
-    base = resolve_model(cfg.model.name)
+    store = Store(out or cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url)
+    base = import_model(cfg.model.name, store, chat_template=cfg.model.chat_template)
     tokenizer = AutoTokenizer.from_pretrained(fetch_checkpoint(base, endpoint_url=cfg.storage.s3_endpoint_url))
     rows = sft_rows(cfg, tokenizer)
     sft_cfg = sft_update_config(cfg, len(rows), storage_uri=out)

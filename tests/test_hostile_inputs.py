@@ -3,6 +3,7 @@ bounded, ranges are validated, evaluation files are checked. Each refusal is one
 field), never a traceback; time bounds are generous guards, not speed goals."""
 
 import json
+from pathlib import Path
 import time
 
 import numpy as np
@@ -276,7 +277,9 @@ def test_eval_writes_its_records_to_s3(s3, ray_local, tiny_model_dir, tmp_path, 
     store = Store(f"s3://{BUCKET}/{tmp_path.name}", endpoint_url=s3.endpoint)
     table = store.read_parquet("rows.parquet")
     assert table.num_rows == 6
-    assert json.loads(table.schema.metadata[b"rlcr.provenance"])["policy"] == str(tiny_model_dir)
+    policy = json.loads(table.schema.metadata[b"rlcr.provenance"])["policy"]  # the store's copy of the model dir
+    assert policy.startswith(str(tmp_path / "store" / "models")) and (Path(policy) / "config.json").read_bytes() == (
+        Path(tiny_model_dir) / "config.json").read_bytes()
     assert not any(p.name.endswith(":") for p in tmp_path.iterdir())
     res = CliRunner().invoke(app, args)  # (the in-process moto server's own log lines may land in this output)
     assert res.exit_code == 2 and says(res.output, f"{uri}: exists; rows are never overwritten")

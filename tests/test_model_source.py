@@ -124,3 +124,19 @@ def test_a_configured_chat_template_travels_with_the_imported_copy(plain_model, 
     assert text == "<user>hi"
     other = import_model(str(plain_model), store, chat_template=template + " ", cache_dir=tmp_path / "cache")
     assert other != uri  # another template is another model copy
+
+
+def test_smollm2_from_a_plain_directory_is_imported_and_renders_its_chat(smollm2_dir, tmp_path):
+    """The real model as a user would download it: a plain Hugging Face directory, no rlcr seal."""
+    from transformers import AutoTokenizer
+
+    plain = tmp_path / "SmolLM2-135M-Instruct"
+    shutil.copytree(smollm2_dir, plain, ignore=shutil.ignore_patterns(COMPLETE_MARKER))
+    assert check_model(str(plain)) == "local"
+    store = Store(str(tmp_path / "store"))
+    uri = import_model(str(plain), store, cache_dir=tmp_path / "cache")
+    local = fetch_checkpoint(uri)
+    assert (local / "model.safetensors").read_bytes() == (plain / "model.safetensors").read_bytes()
+    text = AutoTokenizer.from_pretrained(local).apply_chat_template([{"role": "user", "content": "2+2?"}],
+                                                                    tokenize=False)
+    assert "2+2?" in text and "<|im_start|>" in text

@@ -65,7 +65,7 @@ def assert_one_line(rc, lines, imported, took, *needles):
 
 def _setup(tmp_path: Path) -> None:
     """A store with run 'started' (config recorded with seed 1, nothing committed), a config file with a typo,
-    a plain file where a directory is expected."""
+    a plain file where a directory is expected, a base model without a chat template."""
     from rlcr.config import RLCRConfig
     from rlcr.runs import RunStore
 
@@ -73,6 +73,11 @@ def _setup(tmp_path: Path) -> None:
         RLCRConfig(storage={"uri": str(tmp_path / "store")}, run={"seed": 1}))
     (tmp_path / "typo.yaml").write_text("leraning_rate: 1.0e-5\n")
     (tmp_path / "afile").write_text("not a directory")
+    base = tmp_path / "base-model"  # a checkpoint directory whose tokenizer has no chat template
+    base.mkdir()
+    for name, text in (("config.json", "{}"), ("model.safetensors", ""), ("tokenizer.json", "{}"),
+                       ("tokenizer_config.json", "{}")):
+        (base / name).write_text(text)
 
 
 S = "storage.uri={tmp}/store"
@@ -95,6 +100,11 @@ CASES = [  # (id, arguments, what the line must say, extra environment)
      ["storage.uri s3://rlcr-bucket/runs", "cannot reach the S3 endpoint http://127.0.0.1:", "storage.s3_endpoint_url"], {}),
     ("storage-under-a-file", ["train", "storage.uri={tmp}/afile/store"], ["storage.uri", "is not a directory"], {}),
     ("model-missing", ["train", "model.name={tmp}/no-model", S], ["model", "no-model: no such directory"], {}),
+    ("model-hub-id-offline", ["train", "model.name=Qwen/Qwen2.5-0.5B-Instruct", S],
+     ["model Qwen/Qwen2.5-0.5B-Instruct is a Hugging Face hub id", "cannot be reached", "pass model.name=DIR"],
+     {"env": {"HF_HUB_OFFLINE": "1"}}),
+    ("model-without-chat-template", ["train", "model.name={tmp}/base-model", S],
+     ["base-model", "no chat template", "chat_template"], {}),
     ("task-file-missing", ["train", "tasks.train_file={tmp}/tasks.jsonl", S], ["tasks.train_file", "tasks.jsonl: no such file"], {}),
     ("resume-with-other-settings", ["train", "--run-id", "started", "run.seed=2", S],
      ["run 'started' was started with other settings", "seed"], {}),

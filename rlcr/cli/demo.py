@@ -11,6 +11,7 @@ import typer
 from rlcr.cli.app import app
 from rlcr.cli.inputs import check_inputs, check_storage, load, logs_line, sft_overrides, valid_run_id
 from rlcr.presentation import StageProgress, committed_figures, console, demo_table, fmt, show, step, summary_table
+from rlcr.untrusted import printable
 
 
 @app.command()
@@ -34,7 +35,8 @@ def demo(
     from flows.train import ensure_ray, rlcr_train
     from rlcr import events
     from rlcr.evaluate import evaluate_policy
-    from rlcr.models import resolve_model
+    from rlcr.model_source import import_model
+    from rlcr.models import SMOLLM2
     from rlcr.rollout.engine import EnginePool
     from rlcr.runs import RunStore, task_sets
     from rlcr.sft import warm_start
@@ -42,8 +44,9 @@ def demo(
     times: dict[str, float] = {}
 
     t0 = time.perf_counter()
-    with step("1/5 preparing SmolLM2-135M-Instruct (GGUF → safetensors)"):
-        base = resolve_model(cfg.model.name)
+    label = "SmolLM2-135M-Instruct (GGUF → safetensors)" if cfg.model.name == SMOLLM2 else printable(cfg.model.name, 120)
+    with step(f"1/5 preparing {label}"):
+        base = import_model(cfg.model.name, RunStore.open(cfg, run_id).store, chat_template=cfg.model.chat_template)
     times["prepare"] = time.perf_counter() - t0
 
     ensure_ray()

@@ -83,11 +83,13 @@ def evaluate(
         check_storage(cfg, uri=checkpoint)
     from flows.train import ensure_ray
     from rlcr.evaluate import evaluate_policy
-    from rlcr.models import resolve_model
+    from rlcr.model_source import import_model
+    from rlcr.storage import Store
     from rlcr.rollout.engine import EnginePool
     from rlcr.runs import task_sets
 
-    policy = checkpoint or resolve_model(cfg.model.name)
+    policy = checkpoint or import_model(cfg.model.name, Store(cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url),
+                                        chat_template=cfg.model.chat_template)
     try:
         _, held_out = task_sets(cfg)
     except ValueError as e:  # a task file's row (TaskFormatError), or sets that cannot be made

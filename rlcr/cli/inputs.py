@@ -108,13 +108,15 @@ def check_storage(cfg, uri: Optional[str] = None) -> None:
 
 
 def check_inputs(cfg, model: Optional[str] = None, option: str = "model") -> None:
-    """Local files the run reads exist: the model (unless a name the CLI builds), the task files."""
-    from rlcr.models import SMOLLM2
+    """What the run reads is there, before Ray starts: the model (a checkpoint directory with a tokenizer and a
+    chat template, or a hub id the hub answers for: :func:`rlcr.model_source.check_model`), the task files."""
+    from rlcr.model_source import ModelSourceError, check_model
 
     model = model if model is not None else cfg.model.name
-    if "://" not in model and model not in (SMOLLM2, "tiny") and not Path(model).expanduser().is_dir():
-        raise UserError(f"{option} {printable(model, 300)}: no such directory (a Hugging Face checkpoint "
-                        f"directory, an s3:// URI, or one of the names {SMOLLM2}, tiny)")
+    try:
+        check_model(model, chat_template=cfg.model.chat_template, label=option)
+    except ModelSourceError as e:
+        raise UserError(str(e)) from None
     for name in ("tasks.train_file", "tasks.eval_file"):
         path = cfg.get(name)
         if path is not None and "://" not in path and not Path(path).is_file():

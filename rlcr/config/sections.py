@@ -74,8 +74,12 @@ class ModelSection(Section):
     """The initial policy."""
 
     name: str = changes("smollm2-135m-instruct")
-    """Initial policy: a Hugging Face checkpoint directory or URI (local path or ``s3://``), or a known model name
-    (``smollm2-135m-instruct``, ``tiny``)."""
+    """Initial policy, any Hugging Face causal LM (docs/models.md): a local checkpoint directory or an ``s3://``
+    directory (copied once into the store by content), a hub id ``org/name`` (fetched when the hub answers), or
+    a name rlcr builds (``smollm2-135m-instruct``, ``tiny``)."""
+    chat_template: str | None = changes(None)
+    """A Jinja chat template that replaces the tokenizer's (for a model whose tokenizer has none, e.g. a base
+    model); None: the tokenizer's own. The run's copy of the model carries it (docs/models.md)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = changes("auto")
     """Weights dtype for generation and training (``auto``: bfloat16 on GPU, float32 on CPU)."""
 
