@@ -83,7 +83,7 @@ model, storage, shape, cpus = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]),
 out = {}
 ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
          runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
-cfg = RLCRConfig(model=model, storage_uri=storage, **shape)
+cfg = RLCRConfig.from_dict({"model.name": model, "storage.uri": storage, **shape})
 try:
     check_cluster_fits(cfg)
     out["check"] = None

@@ -64,8 +64,11 @@ def test_deployment_run_against_local_server(prefect_server, tiny_model_dir, tmp
     store = tmp_path / "store"
     config = tmp_path / "tiny.yaml"
     cfg = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text())
-    cfg.update(model=str(tiny_model_dir), storage_uri=str(store), prompts_per_iteration=2, num_generations_answer=2,
-               num_eval_tasks=4, max_answer_tokens=12, max_confidence_tokens=8)
+    for section, values in {"model": {"name": str(tiny_model_dir)}, "storage": {"uri": str(store)},
+                            "rollout": {"prompts_per_iteration": 2, "num_generations_answer": 2,
+                                        "max_answer_tokens": 12, "max_confidence_tokens": 8},
+                            "tasks": {"num_eval": 4}}.items():
+        cfg.setdefault(section, {}).update(values)
     config.write_text(yaml.safe_dump(cfg))
     serve_log = open(tmp_path / "serve.log", "w")
     serve = subprocess.Popen([sys.executable, "-m", "flows.serve", "--config", str(config)], cwd=REPO, env=env,
@@ -76,7 +79,7 @@ def test_deployment_run_against_local_server(prefect_server, tiny_model_dir, tmp
         wait_for(lambda: prefect("deployment", "inspect", "rlcr/train").returncode == 0, 180, "deployment rlcr/train")
         nightly = prefect("deployment", "inspect", "rlcr-probe/nightly")
         assert nightly.returncode == 0 and "0 3 * * *" in nightly.stdout
-        run = prefect("deployment", "run", "rlcr/train", "-p", "run.id=dep", "-p", "run.iterations=1",
+        run = prefect("deployment", "run", "rlcr/train", "-p", "run_id=dep", "-p", "iterations=1",
                       "--watch", "--watch-timeout", "900", timeout=960)
         out = run.stdout + run.stderr
         assert run.returncode == 0, out + (tmp_path / "serve.log").read_text()[-4000:]

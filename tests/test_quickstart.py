@@ -111,10 +111,15 @@ def test_a_clean_clone_installs_only_into_venv_then_runs_the_documented_command(
 def tiny_demo_config(clone: Path, model: Path) -> Path:
     """configs/demo.yaml with the tiny model and a few tasks and tokens (the rest as the demo has it)."""
     cfg = yaml.safe_load((clone / "configs" / "demo.yaml").read_text())
-    cfg.update(model=str(model), iterations=1, num_train_tasks=16, num_eval_tasks=4, prompts_per_iteration=2,
-               num_generations_answer=2, num_generations_confidence=2, max_answer_tokens=16, max_confidence_tokens=8,
-               max_prompt_tokens=256, engine_max_model_len=512, engine_kv_cache_gib=0.25, rollout_batch_size=8,
-               sft_tasks=4, sft_epochs=1, micro_batch_tokens=4096, save_every=1, probe_forced_answer_tokens=8)
+    small = {"model.name": str(model), "run.iterations": 1, "tasks.num_train": 16, "tasks.num_eval": 4,
+             "rollout.prompts_per_iteration": 2, "rollout.num_generations_answer": 2,
+             "rollout.num_generations_confidence": 2, "rollout.max_answer_tokens": 16,
+             "rollout.max_confidence_tokens": 8, "rollout.max_prompt_tokens": 256, "engine.max_model_len": 512,
+             "engine.kv_cache_gib": 0.25, "rollout.batch_size": 8, "sft.tasks": 4, "sft.epochs": 1,
+             "update.micro_batch_tokens": 4096, "orchestration.save_every": 1, "probe.forced_answer_tokens": 8}
+    for dotted, value in small.items():
+        section, name = dotted.split(".")
+        cfg.setdefault(section, {})[name] = value
     path = clone / "configs" / "demo-tiny.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path

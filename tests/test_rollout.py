@@ -138,7 +138,7 @@ def test_shared_engines_take_new_weights(rollout_runs, engine_pool, tiny_model_d
 
 
 def test_ray_data_progress_bars_follow_the_config(ray_local, tiny_model_dir, tmp_path):
-    """Off by default (off a terminal they flood a flow's log); ``rollout_progress=true`` turns them on."""
+    """Off by default (off a terminal they flood a flow's log); ``rollout.progress=true`` turns them on."""
     import ray.data
 
     from rlcr.rollout.pipeline import build_rollout_dataset
@@ -146,8 +146,8 @@ def test_ray_data_progress_bars_follow_the_config(ray_local, tiny_model_dir, tmp
     tasks = list(enumerate(generate_tasks(2, seed=1)))
     ctx = ray.data.DataContext.get_current()
     # building is lazy: nothing runs. A config that says nothing turns bars that were on off.
-    for kw, on in (({"rollout_progress": True}, True), ({}, False), ({"rollout_progress": True}, True),
-                   ({"rollout_progress": False}, False)):
+    for kw, on in (({"rollout.progress": True}, True), ({}, False), ({"rollout.progress": True}, True),
+                   ({"rollout.progress": False}, False)):
         build_rollout_dataset(tiny_cfg(tiny_model_dir, tmp_path, **kw), tasks, str(tiny_model_dir), 0)
         assert ctx.enable_progress_bars is on, kw
 

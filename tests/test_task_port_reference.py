@@ -126,7 +126,8 @@ def _iteration(model_dir, store_dir, tokenizer):
     from rlcr.seeds import update_seed
     from rlcr.tasks.sets import prompts_for_iteration, task_sets
     from rlcr.train.batching import prepare_samples
-    from rlcr.train.update import CompletionLogProbs, train_update
+    from rlcr.train.logprobs import CompletionLogProbs
+    from rlcr.train.update import train_update
 
     cfg = reference_cfg(model_dir, store_dir)
     train, held_out = task_sets(cfg)
