@@ -29,6 +29,7 @@ import urllib.request
 from pathlib import Path
 from typing import Literal
 
+from rlcr.config import ConfigError
 from rlcr.untrusted import printable
 
 __all__ = ["ModelSourceError", "model_kind", "check_model", "import_model", "local_digest", "hub_reachable",
@@ -45,7 +46,7 @@ _DIGEST_CACHE = "model-digests.json"
 Kind = Literal["builtin", "local", "remote", "hub"]
 
 
-class ModelSourceError(ValueError):
+class ModelSourceError(ConfigError):
     """The ``model`` setting names something that cannot be used; one line, naming it and what to do."""
 
 

@@ -441,3 +441,20 @@ def test_nightly_deployment():
     assert probe_deployment(cron="30 1 * * *", run_id="r").schedules[0].schedule.cron == "30 1 * * *"
     assert probe_deployment(run_id="r").parameters == {"run_id": "r"}
     assert {d.name for d in deployments()} == {"train", "nightly"}
+
+
+def test_the_probe_runs_on_the_math_task_with_its_prompts_and_verifier(engine, tiny_tokenizer, tiny_model_dir, tmp_path):
+    """Issue 32 item 6: the probe's prompts, truncations and forced answers come from the run's task; on math the
+    answers are checked by math-verify (an equivalent form counts, a wrong one does not)."""
+    from rlcr.tasks.math_data import DATA_DIR, GSM8K_FILE
+    from rlcr.tasks.registry import get_task
+
+    problems = get_task("math").load(str(DATA_DIR / GSM8K_FILE))[:2]
+    settings = ProbeSettings.from_config(tiny_cfg(tiny_model_dir, str(tmp_path), **{"tasks.name": "math"}))
+    given = [f"<think>First step.\nSecond step.</think>\n<answer>{problems[0].answer}.0</answer>",  # 12 ≡ 12.0
+             f"<think>A guess.</think>\n<answer>{problems[1].answer}1</answer>"]  # a wrong number
+    out = run_probe(problems, tiny_tokenizer, vllm_sampler(engine, settings), settings, responses=given, task="math")
+    recs = out["tasks"]
+    assert [r["answer_correct"] for r in recs] == [1.0, 0.0]
+    assert recs[0]["question"] == problems[0].question and all(r["points"] for r in recs)
+    assert out["metrics"]["n_tasks"] == 2 and out["timings"]["forced_requests"] > 0
