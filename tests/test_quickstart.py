@@ -72,7 +72,11 @@ def clone(tmp_path_factory) -> Path:
 
 
 def dry_run(clone: Path, target: str) -> list[str]:
-    out = subprocess.run(["make", "-n", target], cwd=clone, capture_output=True, text=True, timeout=60)
+    # as a fresh shell runs it: not as a sub-make of CI's `make test` (MAKELEVEL/MAKEFLAGS would make it print
+    # "make[1]: Entering/Leaving directory" lines around the commands)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")}
+    out = subprocess.run(["make", "--no-print-directory", "-n", target], cwd=clone, env=env, capture_output=True,
+                         text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     lines = [line for line in out.stdout.splitlines() if line.strip() and not line.startswith("#")]
     return [line for line in lines if not line.startswith(" ")]  # a continued shell line belongs to the one above
