@@ -171,10 +171,8 @@ def _listing(root: Path) -> dict[str, Path]:
 def local_digest(root: str | Path, *, cache_dir: str | Path | None = None) -> str:
     """A digest of a directory's content: every file's name and SHA-256. Files' digests are remembered in
     ``cache_dir`` by (path, size, mtime, inode), so a large model is hashed once, not at every start."""
-    from rlcr.storage import default_cache_dir
-
     root = Path(root).resolve()
-    cache_file = Path(cache_dir or default_cache_dir()) / _DIGEST_CACHE
+    cache_file = Path(cache_dir or _default_cache()) / _DIGEST_CACHE
     try:
         known = json.loads(cache_file.read_text()) if cache_file.is_file() else {}
         known = known if isinstance(known, dict) else {}
@@ -258,9 +256,7 @@ def _default_cache() -> Path:
 def _hub_download(model: str, cache_dir) -> Path:
     from huggingface_hub import snapshot_download
 
-    from rlcr.storage import default_cache_dir
-
-    target = Path(cache_dir or default_cache_dir()) / "hub"
+    target = Path(cache_dir or _default_cache()) / "hub"
     try:
         return Path(snapshot_download(model, cache_dir=str(target), allow_patterns=[
             "*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]))
@@ -299,9 +295,7 @@ def _import_remote(uri: str, store, chat_template: str | None, cache_dir) -> str
     what = f"model {printable(uri, 200)!r}"
     if "config.json" not in files:
         raise ModelSourceError(f"{what}: not a Hugging Face checkpoint directory (no config.json)")
-    from rlcr.storage import default_cache_dir
-
-    work = Path(cache_dir or default_cache_dir()) / "imports"
+    work = Path(cache_dir or _default_cache()) / "imports"
     work.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=work) as tmp:
         local = Path(tmp) / "model"

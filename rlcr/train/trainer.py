@@ -135,9 +135,11 @@ class PolicyTrainer:
 
     def __init__(self, cfg: RLCRConfig, *, policy_uri: str, restore: bool = False, ref_uri: str | None = None):
         if cfg.loss.kl_coef > 0 and ref_uri is None:
-            from rlcr.models import resolve_model
+            from rlcr.model_source import import_model
+            from rlcr.storage import Store
 
-            ref_uri = resolve_model(cfg.model.name)  # the frozen initial policy
+            store = Store(cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url)
+            ref_uri = import_model(cfg.model.name, store, chat_template=cfg.model.chat_template)  # the initial policy
         self.cfg, self.ref_uri = cfg, ref_uri
         self.saved_uri, self.saved_restore = policy_uri, restore
         self.unsaved = 0  # updates applied since the state at saved_uri
