@@ -93,6 +93,11 @@ class RunLayout:
         """One probe report's folder (``probes/<timestamp>``), or its file ``name`` (``report.json``, …)."""
         return f"{self.probes_rel}/{timestamp}" + (f"/{name}" if name else "")
 
+    def final_eval_rel(self, key: str, name: str = "") -> str:
+        """One before → after evaluation of two checkpoints on a larger held-out set (``rlcr demo``'s last
+        step): ``final-eval/<key>`` (``key``: a digest of what was evaluated), or its file ``name``."""
+        return f"{self.prefix}/final-eval/{key}" + (f"/{name}" if name else "")
+
     @property
     def config_rel(self) -> str:
         return f"{self.prefix}/config.json"

@@ -387,3 +387,41 @@ def test_train_says_where_the_logs_go_once_before_it_starts(tmp_path):
     assert f"flow runs → Prefect, {api}" in line and "driver → this terminal" in line
     assert line.endswith("Ray dashboard: off (RLCR_RAY_DASHBOARD=0)")
     assert res.returncode != 0  # the flow could not reach Prefect
+
+
+def test_the_demos_larger_held_out_set_is_stratified_and_apart_from_training_and_warm_start():
+    """`rlcr demo` step 5 evaluates the warm-start and the final policy on 256 held-out tasks drawn like the run's
+    held-out set: none is a training task or a warm-start task, and both number counts have equal shares."""
+    from rlcr.config import load_config
+    from rlcr.tasks.registry import get_task
+    from rlcr.tasks.sets import held_out_set, sft_tasks, training_pool
+
+    cfg = load_config("configs/demo.yaml").model_copy(update={"tasks.num_eval": 256})
+    task = get_task(cfg.tasks.name)
+    train = training_pool(cfg)
+    held = held_out_set(cfg, train)
+    ids = [task.identity(t) for t in held]
+    assert len(ids) == len(set(ids)) == 256
+    assert not set(ids) & {task.identity(t) for t in train}
+    assert not set(ids) & {task.identity(t) for t in sft_tasks(cfg, cfg.sft.tasks, train)}
+    assert sorted(task.stratum(t) for t in held).count(2) == 128
+
+
+def test_a_stored_demo_summary_is_checked_before_it_is_shown():
+    """A ``final-eval/<key>/summary.json`` that is not what the demo wrote (hand-edited, truncated, hostile) is
+    one line naming the file, not a traceback in the middle of the summary."""
+    import json
+
+    from rlcr.cli.demo import read_summary
+    from rlcr.untrusted import InvalidInput
+
+    good = {"n_tasks": 256, "iteration": 3, "before": {"ece": 0.3}, "after": {"ece": 0.1},
+            "comparison": {"differences": {k: {"difference": -0.1, "ci": [-0.2, -0.05]}
+                                           for k in ("accuracy", "ece", "brier", "auroc")}}}
+    assert read_summary(json.dumps(good).encode(), "s/summary.json")["n_tasks"] == 256
+    for bad in ({**good, "n_tasks": "256"}, {**good, "comparison": {"differences": {"ece": {"difference": "x"}}}},
+                {**good, "comparison": []}, {k: v for k, v in good.items() if k != "before"}):
+        with pytest.raises(InvalidInput, match=r"^s/summary\.json: not a before → after evaluation summary"):
+            read_summary(json.dumps(bad).encode(), "s/summary.json")
+    with pytest.raises(InvalidInput, match="s/summary.json"):
+        read_summary(b"{" * 10_000, "s/summary.json")

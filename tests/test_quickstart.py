@@ -143,14 +143,21 @@ def test_the_demo_command_runs_from_a_clean_clone(clone, tiny_model_dir):
                    RLCR_CACHE=str(Path(tmp) / "cache"), RLCR_RAY_DASHBOARD="0", COLUMNS="200",
                    PREFECT_SERVER_ANALYTICS_ENABLED="false", RAY_USAGE_STATS_ENABLED="0")
         proc = subprocess.run([*rlcr, "demo", "--config", str(config.relative_to(clone)), "--probe-tasks", "2",
-                               "--probe-samples", "2"], cwd=clone, env=env, capture_output=True, text=True,
+                               "--probe-samples", "2", "--final-tasks", "8"], cwd=clone, env=env, capture_output=True, text=True,
                               timeout=900)
     out = proc.stdout
     assert proc.returncode == 0, out[-4000:] + proc.stderr[-4000:]
-    for step in ("1/5", "2/5", "3/5", "4/5", "5/5"):
+    for step in ("1/6", "2/6", "3/6", "4/6", "5/6", "6/6"):
         assert step in out, f"step {step} not printed:\n{out[-3000:]}"
-    assert "warm-start and RLCR on held-out tasks" in out and "after RLCR (1 it.)" in out
+    assert "warm-start and RLCR on held-out tasks" in out and "after RLCR (1 it., 8 tasks)" in out
     assert re.search(r"ECE before RLCR \(after SFT\): \S+ +→ +after RLCR: \S+", out)
+    # the before → after change on the larger held-out set, paired, with its interval per metric
+    assert "after RLCR − after SFT: 8 shared held-out tasks" in out, out[-3000:]
+    for k in ("accuracy", "ece", "brier", "auroc"):  # each metric's paired change, with whether it is resolved
+        assert re.search(rf"^│ {k} +│.*│ (yes|no|–) +│$", out, re.M), out[-3000:]
+    stored = list((clone / "runs-store" / "runs" / "demo" / "final-eval").glob("*/summary.json"))
+    assert len(stored) == 1 and {p.name for p in stored[0].parent.iterdir()} == {"summary.json", "before.parquet",
+                                                                                 "after.parquet"}
     report = re.search(r"probe report: (\S+\.html)", out)
     assert report and Path(report.group(1) if report.group(1).startswith("/")
                            else clone / report.group(1)).exists(), out[-2000:]
