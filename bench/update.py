@@ -21,8 +21,20 @@ GFLOP/s = 6 × parameters (all of them, the tied embedding once) × prefix-tree 
 model processes, every micro-batch's) / wall seconds of the step. Other processes share this CPU:
 the median over rounds and the per-round ratio to the matmul of the same round are the robust figures.
 
+On a GPU (``--device cuda``) the update runs as the trainer runs it there (:mod:`rlcr.train.worker`: fp32
+master weights moved to the device): ``--dtypes bf16`` is that path itself, the update's own bf16 autocast
+(:func:`rlcr.train.update._autocast`, which the code turns on for every CUDA device that supports bf16);
+``fp32`` is the same update with that autocast switched off (the reference; the code has no setting for it).
+``model.dtype`` in the config is the rollout engines' dtype (:func:`rlcr.weights.resolve_dtype`), not the
+update's. The matmul peak is then measured on the same device in each dtype (8192³), with CUDA synchronised
+around every timing, and ``--check`` compares one step of each dtype from the same weights on the same batch.
+``--model`` builds a random-init model of a known shape instead of SmolLM2 (nothing is downloaded; the
+speed depends on the shape only).
+
 Run from the repo root:  python bench/update.py [--repeats 4] [--micro-batch-tokens 2048] [--profile]
-The last line is ``update/matmul GFLOP/s: <ratio>`` (the new settings' median per-round ratio).
+                         [--device cuda --dtypes fp32,bf16 --model qwen2.5-1.5b --settings new --check]
+The last line is ``update/matmul GFLOP/s: <ratio>`` (the new settings' median per-round ratio; with several
+dtypes, the last dtype's, against the matmul of that dtype).
 """
 
 import argparse
@@ -37,6 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import rlcr.train.logprobs as update_mod  # noqa: E402 - CompletionLogProbs calls its token_logprobs
+import rlcr.train.update as train_update_mod  # noqa: E402 - micro_batch_loss calls its _autocast
 from rlcr.config import RLCRConfig  # noqa: E402
 from rlcr.train.batching import Sample, collate  # noqa: E402
 from rlcr.train.logprobs import CompletionLogProbs  # noqa: E402
@@ -106,20 +119,128 @@ def old_logprobs():
         update_mod.token_logprobs = saved
 
 
+@contextlib.contextmanager
+def autocast_off():
+    """The update with its CUDA bf16 autocast switched off: fp32 throughout (the GPU reference)."""
+    saved = train_update_mod._autocast
+    train_update_mod._autocast = lambda device: contextlib.nullcontext()
+    try:
+        yield
+    finally:
+        train_update_mod._autocast = saved
+
+
+def dtype_context(dtype: str):
+    """``bf16``: the update as the code runs it (its own autocast); ``fp32``: autocast off."""
+    return contextlib.nullcontext() if dtype == "bf16" else autocast_off()
+
+
+# ----------------------------------------------------------------------------- models
+
+RANDOM_SHAPES = {
+    # config.json shapes of the Qwen2.5 instruct checkpoints (tied embeddings), and a tiny one for tests
+    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, vocab_size=151936, pad_token_id=151643),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, vocab_size=151936, pad_token_id=151643),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=1024, pad_token_id=0),
+}
+
+
+def build_model(name: str, device: str, seed: int):
+    """``(lm, pad_id, vocab, label)``: SmolLM2-135M-Instruct's weights (:func:`rlcr.models.prepare_smollm2`), or a
+    random-init Qwen2 model of a :data:`RANDOM_SHAPES` shape; fp32 on ``device``, SDPA attention, train mode."""
+    from transformers import AutoModelForCausalLM
+
+    if name == "smollm2":
+        from transformers import AutoTokenizer
+
+        from rlcr.models import prepare_smollm2
+
+        path = prepare_smollm2()
+        tok = AutoTokenizer.from_pretrained(path)
+        lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+        pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        vocab, label = len(tok), "SmolLM2-135M-Instruct"
+    else:
+        from transformers import Qwen2Config
+
+        shape = dict(RANDOM_SHAPES[name])
+        pad_id = shape["pad_token_id"]
+        config = Qwen2Config(**shape, tie_word_embeddings=True, max_position_embeddings=32768, rms_norm_eps=1e-6)
+        torch.manual_seed(seed)
+        with torch.device(device):
+            lm = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+        lm = lm.float()
+        vocab, label = shape["vocab_size"], f"{name} (random init, Qwen2 shape)"
+    lm.train()
+    return lm, pad_id, vocab, label
+
+
 # ----------------------------------------------------------------------------- steps
 
 
-def matmul_gflops(n: int = 2048, reps: int = 3) -> float:
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def matmul_gflops(n: int = 2048, reps: int = 3, *, device: str = "cpu", dtype: str = "fp32") -> float:
+    """A plain ``torch.mm`` of two n×n matrices on ``device`` in ``dtype`` (fp32 at PyTorch's default matmul
+    precision: no TF32 unless the process turns it on), best of ``reps``."""
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    a = torch.randn(n, n, device=device, dtype=torch_dtype)
+    b = torch.randn(n, n, device=device, dtype=torch_dtype)
     torch.mm(a, b)
-    best = min(_timed(lambda: torch.mm(a, b)) for _ in range(reps))
+    best = min(_timed(lambda: torch.mm(a, b), device) for _ in range(reps))
     return 2 * n ** 3 / best / 1e9
 
 
-def _timed(fn) -> float:
+def _timed(fn, device: str = "cpu") -> float:
+    _sync(device)
     t = time.perf_counter()
     fn()
+    _sync(device)
     return time.perf_counter() - t
+
+
+def check_dtypes(lm, policy, samples, trees, cfg, pad_id, dtypes, device) -> None:
+    """One update step per dtype from the same weights on the same batch: the loss, the gradient norm, the
+    masked tokens' log-probs (no grad, before the step), and whether every weight is finite after it."""
+    from rlcr.train.batching import collate_prefix_tree
+
+    init = {k: v.detach().to("cpu", copy=True) for k, v in lm.state_dict().items()}  # off the GPU
+    res = {}
+    for dt in dtypes:
+        lm.load_state_dict(init)
+        logps = []
+        with torch.no_grad(), dtype_context(dt):
+            for t in trees:
+                mb = collate_prefix_tree(t, pad_id).to(device)
+                with train_update_mod._autocast(torch.device(device)):
+                    logps.append(policy(**mb.model_inputs())[0].float())
+        with dtype_context(dt):
+            m = train_update(policy, samples, cfg, pad_id=pad_id, optimizer=make_optimizer(lm, cfg))
+        finite = all(bool(torch.isfinite(p).all()) for p in lm.parameters())
+        res[dt] = {"logp": torch.cat(logps), "loss": m["loss"], "grad_norm": m["grad_norm"], "finite": finite,
+                   "steps": m["optimizer_steps"]}
+        print(f"check {dt}: loss {m['loss']:.6g}, grad_norm {m['grad_norm']:.6g}, mean masked log-prob "
+              f"{res[dt]['logp'].mean().item():.6g}, optimizer steps {m['optimizer_steps']}, weights finite after "
+              f"the step: {finite}", flush=True)
+    lm.load_state_dict(init)
+    del init
+    if len(dtypes) > 1:
+        ref, other = res[dtypes[0]], res[dtypes[-1]]
+
+        def rel(a, b):
+            return abs(a - b) / max(abs(a), 1e-30)
+
+        d = (other["logp"] - ref["logp"]).abs()
+        print(f"check {dtypes[-1]} vs {dtypes[0]}: loss rel diff {rel(ref['loss'], other['loss']):.2e}, grad_norm rel "
+              f"diff {rel(ref['grad_norm'], other['grad_norm']):.2e}, masked NLL rel diff "
+              f"{rel(ref['logp'].sum().item(), other['logp'].sum().item()):.2e}, per-token |d log-prob| mean "
+              f"{d.mean().item():.3g} max {d.max().item():.3g}", flush=True)
 
 
 def run_plain(lm, samples, cfg, pad_id, opt) -> None:
@@ -147,20 +268,29 @@ def main() -> None:
     ap.add_argument("--plain", action="store_true", help="add the plain causal-LM step")
     ap.add_argument("--profile", action="store_true", help="after the rounds, one profiled step per setting")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--dtypes", default=None,
+                    help="comma-separated fp32, bf16 (bf16: the update's CUDA autocast; CUDA only); default: fp32")
+    ap.add_argument("--model", default="smollm2", choices=["smollm2", *RANDOM_SHAPES],
+                    help="smollm2 (its weights) or a random-init model of that shape")
+    ap.add_argument("--matmul-n", type=int, default=None, help="the matmul's size (default 2048 on CPU, 8192 on cuda)")
+    ap.add_argument("--check", action="store_true",
+                    help="before the rounds: one step per dtype from the same weights, compared (loss, grad norm, log-probs)")
     args = ap.parse_args()
+    dtypes = [d for d in (args.dtypes or "fp32").split(",") if d]
+    if not dtypes or any(d not in ("fp32", "bf16") for d in dtypes):
+        ap.error(f"--dtypes takes fp32 and/or bf16, got {args.dtypes!r}")
+    if "bf16" in dtypes and args.device != "cuda":
+        ap.error("bf16 is the update's CUDA path (rlcr.train.update._autocast); on CPU the update runs in fp32")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device")
+    matmul_n = args.matmul_n or (8192 if args.device == "cuda" else 2048)
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from rlcr.models import prepare_smollm2
     from rlcr.train.batching import collate_prefix_tree, pack_prefix_trees
 
-    path = prepare_smollm2()
-    tok = AutoTokenizer.from_pretrained(path)
-    lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    lm.train()
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    lm, pad_id, vocab, model_label = build_model(args.model, args.device, args.seed)
     samples = make_samples(args.prompts, args.ga, args.gc, prompt_len=args.prompt_len, answer_len=args.answer_len,
-                           query_len=args.query_len, confidence_len=args.confidence_len, vocab=len(tok), seed=args.seed)
+                           query_len=args.query_len, confidence_len=args.confidence_len, vocab=vocab, seed=args.seed)
     extra = {} if args.micro_batch_tokens is None else {"update.micro_batch_tokens": args.micro_batch_tokens}
     cfg = RLCRConfig.from_dict({**extra, "update": {"learning_rate": 1e-7}})
     budget = cfg.update.micro_batch_tokens
@@ -169,8 +299,10 @@ def main() -> None:
     tree_tokens = sum(collate_prefix_tree(t, pad_id).padded_tokens for t in trees)
     flop = 6 * params * tree_tokens
     masked = sum(s.masked_tokens for s in samples)
-    print(f"model SmolLM2-135M-Instruct fp32, {params / 1e6:.1f}M parameters, torch threads {torch.get_num_threads()} "
-          f"(os.cpu_count {os.cpu_count()}), {len(samples)} samples ({args.prompts} prompts x G_a={args.ga} x "
+    where = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}" if args.device == "cuda" else
+             f"torch threads {torch.get_num_threads()} (os.cpu_count {os.cpu_count()})")
+    print(f"model {model_label}, fp32 weights on {args.device}, update dtypes {','.join(dtypes)}, "
+          f"{params / 1e6:.1f}M parameters, {where}, {len(samples)} samples ({args.prompts} prompts x G_a={args.ga} x "
           f"G_c={args.gc}), micro_batch_tokens {budget}")
     print(f"tokens: {sum(s.length for s in samples)} in the samples, {tree_tokens} in {len(trees)} prefix trees "
           f"(GFLOP/s = 6 x params x {tree_tokens} / s), {masked} masked")
@@ -182,6 +314,9 @@ def main() -> None:
             "plain": torch.optim.AdamW(lm.parameters(), lr=cfg.update.learning_rate, weight_decay=cfg.update.weight_decay,
                                        betas=tuple(cfg.update.adam_betas))}
 
+    if args.check:
+        check_dtypes(lm, new_policy, samples, trees, cfg, pad_id, dtypes, args.device)
+
     def step_new():
         m = train_update(new_policy, samples, cfg, pad_id=pad_id, optimizer=opts["new"])
         assert m["optimizer_steps"] == 1, m
@@ -191,44 +326,74 @@ def main() -> None:
             m = train_update(old_policy, samples, cfg, pad_id=pad_id, optimizer=opts["old"])
         assert m["optimizer_steps"] == 1, m
 
-    fns = {"old": step_old, "new": step_new, "plain": lambda: run_plain(lm, samples, cfg, pad_id, opts["plain"])}
-    names = [n for n in args.settings.split(",") if n] + (["plain"] if args.plain and "plain" not in args.settings else [])
+    base = {"old": step_old, "new": step_new, "plain": lambda: run_plain(lm, samples, cfg, pad_id, opts["plain"])}
+    settings = [n for n in args.settings.split(",") if n] + (["plain"] if args.plain and "plain" not in args.settings else [])
+    # one AdamW per setting, shared by its dtypes (same state shapes; a GPU holds one set of moments less)
+    multi = len(dtypes) > 1
+
+    def in_dtype(fn, dt):
+        def run():
+            with dtype_context(dt):
+                fn()
+        return run
+
+    fns = {(f"{s}/{dt}" if multi else s): in_dtype(base[s], dt) for dt in dtypes for s in settings}
+    dtype_of = {(f"{s}/{dt}" if multi else s): dt for dt in dtypes for s in settings}
+    names = list(fns)
+    peak_mem: dict[str, float] = {}
     for name in names:  # warm-up (and the optimizers' state)
+        if args.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
         fns[name]()
+        if args.device == "cuda":
+            peak_mem[name] = torch.cuda.max_memory_allocated() / 2 ** 30
     times: dict[str, list[float]] = {name: [] for name in names}
-    peaks: list[float] = []
+    peaks: dict[str, list[float]] = {dt: [] for dt in dtypes}
     for r in range(args.repeats):
-        peaks.append(matmul_gflops())
-        line = [f"round {r + 1}/{args.repeats}: matmul {peaks[-1]:6.1f} GFLOP/s"]
+        for dt in dtypes:
+            peaks[dt].append(matmul_gflops(matmul_n, device=args.device, dtype=dt))
+        line = [f"round {r + 1}/{args.repeats}: " + ", ".join(f"matmul {dt} {peaks[dt][-1]:8.1f} GFLOP/s" for dt in dtypes)]
         for name in names[r % len(names):] + names[: r % len(names)]:  # rotate the order between rounds
-            times[name].append(_timed(fns[name]))
+            times[name].append(_timed(fns[name], args.device))
         for name in names:
-            line.append(f"{name} {times[name][-1]:6.2f} s {flop / times[name][-1] / 1e9:6.1f} GFLOP/s")
+            line.append(f"{name} {times[name][-1]:6.2f} s {flop / times[name][-1] / 1e9:8.1f} GFLOP/s")
         print(" | ".join(line), flush=True)
 
     def spread(xs):
         return f"median {statistics.median(xs):6.1f} (min {min(xs):6.1f}, max {max(xs):6.1f})"
 
-    print(f"{'':<7} GFLOP/s over {args.repeats} rounds")
-    print(f"{'matmul':<7} {spread(peaks)}")
+    w = max(7, *(len(n) for n in names), *(len(f"matmul {dt}") for dt in dtypes))
+    print(f"{'':<{w}} GFLOP/s over {args.repeats} rounds")
+    for dt in dtypes:
+        print(f"{(f'matmul {dt}' if multi else 'matmul'):<{w}} {spread(peaks[dt])}")
     ratios = {}
     for name in names:
         g = [flop / t / 1e9 for t in times[name]]
-        ratios[name] = statistics.median(x / p for x, p in zip(g, peaks))
-        extra = "" if name == "plain" else f", {masked / statistics.median(times[name]):.0f} masked tok/s"
-        print(f"{name:<7} {spread(g)}, {statistics.median(times[name]):.2f} s/step, "
-              f"{ratios[name]:.2f} of the round's matmul{extra}")
+        ratios[name] = statistics.median(x / p for x, p in zip(g, peaks[dtype_of[name]]))
+        extra = "" if name.startswith("plain") else f", {masked / statistics.median(times[name]):.0f} masked tok/s"
+        mem = f", peak GPU memory {peak_mem[name]:.1f} GiB" if name in peak_mem else ""
+        print(f"{name:<{w}} {spread(g)}, {statistics.median(times[name]):.2f} s/step, "
+              f"{ratios[name]:.2f} of the round's {dtype_of[name]} matmul{extra}{mem}")
+    if multi:
+        for s in settings:
+            per_round = [a / b for a, b in zip(times[f"{s}/{dtypes[0]}"], times[f"{s}/{dtypes[-1]}"])]
+            print(f"{s}: {dtypes[-1]}/{dtypes[0]} speed (per-round time ratio) median {statistics.median(per_round):.2f} "
+                  f"(min {min(per_round):.2f}, max {max(per_round):.2f})")
 
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
+        key = "self_cuda_time_total" if args.device == "cuda" else "self_cpu_time_total"
         for name in names:
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
+            with profile(activities=acts) as prof:
                 fns[name]()
+                _sync(args.device)
             print(f"--- profile: {name} (one step, profiler on)")
-            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=50))
-    if "new" in ratios:
-        print(f"update/matmul GFLOP/s: {ratios['new']:.2f}")
+            print(prof.key_averages().table(sort_by=key, row_limit=12, max_name_column_width=50))
+    headline = f"new/{dtypes[-1]}" if multi else "new"
+    if headline in ratios:
+        print(f"update/matmul GFLOP/s: {ratios[headline]:.2f}")
 
 
 if __name__ == "__main__":
