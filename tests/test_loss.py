@@ -131,3 +131,14 @@ def test_gradient_sign_and_clipping(log_ratio, a):
 def test_shape_mismatch_is_an_error():
     with pytest.raises(ValueError, match="shape mismatch"):
         policy_loss(torch.zeros(2, 3), torch.zeros(2, 4), torch.zeros(2), torch.ones(2, 3))
+
+
+def test_log_prob_blocks_fit_a_cpu_cache_and_are_large_on_a_gpu():
+    """The CPU keeps its cache-sized blocks (2^19 logits: 3 rows of a 152k vocabulary, 10 of SmolLM2's 49k); a GPU,
+    launch-bound with blocks that small, takes 2^26 logits (441 rows of Qwen2.5's vocabulary), both capped by
+    ``chunk_rows`` and at least one row."""
+    from rlcr.loss import block_rows
+
+    assert block_rows(151_936, "cpu", 1024) == 3 and block_rows(49_152, "cpu", 1024) == 10
+    assert block_rows(151_936, "cuda", 1024) == 441 and block_rows(49_152, "cuda", 1024) == 1024
+    assert block_rows(151_936, "cuda", 64) == 64 and block_rows(10**9, "cuda", 1024) == 1
