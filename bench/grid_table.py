@@ -152,14 +152,22 @@ def table_rows(records: Mapping, protocol: str, as_zero: bool) -> dict[str, dict
     rows: dict[str, dict[int, Any]] = {p: {s: t for s, (t, _) in v.items()} for p, v in scored.items() if v}
     rlvr = scored["rlvr"]
     if rlvr:
-        rows["rlvr + temperature"] = {s: t.with_confidence(apply_temperature(t.confidence, fit_temperature(
-            c.confidence, c.correct))) for s, (t, c) in rlvr.items()}
-        rows["rlvr + isotonic"] = {s: t.with_confidence(apply_isotonic(t.confidence, fit_isotonic(
-            c.confidence, c.correct))) for s, (t, c) in rlvr.items()}
+        rows["rlvr + temperature"] = {s: _recalibrated(t, c, fit_temperature, apply_temperature)
+                                      for s, (t, c) in rlvr.items()}
+        rows["rlvr + isotonic"] = {s: _recalibrated(t, c, fit_isotonic, apply_isotonic) for s, (t, c) in rlvr.items()}
     for p in POLICIES:
         if scored[p]:
             rows[f"difficulty prior of {p}"] = {s: t.with_confidence(t.prior) for s, (t, _) in scored[p].items()}
     return rows
+
+
+def _recalibrated(test, cal, fit, apply):
+    """``test`` with its confidences mapped by ``fit`` on the calibration answers; all NaN (no calibration
+    metric) where the calibration split has no parsed confidence to fit on."""
+    try:
+        return test.with_confidence(apply(test.confidence, fit(cal.confidence, cal.correct)))
+    except ValueError:
+        return test.with_confidence(np.full(test.confidence.shape, math.nan))
 
 
 def _row_bootstrap(runs: Mapping[int, Any], n_resamples: int, level: float) -> dict[str, Any]:
@@ -256,7 +264,11 @@ def build_table(directory: Path, protocol, n_resamples: int | None = None) -> tu
     records = read_records(directory)
     n = n_resamples or protocol.n_resamples
     methods = [m for m in ("rlcr", "rlvr", "rlcr_single") if m in protocol.methods]
-    lines = [f"Records under `bench/results/grid/` ({len(records)} evaluations), complete per seed: "
+    try:
+        shown = Path(directory).resolve().relative_to(DEFAULT_DIR.parents[2]).as_posix()
+    except ValueError:
+        shown = printable(directory)
+    lines = [f"Records under `{shown}/` ({len(records)} evaluations), complete per seed: "
              + "; ".join(presence_lines(records, protocol.seeds, methods)) + "."]
     if not records:
         return "\n".join(lines + ["", "No records yet: nothing to compute."]), \
@@ -270,7 +282,7 @@ def build_table(directory: Path, protocol, n_resamples: int | None = None) -> tu
                   f"{protocol.decodings[0].answers_per_task} answers per task, draw 0; unparsed confidences left "
                   f"out of the calibration metrics, counted in the parse rate). {pct} intervals: hierarchical "
                   f"bootstrap, {n:,} replicates (seeds, then tasks); per-seed values in brackets after each. With "
-                  "3 seeds the seed level of the bootstrap is coarse.", ""]
+                  f"{len(protocol.seeds)} seeds the seed level of the bootstrap is coarse.", ""]
     lines += metrics_table(primary, n, protocol.level, per_seed=True, parse_rates=rates)
     lines += ["", "**Paper protocol** (greedy, 1 answer per task, unparsed confidence = 0), the same checkpoints; "
                   "not used by the decision rules.", ""]

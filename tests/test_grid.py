@@ -234,3 +234,25 @@ def test_an_evaluation_temperature_reaches_both_stages_and_the_engine(monkeypatc
 
     with pytest.raises(ValueError, match=r"temperature must be in \[0, 2\]"):
         build_rollout_dataset(cfg, [], "file:///policy", 1, temperature=-1.0)
+
+
+# ----------------------------------------------------------------------------------------------- smoke
+@pytest.mark.slow
+def test_the_grid_runs_end_to_end_on_the_tiny_model(tmp_path):
+    """bench/grid.py on a tiny protocol (tests/data/grid_tiny_protocol.yaml: the tiny random model, 12 training
+    tasks, 4 test and 4 calibration tasks, one seed, one iteration; rlcr and rlvr): split, warm-start, group
+    sizes, runs, the 12 evaluations as records, and the table from them. About 5 minutes on 2 cores."""
+    protocol = ROOT / "tests" / "data" / "grid_tiny_protocol.yaml"
+    records = tmp_path / "records"
+    cmd = [sys.executable, str(ROOT / "bench" / "grid.py"), "--protocol", str(protocol), "--store",
+           str(tmp_path / "store"), "--records", str(records), "--chunk", "1", "--methods", "rlcr,rlvr"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    names = sorted(p.name for p in records.glob("*.parquet"))
+    assert names == sorted(record_name(1, p, s, d) for p in ("warm_start", "rlcr", "rlvr")
+                           for s in ("test", "calibration") for d in ("primary", "paper"))
+    answers = read_records(records)
+    assert len(answers[(1, "rlcr", "test", "primary")].task) == 4 * 2  # 4 tasks × 2 answers
+    assert len(answers[(1, "rlvr", "test", "paper")].task) == 4  # greedy: 1 answer per task
+    assert done.stdout.strip().splitlines()[-1].startswith("grid goals met: ")
+    assert (tmp_path / "store" / "grid-split" / "test.jsonl").read_text().count("\n") == 4
