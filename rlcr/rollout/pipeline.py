@@ -72,6 +72,7 @@ def build_rollout_dataset(
     g_c: int | None = None,
     salt: int = 0,
     confidences: bool | None = None,
+    temperature: float | None = None,
 ):
     """The lazy Ray Dataset of one iteration's rollout tree (answer and confidence rows).
 
@@ -85,7 +86,11 @@ def build_rollout_dataset(
     added to the iteration's seed (evaluation: :func:`rlcr.seeds.eval_salt`). ``confidences``: run the
     turn-2 confidence stage (default: only where ``cfg.method.name`` trains it, ``rlcr``; evaluation asks
     ``rlvr`` too). ``rlcr_single`` states its confidence in the answer turn and never has a turn 2.
+    ``temperature``: both turns' decoding temperature in place of ``rollout.temperature`` (evaluation; 0:
+    greedy decoding, the RLCR paper's evaluation protocol).
     """
+    if temperature is not None and not 0.0 <= temperature <= 2.0:
+        raise ValueError(f"temperature must be in [0, 2] (0: greedy), got {temperature}")
     if confidences is None:
         confidences = cfg.method.name == "rlcr"
     if confidences and cfg.method.name == "rlcr_single":
@@ -97,7 +102,7 @@ def build_rollout_dataset(
     ctx.execution_options.preserve_order = True
     ctx.enable_progress_bars = cfg.rollout.progress
     seed = seeds.rollout_seed(cfg.run.seed, iteration, salt=salt)
-    answer, confidence = _stage_steps(cfg, policy_uri, seed, engines, g_a, g_c)
+    answer, confidence = _stage_steps(cfg, policy_uri, seed, engines, g_a, g_c, temperature)
     cheap = dict(batch_format="pandas", num_cpus=STAGE_ACTOR_CPUS)
     task = get_task(cfg.tasks.name)
     items = [{"prompt_id": pid, **task.to_record(t)} for pid, t in tasks]
@@ -116,7 +121,7 @@ def build_rollout_dataset(
 
 
 def _stage_steps(cfg: RLCRConfig, policy_uri: str, seed: int, engines: list[str] | None, g_a: int | None,
-                 g_c: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
+                 g_c: int | None, temperature: float | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """``map_batches`` arguments of the answer and the confidence stage (:func:`stage_compute`).
 
     ``tasks``: the stage functions, with the engines' actor handles (looked up here, once per dataset) in
@@ -125,7 +130,7 @@ def _stage_steps(cfg: RLCRConfig, policy_uri: str, seed: int, engines: list[str]
     cores) unless ``engines`` are given."""
     import ray.data
 
-    common = dict(cfg=cfg.model_dump(mode="json"), policy_uri=policy_uri, seed=seed)
+    common = dict(cfg=cfg.model_dump(mode="json"), policy_uri=policy_uri, seed=seed, temperature=temperature)
     if stage_compute(engines) == "tasks":
         import ray
 

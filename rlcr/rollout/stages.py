@@ -75,17 +75,19 @@ class _EngineStage:
     ``policy_uri``). With ``engines`` (names of :class:`~rlcr.rollout.engine.RolloutEngine`
     actors, or their actor handles) it sends its requests to one of those long-lived engines instead
     (a stage actor picks one by its actor id; :func:`answer_batch` passes the one it picked).
-    ``n`` overrides the number of samples per input (evaluation uses 1).
+    ``n`` overrides the number of samples per input (evaluation uses 1); ``temperature`` overrides
+    ``rollout.temperature`` (evaluation only; 0 decodes greedily, vLLM's ``temperature < 1e-5``).
     """
 
     stage_name = "stage"
     mask_kind = "answer"
 
     def __init__(self, cfg: dict[str, Any], policy_uri: str, seed: int,
-                 engines: list | None = None, n: int | None = None):
+                 engines: list | None = None, n: int | None = None, temperature: float | None = None):
         t0 = time.perf_counter()
         self.cfg = _validated(json.dumps(cfg, sort_keys=True))
         self.policy_uri, self.seed, self.n = policy_uri, seed, n
+        self.temperature = self.cfg.rollout.temperature if temperature is None else float(temperature)
         self.llm = self.tokenizer = self.engine = None
         if engines:
             import ray
@@ -112,7 +114,7 @@ class _EngineStage:
         from rlcr.rollout.engine import sample_chats
 
         kwargs = dict(labels=labels, mask_kind=self.mask_kind, seeds=seeds, n=n,
-                      temperature=self.cfg.rollout.temperature, top_p=self.cfg.rollout.top_p, max_tokens=max_tokens, stop=stop)
+                      temperature=self.temperature, top_p=self.cfg.rollout.top_p, max_tokens=max_tokens, stop=stop)
         t0 = time.perf_counter()
         if self.engine is not None:
             import ray
@@ -223,23 +225,23 @@ class ConfidenceStage(_EngineStage):
 
 
 def _on_shared_engine(cls, batch: pd.DataFrame, cfg: dict[str, Any], policy_uri: str, seed: int,
-                      engines: list, n: int | None) -> pd.DataFrame:
+                      engines: list, n: int | None, temperature: float | None = None) -> pd.DataFrame:
     """One batch of stage ``cls`` in a Ray task, on the engine (actor handle) its first prompt id picks."""
     engine = engines[int(batch["prompt_id"].iloc[0]) % len(engines) if len(batch) else 0]
-    return cls(cfg, policy_uri, seed, engines=[engine], n=n)(batch)
+    return cls(cfg, policy_uri, seed, engines=[engine], n=n, temperature=temperature)(batch)
 
 
 def answer_batch(batch: pd.DataFrame, *, cfg: dict[str, Any], policy_uri: str, seed: int, engines: list,
-                 n: int | None = None) -> pd.DataFrame:
+                 n: int | None = None, temperature: float | None = None) -> pd.DataFrame:
     """:class:`AnswerStage` as a function for a task-based ``map_batches`` (``fn_kwargs``: its constructor's
     arguments, ``engines`` as actor handles). Its ``_answer_init_s`` is each batch's stage set-up here."""
-    return _on_shared_engine(AnswerStage, batch, cfg, policy_uri, seed, engines, n)
+    return _on_shared_engine(AnswerStage, batch, cfg, policy_uri, seed, engines, n, temperature)
 
 
 def confidence_batch(batch: pd.DataFrame, *, cfg: dict[str, Any], policy_uri: str, seed: int, engines: list,
-                     n: int | None = None) -> pd.DataFrame:
+                     n: int | None = None, temperature: float | None = None) -> pd.DataFrame:
     """:class:`ConfidenceStage` as a function for a task-based ``map_batches`` (as :func:`answer_batch`)."""
-    return _on_shared_engine(ConfidenceStage, batch, cfg, policy_uri, seed, engines, n)
+    return _on_shared_engine(ConfidenceStage, batch, cfg, policy_uri, seed, engines, n, temperature)
 
 
 def _listify(df: pd.DataFrame) -> pd.DataFrame:

@@ -1,0 +1,231 @@
+"""The methods grid of the pre-registered protocol (issue 35): exactly what bench/protocol.yaml says, and the
+pre-registered table from its records.
+
+    python bench/grid.py --protocol bench/protocol.yaml [--seeds 1,2,3] [--methods rlcr,rlvr,rlcr_single]
+                         [--store DIR] [--records DIR] [--chunk 5]
+    python bench/grid.py --protocol bench/protocol.yaml --table-only [--docs docs/results.md]
+
+1. The protocol file is read and checked (:func:`bench.grid_protocol.load_protocol`; a bad field is one line).
+2. The fixed split from ``tasks.split_seed`` (training pool, test, calibration) is written into the store as
+   task files (``<store>/grid-split/{train,test,calibration}.jsonl``); every run reads its training pool from
+   ``tasks.train_file`` and its held-out set from ``tasks.eval_file``, so a training seed changes only sampling,
+   the order of the training tasks and the warm-start. Before any training, every seed's warm-start tasks and
+   the split are checked disjoint by task identity; a violation stops the grid.
+3. Per seed (``run.seed``): its own warm-start (``grid-s<seed>-sft``, from the training pool only), its own
+   equal-token group sizes (one calibration rollout, as bench/methods.py; kept in
+   ``<store>/grid-s<seed>-plan.json``), then the methods' runs (``grid-s<seed>-<method>``) to the protocol's
+   iteration, ``--chunk`` iterations per `rlcr/train` flow run (resumable: a re-run continues), no
+   intermediate evaluation.
+4. The evaluations of the protocol — test and calibration split, primary (sampling at the training temperature,
+   ``answers_per_task`` answers, draw 0) and paper protocol (greedy, 1 answer) — of the warm-start (with the
+   two-turn confidence query) and of each method's last checkpoint, each written as a small Parquet record
+   under ``bench/results/grid/`` (bench/grid_table.py). An evaluation whose record exists is not redone.
+5. ``--table-only`` reads the records alone and prints the pre-registered table (bench/grid_table.py),
+   ``--docs FILE`` also writes it into FILE's grid section. The last line is ``grid goals met: …``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from bench.grid_protocol import (ProtocolError, SplitError, build_split, check_disjoint, load_protocol,  # noqa: E402
+                                 split_files, write_split)
+from bench.grid_table import (DEFAULT_DIR, PROTOCOLS, RecordError, build_table, record_name, record_table,  # noqa: E402
+                              replace_section, write_record)
+
+
+def run_id(seed: int, what: str) -> str:
+    """``grid-s1-rlcr``, ``grid-s1-sft``: run ids that name the seed."""
+    return f"grid-s{seed}-{what}"
+
+
+def seed_overrides(protocol, files, store: str, seed: int, chunk: int, method: str = "rlcr") -> list[str]:
+    """A seed's settings: the protocol's (``method``'s own included), the split's task files, the store; no
+    intermediate evaluation (the protocol's are run at the end)."""
+    return [*protocol.overrides(method), f"run.seed={seed}", f"tasks.train_file={files['train']}",
+            f"tasks.eval_file={files['test']}", f"storage.uri={store}", "eval.every=0",
+            f"orchestration.save_every={chunk}"]
+
+
+def prepare_split(protocol, base_cfg, store: Path, seeds, chunk: int):
+    """The split written into the store, each seed's config read back from those files, and the disjointness
+    of the split and of every seed's warm-start tasks checked — before any training. Returns (files, split)."""
+    from rlcr.config import load_config
+    from rlcr.tasks.registry import get_task
+    from rlcr.tasks.sets import held_out_set, sft_tasks, training_pool
+
+    task = get_task(base_cfg.tasks.name)
+    split = build_split(protocol, base_cfg)
+    files = write_split(split, store / "grid-split", task)
+    warm = {}
+    for seed in seeds:
+        cfg = load_config(protocol.config, seed_overrides(protocol, files, str(store), seed, chunk))
+        pool = training_pool(cfg)
+        ids = lambda ts: {task.identity(t) for t in ts}  # noqa: E731
+        if ids(pool) != ids(split.train) or ids(held_out_set(cfg, pool)) != ids(split.test):
+            raise SplitError(f"seed {seed}: the run does not read the split's training pool and test split")
+        warm[seed] = sft_tasks(cfg, cfg.sft.tasks, pool)
+    check_disjoint(split, warm, task)
+    return files, split
+
+
+def plan_for(cfg, store: Path, seed: int, sft_uri: str) -> dict:
+    """The seed's equal-token group sizes (bench/methods.py's calibration rollout), computed once and kept."""
+    from bench.methods import calibrate_group_sizes
+
+    path = store / f"grid-s{seed}-plan.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    plan = calibrate_group_sizes(cfg.model_copy(update={"model.name": sft_uri}), sft_uri)
+    path.write_text(json.dumps(plan, indent=1))
+    return plan
+
+
+def evaluate_records(cfg, protocol, seed: int, policy: str, policy_uri: str, iteration: int, tasks: dict,
+                     records: Path) -> None:
+    """The protocol's evaluations of one policy (test and calibration × primary and paper), each written as
+    its record; those already on record are skipped. ``cfg``: the policy's method (its confidence query)."""
+    from flows.train import ensure_ray
+    from rlcr.evaluate import evaluate_policy
+    from rlcr.rollout.engine import EnginePool
+
+    todo = [(split, d) for split in ("test", "calibration") for d in protocol.decodings
+            if not (records / record_name(seed, policy, split, d.name)).exists()]
+    if not todo:
+        return
+    ensure_ray()
+    with EnginePool(cfg, policy_uri) as engines:
+        for split, d in todo:
+            t0 = time.perf_counter()
+            ecfg = cfg.model_copy(update={"eval.samples": d.answers_per_task})
+            _, rows = evaluate_policy(ecfg, tasks[split], policy_uri=policy_uri, iteration=iteration, engines=engines,
+                                      run_id=run_id(seed, policy), draw=0, temperature=d.temperature)
+            name = record_name(seed, policy, split, d.name)
+            write_record(records, name, record_table(rows, seed=seed, policy=policy, split=split, protocol=d.name,
+                                                     task_name=cfg.tasks.name))
+            print(f"seed {seed} {policy}: {name} ({len(tasks[split])} tasks, {time.perf_counter() - t0:.0f} s)",
+                  flush=True)
+
+
+def run_seed(protocol, files, split, store: Path, seed: int, methods, chunk: int, records: Path) -> None:
+    """One seed of the grid: warm-start, group sizes, the methods' runs in chunks, the evaluations."""
+    from flows.train import rlcr_train
+    from rlcr.config import load_config
+    from rlcr.runs import RunStore
+    from rlcr.sft import warm_start
+
+    base = seed_overrides(protocol, files, str(store), seed, chunk)
+    cfg = load_config(protocol.config, base)
+    t0 = time.perf_counter()
+    sft_uri, reused = warm_start(cfg, run_id=run_id(seed, "sft"))
+    print(f"seed {seed}: warm-start {sft_uri} ({'reused' if reused else 'trained'}, {time.perf_counter() - t0:.0f} s)",
+          flush=True)
+    plan = plan_for(cfg, store, seed, sft_uri)
+    sizes = {m: plan["num_generations_answer"][m] for m in methods}
+    print(f"seed {seed}: group sizes (equal generated tokens per prompt) {sizes}", flush=True)
+
+    def overrides(method: str) -> list[str]:
+        extra = [f"rollout.num_generations_answer={sizes[method]}"] if method in protocol.equal_token else []
+        return [*seed_overrides(protocol, files, str(store), seed, chunk, method), f"model.name={sft_uri}",
+                f"method.name={method}", *extra]
+
+    for target in [*range(chunk, protocol.iterations, chunk), protocol.iterations]:
+        for method in methods:
+            t = time.perf_counter()
+            rlcr_train(config=protocol.config, overrides=overrides(method), run_id=run_id(seed, method),
+                       iterations=target)
+            print(f"seed {seed} {method}: through iteration {target} ({time.perf_counter() - t:.0f} s)", flush=True)
+    tasks = {"test": split.test, "calibration": split.calibration}
+    evaluate_records(load_config(protocol.config, [*base, f"model.name={sft_uri}", "method.name=rlcr"]), protocol,
+                     seed, "warm_start", sft_uri, 0, tasks, records)
+    for method in methods:
+        mcfg = load_config(protocol.config, overrides(method))
+        last = RunStore.open(mcfg, run_id(seed, method)).last_committed()
+        if not last or last["iteration"] != protocol.iterations:
+            raise SystemExit(f"{run_id(seed, method)}: not at iteration {protocol.iterations}; re-run to resume")
+        evaluate_records(mcfg, protocol, seed, method, last["checkpoint_uri"], protocol.iterations, tasks, records)
+    print(f"seed {seed}: done — commit its records under {records}", flush=True)
+
+
+def table(protocol, records: Path, docs: str | None, resamples: int | None) -> None:
+    """The pre-registered table from the records alone; ``docs``: also written into that file's grid section."""
+    text, headline = build_table(records, protocol, n_resamples=resamples)
+    print(text)
+    if docs:
+        path = Path(docs)
+        path.write_text(replace_section(path.read_text(), text))
+        print(f"written into {docs}")
+    print(f"grid goals met: {headline}")
+
+
+def _list(ap, text: str | None, allowed, what: str, cast=str) -> list:
+    if text is None:
+        return list(allowed)
+    try:
+        out = [cast(x.strip()) for x in text.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--{what}: a comma-separated list, got {text!r}")
+    unknown = [x for x in out if x not in allowed]
+    if unknown or not out:
+        ap.error(f"--{what}: {unknown[0] if unknown else 'nothing'} is not one of the protocol's "
+                 f"({', '.join(map(str, allowed))})")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--protocol", required=True, help="the pre-registered protocol (bench/protocol.yaml)")
+    ap.add_argument("--seeds", default=None, help="a subset of the protocol's seeds (default: all, in order)")
+    ap.add_argument("--methods", default=None, help="a subset of the protocol's methods (default: all)")
+    ap.add_argument("--store", default=None, help="storage.uri, a local directory (default: the config's)")
+    ap.add_argument("--records", default=str(DEFAULT_DIR), help="where the per-answer records go")
+    ap.add_argument("--chunk", type=int, default=5, help="iterations per flow run (resumable between them)")
+    ap.add_argument("--table-only", action="store_true", help="no training: the table from the records")
+    ap.add_argument("--docs", default=None, help="with --table-only: write the table into this file's grid section")
+    ap.add_argument("--resamples", type=int, default=None,
+                    help="with --table-only: bootstrap replicates (default: the protocol's; others are exploratory)")
+    a = ap.parse_args()
+    try:
+        protocol = load_protocol(a.protocol)
+    except ProtocolError as e:
+        ap.error(str(e))
+    seeds = _list(ap, a.seeds, protocol.seeds, "seeds", int)
+    methods = _list(ap, a.methods, list(protocol.methods), "methods")
+    records = Path(a.records)
+    if a.table_only:
+        try:
+            return table(protocol, records, a.docs, a.resamples)
+        except (RecordError, ValueError) as e:
+            ap.error(str(e))
+    if a.chunk < 1:
+        ap.error("--chunk must be >= 1")
+    from rlcr.config import load_config
+
+    cfg = load_config(protocol.config, [*protocol.overrides("rlcr"), *([f"storage.uri={a.store}"] if a.store else [])])
+    if "://" in cfg.storage.uri:
+        ap.error(f"--store: a local directory (the split's task files go there), got {cfg.storage.uri}")
+    store = Path(cfg.storage.uri).resolve()
+    t0 = time.perf_counter()
+    try:
+        files, split = prepare_split(protocol, cfg, store, sorted(set(seeds) | set(protocol.seeds)), a.chunk)
+    except (SplitError, ValueError) as e:
+        raise SystemExit(f"split: {e}") from None
+    print(f"split: {len(split.train)} training, {len(split.test)} test, {len(split.calibration)} calibration tasks "
+          f"(split_seed {protocol.split_seed}); disjoint for seeds {', '.join(map(str, protocol.seeds))}", flush=True)
+    for seed in seeds:
+        run_seed(protocol, files, split, store, seed, methods, a.chunk, records)
+    print(f"grid: seeds {', '.join(map(str, seeds))} done in {(time.perf_counter() - t0) / 3600:.2f} h", flush=True)
+    table(protocol, records, None, None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,307 @@
+"""The grid's per-answer records and the pre-registered table built from them alone (bench/protocol.yaml).
+
+Records: one small Parquet file per evaluation, ``s<seed>-<policy>-<split>-<protocol>.parquet`` under
+``bench/results/grid/`` (policy: ``warm_start``, ``rlcr``, ``rlvr``, ``rlcr_single``; split: ``test``,
+``calibration``; protocol: ``primary``, ``paper``), holding :data:`COLUMNS` only. A record is written once
+(create-only); the confidence is the one stated, NaN where none parsed: the paper protocol's "unparsed = 0"
+is applied here, when the table is built, not in the record.
+
+The table (:func:`build_table`) uses :mod:`rlcr.protocol_stats` for every figure: per policy and baseline
+(the warm-start, each policy's difficulty prior, RLVR recalibrated by temperature scaling and by isotonic
+regression, fitted on the calibration split per seed) accuracy, ECE with 10 equal-width and 10 equal-mass
+bins, Brier, Brier skill over the policy's own difficulty prior, mean within-stratum AUROC and pooled AUROC,
+each with its hierarchical bootstrap interval (seeds, then tasks) and its per-seed values; the paper
+protocol's figures in a second table; and the four goals decided by their rules — only once every
+pre-registered seed has its records (the intervals resample the protocol's seeds).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from rlcr.untrusted import printable
+
+POLICIES = ("warm_start", "rlcr", "rlvr", "rlcr_single")
+SPLITS = ("test", "calibration")
+PROTOCOLS = ("primary", "paper")
+COLUMNS = ("seed", "method", "split", "protocol", "task", "stratum", "prompt_id", "answer_id", "correct", "confidence")
+NAME = re.compile(r"s(\d+)-(warm_start|rlcr|rlvr|rlcr_single)-(test|calibration)-(primary|paper)\.parquet")
+BEGIN = "<!-- grid-table: begin (written by `python bench/grid.py --protocol bench/protocol.yaml --table-only " \
+        "--docs docs/results.md`; do not edit by hand) -->"
+END = "<!-- grid-table: end -->"
+DEFAULT_DIR = Path(__file__).resolve().parent / "results" / "grid"
+
+
+class RecordError(ValueError):
+    """A record file is malformed; the one-line message names it."""
+
+
+def record_name(seed: int, policy: str, split: str, protocol: str) -> str:
+    """The deterministic file name of one evaluation's records."""
+    name = f"s{seed}-{policy}-{split}-{protocol}.parquet"
+    if not NAME.fullmatch(name):
+        raise ValueError(f"no record name for seed {seed!r}, policy {policy!r}, split {split!r}, protocol {protocol!r}")
+    return name
+
+
+# ----------------------------------------------------------------------------------------------- records
+def record_table(rows: Sequence[dict[str, Any]], *, seed: int, policy: str, split: str, protocol: str,
+                 task_name: str):
+    """An evaluation's rows (:func:`rlcr.evaluate.evaluate_policy`) as the record's Arrow table: one row per
+    answer, its task's identity and stratum (:class:`rlcr.tasks.base.Task`), correct and stated confidence."""
+    import pyarrow as pa
+
+    from rlcr.evaluate import answers_with_confidence
+    from rlcr.tasks.registry import get_task
+
+    task = get_task(task_name)
+    out: dict[str, list] = {c: [] for c in COLUMNS}
+    for a, c in answers_with_confidence(rows):
+        problem = task.from_record(a)
+        for k, v in (("seed", seed), ("method", policy), ("split", split), ("protocol", protocol),
+                     ("task", str(task.identity(problem))), ("stratum", str(task.stratum(problem))),
+                     ("prompt_id", int(a["prompt_id"])), ("answer_id", int(a["answer_id"])),
+                     ("correct", int(float(a["correct"]) > 0.5)), ("confidence", None if c is None else float(c))):
+            out[k].append(v)
+    types = {"seed": pa.int32(), "prompt_id": pa.int32(), "answer_id": pa.int32(), "correct": pa.int8(),
+             "confidence": pa.float64()}
+    return pa.table({k: pa.array(v, type=types.get(k, pa.string())) for k, v in out.items()})
+
+
+def write_record(directory: Path, name: str, table) -> Path:
+    """``table`` to ``directory/name``, create-only (an existing record is never replaced) and atomic (a
+    temporary file renamed into place, so a stopped grid leaves no half-written record)."""
+    import pyarrow.parquet as pq
+
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    if path.exists():
+        raise FileExistsError(f"{printable(path)}: exists; records are never overwritten")
+    tmp = directory / f".{name}.{os.getpid()}.tmp"
+    pq.write_table(table, tmp, compression="zstd")
+    os.link(tmp, path)  # fails if the record appeared meanwhile
+    tmp.unlink()
+    return path
+
+
+def read_records(directory: Path) -> dict[tuple[int, str, str, str], Any]:
+    """Every record under ``directory``: ``{(seed, policy, split, protocol): Answers}``. A file whose name or
+    contents do not fit :data:`NAME` / :data:`COLUMNS` is a one-line :class:`RecordError` naming it."""
+    import pyarrow.parquet as pq
+
+    from rlcr.protocol_stats import Answers
+
+    out = {}
+    for path in sorted(Path(directory).glob("*.parquet")) if Path(directory).is_dir() else []:
+        where = printable(path)
+        m = NAME.fullmatch(path.name)
+        if not m:
+            raise RecordError(f"{where}: not a grid record name (s<seed>-<policy>-<split>-<protocol>.parquet)")
+        try:
+            t = pq.read_table(path, columns=list(COLUMNS)).to_pydict()
+        except Exception as e:  # noqa: BLE001 — not Parquet, a missing column …
+            raise RecordError(f"{where}: not a readable grid record ({type(e).__name__}: {printable(e, 160)})") from None
+        key = (int(m.group(1)), m.group(2), m.group(3), m.group(4))
+        for col, want in zip(("seed", "method", "split", "protocol"), key):
+            if set(t[col]) - {want}:
+                raise RecordError(f"{where}: column {col} holds {printable(sorted(set(t[col]) - {want})[0], 40)}, "
+                                  f"not {want} as its name says")
+        if not t["task"]:
+            raise RecordError(f"{where}: holds no answer")
+        conf = [math.nan if c is None else c for c in t["confidence"]]
+        try:
+            out[key] = Answers(t["task"], t["stratum"], t["correct"], conf)
+        except ValueError as e:
+            raise RecordError(f"{where}: {printable(e, 160)}") from None
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- the table
+METRIC_COLUMNS = (("accuracy", "accuracy"), ("ece", "ECE (10 equal-width)"), ("ece_equal_mass", "ECE (10 equal-mass)"),
+                  ("brier", "Brier"), ("brier_skill", "Brier skill vs prior"),
+                  ("auroc_within", "AUROC within stratum (mean)"), ("auroc", "AUROC pooled (secondary)"))
+
+
+def _scored(records: Mapping, policy: str, seed: int, protocol: str, as_zero: bool):
+    """(test answers with the policy's difficulty prior, calibration answers) or None where a record is missing."""
+    from rlcr.protocol_stats import difficulty_prior
+
+    test, cal = records.get((seed, policy, "test", protocol)), records.get((seed, policy, "calibration", protocol))
+    if test is None or cal is None:
+        return None
+    if as_zero:
+        test, cal = test.unparsed_as_zero(), cal.unparsed_as_zero()
+    return difficulty_prior(cal, test), cal
+
+
+def table_rows(records: Mapping, protocol: str, as_zero: bool) -> dict[str, dict[int, Any]]:
+    """``{row label: {seed: Answers}}``: each policy, RLVR recalibrated (temperature, isotonic: fitted on its
+    calibration answers of the same seed) and each policy's difficulty prior (confidence = its accuracy on the
+    task's stratum on the calibration split). Every row's ``prior`` is its policy's prior."""
+    from rlcr.protocol_stats import apply_isotonic, apply_temperature, fit_isotonic, fit_temperature
+
+    seeds = sorted({k[0] for k in records})
+    scored = {p: {s: x for s in seeds if (x := _scored(records, p, s, protocol, as_zero)) is not None}
+              for p in POLICIES}
+    rows: dict[str, dict[int, Any]] = {p: {s: t for s, (t, _) in v.items()} for p, v in scored.items() if v}
+    rlvr = scored["rlvr"]
+    if rlvr:
+        rows["rlvr + temperature"] = {s: _recalibrated(t, c, fit_temperature, apply_temperature)
+                                      for s, (t, c) in rlvr.items()}
+        rows["rlvr + isotonic"] = {s: _recalibrated(t, c, fit_isotonic, apply_isotonic) for s, (t, c) in rlvr.items()}
+    for p in POLICIES:
+        if scored[p]:
+            rows[f"difficulty prior of {p}"] = {s: t.with_confidence(t.prior) for s, (t, _) in scored[p].items()}
+    return rows
+
+
+def _recalibrated(test, cal, fit, apply):
+    """``test`` with its confidences mapped by ``fit`` on the calibration answers; all NaN (no calibration
+    metric) where the calibration split has no parsed confidence to fit on."""
+    try:
+        return test.with_confidence(apply(test.confidence, fit(cal.confidence, cal.correct)))
+    except ValueError:
+        return test.with_confidence(np.full(test.confidence.shape, math.nan))
+
+
+def _row_bootstrap(runs: Mapping[int, Any], n_resamples: int, level: float) -> dict[str, Any]:
+    from rlcr.protocol_stats import hierarchical_bootstrap, protocol_metrics
+
+    return hierarchical_bootstrap({"row": runs}, lambda d: protocol_metrics(d["row"]), n_resamples=n_resamples,
+                                  level=level, seed=0)
+
+
+def _num(v: Any) -> str:
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
+
+
+def interval_text(result: Mapping[str, Any], key: str, per_seed: bool = True) -> str:
+    """``"0.373 [0.320, 0.426] (s1 0.371, s2 0.380)"``: figure, interval and, with ``per_seed``, each seed's."""
+    ci = result["ci"].get(key)
+    text = _num(result["point"].get(key)) + (f" [{_num(ci[0])}, {_num(ci[1])}]" if ci else "")
+    if per_seed:
+        text += " (" + ", ".join(f"s{s} {_num(v.get(key))}" for s, v in result["per_seed"].items()) + ")"
+    return text
+
+
+def metrics_table(rows: Mapping[str, Mapping[int, Any]], n_resamples: int, level: float, per_seed: bool,
+                  parse_rates: Mapping[str, float] | None = None) -> list[str]:
+    """Markdown table: one line per row label, each metric with its hierarchical interval."""
+    head = "| policy / baseline | seeds | " + " | ".join(t for _, t in METRIC_COLUMNS) + \
+           (" | conf. parse rate |" if parse_rates is not None else " |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for label, runs in rows.items():
+        res = _row_bootstrap(runs, n_resamples, level)
+        cells = [interval_text(res, k, per_seed) for k, _ in METRIC_COLUMNS]
+        if parse_rates is not None:
+            cells.append(_num(parse_rates.get(label)))
+        lines.append(f"| {label} | {', '.join(map(str, sorted(runs)))} | " + " | ".join(cells) + " |")
+    return lines
+
+
+GOAL_TEXT = {"brier_skill": ("RLCR's Brier skill over its difficulty prior", "lower bound > 0"),
+             "auroc_within_vs_rlvr": ("RLCR − RLVR, mean within-stratum AUROC", "lower bound > 0"),
+             "auroc_within_vs_recalibrated": ("RLCR − RLVR + temperature, mean within-stratum AUROC", "lower bound > 0"),
+             "ece_vs_rlvr": ("RLCR − RLVR, ECE (10 equal-width)", "upper bound < 0"),
+             "accuracy_vs_rlvr": ("RLCR − RLVR, accuracy", "lower bound > −0.03")}
+
+
+def goals_section(rows: Mapping[str, Mapping[int, Any]], protocol_seeds: Sequence[int], n_resamples: int,
+                  level: float) -> tuple[list[str], str]:
+    """The four goals (primary protocol), each met or not by its rule, with figure, paired interval and
+    per-seed values; undecided while a pre-registered seed lacks records. Returns (lines, headline value)."""
+    from rlcr.protocol_stats import decide, goals_statistic, hierarchical_bootstrap
+
+    need = ("rlcr", "rlvr", "rlvr + temperature")
+    seeds = sorted(set.intersection(*(set(rows.get(k, {})) for k in need)))
+    if not seeds:
+        return ["Goals: not decided — no seed has the test and calibration records of rlcr and rlvr yet."], \
+            f"undecided (0/{len(protocol_seeds)} seeds)"
+    runs = {"rlcr": {s: rows["rlcr"][s] for s in seeds}, "rlvr": {s: rows["rlvr"][s] for s in seeds},
+            "rlvr_recalibrated": {s: rows["rlvr + temperature"][s] for s in seeds}}
+    result = hierarchical_bootstrap(runs, goals_statistic, n_resamples=n_resamples, level=level, seed=0)
+    goals = decide(result)
+    decided = set(protocol_seeds) <= set(seeds)
+    parts = {"brier_skill": [("brier_skill", goals["brier_skill"])],
+             "within_stratum_auroc": list(zip(("auroc_within_vs_rlvr", "auroc_within_vs_recalibrated"),
+                                              goals["within_stratum_auroc"]["parts"])),
+             "ece": [("ece_vs_rlvr", goals["ece"])], "accuracy_non_inferior": [("accuracy_vs_rlvr", goals["accuracy_non_inferior"])]}
+    lines = ["| goal | figure (paired where a difference) | rule | rule holds | goal |", "|---|---|---|---|---|"]
+    for goal, items in parts.items():
+        for i, (key, g) in enumerate(items):
+            verdict = ("**met**" if goals[goal]["met"] else "**not met**") if decided else "not decided"
+            lines.append(f"| {goal if i == 0 else ''} | {GOAL_TEXT[key][0]}: {interval_text(result, key)} | "
+                         f"{GOAL_TEXT[key][1]} | {'yes' if g['met'] else 'no'} | {verdict if i == 0 else ''} |")
+    if decided:
+        met = sum(bool(goals[g]["met"]) for g in parts)
+        return lines, f"{met}/{len(parts)}"
+    lines += ["", f"Not decided: the rules read intervals over the protocol's seeds "
+                  f"({', '.join(map(str, protocol_seeds))}); records hold seeds {', '.join(map(str, seeds))} only. "
+                  "The figures above are provisional."]
+    return lines, f"undecided ({len(seeds)}/{len(protocol_seeds)} seeds)"
+
+
+def presence_lines(records: Mapping, protocol_seeds: Sequence[int], methods: Sequence[str]) -> list[str]:
+    """Which seeds and policies have all four evaluations (test/calibration × primary/paper) on record."""
+    out = []
+    for s in sorted(set(protocol_seeds) | {k[0] for k in records}):
+        done = [p for p in ("warm_start", *methods)
+                if all((s, p, sp, pr) in records for sp in SPLITS for pr in PROTOCOLS)]
+        partial = [p for p in POLICIES if p not in done and any(k[0] == s and k[1] == p for k in records)]
+        out.append(f"seed {s}: " + (", ".join(done) if done else "no complete policy")
+                   + (f"; partial: {', '.join(partial)}" if partial else ""))
+    return out
+
+
+def build_table(directory: Path, protocol, n_resamples: int | None = None) -> tuple[str, str]:
+    """The pre-registered table (markdown) and headline value, from the records under ``directory`` only."""
+    records = read_records(directory)
+    n = n_resamples or protocol.n_resamples
+    methods = [m for m in ("rlcr", "rlvr", "rlcr_single") if m in protocol.methods]
+    try:
+        shown = Path(directory).resolve().relative_to(DEFAULT_DIR.parents[2]).as_posix()
+    except ValueError:
+        shown = printable(directory)
+    lines = [f"Records under `{shown}/` ({len(records)} evaluations), complete per seed: "
+             + "; ".join(presence_lines(records, protocol.seeds, methods)) + "."]
+    if not records:
+        return "\n".join(lines + ["", "No records yet: nothing to compute."]), \
+            f"undecided (0/{len(protocol.seeds)} seeds)"
+    rate = lambda a: float(np.mean(np.isfinite(a.confidence)))  # noqa: E731
+    primary = table_rows(records, "primary", as_zero=False)
+    rates = {label: float(np.mean([rate(records[(s, label, 'test', 'primary')]) for s in runs]))
+             for label, runs in primary.items() if label in POLICIES}
+    pct = f"{protocol.level:.0%}"
+    lines += ["", f"**Primary protocol** (test split, sampling at T = the training temperature, "
+                  f"{protocol.decodings[0].answers_per_task} answers per task, draw 0; unparsed confidences left "
+                  f"out of the calibration metrics, counted in the parse rate). {pct} intervals: hierarchical "
+                  f"bootstrap, {n:,} replicates (seeds, then tasks); per-seed values in brackets after each. With "
+                  f"{len(protocol.seeds)} seeds the seed level of the bootstrap is coarse.", ""]
+    lines += metrics_table(primary, n, protocol.level, per_seed=True, parse_rates=rates)
+    lines += ["", "**Paper protocol** (greedy, 1 answer per task, unparsed confidence = 0), the same checkpoints; "
+                  "not used by the decision rules.", ""]
+    lines += metrics_table(table_rows(records, "paper", as_zero=True), n, protocol.level, per_seed=True)
+    goal_lines, headline = goals_section(primary, protocol.seeds, n, protocol.level)
+    lines += ["", "**Goals** (primary protocol; the rules of bench/protocol.yaml):", ""] + goal_lines
+    return "\n".join(lines), headline
+
+
+def replace_section(text: str, table: str) -> str:
+    """``text`` (docs/results.md) with the part between :data:`BEGIN` and :data:`END` replaced by ``table``."""
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        raise ValueError("the docs file needs one grid-table begin marker followed by one end marker")
+    head, rest = text.split(BEGIN)
+    _, tail = rest.split(END)
+    return f"{head}{BEGIN}\n{table}\n{END}{tail}"
+
+
+def docs_section(text: str) -> str:
+    """The generated part of docs/results.md (between the markers)."""
+    head, rest = text.split(BEGIN, 1)
+    return rest.split(END, 1)[0].strip("\n")

@@ -1,0 +1,261 @@
+"""The methods grid of the pre-registered protocol (bench/grid.py, bench/grid_protocol.py, bench/grid_table.py):
+the protocol file checked, the fixed split, the records and the table rebuilt from them. Pure: no Ray, vLLM
+or Prefect, except the one smoke test of the whole grid on the tiny model (marked slow)."""
+
+import collections
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from bench.grid_protocol import (ProtocolError, Split, SplitError, build_split, check_disjoint, load_protocol,
+                                 write_split)
+from bench.grid_table import (BEGIN, DEFAULT_DIR, END, RecordError, build_table, docs_section, read_records,
+                              record_name, replace_section, write_record)
+from rlcr.config import load_config
+from rlcr.tasks.registry import get_task
+from rlcr.tasks.sets import held_out_set, sft_tasks, training_pool
+
+ROOT = Path(__file__).resolve().parents[1]
+PROTOCOL = ROOT / "bench" / "protocol.yaml"
+COUNTDOWN = get_task("countdown")
+
+
+@pytest.fixture(scope="module")
+def protocol():
+    return load_protocol(PROTOCOL)
+
+
+@pytest.fixture(scope="module")
+def split(protocol):
+    return build_split(protocol, load_config(ROOT / protocol.config, protocol.overrides()))
+
+
+# ----------------------------------------------------------------------------------------------- the protocol
+def test_the_committed_protocol_reads_as_registered(protocol):
+    assert protocol.seeds == [1, 2, 3] and protocol.iterations == 30 and protocol.split_seed == 7_000_003
+    assert protocol.sizes == {"train": 600, "test": 256, "calibration": 128}
+    assert protocol.equal_token == ["rlvr", "rlcr_single"]
+    assert "method.lambda_conf=10.0" in protocol.methods["rlcr"]
+    assert "rollout.num_generations_confidence=2" in protocol.methods["rlcr"]
+    primary, paper = protocol.decodings
+    assert (primary.answers_per_task, primary.temperature, primary.unparsed_as_zero) == (8, None, False)
+    assert (paper.answers_per_task, paper.temperature, paper.unparsed_as_zero) == (1, 0.0, True)
+    assert (protocol.n_resamples, protocol.level) == (2000, 0.95)
+    cfg = load_config(ROOT / protocol.config, protocol.overrides("rlcr"))  # every override is a real field
+    assert (cfg.rollout.temperature, cfg.update.learning_rate, cfg.method.scale_by_std, cfg.loss.clip_high,
+            cfg.method.lambda_conf, cfg.sft.tasks, cfg.run.iterations) == (0.8, 5e-6, False, 0.28, 10.0, 120, 30)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (("learning_rate: 5.0e-6", "learning_rat: 5.0e-6"), r"shared\.learning_rat: unknown field"),
+    (("split_seed: 7_000_003", "split_seed: seven"), r"tasks\.split_seed: must be an integer"),
+    (("  iterations: 30\n", ""), r"shared\.iterations: missing"),
+    (("answers_per_task: 8", "answers_per_task: 8.5"), r"evaluation\.primary\.answers_per_task: must be an integer"),
+    (("decoding: greedy", "decoding: beam search"), r"evaluation\.paper_protocol\.decoding: must start with 'greedy'"),
+    (("seeds: [1, 2, 3]", "seeds: [1, 1, 3]"), r"seeds: repeats a seed"),
+    (("checkpoint: iteration 30", "checkpoint: iteration 20"), r"evaluation\.checkpoint: must read 'iteration 30"),
+    (("  rlvr:        {num_generations_answer: equal-token (from calibration), lambda_conf: 1}\n", ""),
+     r"methods\.rlvr: missing"),
+])
+def test_a_mistyped_protocol_field_is_a_one_line_error_naming_it(tmp_path, edit, message):
+    text = PROTOCOL.read_text()
+    assert edit[0] in text
+    bad = tmp_path / "protocol.yaml"
+    bad.write_text(text.replace(edit[0], edit[1], 1))
+    with pytest.raises(ProtocolError, match=message) as e:
+        load_protocol(bad)
+    assert "\n" not in str(e.value) and str(bad) in str(e.value)
+
+
+# ----------------------------------------------------------------------------------------------- the split
+def _ids(tasks):
+    return {COUNTDOWN.identity(t) for t in tasks}
+
+
+def test_the_split_is_fixed_stratified_and_disjoint(protocol, split):
+    cfg = load_config(ROOT / protocol.config, protocol.overrides())
+    again = build_split(protocol, cfg.model_copy(update={"run.seed": 3}))  # the training seed does not enter
+    assert {k: _ids(v) for k, v in again.parts().items()} == {k: _ids(v) for k, v in split.parts().items()}
+    assert [len(split.train), len(split.test), len(split.calibration)] == [600, 256, 128]
+    assert collections.Counter(len(t.nums) for t in split.test) == {2: 128, 3: 128}
+    assert collections.Counter(len(t.nums) for t in split.calibration) == {2: 64, 3: 64}
+    assert not _ids(split.test) & _ids(split.calibration)
+    assert not (_ids(split.test) | _ids(split.calibration)) & _ids(split.train)
+    check_disjoint(split, {}, COUNTDOWN)
+
+
+def test_each_seed_reads_the_written_split_and_warm_starts_from_the_pool(protocol, split, tmp_path):
+    files = write_split(split, tmp_path, COUNTDOWN)
+    assert write_split(split, tmp_path, COUNTDOWN) == files  # a second write finds the same split: kept
+    warm = {}
+    for seed in protocol.seeds:
+        cfg = load_config(ROOT / protocol.config, [*protocol.overrides(), f"run.seed={seed}",
+                                                  f"tasks.train_file={files['train']}", f"tasks.eval_file={files['test']}"])
+        pool = training_pool(cfg)
+        assert _ids(pool) == _ids(split.train) and _ids(held_out_set(cfg, pool)) == _ids(split.test)
+        warm[seed] = sft_tasks(cfg, cfg.sft.tasks, pool)
+    assert len({frozenset(_ids(v)) for v in warm.values()}) == 3  # one warm-start per seed, each its own tasks
+    check_disjoint(split, warm, COUNTDOWN)
+
+
+def test_a_violation_of_disjointness_is_refused(split):
+    leaky = Split(split.train, split.test, [*split.calibration[:-1], split.test[0]])
+    with pytest.raises(SplitError, match="test and calibration splits share 1 task"):
+        check_disjoint(leaky, {}, COUNTDOWN)
+    with pytest.raises(SplitError, match="test and train splits share"):
+        check_disjoint(Split([*split.train, split.test[5]], split.test, split.calibration), {}, COUNTDOWN)
+    with pytest.raises(SplitError, match="seed 2: 1 warm-start task"):
+        check_disjoint(split, {1: split.train[:3], 2: [*split.train[:3], split.calibration[0]]}, COUNTDOWN)
+
+
+def test_a_store_with_another_split_is_refused(split, tmp_path):
+    write_split(split, tmp_path, COUNTDOWN)
+    other = Split(split.train, split.test[::-1], split.calibration)
+    with pytest.raises(SplitError, match="holds another test split"):
+        write_split(other, tmp_path, COUNTDOWN)
+
+
+# ----------------------------------------------------------------------------------------------- the table
+def _record(seed, policy, split, protocol, correct, confidence, strata):
+    n = len(correct)
+    return pa.table({"seed": pa.array([seed] * n, pa.int32()), "method": [policy] * n, "split": [split] * n,
+                     "protocol": [protocol] * n, "task": [f"{split}-t{i // 2}" for i in range(n)],
+                     "stratum": [str(s) for s in strata], "prompt_id": pa.array([i // 2 for i in range(n)], pa.int32()),
+                     "answer_id": pa.array([i % 2 for i in range(n)], pa.int32()),
+                     "correct": pa.array(correct, pa.int8()),
+                     "confidence": pa.array([None if c is None else float(c) for c in confidence], pa.float64())})
+
+
+def synthetic_records(directory, seeds=(1, 2, 3), rlcr_accuracy_drop=False):
+    """Records where the answer is known: rlcr states confidence = correctness (Brier 0, ECE 0, AUROC 1),
+    rlvr always 0.5 (its AUROC 0.5, ECE |0.5 − accuracy|); accuracy 0.75 on stratum 2 and 0.25 on stratum 3,
+    2 answers per task. With ``rlcr_accuracy_drop`` rlcr answers right only half as often."""
+    rng = np.random.default_rng(0)
+    for seed in seeds:
+        for split, n_tasks in (("test", 40), ("calibration", 20)):
+            strata = np.repeat([2, 3], n_tasks)  # n_tasks tasks per stratum, 2 answers each
+            p = np.where(strata == 2, 0.75, 0.25)
+            base = (rng.random(strata.size) < p).astype(int)
+            base[:2], base[2:4] = [1, 0], [0, 1]  # both classes in each stratum
+            base[-2:] = [1, 0]
+            for policy in ("warm_start", "rlcr", "rlvr", "rlcr_single"):
+                correct = base.copy()
+                if policy == "rlcr" and rlcr_accuracy_drop:
+                    correct = base * (np.arange(base.size) % 2)
+                conf = {"rlcr": correct, "rlvr": np.full(base.size, 0.5)}.get(policy, np.clip(p + 0.1, 0, 1))
+                for protocol in ("primary", "paper"):
+                    c = [None if (policy == "rlcr_single" and i == 0) else v for i, v in enumerate(conf)]
+                    write_record(Path(directory), record_name(seed, policy, split, protocol),
+                                 _record(seed, policy, split, protocol, correct.tolist(), c, strata.tolist()))
+
+
+def test_the_table_rebuilds_from_records_and_decides_the_goals(tmp_path, protocol):
+    synthetic_records(tmp_path)
+    table, headline = build_table(tmp_path, protocol, n_resamples=200)
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("| ")}
+    rlcr = rows["rlcr"].split(" | ")
+    assert rlcr[1] == "1, 2, 3"
+    assert rlcr[3].startswith("0.000 [0.000, 0.000]") and rlcr[5].startswith("0.000 [0.000, 0.000]")  # ECE, Brier
+    assert rlcr[7].startswith("1.000 [1.000, 1.000]")  # within-stratum AUROC
+    assert rows["rlvr"].split(" | ")[7].startswith("0.500")
+    assert rows["difficulty prior of rlvr"].split(" | ")[6].startswith("0.000")  # the prior's skill over itself
+    # constant within each stratum of a seed: 0.5 per seed (pooled over seeds the priors differ by seed)
+    assert rows["difficulty prior of rlcr"].split(" | ")[7].endswith("(s1 0.500, s2 0.500, s3 0.500)")
+    goals = [line for line in table.splitlines() if "**met**" in line or "**not met**" in line]
+    assert len(goals) == 4 and all("**met**" in g for g in goals)
+    assert headline == "4/4"
+
+
+def test_goals_fail_by_their_rules_and_wait_for_every_seed(tmp_path, protocol):
+    synthetic_records(tmp_path / "drop", rlcr_accuracy_drop=True)
+    table, headline = build_table(tmp_path / "drop", protocol, n_resamples=200)
+    accuracy = next(line for line in table.splitlines() if line.startswith("| accuracy_non_inferior"))
+    assert "**not met**" in accuracy and headline == "3/4"
+    synthetic_records(tmp_path / "one", seeds=(1,))
+    table, headline = build_table(tmp_path / "one", protocol, n_resamples=200)
+    assert headline == "undecided (1/3 seeds)" and "**met**" not in table and "not decided" in table
+    assert "seed 1: warm_start, rlcr, rlvr, rlcr_single" in table and "seed 2: no complete policy" in table
+
+
+def test_records_are_create_only_and_checked(tmp_path):
+    synthetic_records(tmp_path, seeds=(1,))
+    with pytest.raises(FileExistsError):
+        write_record(tmp_path, record_name(1, "rlcr", "test", "primary"), _record(1, "rlcr", "test", "primary",
+                                                                                 [1], [0.5], [2]))
+    assert len(read_records(tmp_path)) == 16
+    (tmp_path / "s2-rlcr-test-primary.parquet").write_bytes(
+        (tmp_path / "s1-rlcr-test-primary.parquet").read_bytes())
+    with pytest.raises(RecordError, match="s2-rlcr-test-primary.parquet: column seed holds 1"):
+        read_records(tmp_path)
+
+
+def test_docs_section_is_replaced_between_its_markers():
+    text = f"# Results\n\nintro\n{BEGIN}\nold\n{END}\nafter\n"
+    new = replace_section(text, "| new |")
+    assert docs_section(new) == "| new |" and new.endswith(f"{END}\nafter\n") and "old" not in new
+
+
+def test_the_docs_table_is_rebuilt_from_the_committed_records(protocol):
+    """Once bench/results/grid/ holds records, docs/results.md's pre-registered section is exactly what the
+    builder makes of them."""
+    if not any(DEFAULT_DIR.glob("*.parquet")):
+        pytest.skip("bench/results/grid/ holds no records yet: the grid has not been run (bench/grid.py)")
+    table, _ = build_table(DEFAULT_DIR, protocol)
+    assert docs_section((ROOT / "docs" / "results.md").read_text()) == table
+
+
+# ----------------------------------------------------------------------------------------------- greedy decoding
+@pytest.mark.parametrize("temperature, expected", [(None, 0.8), (0.0, 0.0)])
+def test_an_evaluation_temperature_reaches_both_stages_and_the_engine(monkeypatch, temperature, expected):
+    """The paper protocol decodes greedily: ``evaluate_policy(temperature=0)`` → the stages → the engine's
+    sampling call (vLLM reads temperature < 1e-5 as greedy); None keeps ``rollout.temperature``."""
+    import rlcr.rollout.engine as engine
+    from rlcr.rollout.pipeline import _stage_steps
+    from rlcr.rollout.stages import AnswerStage, _EngineStage
+
+    cfg = load_config(ROOT / "configs" / "methods.yaml")
+    answer, confidence = _stage_steps(cfg, "file:///policy", 7, None, 2, 1, temperature)
+    assert answer["fn_constructor_kwargs"]["temperature"] == confidence["fn_constructor_kwargs"]["temperature"] == temperature
+    seen = {}
+    monkeypatch.setattr(engine, "sample_chats", lambda *a, **kw: seen.update(kw) or ([], []))
+    stage = object.__new__(AnswerStage)
+    stage.cfg, stage.engine, stage.llm, stage.tokenizer = cfg, None, object(), None
+    stage.temperature = cfg.rollout.temperature if temperature is None else temperature  # as __init__ resolves it
+    stage._generate([], [], 8, None, 1, [])
+    assert seen["temperature"] == expected
+    assert "temperature" in _EngineStage.__init__.__code__.co_varnames
+    from rlcr.rollout.pipeline import build_rollout_dataset
+
+    with pytest.raises(ValueError, match=r"temperature must be in \[0, 2\]"):
+        build_rollout_dataset(cfg, [], "file:///policy", 1, temperature=-1.0)
+
+
+# ----------------------------------------------------------------------------------------------- smoke
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("RLCR_GRID_SMOKE"), reason="the grid end to end takes 4–7 min, more than "
+                    "`make test`'s 30-minute budget affords: `make test-grid` runs it (RLCR_GRID_SMOKE=1)")
+def test_the_grid_runs_end_to_end_on_the_tiny_model(tmp_path):
+    """bench/grid.py on a tiny protocol (tests/data/grid_tiny_protocol.yaml: the tiny random model, 12 training
+    tasks, 4 test and 4 calibration tasks, one seed, one iteration; rlcr and rlvr): split, warm-start, group
+    sizes, runs, the 12 evaluations as records, and the table from them. 6.5 min on the shared 2 cores."""
+    protocol = ROOT / "tests" / "data" / "grid_tiny_protocol.yaml"
+    records = tmp_path / "records"
+    cmd = [sys.executable, str(ROOT / "bench" / "grid.py"), "--protocol", str(protocol), "--store",
+           str(tmp_path / "store"), "--records", str(records), "--chunk", "1", "--methods", "rlcr,rlvr"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    names = sorted(p.name for p in records.glob("*.parquet"))
+    assert names == sorted(record_name(1, p, s, d) for p in ("warm_start", "rlcr", "rlvr")
+                           for s in ("test", "calibration") for d in ("primary", "paper"))
+    answers = read_records(records)
+    assert len(answers[(1, "rlcr", "test", "primary")].task) == 4 * 2  # 4 tasks × 2 answers
+    assert len(answers[(1, "rlvr", "test", "paper")].task) == 4  # greedy: 1 answer per task
+    assert done.stdout.strip().splitlines()[-1].startswith("grid goals met: ")
+    assert (tmp_path / "store" / "grid-split" / "test.jsonl").read_text().count("\n") == 4
