@@ -130,8 +130,9 @@ def final_evaluation(cfg, run_id: str, before_uri: str, n_tasks: int) -> dict:
     the same request seeds, and the change with paired bootstrap intervals (:func:`rlcr.evaluate.evaluate_before_after`).
 
     Stored under the run (``final-eval/<key>``: both sides' per-answer rows as Parquet, then ``summary.json``,
-    create-only), keyed by the two checkpoints, the task count and the config, so a re-run demo reads it back
-    instead of evaluating again. Returns the summary: ``before``/``after`` metrics, ``comparison``, ``n_tasks``,
+    written last and create-only: it marks the evaluation complete, and the rows of one interrupted before it
+    are written again), keyed by the two checkpoints, the task count and the config, so a re-run demo reads
+    it back instead of evaluating again. Returns the summary: ``before``/``after`` metrics, ``comparison``, ``n_tasks``,
     ``iteration`` and both URIs."""
     from flows.probe import newest_checkpoint
     from rlcr.evaluate import evaluate_before_after
@@ -149,8 +150,7 @@ def final_evaluation(cfg, run_id: str, before_uri: str, n_tasks: int) -> dict:
     tasks = held_out_set(big, training_pool(big))
     result = evaluate_before_after(big, tasks, before_uri, after_uri, run_id=run_id)
     for side in ("before", "after"):
-        run.store.write_parquet(run.final_eval_rel(key, f"{side}.parquet"), rows_to_table(result[f"rows_{side}"]),
-                                exclusive=True)
+        run.store.write_parquet(run.final_eval_rel(key, f"{side}.parquet"), rows_to_table(result[f"rows_{side}"]))
     summary = {"n_tasks": len(tasks), "iteration": iteration, "before_uri": before_uri, "after_uri": after_uri,
                **{k: result[k] for k in ("before", "after", "comparison")}}
     run.store.write_json(summary_rel, summary, exclusive=True)
