@@ -13,6 +13,19 @@ os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 import pytest
 
 
+def load_bench(name: str):
+    """A benchmark script under bench/ as a module (``load_bench("update")``: bench/update.py), for the tests of
+    its bookkeeping; each call executes the script's top level afresh."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(request, tmp_path_factory):
     """A tiny random Llama (head_dim 64) + byte-level BPE trained on Countdown text.

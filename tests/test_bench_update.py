@@ -1,22 +1,17 @@
 """bench/update.py's device/dtype options on CPU at a tiny size (the GPU path is measured by hand, see
 docs/update-performance.md "On a GPU (H100)")."""
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
+from conftest import load_bench
 
 TINY = ["--model", "tiny", "--prompts", "1", "--ga", "2", "--gc", "1", "--prompt-len", "20", "--answer-len", "10",
         "--query-len", "5", "--confidence-len", "4", "--repeats", "1", "--matmul-n", "64"]
 
 
 def _bench():
-    path = Path(__file__).resolve().parents[1] / "bench" / "update.py"
-    spec = importlib.util.spec_from_file_location("bench_update", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("update")
 
 
 def _main(monkeypatch, args):

@@ -1,19 +1,14 @@
 """bench/iteration.py's bookkeeping (no flow run) and the rollout stages' mode switch (no Ray)."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
+from conftest import load_bench
 
 from rlcr.rollout.pipeline import STAGES_ENV, stage_compute
 
 
 def _bench():
-    path = Path(__file__).resolve().parents[1] / "bench" / "iteration.py"
-    spec = importlib.util.spec_from_file_location("bench_iteration", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("iteration")
 
 
 def test_schedule_warms_up_each_mode_then_alternates_the_order():
