@@ -39,7 +39,7 @@ test: setup-test
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
 
-# The methods grid's orchestration end to end on the tiny model (bench/grid.py, 4–7 min), outside `make test`'s budget.
+# The methods grid's orchestration end to end on the tiny model (bench/grid.py, ~3 min alone), outside `make test`'s budget.
 test-grid: setup-test
 	RLCR_GRID_SMOKE=1 $(PY) -m pytest -q tests/test_grid.py
 
