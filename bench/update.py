@@ -253,7 +253,66 @@ def run_plain(lm, samples, cfg, pad_id, opt) -> None:
     opt.zero_grad(set_to_none=True)
 
 
-def main() -> None:
+def warm_up(fns, device: str) -> dict[str, float]:
+    """One step of each (the optimizers' state is made here); on CUDA, each one's peak GPU memory (GiB)."""
+    peak_mem: dict[str, float] = {}
+    for name, fn in fns.items():
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        fn()
+        if device == "cuda":
+            peak_mem[name] = torch.cuda.max_memory_allocated() / 2 ** 30
+    return peak_mem
+
+
+def time_rounds(fns, dtypes, repeats: int, matmul_n: int, device: str, flop: float):
+    """``repeats`` rounds: the matmul peak of each dtype, then one timed step of each setting, in an order rotated
+    between rounds so the machine's drift hits all alike; each round printed as it finishes. Returns
+    (seconds per setting, matmul GFLOP/s per dtype)."""
+    names = list(fns)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    peaks: dict[str, list[float]] = {dt: [] for dt in dtypes}
+    for r in range(repeats):
+        for dt in dtypes:
+            peaks[dt].append(matmul_gflops(matmul_n, device=device, dtype=dt))
+        line = [f"round {r + 1}/{repeats}: " + ", ".join(f"matmul {dt} {peaks[dt][-1]:8.1f} GFLOP/s" for dt in dtypes)]
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            times[name].append(_timed(fns[name], device))
+        for name in names:
+            line.append(f"{name} {times[name][-1]:6.2f} s {flop / times[name][-1] / 1e9:8.1f} GFLOP/s")
+        print(" | ".join(line), flush=True)
+    return times, peaks
+
+
+def summarize(times, peaks, dtype_of, settings, dtypes, flop: float, masked: int, peak_mem) -> dict[str, float]:
+    """Medians and ranges over the rounds; each setting's median per-round ratio to the matmul of its dtype
+    (returned); with two dtypes, each setting's per-round speed ratio."""
+    def spread(xs):
+        return f"median {statistics.median(xs):6.1f} (min {min(xs):6.1f}, max {max(xs):6.1f})"
+
+    multi = len(dtypes) > 1
+    w = max(7, *(len(n) for n in times), *(len(f"matmul {dt}") for dt in dtypes))
+    print(f"{'':<{w}} GFLOP/s over {len(peaks[dtypes[0]])} rounds")
+    for dt in dtypes:
+        print(f"{(f'matmul {dt}' if multi else 'matmul'):<{w}} {spread(peaks[dt])}")
+    ratios = {}
+    for name, ts in times.items():
+        g = [flop / t / 1e9 for t in ts]
+        ratios[name] = statistics.median(x / p for x, p in zip(g, peaks[dtype_of[name]]))
+        extra = "" if name.startswith("plain") else f", {masked / statistics.median(ts):.0f} masked tok/s"
+        mem = f", peak GPU memory {peak_mem[name]:.1f} GiB" if name in peak_mem else ""
+        print(f"{name:<{w}} {spread(g)}, {statistics.median(ts):.2f} s/step, "
+              f"{ratios[name]:.2f} of the round's {dtype_of[name]} matmul{extra}{mem}")
+    if multi:
+        for s in settings:
+            per_round = [a / b for a, b in zip(times[f"{s}/{dtypes[0]}"], times[f"{s}/{dtypes[-1]}"])]
+            print(f"{s}: {dtypes[-1]}/{dtypes[0]} speed (per-round time ratio) median {statistics.median(per_round):.2f} "
+                  f"(min {min(per_round):.2f}, max {max(per_round):.2f})")
+    return ratios
+
+
+def parse_args():
+    """The command line, checked: (args, dtypes, matmul size)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--ga", type=int, default=4)
@@ -285,6 +344,11 @@ def main() -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device")
     matmul_n = args.matmul_n or (8192 if args.device == "cuda" else 2048)
+    return args, dtypes, matmul_n
+
+
+def main() -> None:
+    args, dtypes, matmul_n = parse_args()
 
     from rlcr.train.batching import collate_prefix_tree, pack_prefix_trees
 
@@ -339,53 +403,16 @@ def main() -> None:
 
     fns = {(f"{s}/{dt}" if multi else s): in_dtype(base[s], dt) for dt in dtypes for s in settings}
     dtype_of = {(f"{s}/{dt}" if multi else s): dt for dt in dtypes for s in settings}
-    names = list(fns)
-    peak_mem: dict[str, float] = {}
-    for name in names:  # warm-up (and the optimizers' state)
-        if args.device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        fns[name]()
-        if args.device == "cuda":
-            peak_mem[name] = torch.cuda.max_memory_allocated() / 2 ** 30
-    times: dict[str, list[float]] = {name: [] for name in names}
-    peaks: dict[str, list[float]] = {dt: [] for dt in dtypes}
-    for r in range(args.repeats):
-        for dt in dtypes:
-            peaks[dt].append(matmul_gflops(matmul_n, device=args.device, dtype=dt))
-        line = [f"round {r + 1}/{args.repeats}: " + ", ".join(f"matmul {dt} {peaks[dt][-1]:8.1f} GFLOP/s" for dt in dtypes)]
-        for name in names[r % len(names):] + names[: r % len(names)]:  # rotate the order between rounds
-            times[name].append(_timed(fns[name], args.device))
-        for name in names:
-            line.append(f"{name} {times[name][-1]:6.2f} s {flop / times[name][-1] / 1e9:8.1f} GFLOP/s")
-        print(" | ".join(line), flush=True)
-
-    def spread(xs):
-        return f"median {statistics.median(xs):6.1f} (min {min(xs):6.1f}, max {max(xs):6.1f})"
-
-    w = max(7, *(len(n) for n in names), *(len(f"matmul {dt}") for dt in dtypes))
-    print(f"{'':<{w}} GFLOP/s over {args.repeats} rounds")
-    for dt in dtypes:
-        print(f"{(f'matmul {dt}' if multi else 'matmul'):<{w}} {spread(peaks[dt])}")
-    ratios = {}
-    for name in names:
-        g = [flop / t / 1e9 for t in times[name]]
-        ratios[name] = statistics.median(x / p for x, p in zip(g, peaks[dtype_of[name]]))
-        extra = "" if name.startswith("plain") else f", {masked / statistics.median(times[name]):.0f} masked tok/s"
-        mem = f", peak GPU memory {peak_mem[name]:.1f} GiB" if name in peak_mem else ""
-        print(f"{name:<{w}} {spread(g)}, {statistics.median(times[name]):.2f} s/step, "
-              f"{ratios[name]:.2f} of the round's {dtype_of[name]} matmul{extra}{mem}")
-    if multi:
-        for s in settings:
-            per_round = [a / b for a, b in zip(times[f"{s}/{dtypes[0]}"], times[f"{s}/{dtypes[-1]}"])]
-            print(f"{s}: {dtypes[-1]}/{dtypes[0]} speed (per-round time ratio) median {statistics.median(per_round):.2f} "
-                  f"(min {min(per_round):.2f}, max {max(per_round):.2f})")
+    peak_mem = warm_up(fns, args.device)
+    times, peaks = time_rounds(fns, dtypes, args.repeats, matmul_n, args.device, flop)
+    ratios = summarize(times, peaks, dtype_of, settings, dtypes, flop, masked, peak_mem)
 
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
         key = "self_cuda_time_total" if args.device == "cuda" else "self_cpu_time_total"
-        for name in names:
+        for name in fns:
             with profile(activities=acts) as prof:
                 fns[name]()
                 _sync(args.device)
