@@ -27,7 +27,6 @@ pre-registered table from its records.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -38,8 +37,8 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from bench.grid_protocol import (ProtocolError, SplitError, build_split, check_disjoint, load_protocol,  # noqa: E402
-                                 split_files, write_split)
-from bench.grid_table import (DEFAULT_DIR, PROTOCOLS, RecordError, build_table, record_name, record_table,  # noqa: E402
+                                 write_split)
+from bench.grid_table import (DEFAULT_DIR, RecordError, build_table, record_name, record_table,  # noqa: E402
                               replace_section, write_record)
 
 
@@ -78,18 +77,6 @@ def prepare_split(protocol, base_cfg, store: Path, seeds, chunk: int):
     return files, split
 
 
-def plan_for(cfg, store: Path, seed: int, sft_uri: str) -> dict:
-    """The seed's equal-token group sizes (bench/methods.py's calibration rollout), computed once and kept."""
-    from bench.methods import calibrate_group_sizes
-
-    path = store / f"grid-s{seed}-plan.json"
-    if path.exists():
-        return json.loads(path.read_text())
-    plan = calibrate_group_sizes(cfg.model_copy(update={"model.name": sft_uri}), sft_uri)
-    path.write_text(json.dumps(plan, indent=1))
-    return plan
-
-
 def evaluate_records(cfg, protocol, seed: int, policy: str, policy_uri: str, iteration: int, tasks: dict,
                      records: Path) -> None:
     """The protocol's evaluations of one policy (test and calibration × primary and paper), each written as
@@ -118,9 +105,10 @@ def evaluate_records(cfg, protocol, seed: int, policy: str, policy_uri: str, ite
 
 def run_seed(protocol, files, split, store: Path, seed: int, methods, chunk: int, records: Path) -> None:
     """One seed of the grid: warm-start, group sizes, the methods' runs in chunks, the evaluations."""
+    from bench.methods import group_size_plan
+    from flows.probe import newest_checkpoint
     from flows.train import rlcr_train
     from rlcr.config import load_config
-    from rlcr.runs import RunStore
     from rlcr.sft import warm_start
 
     base = seed_overrides(protocol, files, str(store), seed, chunk)
@@ -129,7 +117,7 @@ def run_seed(protocol, files, split, store: Path, seed: int, methods, chunk: int
     sft_uri, reused = warm_start(cfg, run_id=run_id(seed, "sft"))
     print(f"seed {seed}: warm-start {sft_uri} ({'reused' if reused else 'trained'}, {time.perf_counter() - t0:.0f} s)",
           flush=True)
-    plan = plan_for(cfg, store, seed, sft_uri)
+    plan = group_size_plan(cfg, store / f"grid-s{seed}-plan.json", sft_uri, methods)
     sizes = {m: plan["num_generations_answer"][m] for m in methods}
     print(f"seed {seed}: group sizes (equal generated tokens per prompt) {sizes}", flush=True)
 
@@ -149,10 +137,10 @@ def run_seed(protocol, files, split, store: Path, seed: int, methods, chunk: int
                      seed, "warm_start", sft_uri, 0, tasks, records)
     for method in methods:
         mcfg = load_config(protocol.config, overrides(method))
-        last = RunStore.open(mcfg, run_id(seed, method)).last_committed()
-        if not last or last["iteration"] != protocol.iterations:
-            raise SystemExit(f"{run_id(seed, method)}: not at iteration {protocol.iterations}; re-run to resume")
-        evaluate_records(mcfg, protocol, seed, method, last["checkpoint_uri"], protocol.iterations, tasks, records)
+        iteration, checkpoint = newest_checkpoint(mcfg, run_id(seed, method))  # its seal checked
+        if iteration != protocol.iterations:
+            raise SystemExit(f"{run_id(seed, method)}: at iteration {iteration}, not {protocol.iterations}; re-run to resume")
+        evaluate_records(mcfg, protocol, seed, method, checkpoint, protocol.iterations, tasks, records)
     print(f"seed {seed}: done — commit its records under {records}", flush=True)
 
 

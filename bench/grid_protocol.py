@@ -328,7 +328,7 @@ def write_split(split: Split, directory: Path, task) -> dict[str, Path]:
         text = "".join(json.dumps(task.to_record(t), sort_keys=True) + "\n" for t in tasks)
         path = files[part]
         if path.exists():
-            if path.read_text() != text:
+            if path.stat().st_size != len(text.encode()) or path.read_text() != text:
                 raise SplitError(f"{printable(path)} holds another {part} split than the protocol's: a store "
                                  "belongs to one protocol; use another --store")
             continue

@@ -36,6 +36,8 @@ BEGIN = "<!-- grid-table: begin (written by `python bench/grid.py --protocol ben
         "--docs docs/results.md`; do not edit by hand) -->"
 END = "<!-- grid-table: end -->"
 DEFAULT_DIR = Path(__file__).resolve().parent / "results" / "grid"
+MAX_RECORD_BYTES = 16 * 1024 * 1024
+"""The largest record file read (one evaluation: 256 tasks × 8 answers is ~40 kB; the whole grid ~0.6 MB)."""
 
 
 class RecordError(ValueError):
@@ -103,6 +105,8 @@ def read_records(directory: Path) -> dict[tuple[int, str, str, str], Any]:
         m = NAME.fullmatch(path.name)
         if not m:
             raise RecordError(f"{where}: not a grid record name (s<seed>-<policy>-<split>-<protocol>.parquet)")
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_RECORD_BYTES:
+            raise RecordError(f"{where}: not a regular file of at most {MAX_RECORD_BYTES:,} bytes")
         try:
             t = pq.read_table(path, columns=list(COLUMNS)).to_pydict()
         except Exception as e:  # noqa: BLE001 — not Parquet, a missing column …

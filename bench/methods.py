@@ -100,6 +100,27 @@ def evaluations(cfg, run_id: str) -> list[tuple[int, dict, dict]]:
     return out
 
 
+def group_size_plan(cfg, path: Path, sft_uri: str, methods) -> dict:
+    """The equal-token group sizes kept at ``path`` (read bounded and checked: a group size >= 1 for each of
+    ``methods``, numeric mean lengths), or computed once from the warm-start (:func:`calibrate_group_sizes`) and
+    kept there, so a resumed benchmark keeps them. A bad file is a one-line error naming it."""
+    from rlcr.untrusted import MAX_JSON_BYTES, InvalidInput, parse_json, printable
+
+    if not path.exists():
+        plan = calibrate_group_sizes(cfg.model_copy(update={"model.name": sft_uri}), sft_uri)
+        path.write_text(json.dumps(plan, indent=1))
+        return plan
+    with open(path, "rb") as f:
+        plan = parse_json(f.read(MAX_JSON_BYTES + 1), str(path))
+    sizes, lengths = plan.get("num_generations_answer"), plan.get("mean_lengths", {})
+    integer = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1  # noqa: E731
+    if not (isinstance(sizes, dict) and all(integer(sizes.get(m)) for m in methods) and isinstance(lengths, dict)
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in lengths.values())):
+        raise InvalidInput(f"{printable(path)}: not a group-size plan (num_generations_answer: a group size >= 1 "
+                           f"for each of {', '.join(methods)}; mean_lengths: numbers); remove it to calibrate again")
+    return plan
+
+
 def per_iteration(cfg, run_id: str) -> dict[str, float]:
     """Mean generated / trained tokens and training seconds (rollouts → weight sync) per committed iteration."""
     from rlcr.runs import RunStore
@@ -264,11 +285,7 @@ def main() -> None:
     print(f"warm-start: {sft_uri} ({'reused' if reused else 'trained'}, {time.perf_counter() - t_start:.0f} s)",
           flush=True)
 
-    if plan_path.exists():
-        plan = json.loads(plan_path.read_text())
-    else:
-        plan = calibrate_group_sizes(cfg.model_copy(update={"model.name": sft_uri}), sft_uri)
-        plan_path.write_text(json.dumps(plan, indent=1))
+    plan = group_size_plan(cfg, plan_path, sft_uri, methods)
     print(f"group sizes (equal generated tokens per prompt): {plan['num_generations_answer']}; "
           f"mean lengths {', '.join(f'{k} {v:.1f}' for k, v in plan['mean_lengths'].items())}", flush=True)
 

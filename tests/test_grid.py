@@ -16,7 +16,7 @@ import pytest
 
 from bench.grid_protocol import (ProtocolError, Split, SplitError, build_split, check_disjoint, load_protocol,
                                  write_split)
-from bench.grid_table import (BEGIN, DEFAULT_DIR, END, RecordError, build_table, docs_section, read_records,
+from bench.grid_table import (BEGIN, DEFAULT_DIR, END, MAX_RECORD_BYTES, RecordError, build_table, docs_section, read_records,
                               record_name, replace_section, write_record)
 from rlcr.config import load_config
 from rlcr.tasks.registry import get_task
@@ -194,6 +194,38 @@ def test_records_are_create_only_and_checked(tmp_path):
         (tmp_path / "s1-rlcr-test-primary.parquet").read_bytes())
     with pytest.raises(RecordError, match="s2-rlcr-test-primary.parquet: column seed holds 1"):
         read_records(tmp_path)
+    (tmp_path / "s2-rlcr-test-primary.parquet").unlink()
+    big = tmp_path / "s3-rlcr-test-primary.parquet"  # bounded before Parquet reads a byte of it
+    with open(big, "wb") as f:
+        f.truncate(MAX_RECORD_BYTES + 1)
+    with pytest.raises(RecordError, match="s3-rlcr-test-primary.parquet: not a regular file of at most"):
+        read_records(tmp_path)
+    big.unlink()
+    (tmp_path / "s3-rlcr-test-primary.parquet").symlink_to(tmp_path / "s1-rlcr-test-primary.parquet")
+    with pytest.raises(RecordError, match="not a regular file"):
+        read_records(tmp_path)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"num_generations_answer": {"rlcr": 4}}', "not a group-size plan"),
+    ('{"num_generations_answer": {"rlcr": 4, "rlvr": true}, "mean_lengths": {}}', "not a group-size plan"),
+    ('{"num_generations_answer": {"rlcr": 4, "rlvr": 9}, "mean_lengths": {"rlcr": "x"}}', "not a group-size plan"),
+    ("[" * 100_000, "nested deeper than"),
+])
+def test_a_stored_group_size_plan_is_checked_before_it_is_used(tmp_path, text, message):
+    """The kept group sizes (`<store>/grid-s<seed>-plan.json`, bench/methods.py's `<prefix>-plan.json`) are read
+    bounded and checked: a group size >= 1 for every method of the run, numeric lengths; else one line naming
+    the file (nothing is recalibrated over it)."""
+    from bench.methods import group_size_plan
+    from rlcr.untrusted import InvalidInput
+
+    path = tmp_path / "grid-s1-plan.json"
+    path.write_text(text)
+    with pytest.raises(InvalidInput, match=message) as e:
+        group_size_plan(None, path, "unused", ["rlcr", "rlvr"])
+    assert "grid-s1-plan.json" in str(e.value) and "\n" not in str(e.value)
+    path.write_text('{"num_generations_answer": {"rlcr": 4, "rlvr": 9}, "mean_lengths": {"rlcr": 80.5}}')
+    assert group_size_plan(None, path, "unused", ["rlcr", "rlvr"])["num_generations_answer"]["rlvr"] == 9
 
 
 def test_docs_section_is_replaced_between_its_markers():
