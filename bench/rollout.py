@@ -57,7 +57,8 @@ def main() -> None:
 
     from rlcr.config import RLCRConfig
     from rlcr.models import prepare_smollm2
-    from rlcr.rollout.engine import create_engine, seeded_sample
+    from rlcr.rollout.engine import create_engine
+    from rlcr.rollout.sampling import seeded_sample
     from rlcr.rollout.pipeline import rollout_seed, run_rollouts
     from rlcr.rollout.stages import ANSWER_STOP, CONFIDENCE_STOP
     from rlcr.storage import Store

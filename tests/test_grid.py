@@ -248,7 +248,7 @@ def test_the_docs_table_is_rebuilt_from_the_committed_records(protocol):
 def test_an_evaluation_temperature_reaches_both_stages_and_the_engine(monkeypatch, temperature, expected):
     """The paper protocol decodes greedily: ``evaluate_policy(temperature=0)`` → the stages → the engine's
     sampling call (vLLM reads temperature < 1e-5 as greedy); None keeps ``rollout.temperature``."""
-    import rlcr.rollout.engine as engine
+    import rlcr.rollout.sampling as sampling
     from rlcr.rollout.pipeline import _stage_steps
     from rlcr.rollout.stages import AnswerStage, _EngineStage
 
@@ -256,11 +256,15 @@ def test_an_evaluation_temperature_reaches_both_stages_and_the_engine(monkeypatc
     answer, confidence = _stage_steps(cfg, "file:///policy", 7, None, 2, 1, temperature)
     assert answer["fn_constructor_kwargs"]["temperature"] == confidence["fn_constructor_kwargs"]["temperature"] == temperature
     seen = {}
-    monkeypatch.setattr(engine, "sample_chats", lambda *a, **kw: seen.update(kw) or ([], []))
+    monkeypatch.setattr(sampling, "sample_chats", lambda *a, **kw: seen.update(kw) or ([], []))
     stage = object.__new__(AnswerStage)
-    stage.cfg, stage.engine, stage.llm, stage.tokenizer = cfg, None, object(), None
+    stage.cfg, stage.engine, stage.llm, stage.tokenizer, stage.seed = cfg, None, object(), None, 7
     stage.temperature = cfg.rollout.temperature if temperature is None else temperature  # as __init__ resolves it
     stage._generate([], [], 8, None, 1, [])
+    assert seen.pop("temperature") == expected
+    # both turns in one engine run (rollout.pipeline_turns): the same temperature for both
+    monkeypatch.setattr(sampling, "sample_tree", lambda *a, **kw: seen.update(kw) or ([], [], []))
+    stage._generate_tree([], [], [], [], 2, 1)
     assert seen["temperature"] == expected
     assert "temperature" in _EngineStage.__init__.__code__.co_varnames
     from rlcr.rollout.pipeline import build_rollout_dataset

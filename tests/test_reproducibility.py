@@ -34,7 +34,8 @@ def test_a_sample_does_not_depend_on_its_batch(tiny_model_dir, tiny_tokenizer):
     """One in-process engine: the same seeded requests alone, in one large call (more prompt tokens than
     one engine step takes, so prefills are scheduled over several steps) and in other groups and orders
     give the same tokens; log-probs equal up to float rounding (the kernels see other batch shapes)."""
-    from rlcr.rollout.engine import create_engine, sample
+    from rlcr.rollout.engine import create_engine
+    from rlcr.rollout.sampling import sample
     from rlcr.tasks.chat import render_prompt
     from rlcr.seeds import answer_seed
 
@@ -63,6 +64,79 @@ def test_a_sample_does_not_depend_on_its_batch(tiny_model_dir, tiny_tokenizer):
     assert [s.completion_ids for s in other[0]] != [s.completion_ids for s in whole[0]]
 
 
+@pytest.mark.slow
+def test_pipelined_turns_sample_the_two_call_tree_and_a_failure_leaves_the_engine_empty(tiny_model_dir,
+                                                                                       tiny_tokenizer):
+    """:func:`~rlcr.rollout.sampling.sample_tree` (turn 2 sent as each answer finishes) draws the tokens of the
+    two-call way (all answers, then all confidences) with the same seeds; a turn-2 conversation that cannot be
+    rendered mid-run raises naming its row and aborts what is still in the engine, which then samples as before."""
+    from rlcr.rollout.engine import create_engine
+    from rlcr.rollout.sampling import _params as params, run_requests, sample_chats, sample_tree
+    from rlcr.seeds import answer_seed, confidence_seed
+    from rlcr.tasks.countdown import turn2_messages
+
+    cfg = tiny_cfg(tiny_model_dir, "unused")
+    llm = create_engine(tiny_model_dir, cfg, seed=123)
+    tasks = generate_tasks(6, seed=5)
+    conversations = [turn1_messages(t) for t in tasks]
+    labels = [f"prompt_id={i}" for i in range(6)]
+    seeds = [[answer_seed(7, i, k) for k in range(3)] for i in range(6)]
+    conf = [[[confidence_seed(7, i, k, h) for h in range(2)] for k in range(3)] for i in range(6)]
+    kw = dict(temperature=1.0, top_p=1.0)
+    # a tiny random model never writes the closing tags; stopping at "e" ends its samples at different lengths,
+    # so some answers are done (and their turn 2 running) while others still decode
+    lengths, stops = (40, 24), (("e",), ("e",))
+
+    def turn2(i, k, s):
+        return turn2_messages(tasks[i], s.completion_text), f"prompt_id={i} answer_id={k}", conf[i][k]
+
+    contexts, answers, tree = sample_tree(llm, tiny_tokenizer, conversations, labels=labels, seeds=seeds, turn2=turn2,
+                                          max_prompt_tokens=512, max_tokens=lengths, stop=stops, **kw)
+    _, two_call = sample_chats(llm, tiny_tokenizer, conversations, labels=labels, mask_kind="answer", seeds=seeds,
+                               n=3, max_prompt_tokens=512, max_tokens=lengths[0], stop=stops[0], **kw)
+    assert [[s.completion_ids for s in g] for g in answers] == [[s.completion_ids for s in g] for g in two_call]
+    assert len({len(s.completion_ids) for g in answers for s in g}) > 3  # the answers did end at different steps
+    flat = [(i, k, s) for i, g in enumerate(two_call) for k, s in enumerate(g)]
+    ctx2, confs = sample_chats(llm, tiny_tokenizer, [turn2_messages(tasks[i], s.completion_text) for i, _, s in flat],
+                               labels=[f"{i}/{k}" for i, k, _ in flat], mask_kind="confidence",
+                               seeds=[conf[i][k] for i, k, _ in flat], n=2, max_prompt_tokens=512,
+                               max_tokens=lengths[1], stop=stops[1], **kw)
+    for (i, k, _), c, group in zip(flat, ctx2, confs):
+        conversation, context, got = tree[i][k]
+        assert conversation == turn2_messages(tasks[i], answers[i][k].completion_text) and context == c
+        assert [s.completion_ids for s in got] == [s.completion_ids for s in group]
+        assert [s.loss_mask for s in got] == [s.loss_mask for s in group]
+        for a, b in zip(got, group):
+            assert a.completion_logprobs == pytest.approx(b.completion_logprobs, abs=1e-4)
+
+    def failing(i, k, s):
+        if (i, k) == (2, 1):
+            return turn2_messages(tasks[i], "x " * 600), f"prompt_id={i} answer_id={k}", conf[i][k]
+        return turn2(i, k, s)
+
+    # a follow-up request starts as soon as its request is done: a short one's follow-up ends before a long one
+    finished = []
+
+    def _params(max_tokens, seed):
+        return params(temperature=1.0, top_p=1.0, max_tokens=max_tokens, stop=None, seed=seed)
+
+    def follow(tag, s):
+        finished.append(tag)
+        return [(("then", tag), prompt, _params(3, 3))] if tag == "short" else ()
+
+    prompt = contexts[0][1]
+    run_requests(llm, [("long", prompt, _params(60, 1)), ("short", prompt, _params(2, 2))], follow)
+    assert finished == ["short", ("then", "short"), "long"]
+
+    with pytest.raises(ValueError, match="prompt_id=2 answer_id=1: rendered prompt has"):
+        sample_tree(llm, tiny_tokenizer, conversations, labels=labels, seeds=seeds, turn2=failing,
+                    max_prompt_tokens=512, max_tokens=lengths, stop=stops, **kw)
+    assert not llm.llm_engine.has_unfinished_requests()
+    _, again = sample_chats(llm, tiny_tokenizer, conversations, labels=labels, mask_kind="answer", seeds=seeds,
+                            n=3, max_prompt_tokens=512, max_tokens=lengths[0], stop=stops[0], **kw)
+    assert [[s.completion_ids for s in g] for g in again] == [[s.completion_ids for s in g] for g in two_call]
+
+
 # the engine actor class below lives in this test module, which Ray's workers cannot import: send it by value
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -81,6 +155,10 @@ class _SlowEngine:
     def generate_chats(self, conversations, **kwargs):
         time.sleep(self.delay_s)
         return self.engine.generate_chats(conversations, **kwargs)
+
+    def generate_tree(self, conversations, **kwargs):
+        time.sleep(self.delay_s)
+        return self.engine.generate_tree(conversations, **kwargs)
 
 
 class _Engines:
@@ -102,10 +180,11 @@ def _tree(rows):
 
 @pytest.mark.slow
 def test_same_rollouts_whatever_the_batching_timing_and_engines(ray_local, tiny_model_dir, tmp_path):
-    """The same iteration rolled out twice: (a) one engine per stage actor, all prompts in one batch;
-    (b) one prompt per batch (other Ray Data blocks and bundles, other confidence batches), two stage actors
-    sharing two engines that each sleep before every generate call (0.2 s, 0.7 s), a CPU burner running.
-    Same tokens, texts, rewards and advantages."""
+    """The same iteration rolled out twice: (a) one engine per stage actor, all prompts in one batch, both
+    turns in one engine run (``rollout.pipeline_turns``, the default); (b) one prompt per batch (other Ray Data
+    blocks and bundles, other confidence batches), turn 2 sampled by the confidence stage after its answers
+    (the two-call way), two stage actors sharing two engines that each sleep before every generate call
+    (0.2 s, 0.7 s), a CPU burner running. Same tokens, texts, rewards and advantages."""
     import ray
 
     from rlcr.cluster import ENGINE_ACTOR_CPUS
@@ -114,7 +193,7 @@ def test_same_rollouts_whatever_the_batching_timing_and_engines(ray_local, tiny_
     quiet = tiny_cfg(tiny_model_dir, tmp_path)  # rollout_batch_size 8: all five prompts in one batch
     a = run_rollouts(quiet, TASKS, policy_uri=str(tiny_model_dir), run_id="quiet", iteration=2)
 
-    loaded = quiet.model_copy(update={"rollout.batch_size": 1, "rollout.actors": 2})
+    loaded = quiet.model_copy(update={"rollout.batch_size": 1, "rollout.actors": 2, "rollout.pipeline_turns": False})
     names = [f"rlcr-slow-engine-{i}" for i in range(2)]
     actors = [ray.remote(_SlowEngine).options(
         name=n, num_cpus=ENGINE_ACTOR_CPUS, max_concurrency=1, runtime_env=engine_runtime_env()).remote(
@@ -130,6 +209,7 @@ def test_same_rollouts_whatever_the_batching_timing_and_engines(ray_local, tiny_
         for x in actors:
             ray.kill(x)
     ta, tb = _tree(a.rows), _tree(b.rows)
+    assert a.timings["rollout/confidence_generate_s"] == 0.0 < b.timings["rollout/confidence_generate_s"]
     assert ta.keys() == tb.keys() and len(ta) == len(TASKS) * GA * (1 + GC)
     for k in ta:
         ra, rb = ta[k], tb[k]

@@ -131,7 +131,7 @@ def token_ends(tokenizer, text: str) -> list[int]:
 
 def vllm_sampler(llm, settings: ProbeSettings) -> Sampler:
     """A :data:`Sampler` over an in-process ``vllm.LLM`` (seeded per call, docs/design.md §17)."""
-    from rlcr.rollout.engine import seeded_sample
+    from rlcr.rollout.sampling import seeded_sample
 
     def sample(prompts, *, n, max_tokens, stop, seed):
         out = seeded_sample(llm, prompts, seed=seed, n=n, temperature=settings.temperature, top_p=settings.top_p,

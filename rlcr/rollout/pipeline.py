@@ -102,7 +102,9 @@ def build_rollout_dataset(
     ctx.execution_options.preserve_order = True
     ctx.enable_progress_bars = cfg.rollout.progress
     seed = seeds.rollout_seed(cfg.run.seed, iteration, salt=salt)
-    answer, confidence = _stage_steps(cfg, policy_uri, seed, engines, g_a, g_c, temperature)
+    # rollout.pipeline_turns: the answer stage samples each answer's confidences as soon as it is done
+    turn2 = (g_c or cfg.rollout.num_generations_confidence) if confidences and cfg.rollout.pipeline_turns else None
+    answer, confidence = _stage_steps(cfg, policy_uri, seed, engines, g_a, g_c, temperature, turn2)
     cheap = dict(batch_format="pandas", num_cpus=STAGE_ACTOR_CPUS)
     task = get_task(cfg.tasks.name)
     items = [{"prompt_id": pid, **task.to_record(t)} for pid, t in tasks]
@@ -121,7 +123,8 @@ def build_rollout_dataset(
 
 
 def _stage_steps(cfg: RLCRConfig, policy_uri: str, seed: int, engines: list[str] | None, g_a: int | None,
-                 g_c: int | None, temperature: float | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+                 g_c: int | None, temperature: float | None = None,
+                 turn2: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """``map_batches`` arguments of the answer and the confidence stage (:func:`stage_compute`).
 
     ``tasks``: the stage functions, with the engines' actor handles (looked up here, once per dataset) in
@@ -137,7 +140,7 @@ def _stage_steps(cfg: RLCRConfig, policy_uri: str, seed: int, engines: list[str]
         common["engines"] = [ray.get_actor(name) for name in engines]
         opts = dict(compute=ray.data.TaskPoolStrategy(size=cfg.rollout.actors), batch_format="pandas",
                     num_cpus=STAGE_ACTOR_CPUS)
-        return (dict(fn=answer_batch, fn_kwargs=dict(common, n=g_a), **opts),
+        return (dict(fn=answer_batch, fn_kwargs=dict(common, n=g_a, turn2=turn2), **opts),
                 dict(fn=confidence_batch, fn_kwargs=dict(common, n=g_c), **opts))
     common["engines"] = engines
     # A stage actor that owns an engine needs the accelerator; one that talks to a shared engine does not.
@@ -148,7 +151,7 @@ def _stage_steps(cfg: RLCRConfig, policy_uri: str, seed: int, engines: list[str]
         from rlcr.rollout.engine import engine_runtime_env
 
         opts["runtime_env"] = engine_runtime_env()
-    return (dict(fn=AnswerStage, fn_constructor_kwargs=dict(common, n=g_a), **opts),
+    return (dict(fn=AnswerStage, fn_constructor_kwargs=dict(common, n=g_a, turn2=turn2), **opts),
             dict(fn=ConfidenceStage, fn_constructor_kwargs=dict(common, n=g_c), **opts))
 
 

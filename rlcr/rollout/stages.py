@@ -77,16 +77,20 @@ class _EngineStage:
     (a stage actor picks one by its actor id; :func:`answer_batch` passes the one it picked).
     ``n`` overrides the number of samples per input (evaluation uses 1); ``temperature`` overrides
     ``rollout.temperature`` (evaluation only; 0 decodes greedily, vLLM's ``temperature < 1e-5``).
+    ``turn2`` (answer stage, ``rollout.pipeline_turns``): also sample this many confidences per answer in the
+    same engine run, each answer's as soon as it is done (:func:`~rlcr.rollout.sampling.sample_tree`); they ride
+    along in the ``_turn2`` column to the confidence stage, which then lays them out instead of sampling.
     """
 
     stage_name = "stage"
     mask_kind = "answer"
 
     def __init__(self, cfg: dict[str, Any], policy_uri: str, seed: int,
-                 engines: list | None = None, n: int | None = None, temperature: float | None = None):
+                 engines: list | None = None, n: int | None = None, temperature: float | None = None,
+                 turn2: int | None = None):
         t0 = time.perf_counter()
         self.cfg = _validated(json.dumps(cfg, sort_keys=True))
-        self.policy_uri, self.seed, self.n = policy_uri, seed, n
+        self.policy_uri, self.seed, self.n, self.turn2 = policy_uri, seed, n, turn2
         self.temperature = self.cfg.rollout.temperature if temperature is None else float(temperature)
         self.llm = self.tokenizer = self.engine = None
         if engines:
@@ -111,7 +115,7 @@ class _EngineStage:
 
         ``seeds``: per conversation, the request seed of each of its ``n`` samples (:mod:`rlcr.seeds`): a sample
         depends on its own seed, not on how Ray Data bundled the rows into batches."""
-        from rlcr.rollout.engine import sample_chats
+        from rlcr.rollout.sampling import sample_chats
 
         kwargs = dict(labels=labels, mask_kind=self.mask_kind, seeds=seeds, n=n,
                       temperature=self.temperature, top_p=self.cfg.rollout.top_p, max_tokens=max_tokens, stop=stop)
@@ -123,6 +127,35 @@ class _EngineStage:
         else:
             out = sample_chats(self.llm, self.tokenizer, conversations, max_prompt_tokens=self.cfg.rollout.max_prompt_tokens,
                                **kwargs)
+        self.last_generate_s = time.perf_counter() - t0
+        return out
+
+    def _generate_tree(self, conversations, labels: list[str], tasks: list, prompt_ids: list[int], g: int, g_c: int):
+        """Both turns of one batch in one engine run (``turn2``): (contexts, samples, turn-2 tree), as
+        :meth:`rlcr.rollout.engine.RolloutEngine.generate_tree`; the seeds are those of the two stages."""
+        from rlcr.rollout.sampling import sample_tree
+
+        seeds = [[answer_seed(self.seed, pid, k) for k in range(g)] for pid in prompt_ids]
+        conf_seeds = [[[confidence_seed(self.seed, pid, k, h) for h in range(g_c)] for k in range(g)] for pid in prompt_ids]
+        rollout = self.cfg.rollout
+        kwargs = dict(labels=labels, seeds=seeds, temperature=self.temperature, top_p=rollout.top_p,
+                      max_tokens=(rollout.max_answer_tokens, rollout.max_confidence_tokens),
+                      stop=(ANSWER_STOP, CONFIDENCE_STOP))
+        t0 = time.perf_counter()
+        if self.engine is not None:
+            import ray
+
+            out = ray.get(self.engine.generate_tree.remote(conversations, policy_uri=self.policy_uri, tasks=tasks,
+                                                           prompt_ids=prompt_ids, confidence_seeds=conf_seeds, **kwargs))
+        else:
+            task = get_task(self.cfg.tasks.name)
+
+            def turn2(i, k, s):
+                return (task.turn2_messages(tasks[i], s.completion_text), f"prompt_id={prompt_ids[i]} answer_id={k}",
+                        conf_seeds[i][k])
+
+            out = sample_tree(self.llm, self.tokenizer, conversations, turn2=turn2,
+                              max_prompt_tokens=rollout.max_prompt_tokens, **kwargs)
         self.last_generate_s = time.perf_counter() - t0
         return out
 
@@ -160,15 +193,35 @@ class AnswerStage(_EngineStage):
         g = self.n or self.cfg.rollout.num_generations_answer
         task = get_task(self.cfg.tasks.name)
         messages = task.single_turn_messages if single else task.turn1_messages
-        contexts, samples = self._generate(
-            [messages(_task(r, task.name)) for _, r in batch.iterrows()],
-            [f"prompt_id={r['prompt_id']}" for _, r in batch.iterrows()],
-            self.cfg.rollout.max_answer_tokens + (self.cfg.rollout.max_confidence_tokens if single else 0),
-            CONFIDENCE_STOP if single else ANSWER_STOP, g,
-            [[answer_seed(self.seed, int(r["prompt_id"]), k) for k in range(g)] for _, r in batch.iterrows()])
-        rows = [self._row("answer", _task(r, task.name), context, s, prompt_id=r["prompt_id"], answer_id=k, confidence_id=-1)
-                for (_, r), context, group in zip(batch.iterrows(), contexts, samples) for k, s in enumerate(group)]
+        problems = [_task(r, task.name) for _, r in batch.iterrows()]
+        prompt_ids = [int(r["prompt_id"]) for _, r in batch.iterrows()]
+        conversations = [messages(t) for t in problems]
+        labels = [f"prompt_id={pid}" for pid in prompt_ids]
+        if self.turn2 and not single:
+            contexts, samples, tree = self._generate_tree(conversations, labels, problems, prompt_ids, g, self.turn2)
+        else:
+            contexts, samples = self._generate(
+                conversations, labels,
+                self.cfg.rollout.max_answer_tokens + (self.cfg.rollout.max_confidence_tokens if single else 0),
+                CONFIDENCE_STOP if single else ANSWER_STOP, g,
+                [[answer_seed(self.seed, pid, k) for k in range(g)] for pid in prompt_ids])
+            tree = None
+        rows = [self._row("answer", t, context, s, prompt_id=pid, answer_id=k, confidence_id=-1)
+                for t, pid, context, group in zip(problems, prompt_ids, contexts, samples) for k, s in enumerate(group)]
+        if tree is not None:  # each answer row carries its own turn 2, in answer order
+            carried = [_carry(*tree[i][k]) for i in range(len(problems)) for k in range(g)]
+            for row, turn2 in zip(rows, carried):
+                row["_turn2"] = turn2
         return self._timing(pd.DataFrame(rows))
+
+
+def _carry(conversation, context: tuple[str, list[int]], samples) -> str:
+    """An answer's pipelined turn 2 as one JSON string (a column Arrow keeps as is): its conversation (the one
+    :func:`expand_to_turn2` builds, compared there), its rendered context and its samples."""
+    text, ids = context
+    return json.dumps({"messages": json.dumps(conversation), "context_text": text, "context_ids": list(ids),
+                       "samples": [{"ids": s.completion_ids, "text": s.completion_text, "logprobs": s.completion_logprobs,
+                                    "finish_reason": s.finish_reason, "loss_mask": s.loss_mask} for s in samples]})
 
 
 def score_answers(batch: pd.DataFrame, format_score: float, method: str = "rlcr", lambda_conf: float = 1.0,
@@ -208,13 +261,17 @@ class ConfidenceStage(_EngineStage):
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
         g = self.n or self.cfg.rollout.num_generations_confidence
-        contexts, samples = self._generate(
-            [json.loads(r["turn2_messages"]) for _, r in batch.iterrows()],
-            [f"prompt_id={r['prompt_id']} answer_id={r['answer_id']}" for _, r in batch.iterrows()],
-            self.cfg.rollout.max_confidence_tokens, CONFIDENCE_STOP, g,
-            [[confidence_seed(self.seed, int(r["prompt_id"]), int(r["answer_id"]), h) for h in range(g)]
-             for _, r in batch.iterrows()])
-        answers = batch.drop(columns=["turn2_messages"])
+        if "_turn2" in batch.columns:  # sampled with the answers (rollout.pipeline_turns): lay them out
+            contexts, samples = _carried(batch, g)
+            self.last_generate_s = 0.0
+        else:
+            contexts, samples = self._generate(
+                [json.loads(r["turn2_messages"]) for _, r in batch.iterrows()],
+                [f"prompt_id={r['prompt_id']} answer_id={r['answer_id']}" for _, r in batch.iterrows()],
+                self.cfg.rollout.max_confidence_tokens, CONFIDENCE_STOP, g,
+                [[confidence_seed(self.seed, int(r["prompt_id"]), int(r["answer_id"]), h) for h in range(g)]
+                 for _, r in batch.iterrows()])
+        answers = batch.drop(columns=[c for c in ("turn2_messages", "_turn2") if c in batch.columns])
         rows = [self._row("confidence", _task(r, self.cfg.tasks.name), context, s, prompt_id=r["prompt_id"], answer_id=r["answer_id"],
                           confidence_id=h, score=math.nan, correct=float(r["correct"]), reward=0.0, confidence=math.nan)
                 for (_, r), context, group in zip(answers.iterrows(), contexts, samples) for h, s in enumerate(group)]
@@ -224,18 +281,37 @@ class ConfidenceStage(_EngineStage):
         )
 
 
+def _carried(batch: pd.DataFrame, g: int):
+    """(contexts, samples) of the turn 2 the answer stage sampled with each answer (``_turn2``), checked: its
+    conversation is the one :func:`expand_to_turn2` built for that answer, with ``g`` samples."""
+    from rlcr.rollout.sampling import Sample
+
+    contexts, samples = [], []
+    for _, r in batch.iterrows():
+        where = f"prompt_id={r['prompt_id']} answer_id={r['answer_id']}"
+        carried = json.loads(r["_turn2"])
+        if carried["messages"] != r["turn2_messages"] or len(carried["samples"]) != g:
+            raise RuntimeError(f"{where}: the turn 2 sampled with the answer is not this answer's "
+                               f"({len(carried['samples'])} samples for {g}, or another conversation)")
+        contexts.append((carried["context_text"], carried["context_ids"]))
+        samples.append([Sample(s["ids"], s["text"], s["logprobs"], s["finish_reason"], s["loss_mask"])
+                        for s in carried["samples"]])
+    return contexts, samples
+
+
 def _on_shared_engine(cls, batch: pd.DataFrame, cfg: dict[str, Any], policy_uri: str, seed: int,
-                      engines: list, n: int | None, temperature: float | None = None) -> pd.DataFrame:
+                      engines: list, n: int | None, temperature: float | None = None,
+                      turn2: int | None = None) -> pd.DataFrame:
     """One batch of stage ``cls`` in a Ray task, on the engine (actor handle) its first prompt id picks."""
     engine = engines[int(batch["prompt_id"].iloc[0]) % len(engines) if len(batch) else 0]
-    return cls(cfg, policy_uri, seed, engines=[engine], n=n, temperature=temperature)(batch)
+    return cls(cfg, policy_uri, seed, engines=[engine], n=n, temperature=temperature, turn2=turn2)(batch)
 
 
 def answer_batch(batch: pd.DataFrame, *, cfg: dict[str, Any], policy_uri: str, seed: int, engines: list,
-                 n: int | None = None, temperature: float | None = None) -> pd.DataFrame:
+                 n: int | None = None, temperature: float | None = None, turn2: int | None = None) -> pd.DataFrame:
     """:class:`AnswerStage` as a function for a task-based ``map_batches`` (``fn_kwargs``: its constructor's
     arguments, ``engines`` as actor handles). Its ``_answer_init_s`` is each batch's stage set-up here."""
-    return _on_shared_engine(AnswerStage, batch, cfg, policy_uri, seed, engines, n, temperature)
+    return _on_shared_engine(AnswerStage, batch, cfg, policy_uri, seed, engines, n, temperature, turn2)
 
 
 def confidence_batch(batch: pd.DataFrame, *, cfg: dict[str, Any], policy_uri: str, seed: int, engines: list,
