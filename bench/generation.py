@@ -1,0 +1,225 @@
+"""The flow's generation against the raw engine on the same requests, and turn 2 pipelined or not (issue 34).
+
+One iteration's requests at the config's sizes (default configs/demo.yaml: P = 4 prompts × G_a = 4 answers,
+then G_c = 2 confidences per answer; 160/96 tokens; T = 0.8; the flow's per-request seeds), from the policy
+``--policy`` (default: the demo's warm-start, trained into ``--store`` once and reused; its answers end at
+``</answer>`` after varying lengths, as in training). Sides, taking turns within each round so the machine's
+drift hits all alike; each round is the prompts of iteration ``round + 1``:
+
+  ceiling        the engine's peak here: ``--ceiling-requests`` requests of ``--ceiling-tokens`` tokens each,
+                 all the same length (ignore_eos), in one raw ``vllm.LLM.generate`` call
+  direct         raw ``vllm.LLM.generate`` (rlcr.rollout.sampling.sample) in this process: all answers in one
+                 call, then all confidences in a second call (the two-call way)
+  direct-tree    the same requests in this process, each answer's confidences sent as soon as it is done
+                 (rlcr.rollout.sampling.sample_tree)
+  flow           rlcr.rollout.pipeline.run_rollouts on the flow's long-lived engine actor (Ray Data, both
+                 stages), ``rollout.pipeline_turns=false``: the former way
+  flow-pipelined the same with ``rollout.pipeline_turns=true`` (the default)
+
+Generation tokens/s = generated tokens / time inside the generate calls (for the flow: the stages' own
+``rollout/*_generate_s``); the flow's wall time of ``run_rollouts`` is printed too. The samples of
+``direct-tree`` and ``flow-pipelined`` are compared with ``direct``'s (same seeds: the same tokens expected,
+the kernels' float rounding aside). Last line: ``flow generation tokens/s pipelined/former: X`` (median over
+rounds of the per-round ratio).
+
+    python bench/generation.py [--config configs/demo.yaml] [--rounds 3] [--policy URI] [--store DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+SIDES = ("ceiling", "direct", "direct-tree", "flow", "flow-pipelined")
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="configs/demo.yaml")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--policy", default=None, help="checkpoint URI (default: the config's warm-start, trained once)")
+    ap.add_argument("--store", default="./bench-store", help="storage.uri for the warm-start and the rollouts")
+    ap.add_argument("--ceiling-requests", type=int, default=32)
+    ap.add_argument("--ceiling-tokens", type=int, default=128)
+    ap.add_argument("overrides", nargs="*", help="section.field=value")
+    return ap.parse_args()
+
+
+def policy_of(cfg, args) -> str:
+    """``--policy``, or the config's warm-start (``bench-generation-sft`` in the store: trained once, reused)."""
+    if args.policy:
+        return args.policy
+    from rlcr.sft import warm_start
+
+    t0 = time.perf_counter()
+    uri, reused = warm_start(cfg, run_id="bench-generation-sft")
+    print(f"warm-start {uri} ({'reused' if reused else 'trained'}, {time.perf_counter() - t0:.0f} s)", flush=True)
+    return uri
+
+
+class Direct:
+    """The raw engine in this process and the iteration's requests, rendered as the stages render them."""
+
+    def __init__(self, cfg, policy: str):
+        from transformers import AutoTokenizer
+
+        from rlcr.rollout.engine import create_engine
+        from rlcr.storage import fetch_checkpoint
+
+        local = fetch_checkpoint(policy, endpoint_url=cfg.storage.s3_endpoint_url)
+        self.cfg, self.tok = cfg, AutoTokenizer.from_pretrained(local)
+        self.llm = create_engine(local, cfg, seed=cfg.run.seed)
+
+    def ceiling(self, n: int, length: int) -> tuple[float, int]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        prompt = TokensPrompt(prompt_token_ids=self.tok("Count from one to one thousand.")["input_ids"])
+        params = SamplingParams(max_tokens=length, min_tokens=length, ignore_eos=True, temperature=0.8, seed=1)
+        t0 = time.perf_counter()
+        out = self.llm.generate([prompt] * n, params, use_tqdm=False)
+        return time.perf_counter() - t0, sum(len(o.outputs[0].token_ids) for o in out)
+
+    def requests(self, tasks, seed: int):
+        from rlcr.seeds import answer_seed, confidence_seed
+        from rlcr.tasks.registry import get_task
+
+        r, task = self.cfg.rollout, get_task(self.cfg.tasks.name)
+        conv = [task.turn1_messages(t) for _, t in tasks]
+        labels = [f"prompt_id={pid}" for pid, _ in tasks]
+        seeds = [[answer_seed(seed, pid, k) for k in range(r.num_generations_answer)] for pid, _ in tasks]
+        conf = {(pid, k): [confidence_seed(seed, pid, k, h) for h in range(r.num_generations_confidence)]
+                for pid, _ in tasks for k in range(r.num_generations_answer)}
+        return task, conv, labels, seeds, conf
+
+    def two_calls(self, tasks, seed: int) -> tuple[float, int, dict]:
+        from rlcr.rollout.sampling import sample_chats
+        from rlcr.rollout.stages import ANSWER_STOP, CONFIDENCE_STOP
+
+        r = self.cfg.rollout
+        task, conv, labels, seeds, conf = self.requests(tasks, seed)
+        kw = dict(temperature=r.temperature, top_p=r.top_p, max_prompt_tokens=r.max_prompt_tokens)
+        t0 = time.perf_counter()
+        _, answers = sample_chats(self.llm, self.tok, conv, labels=labels, mask_kind="answer", seeds=seeds,
+                                  n=r.num_generations_answer, max_tokens=r.max_answer_tokens, stop=ANSWER_STOP, **kw)
+        flat = [(pid, k, t, s) for (pid, t), g in zip(tasks, answers) for k, s in enumerate(g)]
+        _, confs = sample_chats(self.llm, self.tok, [task.turn2_messages(t, s.completion_text) for _, _, t, s in flat],
+                                labels=[f"{pid}/{k}" for pid, k, _, _ in flat], mask_kind="confidence",
+                                seeds=[conf[pid, k] for pid, k, _, _ in flat], n=r.num_generations_confidence,
+                                max_tokens=r.max_confidence_tokens, stop=CONFIDENCE_STOP, **kw)
+        wall = time.perf_counter() - t0
+        tree = {("answer", pid, k, None): s.completion_ids for pid, k, _, s in flat}
+        tree.update({("confidence", pid, k, h): s.completion_ids
+                     for (pid, k, _, _), g in zip(flat, confs) for h, s in enumerate(g)})
+        return wall, sum(map(len, tree.values())), tree
+
+    def pipelined(self, tasks, seed: int) -> tuple[float, int, dict]:
+        from rlcr.rollout.sampling import sample_tree
+        from rlcr.rollout.stages import ANSWER_STOP, CONFIDENCE_STOP
+
+        r = self.cfg.rollout
+        task, conv, labels, seeds, conf = self.requests(tasks, seed)
+        pids = [pid for pid, _ in tasks]
+
+        def turn2(i, k, s):
+            return task.turn2_messages(tasks[i][1], s.completion_text), f"{pids[i]}/{k}", conf[pids[i], k]
+
+        t0 = time.perf_counter()
+        _, answers, second = sample_tree(self.llm, self.tok, conv, labels=labels, seeds=seeds, turn2=turn2,
+                                         max_prompt_tokens=r.max_prompt_tokens, temperature=r.temperature, top_p=r.top_p,
+                                         max_tokens=(r.max_answer_tokens, r.max_confidence_tokens),
+                                         stop=(ANSWER_STOP, CONFIDENCE_STOP))
+        wall = time.perf_counter() - t0
+        tree = {("answer", pids[i], k, None): s.completion_ids for i, g in enumerate(answers) for k, s in enumerate(g)}
+        tree.update({("confidence", pids[i], k, h): s.completion_ids for i, row in enumerate(second)
+                     for k, (_, _, g) in enumerate(row) for h, s in enumerate(g)})
+        return wall, sum(map(len, tree.values())), tree
+
+
+def flow_side(cfg, tasks, policy: str, iteration: int, pool, pipelined: bool) -> tuple[float, int, dict, float]:
+    """``run_rollouts`` as the flow calls it → (generate s, generated tokens, tree, wall s)."""
+    from rlcr.rollout.pipeline import run_rollouts
+
+    run_cfg = cfg.model_copy(update={"rollout.pipeline_turns": pipelined})
+    t0 = time.perf_counter()
+    res = run_rollouts(run_cfg, tasks, policy_uri=policy, run_id="bench-generation", iteration=iteration, engines=pool)
+    wall = time.perf_counter() - t0
+    gen = res.timings["rollout/answer_generate_s"] + res.timings["rollout/confidence_generate_s"]
+    tree = {(r["sample_type"], r["prompt_id"], r["answer_id"], r["confidence_id"]): r["completion_ids"] for r in res.rows}
+    return gen, sum(map(len, tree.values())), tree, wall
+
+
+def same(a: dict, b: dict) -> str:
+    """How many samples of ``b`` have exactly ``a``'s tokens."""
+    return f"{sum(a.get(k) == v for k, v in b.items())}/{len(b)}"
+
+
+def main() -> None:
+    args = parse_args()
+    from flows.train import ensure_ray
+    from rlcr.config import load_config
+    from rlcr.rollout.engine import EnginePool
+    from rlcr.rollout.pipeline import rollout_seed
+    from rlcr.runs import task_sets
+    from rlcr.tasks.sets import prompts_for_iteration
+
+    cfg = load_config(args.config, [*args.overrides, f"storage.uri={args.store}"])
+    policy = policy_of(cfg, args)
+    cfg = cfg.model_copy(update={"model.name": policy})
+    train, _ = task_sets(cfg)
+    ensure_ray()
+    direct = Direct(cfg, policy)
+    r = cfg.rollout
+    print(f"cpu: {cpu_name()}, {os.cpu_count()} cores; policy {policy}; P={r.prompts_per_iteration} "
+          f"G_a={r.num_generations_answer} G_c={r.num_generations_confidence} tokens {r.max_answer_tokens}/"
+          f"{r.max_confidence_tokens} T={r.temperature}", flush=True)
+    rates = {s: [] for s in SIDES}
+    ratios = []
+    with EnginePool(cfg, policy) as pool:
+        flow_side(cfg, prompts_for_iteration(cfg, train, 1), policy, 1, pool, True)  # warm-up: Ray's workers
+        for rnd in range(args.rounds):
+            it = rnd + 2
+            tasks, seed = prompts_for_iteration(cfg, train, it), rollout_seed(cfg, it)
+            got = {"ceiling": direct.ceiling(args.ceiling_requests, args.ceiling_tokens)}
+            order = [("direct", lambda: direct.two_calls(tasks, seed)), ("direct-tree", lambda: direct.pipelined(tasks, seed)),
+                     ("flow", lambda: flow_side(cfg, tasks, policy, it, pool, False)),
+                     ("flow-pipelined", lambda: flow_side(cfg, tasks, policy, it, pool, True))]
+            for name, run in (order if rnd % 2 == 0 else order[::-1]):
+                got[name] = run()
+            for name in SIDES:
+                rates[name].append(got[name][1] / got[name][0])
+            ratios.append(rates["flow-pipelined"][-1] / rates["flow"][-1])
+            print(f"round {rnd + 1} (iteration {it}): " + ", ".join(
+                f"{n} {got[n][1]} tok / {got[n][0]:.1f} s = {rates[n][-1]:.0f} tok/s" for n in SIDES)
+                + f"; flow wall {got['flow'][3]:.1f} s, pipelined {got['flow-pipelined'][3]:.1f} s; same tokens as "
+                f"direct: direct-tree {same(got['direct'][2], got['direct-tree'][2])}, flow "
+                f"{same(got['direct'][2], got['flow'][2])}, flow-pipelined {same(got['direct'][2], got['flow-pipelined'][2])}; "
+                f"pipelined/former {ratios[-1]:.2f}", flush=True)
+    for name in SIDES:
+        v = rates[name]
+        print(f"{name:15s} tok/s median {statistics.median(v):.0f} (range {min(v):.0f}–{max(v):.0f}, n = {len(v)}); "
+              f"of the ceiling {statistics.median(v) / statistics.median(rates['ceiling']):.2f}")
+    print(f"flow generation tokens/s pipelined/former: {statistics.median(ratios):.2f}")
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+if __name__ == "__main__":
+    main()
