@@ -12,10 +12,14 @@ pre-registered table from its records.
    the order of the training tasks and the warm-start. Before any training, every seed's warm-start tasks and
    the split are checked disjoint by task identity; a violation stops the grid.
 3. Per seed (``run.seed``): its own warm-start (``grid-s<seed>-sft``, from the training pool only), its own
-   equal-token group sizes (one calibration rollout, as bench/methods.py; kept in
-   ``<store>/grid-s<seed>-plan.json``), then the methods' runs (``grid-s<seed>-<method>``) to the protocol's
-   iteration, ``--chunk`` iterations per `rlcr/train` flow run (resumable: a re-run continues), no
-   intermediate evaluation.
+   equal-token group sizes for all the protocol's methods (one calibration rollout, as bench/methods.py; kept
+   with the records as ``s<seed>-plan.json``, committed, so a later session's runs of that seed use the same
+   sizes), then the methods' runs (``grid-s<seed>-<method>``) to the protocol's iteration, ``--chunk``
+   iterations per `rlcr/train` flow run (resumable: a re-run continues), no intermediate evaluation.
+   A seed can be spread over sessions, a method (``--methods``) at a time: the store need not survive, the
+   warm-start is trained again from the same seed, and every record names the sha256 of the warm-start
+   weights its policy started from, so the table says whether a seed's policies share one (it differs in the
+   bits only if a session ran on another CPU).
 4. The evaluations of the protocol — test and calibration split, primary (sampling at the training temperature,
    ``answers_per_task`` answers, draw 0) and paper protocol (greedy, 1 answer) — of the warm-start (with the
    two-turn confidence query) and of each method's last checkpoint, each written as a small Parquet record
@@ -39,7 +43,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from bench.grid_protocol import (ProtocolError, SplitError, build_split, check_disjoint, load_protocol,  # noqa: E402
                                  write_split)
 from bench.grid_table import (DEFAULT_DIR, RecordError, build_table, record_name, record_table,  # noqa: E402
-                              replace_section, write_record)
+                              replace_section, weights_digest, write_record)
 
 
 def run_id(seed: int, what: str) -> str:
@@ -78,9 +82,10 @@ def prepare_split(protocol, base_cfg, store: Path, seeds, chunk: int):
 
 
 def evaluate_records(cfg, protocol, seed: int, policy: str, policy_uri: str, iteration: int, tasks: dict,
-                     records: Path) -> None:
+                     records: Path, warm_start: str) -> None:
     """The protocol's evaluations of one policy (test and calibration × primary and paper), each written as
-    its record; those already on record are skipped. ``cfg``: the policy's method (its confidence query)."""
+    its record; those already on record are skipped. ``cfg``: the policy's method (its confidence query);
+    ``warm_start``: the digest of the seed's warm-start weights (:func:`bench.grid_table.weights_digest`)."""
     from flows.train import ensure_ray
     from rlcr.evaluate import evaluate_policy
     from rlcr.rollout.engine import EnginePool
@@ -98,7 +103,7 @@ def evaluate_records(cfg, protocol, seed: int, policy: str, policy_uri: str, ite
                                       run_id=run_id(seed, policy), draw=0, temperature=d.temperature)
             name = record_name(seed, policy, split, d.name)
             write_record(records, name, record_table(rows, seed=seed, policy=policy, split=split, protocol=d.name,
-                                                     task_name=cfg.tasks.name))
+                                                     task_name=cfg.tasks.name, warm_start=warm_start))
             print(f"seed {seed} {policy}: {name} ({len(tasks[split])} tasks, {time.perf_counter() - t0:.0f} s)",
                   flush=True)
 
@@ -110,14 +115,17 @@ def run_seed(protocol, files, split, store: Path, seed: int, methods, chunk: int
     from flows.train import rlcr_train
     from rlcr.config import load_config
     from rlcr.sft import warm_start
+    from rlcr.storage import fetch_checkpoint
 
     base = seed_overrides(protocol, files, str(store), seed, chunk)
     cfg = load_config(protocol.config, base)
     t0 = time.perf_counter()
     sft_uri, reused = warm_start(cfg, run_id=run_id(seed, "sft"))
-    print(f"seed {seed}: warm-start {sft_uri} ({'reused' if reused else 'trained'}, {time.perf_counter() - t0:.0f} s)",
-          flush=True)
-    plan = group_size_plan(cfg, store / f"grid-s{seed}-plan.json", sft_uri, methods)
+    digest = weights_digest(fetch_checkpoint(sft_uri, endpoint_url=cfg.storage.s3_endpoint_url))
+    print(f"seed {seed}: warm-start {sft_uri}, weights sha256 {digest} ({'reused' if reused else 'trained'}, "
+          f"{time.perf_counter() - t0:.0f} s)", flush=True)
+    records.mkdir(parents=True, exist_ok=True)
+    plan = group_size_plan(cfg, records / f"s{seed}-plan.json", sft_uri, protocol.methods)
     sizes = {m: plan["num_generations_answer"][m] for m in methods}
     print(f"seed {seed}: group sizes (equal generated tokens per prompt) {sizes}", flush=True)
 
@@ -134,14 +142,15 @@ def run_seed(protocol, files, split, store: Path, seed: int, methods, chunk: int
             print(f"seed {seed} {method}: through iteration {target} ({time.perf_counter() - t:.0f} s)", flush=True)
     tasks = {"test": split.test, "calibration": split.calibration}
     evaluate_records(load_config(protocol.config, [*base, f"model.name={sft_uri}", "method.name=rlcr"]), protocol,
-                     seed, "warm_start", sft_uri, 0, tasks, records)
+                     seed, "warm_start", sft_uri, 0, tasks, records, digest)
     for method in methods:
         mcfg = load_config(protocol.config, overrides(method))
         iteration, checkpoint = newest_checkpoint(mcfg, run_id(seed, method))  # its seal checked
         if iteration != protocol.iterations:
             raise SystemExit(f"{run_id(seed, method)}: at iteration {iteration}, not {protocol.iterations}; re-run to resume")
-        evaluate_records(mcfg, protocol, seed, method, checkpoint, protocol.iterations, tasks, records)
-    print(f"seed {seed}: done — commit its records under {records}", flush=True)
+        evaluate_records(mcfg, protocol, seed, method, checkpoint, protocol.iterations, tasks, records, digest)
+    print(f"seed {seed}: {', '.join(methods)} done — commit the records and s{seed}-plan.json under {records}",
+          flush=True)
 
 
 def table(protocol, records: Path, docs: str | None, resamples: int | None) -> None:

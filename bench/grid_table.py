@@ -30,7 +30,10 @@ from rlcr.untrusted import printable
 POLICIES = ("warm_start", "rlcr", "rlvr", "rlcr_single")
 SPLITS = ("test", "calibration")
 PROTOCOLS = ("primary", "paper")
-COLUMNS = ("seed", "method", "split", "protocol", "task", "stratum", "prompt_id", "answer_id", "correct", "confidence")
+COLUMNS = ("seed", "method", "split", "protocol", "task", "stratum", "prompt_id", "answer_id", "correct", "confidence",
+           "warm_start")
+WARM_START = re.compile(r"[0-9a-f]{64}")
+"""``warm_start``: the sha256 of the seed's warm-start weights (:func:`weights_digest`), the same in every record."""
 NAME = re.compile(r"s(\d+)-(warm_start|rlcr|rlvr|rlcr_single)-(test|calibration)-(primary|paper)\.parquet")
 BEGIN = "<!-- grid-table: begin (written by `python bench/grid.py --protocol bench/protocol.yaml --table-only " \
         "--docs docs/results.md`; do not edit by hand) -->"
@@ -53,10 +56,29 @@ def record_name(seed: int, policy: str, split: str, protocol: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- records
+def weights_digest(checkpoint: str | Path) -> str:
+    """sha256 over a local checkpoint's ``*.safetensors`` files (names and bytes, in name order): the identity of
+    its weights, bit for bit (a seal's ``content_id`` is random per write, so it cannot say that two warm-starts
+    trained in different sessions are the same)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    files = sorted(Path(checkpoint).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{printable(checkpoint)}: no *.safetensors weights")
+    for path in files:
+        h.update(path.name.encode() + b"\0")
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 24):
+                h.update(chunk)
+    return h.hexdigest()
+
+
 def record_table(rows: Sequence[dict[str, Any]], *, seed: int, policy: str, split: str, protocol: str,
-                 task_name: str):
+                 task_name: str, warm_start: str):
     """An evaluation's rows (:func:`rlcr.evaluate.evaluate_policy`) as the record's Arrow table: one row per
-    answer, its task's identity and stratum (:class:`rlcr.tasks.base.Task`), correct and stated confidence."""
+    answer, its task's identity and stratum (:class:`rlcr.tasks.base.Task`), correct and stated confidence, and
+    the seed's warm-start (:func:`weights_digest`) the evaluated policy started from."""
     import pyarrow as pa
 
     from rlcr.evaluate import answers_with_confidence
@@ -69,7 +91,8 @@ def record_table(rows: Sequence[dict[str, Any]], *, seed: int, policy: str, spli
         for k, v in (("seed", seed), ("method", policy), ("split", split), ("protocol", protocol),
                      ("task", str(task.identity(problem))), ("stratum", str(task.stratum(problem))),
                      ("prompt_id", int(a["prompt_id"])), ("answer_id", int(a["answer_id"])),
-                     ("correct", int(float(a["correct"]) > 0.5)), ("confidence", None if c is None else float(c))):
+                     ("correct", int(float(a["correct"]) > 0.5)), ("confidence", None if c is None else float(c)),
+                     ("warm_start", warm_start)):
             out[k].append(v)
     types = {"seed": pa.int32(), "prompt_id": pa.int32(), "answer_id": pa.int32(), "correct": pa.int8(),
              "confidence": pa.float64()}
@@ -92,9 +115,10 @@ def write_record(directory: Path, name: str, table) -> Path:
     return path
 
 
-def read_records(directory: Path) -> dict[tuple[int, str, str, str], Any]:
+def read_records(directory: Path, warm_starts: dict | None = None) -> dict[tuple[int, str, str, str], Any]:
     """Every record under ``directory``: ``{(seed, policy, split, protocol): Answers}``. A file whose name or
-    contents do not fit :data:`NAME` / :data:`COLUMNS` is a one-line :class:`RecordError` naming it."""
+    contents do not fit :data:`NAME` / :data:`COLUMNS` is a one-line :class:`RecordError` naming it.
+    ``warm_starts``: filled with each record's warm-start digest, by the same keys."""
     import pyarrow.parquet as pq
 
     from rlcr.protocol_stats import Answers
@@ -118,6 +142,10 @@ def read_records(directory: Path) -> dict[tuple[int, str, str, str], Any]:
                                   f"not {want} as its name says")
         if not t["task"]:
             raise RecordError(f"{where}: holds no answer")
+        if len(set(t["warm_start"])) != 1 or not WARM_START.fullmatch(str(t["warm_start"][0])):
+            raise RecordError(f"{where}: column warm_start must hold one sha256 (64 lowercase hex digits)")
+        if warm_starts is not None:
+            warm_starts[key] = t["warm_start"][0]
         conf = [math.nan if c is None else c for c in t["confidence"]]
         try:
             out[key] = Answers(t["task"], t["stratum"], t["correct"], conf)
@@ -263,9 +291,27 @@ def presence_lines(records: Mapping, protocol_seeds: Sequence[int], methods: Seq
     return out
 
 
+def warm_start_lines(warm_starts: Mapping[tuple[int, str, str, str], str]) -> list[str]:
+    """Per seed, the warm-start its records' policies started from: one (the protocol's design), or several —
+    the seed's runs were spread over sessions whose recomputed warm-starts differ in their bits (another CPU)."""
+    out = []
+    for s in sorted({k[0] for k in warm_starts}):
+        by: dict[str, list[str]] = {}
+        for (seed, policy, _, _), digest in sorted(warm_starts.items(), key=lambda kv: (POLICIES.index(kv[0][1]), kv[0])):
+            if seed == s and policy not in by.setdefault(digest, []):
+                by[digest].append(policy)
+        if len(by) == 1:
+            out.append(f"seed {s}: one warm-start ({next(iter(by))[:12]}) for {', '.join(next(iter(by.values())))}")
+        else:
+            out.append(f"seed {s}: **{len(by)} different warm-starts** (recomputed in sessions on other CPUs): "
+                       + "; ".join(f"{d[:12]} for {', '.join(p)}" for d, p in by.items()))
+    return out
+
+
 def build_table(directory: Path, protocol, n_resamples: int | None = None) -> tuple[str, str]:
     """The pre-registered table (markdown) and headline value, from the records under ``directory`` only."""
-    records = read_records(directory)
+    warm_starts: dict = {}
+    records = read_records(directory, warm_starts)
     n = n_resamples or protocol.n_resamples
     methods = [m for m in ("rlcr", "rlvr", "rlcr_single") if m in protocol.methods]
     try:
@@ -274,6 +320,8 @@ def build_table(directory: Path, protocol, n_resamples: int | None = None) -> tu
         shown = printable(directory)
     lines = [f"Records under `{shown}/` ({len(records)} evaluations), complete per seed: "
              + "; ".join(presence_lines(records, protocol.seeds, methods)) + "."]
+    if warm_starts:
+        lines += ["", "Warm-starts (sha256 of the weights): " + "; ".join(warm_start_lines(warm_starts)) + "."]
     if not records:
         return "\n".join(lines + ["", "No records yet: nothing to compute."]), \
             f"undecided (0/{len(protocol.seeds)} seeds)"

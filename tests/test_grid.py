@@ -123,14 +123,18 @@ def test_a_store_with_another_split_is_refused(split, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- the table
-def _record(seed, policy, split, protocol, correct, confidence, strata):
+WARM = {1: "a" * 64, 2: "b" * 64, 3: "c" * 64}
+
+
+def _record(seed, policy, split, protocol, correct, confidence, strata, warm_start=None):
     n = len(correct)
     return pa.table({"seed": pa.array([seed] * n, pa.int32()), "method": [policy] * n, "split": [split] * n,
                      "protocol": [protocol] * n, "task": [f"{split}-t{i // 2}" for i in range(n)],
                      "stratum": [str(s) for s in strata], "prompt_id": pa.array([i // 2 for i in range(n)], pa.int32()),
                      "answer_id": pa.array([i % 2 for i in range(n)], pa.int32()),
                      "correct": pa.array(correct, pa.int8()),
-                     "confidence": pa.array([None if c is None else float(c) for c in confidence], pa.float64())})
+                     "confidence": pa.array([None if c is None else float(c) for c in confidence], pa.float64()),
+                     "warm_start": [warm_start or WARM.get(seed, "d" * 64)] * n})
 
 
 def synthetic_records(directory, seeds=(1, 2, 3), rlcr_accuracy_drop=False):
@@ -182,6 +186,35 @@ def test_goals_fail_by_their_rules_and_wait_for_every_seed(tmp_path, protocol):
     table, headline = build_table(tmp_path / "one", protocol, n_resamples=200)
     assert headline == "undecided (1/3 seeds)" and "**met**" not in table and "not decided" in table
     assert "seed 1: warm_start, rlcr, rlvr, rlcr_single" in table and "seed 2: no complete policy" in table
+
+
+def test_each_seeds_warm_start_is_named_and_a_recomputed_one_is_flagged(tmp_path, protocol):
+    """A seed spread over sessions trains its warm-start again; the records name its weights' sha256, and the
+    table says whether a seed's policies share one."""
+    from bench.grid_table import weights_digest
+
+    synthetic_records(tmp_path, seeds=(1, 2))
+    table, _ = build_table(tmp_path, protocol, n_resamples=50)
+    assert "seed 1: one warm-start (aaaaaaaaaaaa) for warm_start, rlcr, rlvr, rlcr_single" in table
+    (tmp_path / "s2-rlvr-test-paper.parquet").unlink()
+    write_record(tmp_path, record_name(2, "rlvr", "test", "paper"),
+                 _record(2, "rlvr", "test", "paper", [1, 0], [0.5, 0.5], [2, 3], warm_start="e" * 64))
+    table, _ = build_table(tmp_path, protocol, n_resamples=50)
+    assert "seed 2: **2 different warm-starts** (recomputed in sessions on other CPUs): bbbbbbbbbbbb for " \
+           "warm_start, rlcr, rlvr, rlcr_single; eeeeeeeeeeee for rlvr" in table
+    bad = tmp_path / "bad"
+    write_record(bad, record_name(1, "rlcr", "test", "primary"),
+                 _record(1, "rlcr", "test", "primary", [1], [0.5], [2], warm_start="../../etc"))
+    with pytest.raises(RecordError, match="column warm_start must hold one sha256"):
+        read_records(bad)
+    a, b = tmp_path / "ckpt-a", tmp_path / "ckpt-b"
+    for d, byte in ((a, b"\x00"), (b, b"\x01")):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"w" * 100 + byte)
+        (d / "config.json").write_text(str(d))  # not part of the weights
+    assert weights_digest(a) != weights_digest(b) and len(weights_digest(a)) == 64
+    (b / "model.safetensors").write_bytes(b"w" * 100 + b"\x00")
+    assert weights_digest(a) == weights_digest(b)
 
 
 def test_records_are_create_only_and_checked(tmp_path):
