@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -273,3 +274,27 @@ def test_local_writes_are_fsynced(tmp_path, monkeypatch):
     store.put_dir(checkpoint_dir(tmp_path / "src", "w"), "runs/r/iter-0001/checkpoint")
     assert any(p.endswith("model.safetensors") for p in synced) and any(p.endswith(COMPLETE_MARKER) for p in synced)
     assert str(tmp_path / "store" / "runs" / "r" / "iter-0001") in synced
+
+
+def test_a_written_directory_is_published_sealed_and_only_at_the_end(store, tmp_path):
+    """``Store.writing_dir`` (how checkpoints are written): nothing at ``rel`` until the block ends, then the
+    files sealed; an error in the block publishes nothing and leaves what was there. A local store hands out
+    the checkpoint's own temp sibling (written once, renamed into place: nothing copied)."""
+    store.put_dir(checkpoint_dir(tmp_path / "old", "old weights"), "ck")
+    old_id = store.content_id("ck")
+    with pytest.raises(RuntimeError, match="killed mid-write"):
+        with store.writing_dir("ck") as d:
+            checkpoint_dir(d, "half")
+            raise RuntimeError("killed mid-write")
+    assert store.content_id("ck") == old_id and store.read_bytes("ck/model.safetensors") == b"old weights"
+    with store.writing_dir("ck") as d:
+        checkpoint_dir(d, "new weights")
+        (d / "sub").mkdir()
+        (d / "sub" / "state.pt").write_bytes(b"x" * 10)
+        assert store.read_bytes("ck/model.safetensors") == b"old weights"  # not yet published
+        if store.is_local:
+            assert d.parent == Path(store.url("ck")).parent and d.name.startswith(".")  # the store's own temp sibling
+    seal = json.loads(store.read_bytes(f"ck/{COMPLETE_MARKER}"))
+    assert seal["files"] == {"config.json": 2, "model.safetensors": 11, "sub/state.pt": 10}
+    assert store.content_id("ck") != old_id and store.read_bytes("ck/model.safetensors") == b"new weights"
+    assert fetch_checkpoint(store.url("ck"), endpoint_url=store.endpoint_url, cache_dir=tmp_path / "cache").is_dir()

@@ -334,6 +334,24 @@ class Store:
         self._wrap("uploading", rel, run)
         return self.url(rel)
 
+    @contextlib.contextmanager
+    def writing_dir(self, rel: str):
+        """A local directory to fill; when the block ends it is sealed and published at ``rel`` with
+        :meth:`put_dir`'s guarantees (readers never see it partial; an error in the block publishes nothing).
+
+        Local stores hand out the atomic temp sibling of ``rel`` itself, so what is written there is written
+        once — a checkpoint of weights and optimizer state (1.6 GB for SmolLM2) is not first written to a
+        temporary directory and then copied; remote stores hand out a temporary directory and upload it."""
+        if not self.is_local:
+            with tempfile.TemporaryDirectory(prefix="rlcr-put-") as d:
+                yield Path(d)
+                self.put_dir(d, rel)
+            return
+        with atomic_directory(self._abs(rel), durable=True) as tmp:
+            yield tmp
+            seal = new_seal({name: size for name, _, size in sealable_files(tmp)})
+            (tmp / COMPLETE_MARKER).write_bytes(seal)
+
     def is_complete(self, rel: str) -> bool:
         return self.exists(f"{rel.rstrip('/')}/{COMPLETE_MARKER}")
 

@@ -32,12 +32,12 @@ def save_checkpoint(lm: nn.Module, tokenizer, store, rel: str, *, state_dict: di
     """Write ``lm`` (safetensors, float32), its config and ``tokenizer`` to ``store`` at ``rel``
     (with ``training_state``: also :data:`TRAINING_STATE_FILE`, sealed with the weights).
 
-    Refuses non-finite weights. The directory is written locally, then uploaded
-    and sealed by :meth:`rlcr.storage.Store.put_dir` (``_COMPLETE`` written last),
-    so readers never see a partial checkpoint. Returns the checkpoint's URI.
+    Refuses non-finite weights. The files are written into :meth:`rlcr.storage.Store.writing_dir` (a local
+    store: the checkpoint's own temp sibling, renamed into place, so nothing is copied; S3: a temporary directory,
+    uploaded) and sealed (``_COMPLETE`` written last), so readers never see a partial checkpoint. Returns the
+    checkpoint's URI.
     """
     import json
-    import tempfile
 
     if state_dict is None:
         check_finite_parameters(lm)
@@ -45,7 +45,7 @@ def save_checkpoint(lm: nn.Module, tokenizer, store, rel: str, *, state_dict: di
         for name, t in state_dict.items():
             if torch.is_floating_point(t) and not torch.isfinite(t).all():
                 raise NonFiniteError(f"refusing to write a checkpoint: parameter {name!r} has non-finite values")
-    with tempfile.TemporaryDirectory(prefix="rlcr-ckpt-") as d:
+    with store.writing_dir(rel) as d:
         lm.save_pretrained(d, state_dict=state_dict, safe_serialization=True)
         tokenizer.save_pretrained(d)
         if extra is not None:
@@ -53,4 +53,4 @@ def save_checkpoint(lm: nn.Module, tokenizer, store, rel: str, *, state_dict: di
                 json.dump(extra, f, indent=2, sort_keys=True, default=str)
         if training_state is not None:
             torch.save(training_state, f"{d}/{TRAINING_STATE_FILE}")
-        return store.put_dir(d, rel)
+    return store.url(rel)
