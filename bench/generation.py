@@ -16,6 +16,11 @@ drift hits all alike; each round is the prompts of iteration ``round + 1``:
                  stages), ``rollout.pipeline_turns=false``: the former way
   flow-pipelined the same with ``rollout.pipeline_turns=true`` (the default)
 
+Every side starts from an empty prefix cache (``LLM.reset_prefix_cache`` on the in-process engine and on the
+flow's engine actor): the sides draw the same samples, so a side run after another on the same engine would
+find its turn-1 and turn-2 prompts cached and prefill nothing (a first version of this benchmark read that
+as a 10–20% advantage for whichever side ran second).
+
 Generation tokens/s = generated tokens / time inside the generate calls (for the flow: the stages' own
 ``rollout/*_generate_s``); the flow's wall time of ``run_rollouts`` is printed too. The samples of
 ``direct-tree`` and ``flow-pipelined`` are compared with ``direct``'s (same seeds: the same tokens expected,
@@ -165,6 +170,8 @@ def same(a: dict, b: dict) -> str:
 
 def main() -> None:
     args = parse_args()
+    import ray
+
     from flows.train import ensure_ray
     from rlcr.config import load_config
     from rlcr.rollout.engine import EnginePool
@@ -194,6 +201,8 @@ def main() -> None:
                      ("flow", lambda: flow_side(cfg, tasks, policy, it, pool, False)),
                      ("flow-pipelined", lambda: flow_side(cfg, tasks, policy, it, pool, True))]
             for name, run in (order if rnd % 2 == 0 else order[::-1]):
+                direct.llm.reset_prefix_cache()
+                ray.get([a.__ray_call__.remote(lambda engine: engine.llm.reset_prefix_cache()) for a in pool.actors])
                 got[name] = run()
             for name in SIDES:
                 rates[name].append(got[name][1] / got[name][0])
