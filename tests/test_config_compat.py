@@ -27,7 +27,7 @@ def test_a_flat_record_reads_as_the_same_settings(tmp_path):
     # fields added after the flat layout take their defaults (the behaviour of the code that wrote the record)
     assert dumped["tasks"].pop("name") == "countdown" and dumped["tasks"].pop("field_map") is None
     assert dumped["model"].pop("chat_template") is None
-    assert dumped["rollout"].pop("pipeline_turns") is True  # the same samples as the two-call way it ran
+    assert dumped["rollout"].pop("pipeline_turns") is False  # the two-call way, as the record's code ran
     assert dumped == {**nested, "storage": nested["storage"]}
     assert result_changing_diff(RECORD, _same_run(tmp_path)) == []  # operational moves (store, iterations) ignored
     assert result_changing_diff(RECORD, _same_run(tmp_path).model_copy(update={"rollout.temperature": 0.7})) == [

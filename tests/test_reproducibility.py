@@ -181,7 +181,7 @@ def _tree(rows):
 @pytest.mark.slow
 def test_same_rollouts_whatever_the_batching_timing_and_engines(ray_local, tiny_model_dir, tmp_path):
     """The same iteration rolled out twice: (a) one engine per stage actor, all prompts in one batch, both
-    turns in one engine run (``rollout.pipeline_turns``, the default); (b) one prompt per batch (other Ray Data
+    turns in one engine run (``rollout.pipeline_turns``); (b) one prompt per batch (other Ray Data
     blocks and bundles, other confidence batches), turn 2 sampled by the confidence stage after its answers
     (the two-call way), two stage actors sharing two engines that each sleep before every generate call
     (0.2 s, 0.7 s), a CPU burner running. Same tokens, texts, rewards and advantages."""
@@ -190,7 +190,8 @@ def test_same_rollouts_whatever_the_batching_timing_and_engines(ray_local, tiny_
     from rlcr.cluster import ENGINE_ACTOR_CPUS
     from rlcr.rollout.engine import engine_runtime_env
 
-    quiet = tiny_cfg(tiny_model_dir, tmp_path)  # rollout_batch_size 8: all five prompts in one batch
+    # rollout_batch_size 8: all five prompts in one batch; both turns in one engine run
+    quiet = tiny_cfg(tiny_model_dir, tmp_path).model_copy(update={"rollout.pipeline_turns": True})
     a = run_rollouts(quiet, TASKS, policy_uri=str(tiny_model_dir), run_id="quiet", iteration=2)
 
     loaded = quiet.model_copy(update={"rollout.batch_size": 1, "rollout.actors": 2, "rollout.pipeline_turns": False})

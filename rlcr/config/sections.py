@@ -193,12 +193,14 @@ class RolloutSection(Section):
     sequences); a confidence-stage call takes the ``rollout.batch_size·G_a`` answers of one answer call.
     Larger batches keep the engine busier; the measured pipeline/direct ratio drops when calls are small.
     Changes results only by float rounding (batching moves log-probs by ~1e-6), conservatively counted."""
-    pipeline_turns: bool = changes(True)
+    pipeline_turns: bool = changes(False)
     """Both turns of an answer batch in one engine run: each answer's G_c confidence requests are sent as soon
-    as that answer is done, while the other answers still decode, so the engine's batch stays full across the
-    turns (the confidence stage then lays out what was sampled). False: turn 2 starts after the whole turn-1
-    batch (the former way). Same requests and seeds either way; changes results only by float rounding (the
-    batches differ; log-probs move by ~1e-6), conservatively counted. Measured in ``bench/generation.py``."""
+    as that answer is done, while the other answers still decode (the confidence stage then lays out what was
+    sampled). False (default): turn 2 starts after the whole turn-1 batch. Same requests and seeds either way
+    (the same tokens in every comparison so far); changes results only by float rounding (the batches differ;
+    log-probs move by ~1e-6), conservatively counted. Off by default because on the 2-core CPU it did not
+    generate faster at demo scale (``bench/generation.py``: 1.01×, 0.77–1.18, n = 4; docs/iteration-overhead.md);
+    unmeasured on GPUs."""
     progress: bool = operational(False)
     """Ray Data's own progress bars while rollouts and evaluations run (off a terminal: a status block in the log
     every few seconds, which buries a flow's log). Off by default; the CLI shows its own progress. Their cost to

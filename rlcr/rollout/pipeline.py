@@ -102,7 +102,7 @@ def build_rollout_dataset(
     ctx.execution_options.preserve_order = True
     ctx.enable_progress_bars = cfg.rollout.progress
     seed = seeds.rollout_seed(cfg.run.seed, iteration, salt=salt)
-    # rollout.pipeline_turns: the answer stage samples each answer's confidences as soon as it is done
+    # rollout.pipeline_turns: the answer stage also samples each answer's confidences as soon as it is done
     turn2 = (g_c or cfg.rollout.num_generations_confidence) if confidences and cfg.rollout.pipeline_turns else None
     answer, confidence = _stage_steps(cfg, policy_uri, seed, engines, g_a, g_c, temperature, turn2)
     cheap = dict(batch_format="pandas", num_cpus=STAGE_ACTOR_CPUS)
