@@ -172,6 +172,7 @@ def main() -> None:
     args = parse_args()
     import ray
 
+    from bench.trl import cpu_model
     from flows.train import ensure_ray
     from rlcr.config import load_config
     from rlcr.rollout.engine import EnginePool
@@ -186,7 +187,7 @@ def main() -> None:
     ensure_ray()
     direct = Direct(cfg, policy)
     r = cfg.rollout
-    print(f"cpu: {cpu_name()}, {os.cpu_count()} cores; policy {policy}; P={r.prompts_per_iteration} "
+    print(f"cpu: {cpu_model()}, {os.cpu_count()} cores; policy {policy}; P={r.prompts_per_iteration} "
           f"G_a={r.num_generations_answer} G_c={r.num_generations_confidence} tokens {r.max_answer_tokens}/"
           f"{r.max_confidence_tokens} T={r.temperature}", flush=True)
     rates = {s: [] for s in SIDES}
@@ -218,16 +219,6 @@ def main() -> None:
         print(f"{name:15s} tok/s median {statistics.median(v):.0f} (range {min(v):.0f}–{max(v):.0f}, n = {len(v)}); "
               f"of the ceiling {statistics.median(v) / statistics.median(rates['ceiling']):.2f}")
     print(f"flow generation tokens/s pipelined/former: {statistics.median(ratios):.2f}")
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":
