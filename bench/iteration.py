@@ -13,16 +13,21 @@ Per iteration, from the flow's ``timings``:
   stages       the two generation stages outside the engines' generate calls: Ray Data's part of the
                rollout (``rollout/pipeline_s`` − generation; issue 34 item 1, goal ≤ 1 s)
   overhead     iteration − generation − fwd_bwd
+  save         the checkpoint's write (``save_s``), in the iterations that save (every ``save_every``-th and
+               the last); part of the overhead
 
 Old vs new side by side in one flow run: the rollout stages of each iteration run either as task-based
 ``map_batches`` functions (``tasks``, the default) or as a pool of stage actors started for each dataset
 (``actors``, the former way), chosen per iteration through ``$RLCR_ROLLOUT_STAGES`` when its rollouts start.
 Iterations 1 and 2 warm up (engine and workers; one per mode) and are shown but not counted; then each round
 is one iteration per mode, in alternating order so the machine's drift hits both alike, printed as it is
-committed. The last line is the ``tasks`` mode's median overhead fraction over the rounds:
-``iteration overhead fraction: X``.
+committed. The last line is the first mode's overhead fraction over the rounds, amortised at the run's
+``orchestration.save_every`` = S (1 unless overridden): (median overhead of an iteration without its save +
+median save / S) / (median iteration without its save + median save / S), printed as
+``iteration overhead fraction: X``. With S = 1 that is the median iteration's fraction, as before.
 
     python bench/iteration.py [--rounds 3] [--config configs/tiny.yaml] [--modes tasks,actors] [field=value …]
+    python bench/iteration.py --config configs/demo.yaml --modes tasks --rounds 6 orchestration.save_every=3
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 STAGES = ("rollouts", "advantages", "update", "sync_weights", "evaluate", "stage", "save", "commit")
 COLUMNS = ("iteration", "generation", "fwd_bwd", "stages", "rollouts", "advantages", "update", "sync_weights",
-           "overhead")
+           "save", "overhead")
 
 
 def say(line: str) -> None:
@@ -101,8 +106,20 @@ class Follower:
             + f" {f['fraction']:>8.1%}" + ("   (warm-up, not counted)" if r == 0 else ""))
 
 
-def summary(seen: dict[int, dict[str, float]], plan: dict[int, tuple[int, str]], modes: list[str]) -> None:
-    """Median and range per mode over the rounds (iterations after the warm-up round)."""
+def amortised(rows: list[dict[str, float]], save_every: int) -> float:
+    """Overhead fraction of an iteration with the save's time spread over ``save_every`` iterations: medians
+    of the iterations without their save, plus the median save (over the iterations that saved) / save_every."""
+    saves = [f["save"] for f in rows if "save" in f]
+    save = statistics.median(saves) / save_every if saves else 0.0
+    overhead = statistics.median(f["overhead"] - f.get("save", 0.0) for f in rows) + save
+    iteration = statistics.median(f["iteration"] - f.get("save", 0.0) for f in rows) + save
+    return overhead / iteration if iteration > 0 else float("nan")
+
+
+def summary(seen: dict[int, dict[str, float]], plan: dict[int, tuple[int, str]], modes: list[str],
+            save_every: int) -> None:
+    """Median and range per mode over the rounds (iterations after the warm-up round), and the first mode's
+    overhead fraction amortised at ``save_every``."""
     for mode in modes:
         rows = [f for k, f in sorted(seen.items()) if plan[k][1] == mode and plan[k][0] > 0]
         if not rows:
@@ -112,8 +129,15 @@ def summary(seen: dict[int, dict[str, float]], plan: dict[int, tuple[int, str]],
             fmt = (lambda x: f"{x:.3f}") if not unit else (lambda x: f"{x:.2f} s")
             say(f"{mode:>6} {key:<10} median {fmt(statistics.median(v))} (n={len(v)}, range "
                 f"{fmt(min(v))}–{fmt(max(v))})")
-    new = [f["fraction"] for k, f in seen.items() if plan[k][0] > 0 and plan[k][1] == modes[0]]
-    say(f"iteration overhead fraction: {statistics.median(new):.3f}" if new else "iteration overhead fraction: nan")
+        saves = [f["save"] for f in rows if "save" in f]
+        if saves:
+            say(f"{mode:>6} save       median {statistics.median(saves):.2f} s (n={len(saves)}, range "
+                f"{min(saves):.2f}–{max(saves):.2f} s); overhead without it median "
+                f"{statistics.median(f['overhead'] - f.get('save', 0.0) for f in rows):.2f} s (n={len(rows)})")
+        say(f"{mode:>6} fraction amortised at save_every {save_every}: {amortised(rows, save_every):.3f}")
+    new = [f for k, f in sorted(seen.items()) if plan[k][0] > 0 and plan[k][1] == modes[0]]
+    say(f"iteration overhead fraction: {amortised(new, save_every):.3f}" if new
+        else "iteration overhead fraction: nan")
 
 
 def main() -> None:
@@ -142,7 +166,7 @@ def main() -> None:
     say("round iter   mode " + " ".join(f"{c:>11}" for c in COLUMNS) + " fraction   (seconds)")
     with events.subscribed(follower):
         rlcr_train(config=args.config, overrides=overrides, run_id=run_id, iterations=len(plan))
-    summary(follower.seen, plan, modes)
+    summary(follower.seen, plan, modes, cfg.orchestration.save_every)
 
 
 if __name__ == "__main__":
