@@ -317,7 +317,7 @@ def rlcr_train(
                 log.info("iteration %d %s: %s", k, "committed" if save and save.uri else "saving" if save else "staged",
                          progress_line(metrics))
                 k += 1
-            settle()
+            assert pending is None  # the last iteration's save is waited for; the others settle before an update
         summary["final_checkpoint"] = run.committed()[-1]["checkpoint_uri"]
         return summary
 
@@ -374,7 +374,7 @@ def _iteration(cfg, run, k, trainer, engines, policies, initial, train_tasks, he
     staged.append(k)
     if not save:
         return metrics, manifest, None
-    background = cfg.orchestration.background_save
+    background = cfg.orchestration.background_save and k < cfg.run.iterations  # the last: nothing to overlap
     with events.timed("save", k, t):
         extra = {k_: v for k_, v in update.metrics.items() if k_ != "history"}
         extra.update(run_id=run.run_id, iteration=k, parent=policy, covers=list(staged))

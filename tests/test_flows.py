@@ -282,16 +282,20 @@ def test_save_every_stages_rewinds_and_resumes_exactly(ray_local, prefect_harnes
         stage_hook.ACTIONS.clear()
         stage_hook.ACTIONS[(stage, 2)] = kill_trainer_worker
         stage_hook.SEEN.clear()
-        summary = rlcr_train(overrides=cfg_for(name), run_id="r", iterations=2)
-        assert killed and summary["iterations"] == [1, 2], name
+        # b: 2 iterations, then a resume; c: 3 iterations (the run's last save is waited for, so iteration 2's is
+        # in the background only when a third follows: it is settled, and the worker killed, in iteration 3)
+        summary = rlcr_train(overrides=cfg_for(name), run_id="r", iterations=2 if name == "b" else 3)
+        assert killed and summary["iterations"] == ([1, 2] if name == "b" else [1, 2, 3]), name
         assert stage_hook.SEEN.count(("rollouts", 1)) == 2 and stage_hook.SEEN.count(("update", 2)) == 2  # rewound
         stage_hook.ACTIONS.clear()
-        rlcr_train(overrides=cfg_for(name), run_id="r", iterations=3)  # resume: a new trainer from the saved state
+        if name == "b":
+            rlcr_train(overrides=cfg_for(name), run_id="r", iterations=3)  # resume: a new trainer from the saved state
         n1, n2, n3 = crashed.committed()
         assert n3["policy_in"] == n2["checkpoint_uri"] and n1["state_uri"] == n2["checkpoint_uri"]
-        assert crashed.metrics(3)["update"]["trainer_starts"] == 1
-        # a background save's wait and its write are in the metrics of the iteration it saved
-        assert crashed.metrics(2)["timings"]["save_write_s"] > 0 and crashed.metrics(3)["timings"]["save_s"] > 0
+        assert crashed.metrics(3)["update"]["trainer_starts"] == (1 if name == "b" else 2)  # c: restarted by the rewind
+        assert crashed.metrics(3)["timings"]["save_s"] > 0
+        if name == "c":  # a background save's write time is in the metrics of the iteration it saved
+            assert crashed.metrics(2)["timings"]["save_write_s"] > 0
 
         for a, b in ((m1, n1), (m2, n2), (m3, n3)):
             ra, rb = (pq.read_table(m["rollouts_uri"]).column("completion_ids").to_pylist() for m in (a, b))

@@ -40,6 +40,7 @@ def test_the_overhead_fraction_spreads_the_save_over_save_every_iterations():
     assert amortised(rows, 3) == pytest.approx((2.25 + 2.0) / (74.5 + 2.0))
     assert amortised(rows, 1) == pytest.approx((2.25 + 6.0) / (74.5 + 6.0))
     assert amortised([{"iteration": 10.0, "overhead": 1.0}], 3) == pytest.approx(0.1)  # no save in the rows
+    assert _bench()._amortised_iteration(rows, 3) == pytest.approx(74.5 + 2.0)  # seconds per iteration
 
 
 def test_stage_mode_switch(monkeypatch):
