@@ -13,16 +13,28 @@ Per iteration, from the flow's ``timings``:
   stages       the two generation stages outside the engines' generate calls: Ray Data's part of the
                rollout (``rollout/pipeline_s`` − generation; issue 34 item 1, goal ≤ 1 s)
   overhead     iteration − generation − fwd_bwd
+  save         the checkpoint's write (``save_s``), in the iterations that save (every ``save_every``-th and
+               the last); part of the overhead
 
 Old vs new side by side in one flow run: the rollout stages of each iteration run either as task-based
 ``map_batches`` functions (``tasks``, the default) or as a pool of stage actors started for each dataset
 (``actors``, the former way), chosen per iteration through ``$RLCR_ROLLOUT_STAGES`` when its rollouts start.
 Iterations 1 and 2 warm up (engine and workers; one per mode) and are shown but not counted; then each round
 is one iteration per mode, in alternating order so the machine's drift hits both alike, printed as it is
-committed. The last line is the ``tasks`` mode's median overhead fraction over the rounds:
-``iteration overhead fraction: X``.
+committed. The last line is the first mode's overhead fraction over the rounds, amortised at the run's
+``orchestration.save_every`` = S (1 unless overridden): (median overhead of an iteration without its save +
+median save / S) / (median iteration without its save + median save / S), printed as
+``iteration overhead fraction: X``. With S = 1 that is the median iteration's fraction, as before.
+
+The save, waited for or in the background (``orchestration.background_save``), is compared with ``--saves
+background,inline``: one flow run per save mode, one after the other in one invocation, each with the plan
+above and one more iteration at the end (not counted: a run's last save is always waited for). Besides the
+overhead fraction, the amortised seconds per iteration of both are printed as a ratio (a background write
+that slowed the rollouts it ran beside would show there, not in the overhead).
 
     python bench/iteration.py [--rounds 3] [--config configs/tiny.yaml] [--modes tasks,actors] [field=value …]
+    python bench/iteration.py --config configs/demo.yaml --modes tasks --rounds 6 --saves background,inline \
+        orchestration.save_every=3
 """
 
 from __future__ import annotations
@@ -41,7 +53,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 STAGES = ("rollouts", "advantages", "update", "sync_weights", "evaluate", "stage", "save", "commit")
 COLUMNS = ("iteration", "generation", "fwd_bwd", "stages", "rollouts", "advantages", "update", "sync_weights",
-           "overhead")
+           "save", "overhead")
 
 
 def say(line: str) -> None:
@@ -101,8 +113,20 @@ class Follower:
             + f" {f['fraction']:>8.1%}" + ("   (warm-up, not counted)" if r == 0 else ""))
 
 
-def summary(seen: dict[int, dict[str, float]], plan: dict[int, tuple[int, str]], modes: list[str]) -> None:
-    """Median and range per mode over the rounds (iterations after the warm-up round)."""
+def amortised(rows: list[dict[str, float]], save_every: int) -> float:
+    """Overhead fraction of an iteration with the save's time spread over ``save_every`` iterations: medians
+    of the iterations without their save, plus the median save (over the iterations that saved) / save_every."""
+    saves = [f["save"] for f in rows if "save" in f]
+    save = statistics.median(saves) / save_every if saves else 0.0
+    overhead = statistics.median(f["overhead"] - f.get("save", 0.0) for f in rows) + save
+    iteration = statistics.median(f["iteration"] - f.get("save", 0.0) for f in rows) + save
+    return overhead / iteration if iteration > 0 else float("nan")
+
+
+def summary(seen: dict[int, dict[str, float]], plan: dict[int, tuple[int, str]], modes: list[str],
+            save_every: int, headline: bool = True) -> None:
+    """Median and range per mode over the rounds (iterations after the warm-up round), and (``headline``) the
+    first mode's overhead fraction amortised at ``save_every`` as the last line."""
     for mode in modes:
         rows = [f for k, f in sorted(seen.items()) if plan[k][1] == mode and plan[k][0] > 0]
         if not rows:
@@ -112,8 +136,39 @@ def summary(seen: dict[int, dict[str, float]], plan: dict[int, tuple[int, str]],
             fmt = (lambda x: f"{x:.3f}") if not unit else (lambda x: f"{x:.2f} s")
             say(f"{mode:>6} {key:<10} median {fmt(statistics.median(v))} (n={len(v)}, range "
                 f"{fmt(min(v))}–{fmt(max(v))})")
-    new = [f["fraction"] for k, f in seen.items() if plan[k][0] > 0 and plan[k][1] == modes[0]]
-    say(f"iteration overhead fraction: {statistics.median(new):.3f}" if new else "iteration overhead fraction: nan")
+        saves = [f["save"] for f in rows if "save" in f]
+        if saves:
+            say(f"{mode:>6} save       median {statistics.median(saves):.2f} s (n={len(saves)}, range "
+                f"{min(saves):.2f}–{max(saves):.2f} s); overhead without it median "
+                f"{statistics.median(f['overhead'] - f.get('save', 0.0) for f in rows):.2f} s (n={len(rows)})")
+        say(f"{mode:>6} fraction amortised at save_every {save_every}: {amortised(rows, save_every):.3f}")
+    if headline:
+        new = [f for k, f in sorted(seen.items()) if plan[k][0] > 0 and plan[k][1] == modes[0]]
+        say(f"iteration overhead fraction: {amortised(new, save_every):.3f}" if new
+            else "iteration overhead fraction: nan")
+
+
+def run_flow(args, modes: list[str], plan: dict[int, tuple[int, str]], store: str, save: str | None):
+    """One flow run of ``plan`` (plus one uncounted iteration at the end, so that no counted iteration is the
+    run's last, whose save the flow always waits for); returns (figures by iteration, save_every)."""
+    from flows.train import rlcr_train
+    from rlcr import events
+    from rlcr.config import load_config
+    from rlcr.runs import RunStore
+
+    overrides = [f"storage.uri={store}", "eval.every=0", "orchestration.save_every=1", *args.overrides]
+    if save is not None:
+        overrides.append(f"orchestration.background_save={save == 'background'}")
+    cfg = load_config(args.config, overrides)
+    run_id = f"bench-iteration-{save}" if save else "bench-iteration"
+    follower = Follower(RunStore.open(cfg, run_id), plan)
+    say(f"config {args.config} (+ {' '.join(overrides)}); P={cfg.rollout.prompts_per_iteration} "
+        f"G_a={cfg.rollout.num_generations_answer} G_c={cfg.rollout.num_generations_confidence}; modes {modes}; "
+        f"save {'in the background' if cfg.orchestration.background_save else 'waited for'}; {len(plan)} iterations")
+    say("round iter   mode " + " ".join(f"{c:>11}" for c in COLUMNS) + " fraction   (seconds)")
+    with events.subscribed(follower):
+        rlcr_train(config=args.config, overrides=overrides, run_id=run_id, iterations=len(plan) + 1)
+    return follower.seen, cfg.orchestration.save_every
 
 
 def main() -> None:
@@ -121,28 +176,41 @@ def main() -> None:
     ap.add_argument("--config", default="configs/tiny.yaml")
     ap.add_argument("--rounds", type=int, default=3, help="counted rounds (after one warm-up round)")
     ap.add_argument("--modes", default="tasks,actors", help="stage modes to compare, the headline's first")
-    ap.add_argument("--store", default=None, help="storage.uri of the run (default: a new temporary directory)")
+    ap.add_argument("--saves", default=None, help="background,inline: one flow run per save mode "
+                    "(orchestration.background_save), in this order, the headline's first (default: one run, "
+                    "the config's)")
+    ap.add_argument("--store", default=None, help="storage.uri of the runs (default: a new temporary directory)")
     ap.add_argument("overrides", nargs="*", help="config field=value")
     args = ap.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-
-    from flows.train import rlcr_train
-    from rlcr import events
-    from rlcr.config import load_config
-    from rlcr.runs import RunStore
+    saves = [m.strip() for m in args.saves.split(",") if m.strip()] if args.saves else [None]
+    if any(m not in (None, "background", "inline") for m in saves):
+        raise SystemExit(f"--saves {args.saves!r}: expected background and/or inline")
 
     plan = schedule(modes, args.rounds)
     store = args.store or tempfile.mkdtemp(prefix="rlcr-bench-iteration-")
-    overrides = [f"storage.uri={store}", "eval.every=0", "orchestration.save_every=1", *args.overrides]
-    cfg = load_config(args.config, overrides)
-    run_id = "bench-iteration"
-    follower = Follower(RunStore.open(cfg, run_id), plan)
-    say(f"config {args.config} (+ {' '.join(overrides)}); P={cfg.rollout.prompts_per_iteration} "
-        f"G_a={cfg.rollout.num_generations_answer} G_c={cfg.rollout.num_generations_confidence}; modes {modes}; {len(plan)} iterations")
-    say("round iter   mode " + " ".join(f"{c:>11}" for c in COLUMNS) + " fraction   (seconds)")
-    with events.subscribed(follower):
-        rlcr_train(config=args.config, overrides=overrides, run_id=run_id, iterations=len(plan))
-    summary(follower.seen, plan, modes)
+    results = {}
+    for save in saves:
+        seen, save_every = run_flow(args, modes, plan, store, save)
+        summary(seen, plan, modes, save_every, headline=len(saves) == 1)
+        counted = [f for k, f in sorted(seen.items()) if plan[k][0] > 0 and plan[k][1] == modes[0]]
+        results[save] = (amortised(counted, save_every), _amortised_iteration(counted, save_every))
+        if len(saves) > 1:
+            say(f"save {save}: overhead fraction {results[save][0]:.3f}, iteration {results[save][1]:.2f} s "
+                f"(amortised at save_every {save_every}, n={len(counted)})")
+    if len(saves) > 1:
+        (fa, ia), (fb, ib) = results[saves[0]], results[saves[1]]
+        say(f"save {saves[0]}/{saves[1]}: iteration time {ia / ib:.3f} (overhead fraction {fa:.3f} vs {fb:.3f})")
+        say(f"iteration overhead fraction: {fa:.3f}")
+
+
+def _amortised_iteration(rows: list[dict[str, float]], save_every: int) -> float:
+    """Seconds per iteration with the save spread over ``save_every`` iterations (as :func:`amortised`)."""
+    if not rows:
+        return float("nan")
+    saves = [f["save"] for f in rows if "save" in f]
+    return (statistics.median(f["iteration"] - f.get("save", 0.0) for f in rows)
+            + (statistics.median(saves) / save_every if saves else 0.0))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -43,7 +44,7 @@ from rlcr.runs import (AlreadyCommitted, LeaseLost, RunLease, RunStore, StateMis
                        prompts_for_iteration, task_sets)
 from rlcr.storage import validate_run_id
 from rlcr.tracking import Tracker, tracker_from_config
-from rlcr.train.trainer import PolicyTrainer, StateLost
+from rlcr.train.trainer import PolicyTrainer, StateLost, TrainerLost
 
 __all__ = ["rlcr_train", "ensure_ray", "resolve_config", "artifact_key", "run_key"]
 
@@ -158,14 +159,27 @@ def stage_task(run, iteration, manifest, metrics, lease):
 
 
 @task(name="save", retry_condition_fn=_retry_unless_final)
-def save_task(trainer, run, iteration, extra, lease):
+def save_task(trainer, run, iteration, extra, lease, background=False):
     """The full training state (weights, AdamW, schedule, RNG), sealed, after iteration ``iteration``, under
     this attempt's path (which no other writer's manifest names); fenced by the run's lease (checked here and
-    again by the worker just before it uploads)."""
+    again by the worker just before it uploads). ``background``: started, not waited for (:func:`saved_task`)."""
     events.started("save", iteration)
     fence = run.checkpoint_fence(iteration, lease)
     trainer.ensure_running()
-    return trainer.save(run.checkpoint_rel(iteration, attempt_id(lease)), extra=extra, fence=fence)
+    return trainer.save(run.checkpoint_rel(iteration, attempt_id(lease)), extra=extra, fence=fence,
+                        background=background)
+
+
+@task(name="saved", retry_condition_fn=_retry_unless_final)
+def saved_task(trainer, iteration):
+    """Wait for the background save of iteration ``iteration``: (its URI, the seconds its write took). Workers
+    that died meanwhile are :class:`StateLost` (the flow rewinds to the last committed state)."""
+    events.started("saved", iteration)
+    try:
+        return trainer.saved()
+    except TrainerLost:
+        trainer.ensure_running()  # dead with unsaved updates: StateLost
+        raise
 
 
 @task(name="commit")
@@ -248,11 +262,29 @@ def rlcr_train(
                 run.write_baseline({"policy_uri": saved, "eval": baseline}, lease=lease)
                 track_committed(tracker, run, [0], log)
             policy, staged, rewinds = saved, [], 0  # staged: the iterations applied in memory since `saved`
+            pending: PendingSave | None = None  # a background save not yet committed
+
+            def committed(save: PendingSave) -> None:
+                nonlocal saved
+                summary["iterations"].extend(save.covers)
+                track_committed(tracker, run, save.covers, log)
+                saved = save.uri
+                del staged[:len(save.covers)]
+
+            def settle() -> str | None:
+                nonlocal pending
+                if pending is None:
+                    return None
+                save, pending = pending, None
+                finish_save(run, trainer, save, lease, opts)
+                committed(save)
+                return save.uri
+
             k = len(done) + 1
             while k <= cfg.run.iterations:
                 try:
-                    metrics, manifest, saved_uri = _iteration(cfg, run, k, trainer, engines, (saved, policy), initial,
-                                                              train_tasks, held_out, opts, lease, staged)
+                    metrics, manifest, save = _iteration(cfg, run, k, trainer, engines, (saved, policy), initial,
+                                                         train_tasks, held_out, opts, lease, staged, settle)
                 except StateLost as e:  # the workers died with unsaved updates: rewind to the last saved state
                     rewinds += 1
                     if rewinds > cfg.orchestration.retries:
@@ -263,33 +295,44 @@ def rlcr_train(
                                 e, policy, len(done) + 1, k, rewinds, cfg.orchestration.retries)
                     trainer.restart_from(policy, restore=bool(done))
                     engines.load(policy)
-                    staged, k = [], len(done) + 1
+                    staged, pending, k = [], None, len(done) + 1
                     continue
+                except Exception:
+                    with contextlib.suppress(Exception):  # keep what a finished background save covers
+                        settle()
+                    raise
                 policy = metrics["engines"]["policy"]
-                if saved_uri:
-                    summary["iterations"].extend(staged)
-                    track_committed(tracker, run, staged, log)
-                    saved, staged = saved_uri, []
+                if save is not None and save.uri:
+                    committed(save)
+                elif save is not None:
+                    pending = save
+                state = save.uri if save and save.uri else "saving (committed before the next update)" if save else None
                 create_markdown_artifact(
                     key=artifact_key(run_id, k),
-                    markdown=metrics_markdown(run_id, k, metrics, {"checkpoint": saved_uri or "pending (not saved yet)",
+                    markdown=metrics_markdown(run_id, k, metrics, {"checkpoint": state or "pending (not saved yet)",
                                                                    "rollouts": manifest["rollouts_uri"],
                                                                    "MLflow": tracker.run_url or tracker.ui_hint or "off"}),
                     description=f"rlcr {run_id} iteration {k}",
                 )
-                log.info("iteration %d %s: %s", k, "committed" if saved_uri else "staged", progress_line(metrics))
+                log.info("iteration %d %s: %s", k, "committed" if save and save.uri else "saving" if save else "staged",
+                         progress_line(metrics))
                 k += 1
+            assert pending is None  # the last iteration's save is waited for; the others settle before an update
         summary["final_checkpoint"] = run.committed()[-1]["checkpoint_uri"]
         return summary
 
 
-def _iteration(cfg, run, k, trainer, engines, policies, initial, train_tasks, held_out, opts, lease, staged):
-    """One iteration: rollouts → advantages → update → weight sync → evaluate → stage (→ save → commit).
+def _iteration(cfg, run, k, trainer, engines, policies, initial, train_tasks, held_out, opts, lease, staged,
+               settle):
+    """One iteration: rollouts → advantages → (settle) → update → weight sync → evaluate → stage (→ save →
+    commit).
 
     ``policies``: (the last saved state, the policy the engines hold: that state plus the updates of the
-    iterations in ``staged``). Returns (metrics, manifest draft, URI of the saved state or None). ``staged``
-    collects the iterations staged since the last save; on a save they are committed and the list is left
-    for the caller to clear.
+    iterations in ``staged``). ``settle()``: commits an earlier iteration's background save, if one is
+    pending, and returns the state it saved (else None). Returns (metrics, manifest draft, what was saved:
+    None, or a :class:`PendingSave` — committed already unless ``orchestration.background_save``). ``staged``
+    collects the iterations staged since the last save; on a save they are committed (or will be, when the
+    background save is settled) and the caller removes them from the list.
     """
     base, policy = policies
     t: dict[str, float] = {}
@@ -301,6 +344,7 @@ def _iteration(cfg, run, k, trainer, engines, policies, initial, train_tasks, he
         rollout = advantages_task.with_options(**opts)(cfg, rows, run, k, lease)
         fig.update({"answer reward": rollout.stats.get("answer/reward_mean"),
                     "confidence reward": rollout.stats.get("confidence/reward_mean")})
+    base = settle() or base  # an earlier iteration's background save: done and committed before the update
     if cfg.engine.release_during_update:
         engines.release()  # their memory goes to the update; the weight sync starts them again
     with events.timed("update", k, t) as fig:
@@ -330,15 +374,45 @@ def _iteration(cfg, run, k, trainer, engines, policies, initial, train_tasks, he
     staged.append(k)
     if not save:
         return metrics, manifest, None
+    background = cfg.orchestration.background_save and k < cfg.run.iterations  # the last: nothing to overlap
     with events.timed("save", k, t):
         extra = {k_: v for k_, v in update.metrics.items() if k_ != "history"}
         extra.update(run_id=run.run_id, iteration=k, parent=policy, covers=list(staged))
-        uri = save_task.with_options(**opts)(trainer, run, k, extra, lease)
+        uri = save_task.with_options(**opts)(trainer, run, k, extra, lease, background)
     metrics["timings"].update(t)  # the save's time (the dict was copied when the iteration was staged)
-    run.write_metrics(k, metrics, lease=lease)  # still pending: now with the save's time
+    pending = PendingSave(k, list(staged), metrics)
+    if not background:
+        finish_save(run, trainer, pending, lease, opts, uri)
+    return metrics, manifest, pending  # background: written while the next rollouts run; settled before the update
+
+
+@dataclass
+class PendingSave:
+    """A saved (or saving) state and what it commits: the staged iterations ``covers`` (the last is ``k``,
+    whose ``metrics`` get the save's timings)."""
+
+    k: int
+    covers: list[int]
+    metrics: dict[str, Any]
+    uri: str | None = None
+    """The saved state, once the iterations are committed."""
+
+
+def finish_save(run, trainer, pending: PendingSave, lease, opts, uri: str | None = None) -> str:
+    """Commit the iterations a save covers, once it is written: ``uri`` if the flow waited for it, otherwise
+    after waiting for the background write (its wait added to ``save_s``, the write's own time as
+    ``save_write_s``). Sets and returns ``pending.uri``, the saved state."""
+    k, t = pending.k, {}
+    if uri is None:
+        with events.timed("saved", k, t):
+            uri, write_s = saved_task.with_options(**{**opts, "retries": 0})(trainer, k)
+        timings = pending.metrics["timings"]
+        timings.update(save_s=timings.get("save_s", 0.0) + t["saved_s"], save_write_s=write_s)
+    run.write_metrics(k, pending.metrics, lease=lease)  # still pending: now with the save's time
     with events.timed("commit", k, t):
-        commit_task.with_options(**opts)(run, list(staged), uri, k, lease)
-    return metrics, manifest, uri
+        commit_task.with_options(**opts)(run, pending.covers, uri, k, lease)
+    pending.uri = uri
+    return uri
 
 
 def main() -> None:

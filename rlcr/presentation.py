@@ -92,7 +92,8 @@ class StageProgress:
               "rollouts": "generating answers → confidences", "advantages": "advantages + rollouts Parquet",
               "update": "GRPO update (Ray Train)", "sync_weights": "new weights → engines (in memory)",
               "evaluate": "held-out evaluation", "stage": "metrics written (pending until the state is saved)",
-              "save": "training state → storage", "commit": "commit"}
+              "save": "training state → storage", "saved": "waiting for the background save",
+              "commit": "commit"}
 
     def __init__(self, total: int, start: int, figures: Optional[Callable[[str, int], Optional[str]]] = None,
                  out: Optional[Console] = None, title: str = "training"):

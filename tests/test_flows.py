@@ -224,10 +224,13 @@ def test_an_update_that_cannot_fit_fails_fast(ray_local, tiny_model_dir, tmp_pat
 
 def test_save_every_stages_rewinds_and_resumes_exactly(ray_local, prefect_harness, tiny_model_dir, tmp_path,
                                                         stage_hook):
-    """``save_every: 2``. An uninterrupted 3-iteration run, against a run whose trainer worker is SIGKILLed
-    as it is about to save iteration 2 (two unsaved updates are lost: the flow rewinds to the start and
-    re-runs 1 and 2) and which is then resumed from its saved state for iteration 3: same rollouts, same
-    weights. Iteration 1 is committed only with the state saved after 2, which its manifest names."""
+    """``save_every: 2``. An uninterrupted 3-iteration run that waits for each save
+    (``orchestration.background_save: false``), against runs that save in the background: one whose trainer
+    worker is SIGKILLed as it is about to save iteration 2 (two unsaved updates are lost: the flow rewinds to
+    the start and re-runs 1 and 2), one whose worker is SIGKILLed after the background save of iteration 2
+    started and before it was committed (the same rewind), each then resumed from its saved state for
+    iteration 3: same rollouts, same weights. Iteration 1 is committed only with the state saved after 2,
+    which its manifest names."""
     import os
     import signal
 
@@ -243,10 +246,12 @@ def test_save_every_stages_rewinds_and_resumes_exactly(ray_local, prefect_harnes
                 "rollout.num_generations_answer": 2, "rollout.num_generations_confidence": 2, "tasks.num_train": 16,
                 "tasks.num_eval": 4, "rollout.temperature": 1.0, "rollout.max_answer_tokens": 16, "rollout.max_confidence_tokens": 8,
                 "engine.max_model_len": 512, "engine.kv_cache_gib": 0.25, "update.learning_rate": 1e-3, "orchestration.retries": 1,
-                "orchestration.retry_delay_s": 0.1, "eval.every": 0, "orchestration.save_every": 2}
+                "orchestration.retry_delay_s": 0.1, "eval.every": 0, "orchestration.save_every": 2,
+                "orchestration.background_save": name != "a"}
 
     straight = RunStore.open(RLCRConfig.from_dict(cfg_for("a")), "r")
     rlcr_train(overrides=cfg_for("a"), run_id="r", iterations=3)
+    assert ("saved", 2) not in stage_hook.SEEN  # the flow waited for its saves
     m1, m2, m3 = straight.committed()
     assert m1["checkpoint_uri"] is None and m1["state_uri"] == m2["checkpoint_uri"] and m1["state_iteration"] == 2
     a = m1["attempt"]  # one flow run: one attempt
@@ -261,36 +266,43 @@ def test_save_every_stages_rewinds_and_resumes_exactly(ray_local, prefect_harnes
     assert not straight.store.exists(straight.checkpoint_rel(1, a))  # nothing saved after iteration 1
     assert straight.pending() == [] and not straight.store.exists(straight.pending_rel(1, a))
 
-    crashed = RunStore.open(RLCRConfig.from_dict(cfg_for("b")), "r")
+    for name, stage in (("b", "save"), ("c", "saved")):
+        crashed = RunStore.open(RLCRConfig.from_dict(cfg_for(name)), "r")
+        killed = []
 
-    killed = []
+        def kill_trainer_worker():  # once: the save's retry emits its start again
+            if killed:
+                return
+            assert crashed.pending() == [1, 2]  # staged, not committed
+            assert crashed.committed() == []
+            pid = crashed.metrics(2)["update"]["workers"][0]["pid"]  # staged: the lease holder's draft names it
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
 
-    def kill_trainer_worker():  # once: the save's retry emits its start again
-        if killed:
-            return
-        assert crashed.pending() == [1, 2]  # staged, not committed
-        assert crashed.committed() == []
-        pid = crashed.metrics(2)["update"]["workers"][0]["pid"]  # staged: the lease holder's draft names it
-        os.kill(pid, signal.SIGKILL)
-        killed.append(pid)
+        stage_hook.ACTIONS.clear()
+        stage_hook.ACTIONS[(stage, 2)] = kill_trainer_worker
+        stage_hook.SEEN.clear()
+        # b: 2 iterations, then a resume; c: 3 iterations (the run's last save is waited for, so iteration 2's is
+        # in the background only when a third follows: it is settled, and the worker killed, in iteration 3)
+        summary = rlcr_train(overrides=cfg_for(name), run_id="r", iterations=2 if name == "b" else 3)
+        assert killed and summary["iterations"] == ([1, 2] if name == "b" else [1, 2, 3]), name
+        assert stage_hook.SEEN.count(("rollouts", 1)) == 2 and stage_hook.SEEN.count(("update", 2)) == 2  # rewound
+        stage_hook.ACTIONS.clear()
+        if name == "b":
+            rlcr_train(overrides=cfg_for(name), run_id="r", iterations=3)  # resume: a new trainer from the saved state
+        n1, n2, n3 = crashed.committed()
+        assert n3["policy_in"] == n2["checkpoint_uri"] and n1["state_uri"] == n2["checkpoint_uri"]
+        assert crashed.metrics(3)["update"]["trainer_starts"] == (1 if name == "b" else 2)  # c: restarted by the rewind
+        assert crashed.metrics(3)["timings"]["save_s"] > 0
+        if name == "c":  # a background save's write time is in the metrics of the iteration it saved
+            assert crashed.metrics(2)["timings"]["save_write_s"] > 0
 
-    stage_hook.ACTIONS[("save", 2)] = kill_trainer_worker
-    stage_hook.SEEN.clear()
-    summary = rlcr_train(overrides=cfg_for("b"), run_id="r", iterations=2)
-    assert summary["iterations"] == [1, 2]
-    assert stage_hook.SEEN.count(("rollouts", 1)) == 2 and stage_hook.SEEN.count(("update", 2)) == 2  # rewound
-    stage_hook.ACTIONS.clear()
-    rlcr_train(overrides=cfg_for("b"), run_id="r", iterations=3)  # resume: a new trainer from the saved state
-    n1, n2, n3 = crashed.committed()
-    assert n3["policy_in"] == n2["checkpoint_uri"]
-    assert crashed.metrics(3)["update"]["trainer_starts"] == 1
-
-    for a, b in ((m1, n1), (m2, n2), (m3, n3)):
-        ra, rb = (pq.read_table(m["rollouts_uri"]).column("completion_ids").to_pylist() for m in (a, b))
-        assert ra == rb, a["iteration"]  # same weights in the engines → same rollouts
-    for a, b in ((m2, n2), (m3, n3)):
-        wa, wb = (load_file(f"{m['checkpoint_uri']}/model.safetensors") for m in (a, b))
-        assert all(torch_equal(wa[k], wb[k]) for k in wa), a["iteration"]
+        for a, b in ((m1, n1), (m2, n2), (m3, n3)):
+            ra, rb = (pq.read_table(m["rollouts_uri"]).column("completion_ids").to_pylist() for m in (a, b))
+            assert ra == rb, (name, a["iteration"])  # same weights in the engines → same rollouts
+        for a, b in ((m2, n2), (m3, n3)):
+            wa, wb = (load_file(f"{m['checkpoint_uri']}/model.safetensors") for m in (a, b))
+            assert all(torch_equal(wa[k], wb[k]) for k in wa), (name, a["iteration"])
 
 
 def torch_equal(a, b) -> bool:

@@ -30,6 +30,19 @@ def test_figures_from_the_flows_metrics():
     assert f["overhead"] == pytest.approx(3.0) and f["fraction"] == pytest.approx(3.0 / 9.0)
 
 
+def test_the_overhead_fraction_spreads_the_save_over_save_every_iterations():
+    """Medians without the save, plus the median save / save_every: with save_every 1 it is the fraction of an
+    iteration that saves; with 3, a third of the save counts."""
+    amortised = _bench().amortised
+    rows = [{"iteration": 80.0, "overhead": 8.0, "save": 6.0}, {"iteration": 74.0, "overhead": 2.0},
+            {"iteration": 75.0, "overhead": 2.5}, {"iteration": 82.0, "overhead": 8.5, "save": 6.0}]
+    # without the save: overheads 2.0, 2.0, 2.5, 2.5 (median 2.25), iterations 74, 74, 75, 76 (median 74.5)
+    assert amortised(rows, 3) == pytest.approx((2.25 + 2.0) / (74.5 + 2.0))
+    assert amortised(rows, 1) == pytest.approx((2.25 + 6.0) / (74.5 + 6.0))
+    assert amortised([{"iteration": 10.0, "overhead": 1.0}], 3) == pytest.approx(0.1)  # no save in the rows
+    assert _bench()._amortised_iteration(rows, 3) == pytest.approx(74.5 + 2.0)  # seconds per iteration
+
+
 def test_stage_mode_switch(monkeypatch):
     monkeypatch.delenv(STAGES_ENV, raising=False)
     assert stage_compute(["rlcr-engine-0"]) == "tasks"  # shared engines: task-based stages by default

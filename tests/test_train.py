@@ -489,17 +489,21 @@ def continuous_trainer(ray_local, tiny_model_dir, tmp_path_factory):
         first = trainer.update(batches[0], 1)
         trainer.update(batches[1], 2)
         saved = trainer.save("runs/c/iter-0002/checkpoint")
-        third = trainer.update(batches[2], 3)
+        assert trainer.save("runs/c/iter-0002/background", background=True) is None  # written while we go on
+        third = trainer.update(batches[2], 3)  # waits for the background write before it changes the state
+        background = trainer.saved()
+        with pytest.raises(RuntimeError, match="no background save"):
+            trainer.saved()
         straight = unpacked(ray.get(third.weights))
     with PolicyTrainer(cfg, policy_uri=saved, restore=True) as restored:
         again = restored.update(batches[2], 3)
         resumed = unpacked(ray.get(again.weights))
         was_restored = restored.restored
-    return cfg, batches, first, third, again, straight, resumed, saved, was_restored
+    return cfg, batches, first, third, again, straight, resumed, saved, was_restored, background
 
 
 def test_iterations_share_one_adamw_like_a_single_loop(continuous_trainer, tiny_model_dir, tiny_tokenizer):
-    cfg, batches, first, third, _, straight, _, _, _ = continuous_trainer
+    cfg, batches, first, third, _, straight, _, _, _, _ = continuous_trainer
     reference = _in_process_updates(tiny_model_dir, batches, tiny_tokenizer, cfg, continuous=True)
     restarted = _in_process_updates(tiny_model_dir, batches, tiny_tokenizer, cfg, continuous=False)
     w0 = load_lm(tiny_model_dir).state_dict()
@@ -515,11 +519,25 @@ def test_iterations_share_one_adamw_like_a_single_loop(continuous_trainer, tiny_
 
 
 def test_a_trainer_restored_from_a_save_continues_exactly(continuous_trainer):
-    _, _, _, third, again, straight, resumed, saved, was_restored = continuous_trainer
+    _, _, _, third, again, straight, resumed, saved, was_restored, _ = continuous_trainer
     assert was_restored and (Path(saved) / "training_state.pt").exists()
     assert again.metrics["loss"] == pytest.approx(third.metrics["loss"], rel=1e-6)
     for k in straight:
         assert torch.equal(straight[k], resumed[k]), k
+
+
+def test_a_background_save_writes_the_state_of_its_call(continuous_trainer):
+    """Started after iteration 2, collected after iteration 3's update: it holds iteration 2's state, the
+    same files as the save the flow waited for (weights byte for byte, AdamW moments, schedule, RNG)."""
+    *_, saved, _, (background, write_s) = continuous_trainer
+    assert write_s > 0 and background.endswith("runs/c/iter-0002/background")
+    assert (Path(saved) / "model.safetensors").read_bytes() == (Path(background) / "model.safetensors").read_bytes()
+    a, b = (torch.load(Path(d) / "training_state.pt", weights_only=False) for d in (saved, background))
+    assert a["schedule"] == b["schedule"] == {"done": 4, "total": 6}
+    assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
+    for i, state in a["optimizer"]["state"].items():
+        for key, t in state.items():
+            assert torch.equal(t, b["optimizer"]["state"][i][key]), (i, key)
 
 
 def test_restoring_a_checkpoint_without_training_state_fails_naming_the_file(ray_local, tiny_model_dir, tmp_path):

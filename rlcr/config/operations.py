@@ -101,6 +101,12 @@ class OrchestrationSection(Section):
     iterations and always at the last. Iterations in between are staged (rollouts and metrics written, pending)
     and committed together when the state covering them is saved; after a crash they are re-run
     deterministically from the last saved state. Larger: less checkpoint I/O, more work redone after a crash."""
+    background_save: bool = operational(True)
+    """Write the training state in the background: the trainer's rank 0 writes it while the next iteration's
+    rollouts run, and the iterations it covers are committed when it is done, before the next update (which
+    waits for it, so the state written is exactly the state after the saving iteration). ``false``: the flow
+    waits for the write before going on. Either way the same files are written and the same iterations
+    committed; a crash before the commit re-runs them from the last saved state. Operational."""
     retries: int = operational(2, ge=0)
     """Prefect retries of each iteration task on failure (transient errors: S3, Ray actors). Operational."""
     retry_delay_s: float = operational(5.0, ge=0.0)

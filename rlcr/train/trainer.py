@@ -13,7 +13,8 @@ GPUs; gloo on CPU, NCCL on GPU) and the run's one AdamW — and the driver then 
   (safetensors, what vLLM and transformers load), ``training_state.pt`` (AdamW state, schedule position, RNG)
   and the tokenizer — sealed, to the artifact store (:func:`rlcr.train.checkpoint.save_checkpoint`), after
   checking the writer's lease; a trainer started from such a checkpoint with ``restore=True`` continues
-  exactly where it stopped;
+  exactly where it stopped. With ``background=True`` the write runs while the driver goes on and
+  :meth:`PolicyTrainer.saved` collects it;
 * ``stop``.
 
 Why ``TorchTrainer`` and not one plain Ray actor per rank (verl's and open-instruct's worker groups, whose
@@ -149,6 +150,7 @@ class PolicyTrainer:
         self.workers: list[dict[str, Any]] = []  # rank, pid, node id of each worker
         self._group: WorkerGroup | None = None
         self._thread: threading.Thread | None = None
+        self._pending: tuple[bool, int] | None = None  # a background save: (with_optimizer, updates it covers)
         self._start()
 
     # ------------------------------------------------------------ lifecycle
@@ -162,6 +164,7 @@ class PolicyTrainer:
         _check_workers_fit(self.cfg)
         n = self.cfg.update.num_workers
         self._error: BaseException | None = None
+        self._pending = None  # fresh workers hold no background save
         self._done = threading.Event()
         self._group = WorkerGroup(TrainerWorker, n, alive=lambda: not self._done.is_set())
         self._ray_storage = tempfile.mkdtemp(prefix="rlcr-raytrain-")
@@ -263,18 +266,37 @@ class PolicyTrainer:
         return UpdateResult(metrics=metrics, weights=out.weights)
 
     def save(self, rel: str, *, extra: dict[str, Any] | None = None, with_optimizer: bool = True,
-             fence: dict[str, str] | None = None) -> str:
+             fence: dict[str, str] | None = None, background: bool = False) -> str | None:
         """Write the training state (weights, tokenizer; with ``with_optimizer`` AdamW, schedule and RNG),
         sealed, at ``rel`` in ``cfg.storage.uri``; returns its URI. Later rewinds/restarts start from it.
         ``fence``: :meth:`rlcr.runs.RunStore.checkpoint_fence`, checked by rank 0 just before the upload
-        (:class:`~rlcr.runs.LeaseLost` if the writer lost its lease)."""
+        (:class:`~rlcr.runs.LeaseLost` if the writer lost its lease). ``background``: rank 0 writes while the
+        caller goes on; returns None, and :meth:`saved` gives the URI (the next :meth:`update` waits for the
+        write, so it writes the state of this call)."""
         out = self._call("save", SAVE_TIMEOUT_S, rel=rel, extra=extra or {}, with_optimizer=with_optimizer,
-                         fence=fence)[0]
+                         fence=fence, background=background)[0]
+        if background:
+            self._pending = (with_optimizer, self.unsaved)
+            return None
+        return self._saved(out, with_optimizer, self.unsaved)
+
+    def saved(self) -> tuple[str, float]:
+        """Wait for the background save started last: (its URI, the seconds its write took). LeaseLost if the
+        lease was lost before it wrote; :class:`TrainerLost` if the workers died (the flow then rewinds)."""
+        if self._pending is None:
+            raise RuntimeError("trainer: no background save to wait for")
+        with_optimizer, covered = self._pending
+        self._pending = None
+        out = self._call("saved", SAVE_TIMEOUT_S)[0]
+        return self._saved(out, with_optimizer, covered), out.write_s
+
+    def _saved(self, out, with_optimizer: bool, covered: int) -> str:
         if out.refused:
             from rlcr.runs import LeaseLost
 
             raise LeaseLost(out.refused)
-        self.saved_uri, self.saved_restore, self.unsaved = out.uri, with_optimizer, 0
+        # updates applied after the save started are not in it
+        self.saved_uri, self.saved_restore, self.unsaved = out.uri, with_optimizer, self.unsaved - covered
         return out.uri
 
 

@@ -7,7 +7,9 @@ with ``restore``, loads the training state saved with the checkpoint. Then, for 
 
 * :meth:`TrainerWorker.update`: one iteration's :func:`rlcr.train.update.train_update` with that same optimizer
   and schedule; rank 0 returns the metrics and the new weights in Ray's object store (:meth:`~TrainerWorker.weights`);
-* :meth:`TrainerWorker.save`: rank 0 writes the training state, sealed, after checking the writer's lease;
+* :meth:`TrainerWorker.save`: rank 0 writes the training state, sealed, after checking the writer's lease —
+  with ``background``, in a thread of its own while the driver goes on (the next rollouts), collected by
+  :meth:`TrainerWorker.saved`; the next update waits for it, so the state being written never changes;
 * :meth:`TrainerWorker.stop`.
 
 Every method is a collective under DDP/FSDP (all ranks run it); what only rank 0 returns is None elsewhere.
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +68,10 @@ class SaveOut:
 
     uri: str | None = None
     refused: str | None = None
+    pending: bool = False
+    """A background save was started: :meth:`TrainerWorker.saved` gives its outcome."""
+    write_s: float = 0.0
+    """Seconds the write took (lease check, files, seal), wherever it ran."""
 
 
 def load_policy(uri: str, cfg: RLCRConfig, *, device: torch.device | str = "cpu"):
@@ -98,7 +106,7 @@ def _check_finite(state: dict[str, torch.Tensor], iteration: int) -> None:
 class TrainerWorker:
     """One rank's model, reference, optimizer and schedule, for a whole flow run (module docstring)."""
 
-    METHODS = ("describe", "update", "save", "stop")
+    METHODS = ("describe", "update", "save", "saved", "stop")
     """What the driver may call (:func:`rlcr.train.rpc.serve`)."""
 
     def __init__(self, cfg: RLCRConfig, *, policy_uri: str, ref_uri: str | None, restore: bool):
@@ -128,6 +136,7 @@ class TrainerWorker:
         self.restored = bool(restore) and self._restore(local, policy_uri)
         tok = self.tokenizer
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        self._save: tuple[threading.Thread, dict[str, Any]] | None = None  # a background save and its outcome
 
     # ------------------------------------------------------------ the training state
     def _full_state_dict(self) -> dict[str, torch.Tensor]:
@@ -187,6 +196,7 @@ class TrainerWorker:
         rank 0 returns the metrics and the new weights (:meth:`weights`)."""
         import ray
 
+        self._join_save()  # a background save may still be reading the weights and AdamW state this changes
         metrics = train_update(
             self.model, prepare_samples(ray.get(rows), self.tokenizer), self.cfg, pad_id=self.pad_id, ref=self.ref,
             rank=self.rank, world_size=self.world_size, seed=update_seed(self.cfg.run.seed, int(iteration)),
@@ -213,13 +223,51 @@ class TrainerWorker:
         return ray.put(pack_weights(state))
 
     def save(self, rel: str, extra: dict[str, Any], with_optimizer: bool,
-             fence: dict[str, str] | None = None) -> SaveOut | None:
+             fence: dict[str, str] | None = None, background: bool = False) -> SaveOut | None:
         """Rank 0 writes the weights, tokenizer and (``with_optimizer``) training state, sealed, at ``rel`` — after
-        checking ``fence``, the writer's lease, just before the upload."""
+        checking ``fence``, the writer's lease, just before the upload. ``background``: the write runs in a
+        thread (the answer is ``SaveOut(pending=True)``; :meth:`saved` waits for it); what it writes is taken
+        now (the RNG, the schedule position) or not changed before it ends (weights and AdamW state: the next
+        :meth:`update` waits for it)."""
+        self._join_save()
         state = self._full_state_dict() if self.cfg.update.fsdp else None  # collectives: all ranks
         training_state = self._training_state() if with_optimizer else None
         if self.rank != 0:
             return None
+        write = lambda: self._write(rel, extra, fence, state, training_state)  # noqa: E731
+        if not background:
+            return write()
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["out"] = write()
+            except BaseException as e:  # noqa: BLE001 - handed to saved(), which raises it in its call
+                outcome["error"] = e
+        thread = threading.Thread(target=run, name=f"rlcr-save-{rel}", daemon=True)
+        self._save = (thread, outcome)
+        thread.start()
+        return SaveOut(pending=True)
+
+    def saved(self) -> SaveOut | None:
+        """Rank 0: the outcome of the background save started last (waits for it; its error is raised here,
+        ending the worker as any failed call does); other ranks, or no save pending: None."""
+        if self._save is None:
+            return None
+        thread, outcome = self._save
+        thread.join()
+        self._save = None
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["out"]
+
+    def _join_save(self) -> None:
+        """Wait for a background save to end (its outcome stays for :meth:`saved`)."""
+        if self._save is not None:
+            self._save[0].join()
+
+    def _write(self, rel: str, extra: dict[str, Any], fence: dict[str, str] | None, state, training_state) -> SaveOut:
+        t0 = time.perf_counter()
         store = Store(self.cfg.storage.uri, endpoint_url=self.cfg.storage.s3_endpoint_url)
         if fence:
             from rlcr.runs import LeaseLost, check_fence
@@ -227,12 +275,15 @@ class TrainerWorker:
             try:
                 check_fence(store, fence)
             except LeaseLost as e:
-                return SaveOut(refused=str(e))
-        return SaveOut(uri=save_checkpoint(self.lm, self.tokenizer, store, rel, state_dict=state, extra=extra,
-                                           training_state=training_state))
+                return SaveOut(refused=str(e), write_s=time.perf_counter() - t0)
+        uri = save_checkpoint(self.lm, self.tokenizer, store, rel, state_dict=state, extra=extra,
+                              training_state=training_state)
+        return SaveOut(uri=uri, write_s=time.perf_counter() - t0)
 
     def stop(self) -> None:
-        """The last call: :func:`rlcr.train.rpc.serve` returns after it, so the worker's function ends."""
+        """The last call: :func:`rlcr.train.rpc.serve` returns after it, so the worker's function ends (after a
+        background save still writing: it is not cut off half-way)."""
+        self._join_save()
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
