@@ -83,7 +83,8 @@ def test_a_stalled_writer_past_its_checks_cannot_replace_what_another_committed(
         def ensure_running(self):
             pass
 
-        def save(self, rel, *, extra=None, fence=None):
+        def save(self, rel, *, extra=None, fence=None, background=False):
+            assert not background  # save_task's default: the write is waited for
             if fence is not None and not passed.get(fence["token"]):
                 check_fence(run.store, fence)
             return seal_dir(run, rel, self.text)
