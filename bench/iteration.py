@@ -113,14 +113,17 @@ class Follower:
             + f" {f['fraction']:>8.1%}" + ("   (warm-up, not counted)" if r == 0 else ""))
 
 
-def amortised(rows: list[dict[str, float]], save_every: int) -> float:
-    """Overhead fraction of an iteration with the save's time spread over ``save_every`` iterations: medians
-    of the iterations without their save, plus the median save (over the iterations that saved) / save_every."""
+def amortised(rows: list[dict[str, float]], save_every: int) -> tuple[float, float]:
+    """(overhead fraction, seconds) of an iteration with the save's time spread over ``save_every``
+    iterations: medians of the iterations without their save, plus the median save (over the iterations that
+    saved) / save_every."""
+    if not rows:
+        return float("nan"), float("nan")
     saves = [f["save"] for f in rows if "save" in f]
     save = statistics.median(saves) / save_every if saves else 0.0
     overhead = statistics.median(f["overhead"] - f.get("save", 0.0) for f in rows) + save
     iteration = statistics.median(f["iteration"] - f.get("save", 0.0) for f in rows) + save
-    return overhead / iteration if iteration > 0 else float("nan")
+    return (overhead / iteration if iteration > 0 else float("nan")), iteration
 
 
 def summary(seen: dict[int, dict[str, float]], plan: dict[int, tuple[int, str]], modes: list[str],
@@ -141,11 +144,10 @@ def summary(seen: dict[int, dict[str, float]], plan: dict[int, tuple[int, str]],
             say(f"{mode:>6} save       median {statistics.median(saves):.2f} s (n={len(saves)}, range "
                 f"{min(saves):.2f}–{max(saves):.2f} s); overhead without it median "
                 f"{statistics.median(f['overhead'] - f.get('save', 0.0) for f in rows):.2f} s (n={len(rows)})")
-        say(f"{mode:>6} fraction amortised at save_every {save_every}: {amortised(rows, save_every):.3f}")
+        say(f"{mode:>6} fraction amortised at save_every {save_every}: {amortised(rows, save_every)[0]:.3f}")
     if headline:
         new = [f for k, f in sorted(seen.items()) if plan[k][0] > 0 and plan[k][1] == modes[0]]
-        say(f"iteration overhead fraction: {amortised(new, save_every):.3f}" if new
-            else "iteration overhead fraction: nan")
+        say(f"iteration overhead fraction: {amortised(new, save_every)[0]:.3f}")
 
 
 def run_flow(args, modes: list[str], plan: dict[int, tuple[int, str]], store: str, save: str | None):
@@ -194,7 +196,7 @@ def main() -> None:
         seen, save_every = run_flow(args, modes, plan, store, save)
         summary(seen, plan, modes, save_every, headline=len(saves) == 1)
         counted = [f for k, f in sorted(seen.items()) if plan[k][0] > 0 and plan[k][1] == modes[0]]
-        results[save] = (amortised(counted, save_every), _amortised_iteration(counted, save_every))
+        results[save] = amortised(counted, save_every)
         if len(saves) > 1:
             say(f"save {save}: overhead fraction {results[save][0]:.3f}, iteration {results[save][1]:.2f} s "
                 f"(amortised at save_every {save_every}, n={len(counted)})")
@@ -203,14 +205,6 @@ def main() -> None:
         say(f"save {saves[0]}/{saves[1]}: iteration time {ia / ib:.3f} (overhead fraction {fa:.3f} vs {fb:.3f})")
         say(f"iteration overhead fraction: {fa:.3f}")
 
-
-def _amortised_iteration(rows: list[dict[str, float]], save_every: int) -> float:
-    """Seconds per iteration with the save spread over ``save_every`` iterations (as :func:`amortised`)."""
-    if not rows:
-        return float("nan")
-    saves = [f["save"] for f in rows if "save" in f]
-    return (statistics.median(f["iteration"] - f.get("save", 0.0) for f in rows)
-            + (statistics.median(saves) / save_every if saves else 0.0))
 
 
 if __name__ == "__main__":

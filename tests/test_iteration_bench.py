@@ -1,5 +1,6 @@
 """bench/iteration.py's bookkeeping (no flow run) and the rollout stages' mode switch (no Ray)."""
 
+import math
 
 import pytest
 from conftest import load_bench
@@ -37,10 +38,10 @@ def test_the_overhead_fraction_spreads_the_save_over_save_every_iterations():
     rows = [{"iteration": 80.0, "overhead": 8.0, "save": 6.0}, {"iteration": 74.0, "overhead": 2.0},
             {"iteration": 75.0, "overhead": 2.5}, {"iteration": 82.0, "overhead": 8.5, "save": 6.0}]
     # without the save: overheads 2.0, 2.0, 2.5, 2.5 (median 2.25), iterations 74, 74, 75, 76 (median 74.5)
-    assert amortised(rows, 3) == pytest.approx((2.25 + 2.0) / (74.5 + 2.0))
-    assert amortised(rows, 1) == pytest.approx((2.25 + 6.0) / (74.5 + 6.0))
-    assert amortised([{"iteration": 10.0, "overhead": 1.0}], 3) == pytest.approx(0.1)  # no save in the rows
-    assert _bench()._amortised_iteration(rows, 3) == pytest.approx(74.5 + 2.0)  # seconds per iteration
+    assert amortised(rows, 3) == pytest.approx(((2.25 + 2.0) / (74.5 + 2.0), 74.5 + 2.0))  # (fraction, s)
+    assert amortised(rows, 1) == pytest.approx(((2.25 + 6.0) / (74.5 + 6.0), 74.5 + 6.0))
+    assert amortised([{"iteration": 10.0, "overhead": 1.0}], 3) == pytest.approx((0.1, 10.0))  # no save
+    assert all(math.isnan(x) for x in amortised([], 3))
 
 
 def test_stage_mode_switch(monkeypatch):
