@@ -77,15 +77,19 @@ class Answers:
 
 # ----------------------------------------------------------------------------------------------- 1. metrics
 def ece_equal_mass(conf: Sequence[float], correct: Sequence[float], n_bins: int = 10) -> float:
-    """ECE over ``n_bins`` bins holding equal numbers of answers (sorted by confidence; ties may straddle a
-    boundary): Σ_b (n_b / N)·|mean c_b − acc_b|. Unlike equal-width bins, no bin is empty or nearly so."""
+    """ECE over ``n_bins`` bins of equal mass: Σ_b (n_b / N)·|mean c_b − acc_b|. An answer goes to bin
+    ⌊n_bins · (centre of its confidence's tie group in the sorted order) / N⌋, so equal confidences always share
+    a bin and the value does not depend on the answers' order (stated confidences are few distinct values; a
+    difficulty prior has one per stratum); with fewer distinct confidences than bins there are fewer bins.
+    Unlike equal-width bins, no bin is empty or nearly so."""
     c = np.asarray(conf, dtype=float)
     y = np.asarray(correct, dtype=float)
     if not c.size:
         return math.nan
-    order = np.argsort(c, kind="stable")
-    return float(sum(part.size / c.size * abs(c[part].mean() - y[part].mean())
-                     for part in np.array_split(order, min(n_bins, c.size)) if part.size))
+    values, group, counts = np.unique(c, return_inverse=True, return_counts=True)
+    centre = (np.cumsum(counts) - counts / 2.0)[group]  # centre of each answer's tie group, in [0, N]
+    bins = np.minimum((centre * n_bins / c.size).astype(int), n_bins - 1)
+    return float(sum(np.mean(bins == b) * abs(c[bins == b].mean() - y[bins == b].mean()) for b in np.unique(bins)))
 
 
 def within_stratum_auroc(conf: Sequence[float], correct: Sequence[float],

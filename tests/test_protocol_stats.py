@@ -35,6 +35,25 @@ def test_equal_mass_ece_is_zero_when_each_bin_is_calibrated_and_positive_otherwi
     assert ece_equal_mass(np.full(30, 0.9), y, n_bins=3) > 0.3
 
 
+def test_equal_mass_ece_keeps_ties_in_one_bin_whatever_the_answers_order():
+    """Stated confidences are a few distinct values: were ties split by row order, the answers' order (e.g.
+    tasks sorted by id, which tracks difficulty) would change the ECE of the same answers."""
+    rng = np.random.default_rng(3)
+    c = rng.choice([0.2, 0.5, 0.8], size=3000)
+    y = np.zeros(c.size)
+    for v in (0.2, 0.5, 0.8):  # within each tie group, in row order: the first answers right, the rest wrong
+        rows = np.flatnonzero(c == v)
+        y[rows[: int(round(v * rows.size))]] = 1.0
+    base = ece_equal_mass(c, y)
+    for _ in range(5):
+        p = rng.permutation(c.size)
+        assert ece_equal_mass(c[p], y[p]) == pytest.approx(base, abs=1e-12)
+    # each value calibrated on its own answers: zero (split by row order, its bins would be all right or all wrong)
+    assert base == pytest.approx(0.0, abs=1e-3)
+    # one constant confidence: one bin, |c − overall accuracy|
+    assert ece_equal_mass(np.full(3000, 0.9), y) == pytest.approx(abs(0.9 - y.mean()))
+
+
 def test_a_confidence_that_only_knows_the_stratum_has_within_auroc_one_half():
     rng = np.random.default_rng(0)
     a = _answers(rng, skill=0.0)                       # confidence = the stratum's rate, nothing else
