@@ -206,6 +206,5 @@ def main() -> None:
         say(f"iteration overhead fraction: {fa:.3f}")
 
 
-
 if __name__ == "__main__":
     main()

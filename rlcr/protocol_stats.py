@@ -80,13 +80,13 @@ def ece_equal_mass(conf: Sequence[float], correct: Sequence[float], n_bins: int 
     """ECE over ``n_bins`` bins of equal mass: Σ_b (n_b / N)·|mean c_b − acc_b|. An answer goes to bin
     ⌊n_bins · (centre of its confidence's tie group in the sorted order) / N⌋, so equal confidences always share
     a bin and the value does not depend on the answers' order (stated confidences are few distinct values; a
-    difficulty prior has one per stratum); with fewer distinct confidences than bins there are fewer bins.
-    Unlike equal-width bins, no bin is empty or nearly so."""
+    difficulty prior has one per stratum). A bin holds about N / n_bins answers unless one tie group is larger;
+    with fewer distinct confidences than bins there are fewer bins. Unlike equal-width bins, none is empty."""
     c = np.asarray(conf, dtype=float)
     y = np.asarray(correct, dtype=float)
     if not c.size:
         return math.nan
-    values, group, counts = np.unique(c, return_inverse=True, return_counts=True)
+    _, group, counts = np.unique(c, return_inverse=True, return_counts=True)
     centre = (np.cumsum(counts) - counts / 2.0)[group]  # centre of each answer's tie group, in [0, N]
     bins = np.minimum((centre * n_bins / c.size).astype(int), n_bins - 1)
     return float(sum(np.mean(bins == b) * abs(c[bins == b].mean() - y[bins == b].mean()) for b in np.unique(bins)))
