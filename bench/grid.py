@@ -15,7 +15,9 @@ pre-registered table from its records.
    equal-token group sizes for all the protocol's methods (one calibration rollout, as bench/methods.py; kept
    with the records as ``s<seed>-plan.json``, committed, so a later session's runs of that seed use the same
    sizes), then the methods' runs (``grid-s<seed>-<method>``) to the protocol's iteration, ``--chunk``
-   iterations per `rlcr/train` flow run (resumable: a re-run continues), no intermediate evaluation.
+   iterations per `rlcr/train` flow run (resumable: a re-run continues), no intermediate evaluation; only
+   each run's newest checkpoint is kept (``orchestration.keep_checkpoints=1``, operational: the protocol
+   evaluates the last one only; a run's intermediate saves would take 1.6 GB each).
    A seed can be spread over sessions, a method (``--methods``) at a time: the store need not survive, the
    warm-start is trained again from the same seed, and every record names the sha256 of the warm-start
    weights its policy started from, so the table says whether a seed's policies share one (it differs in the
@@ -53,10 +55,10 @@ def run_id(seed: int, what: str) -> str:
 
 def seed_overrides(protocol, files, store: str, seed: int, chunk: int, method: str = "rlcr") -> list[str]:
     """A seed's settings: the protocol's (``method``'s own included), the split's task files, the store; no
-    intermediate evaluation (the protocol's are run at the end)."""
+    intermediate evaluation (the protocol's are run at the end), only the newest checkpoint kept."""
     return [*protocol.overrides(method), f"run.seed={seed}", f"tasks.train_file={files['train']}",
             f"tasks.eval_file={files['test']}", f"storage.uri={store}", "eval.every=0",
-            f"orchestration.save_every={chunk}"]
+            f"orchestration.save_every={chunk}", "orchestration.keep_checkpoints=1"]
 
 
 def prepare_split(protocol, base_cfg, store: Path, seeds, chunk: int):

@@ -182,6 +182,14 @@ def saved_task(trainer, iteration):
         raise
 
 
+@task(name="prune")
+def prune_task(run, keep, lease):
+    """Delete the checkpoints of all but the newest ``keep`` committed saves (``orchestration.keep_checkpoints``),
+    fenced by the run's lease."""
+    for uri in run.prune_checkpoints(keep, lease=lease):
+        get_run_logger().info("removed %s (orchestration.keep_checkpoints = %d)", uri, keep)
+
+
 @task(name="commit")
 def commit_task(run, iterations, state_uri, state_iteration, lease):
     """Manifests of the staged iterations, in order, create-only, under the run's lease: now they exist."""
@@ -270,6 +278,8 @@ def rlcr_train(
                 track_committed(tracker, run, save.covers, log)
                 saved = save.uri
                 del staged[:len(save.covers)]
+                if cfg.orchestration.keep_checkpoints:
+                    prune_task.with_options(**opts)(run, cfg.orchestration.keep_checkpoints, lease)
 
             def settle() -> str | None:
                 nonlocal pending

@@ -67,6 +67,7 @@ from rlcr.config import RLCRConfig, nested_from_flat, result_changing_diff
 from rlcr.lease import LEASE_HEARTBEAT_S, LEASE_TIMEOUT_S, LeaseLost, RunLease, RunLocked
 from rlcr.run_layout import MAX_ITERATION, PROCESS_ATTEMPT, RUNS, RunLayout, attempt_id
 from rlcr.storage import AlreadyExists, Store, StorageError, validate_run_id
+from rlcr.storage.seals import COMPLETE_MARKER
 from rlcr.tasks.sets import prompts_for_iteration, task_sets
 from rlcr.untrusted import field, printable
 
@@ -290,6 +291,40 @@ class RunStore(RunLayout):
                                    f"the staged manifest of {k} is gone; cannot finish committing them")
         return self._commit_drafts(list(range(first, end + 1)), attempt, state_uri, end, lease,
                                    last.get("state_content_id"))
+
+    def prune_checkpoints(self, keep: int, *, lease: RunLease | None = None) -> list[str]:
+        """Delete the saved states of all but the newest ``keep`` committed saves
+        (``orchestration.keep_checkpoints``); returns the URIs removed.
+
+        Safe against a stale writer: only saves older than the newest ``keep`` committed ones are removed, and
+        manifests are never removed, so whatever a later holder of the lease resumes from (the newest committed
+        save) is never among them. The iterations stay committed (manifests, metrics, rollouts, evaluation
+        rows); only their policy can no longer be loaded. Only a manifest's own checkpoint folder
+        (``iter-<k>/attempt-<id>/checkpoint``, or ``iter-<k>/checkpoint`` of a run from before attempts) is
+        removed: a path a manifest names anywhere else is left in place with a warning. The seal goes first, so
+        a deletion cut short leaves an unsealed folder that readers refuse, never a sealed partial one."""
+        if keep < 1:
+            raise ValueError(f"keep_checkpoints must be >= 1, got {keep}")
+        saves = [m for m in self.committed() if m.get("checkpoint_uri")]
+        removed = []
+        for m in saves[:-keep]:
+            k = m["iteration"]
+            rel = self._rel_in_run(m["checkpoint_uri"])
+            own = {f"{self.iteration_dir(k)}/checkpoint"}
+            if m.get("attempt"):
+                own.add(f"{self.attempt_dir(k, m['attempt'])}/checkpoint")
+            if rel not in own:
+                log.warning("run %s, iteration %d: its manifest names checkpoint %s, not this iteration's own "
+                            "folder; left in place", self.run_id, k, printable(m["checkpoint_uri"], 200))
+                continue
+            if not self.store.exists(rel):
+                continue  # removed before
+            if lease is not None:
+                lease.check()
+            self.store.rm(f"{rel}/{COMPLETE_MARKER}")
+            self.store.rm(rel)
+            removed.append(self.store.url(rel))
+        return removed
 
     def commit(self, iteration: int, manifest: dict[str, Any], *, lease: RunLease | None = None) -> str:
         """Write the manifest last, create-only and durably: after this, the iteration exists.

@@ -230,7 +230,8 @@ def test_save_every_stages_rewinds_and_resumes_exactly(ray_local, prefect_harnes
     the start and re-runs 1 and 2), one whose worker is SIGKILLed after the background save of iteration 2
     started and before it was committed (the same rewind), each then resumed from its saved state for
     iteration 3: same rollouts, same weights. Iteration 1 is committed only with the state saved after 2,
-    which its manifest names."""
+    which its manifest names. The background-save run keeps one checkpoint (``orchestration.keep_checkpoints``):
+    iteration 2's is deleted once iteration 3's save is committed."""
     import os
     import signal
 
@@ -247,7 +248,8 @@ def test_save_every_stages_rewinds_and_resumes_exactly(ray_local, prefect_harnes
                 "tasks.num_eval": 4, "rollout.temperature": 1.0, "rollout.max_answer_tokens": 16, "rollout.max_confidence_tokens": 8,
                 "engine.max_model_len": 512, "engine.kv_cache_gib": 0.25, "update.learning_rate": 1e-3, "orchestration.retries": 1,
                 "orchestration.retry_delay_s": 0.1, "eval.every": 0, "orchestration.save_every": 2,
-                "orchestration.background_save": name != "a"}
+                "orchestration.background_save": name != "a",
+                "orchestration.keep_checkpoints": 1 if name == "c" else None}
 
     straight = RunStore.open(RLCRConfig.from_dict(cfg_for("a")), "r")
     rlcr_train(overrides=cfg_for("a"), run_id="r", iterations=3)
@@ -301,6 +303,10 @@ def test_save_every_stages_rewinds_and_resumes_exactly(ray_local, prefect_harnes
             ra, rb = (pq.read_table(m["rollouts_uri"]).column("completion_ids").to_pylist() for m in (a, b))
             assert ra == rb, (name, a["iteration"])  # same weights in the engines → same rollouts
         for a, b in ((m2, n2), (m3, n3)):
+            if name == "c" and b is n2:  # keep_checkpoints 1: deleted once 3's save was committed; 3 resumes
+                assert not crashed.store.exists(crashed.store.rel(n2["checkpoint_uri"]))
+                assert crashed.verified_state(n3) == n3["checkpoint_uri"]
+                continue
             wa, wb = (load_file(f"{m['checkpoint_uri']}/model.safetensors") for m in (a, b))
             assert all(torch_equal(wa[k], wb[k]) for k in wa), (name, a["iteration"])
 

@@ -127,3 +127,63 @@ def test_every_path_of_a_run_comes_from_its_layout(tmp_path):
     for bad in ("../x", "a/b"):
         with pytest.raises(ValueError, match="invalid run id"):
             RunStore.standalone_checkpoint_rel(bad, 1)
+
+
+def _save(run, k, attempt="a1b2c3d4e5f6", lease=None):
+    """Commit iteration k as a save: a sealed checkpoint in its attempt's folder, named by its manifest."""
+    rel = run.checkpoint_rel(k, attempt)
+    with run.store.writing_dir(rel) as tmp:
+        (tmp / "model.safetensors").write_bytes(b"weights %d" % k)
+    uri = run.store.url(rel)
+    run.commit(k, {"attempt": attempt, "checkpoint_uri": uri, "state_uri": uri, "state_iteration": k}, lease=lease)
+    return rel
+
+
+def test_pruning_keeps_the_newest_saves_and_every_manifest(run):
+    rels = [_save(run, k) for k in (1, 2, 3)]
+    covered = run.checkpoint_rel(5, "a1b2c3d4e5f6")  # iteration 4 staged, committed with the state saved after 5
+    with run.store.writing_dir(covered) as tmp:
+        (tmp / "model.safetensors").write_bytes(b"weights 5")
+    uri = run.store.url(covered)
+    run.commit(4, {"attempt": "a1b2c3d4e5f6", "checkpoint_uri": None, "state_uri": uri, "state_iteration": 5})
+    run.commit(5, {"attempt": "a1b2c3d4e5f6", "checkpoint_uri": uri, "state_uri": uri, "state_iteration": 5})
+
+    removed = run.prune_checkpoints(2)
+    assert removed == [run.store.url(r) for r in rels[:2]]
+    assert not run.store.exists(rels[0]) and not run.store.exists(rels[1])
+    assert run.store.is_complete(rels[2]) and run.store.is_complete(covered)
+    assert [m["iteration"] for m in run.committed()] == [1, 2, 3, 4, 5]  # the iterations stay committed
+    assert run.verified_state(run.last_committed()) == uri  # the resume point is intact
+    assert run.prune_checkpoints(2) == []  # nothing left to remove
+    assert run.prune_checkpoints(1) == [run.store.url(rels[2])] and run.store.is_complete(covered)
+    with pytest.raises(ValueError, match=">= 1"):
+        run.prune_checkpoints(0)
+
+
+def test_a_writer_that_lost_its_lease_prunes_nothing(run):
+    stale = RunLease(run, owner="stale", timeout_s=1.0, heartbeat_s=0.2).acquire()
+    rels = [_save(run, k, lease=stale) for k in (1, 2)]
+    stale._stop.set()
+    stale._thread.join()
+    time.sleep(1.3)
+    heir = RunLease(run, owner="heir", timeout_s=1.0, heartbeat_s=0.2).acquire()
+    try:
+        with pytest.raises(LeaseLost):
+            run.prune_checkpoints(1, lease=stale)
+        assert all(run.store.is_complete(r) for r in rels)
+        assert run.prune_checkpoints(1, lease=heir) == [run.store.url(rels[0])]
+    finally:
+        heir.release()
+
+
+def test_pruning_removes_only_a_manifests_own_checkpoint_folder(run, caplog):
+    victim = RunStore(run.store, "victim")
+    elsewhere = victim.checkpoint_rel(1, "a1b2c3d4e5f6")  # another run's sealed checkpoint
+    with run.store.writing_dir(elsewhere) as tmp:
+        (tmp / "model.safetensors").write_bytes(b"not yours")
+    uri = run.store.url(elsewhere)
+    run.commit(1, {"attempt": "a1b2c3d4e5f6", "checkpoint_uri": uri, "state_uri": uri, "state_iteration": 1})
+    _save(run, 2)
+    with caplog.at_level("WARNING"):
+        assert run.prune_checkpoints(1) == []
+    assert run.store.is_complete(elsewhere) and "left in place" in caplog.text
