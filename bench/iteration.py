@@ -1,8 +1,9 @@
 """Where an iteration of ``rlcr train`` goes, timed by the flow itself: its per-stage timings per iteration.
 
 Runs the training flow (``flows.train.rlcr_train``, Prefect's ephemeral mode, no server) on a small config
-(default configs/tiny.yaml; ``eval_every: 0``, ``save_every: 1``, a fresh run in a temporary store) and reads
-each committed iteration's metrics through the run's manifests (``RunStore.committed()`` → ``metrics_uri``).
+(default configs/tiny.yaml; ``eval_every: 0``, ``save_every: 1``, a fresh run in a temporary store, removed at
+the end) and reads each committed iteration's metrics through the run's manifests (``RunStore.committed()`` →
+``metrics_uri``).
 Per iteration, from the flow's ``timings``:
 
   iteration    the sum of the flow's stage timings (rollouts, advantages, update, sync_weights, stage, and
@@ -42,6 +43,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -173,6 +175,20 @@ def run_flow(args, modes: list[str], plan: dict[int, tuple[int, str]], store: st
     return follower.seen, cfg.orchestration.save_every
 
 
+def measure(args, modes, saves, plan, store) -> dict:
+    """One flow run per save mode into ``store``: {save mode: (overhead fraction, iteration seconds)}."""
+    results = {}
+    for save in saves:
+        seen, save_every = run_flow(args, modes, plan, store, save)
+        summary(seen, plan, modes, save_every, headline=len(saves) == 1)
+        counted = [f for k, f in sorted(seen.items()) if plan[k][0] > 0 and plan[k][1] == modes[0]]
+        results[save] = amortised(counted, save_every)
+        if len(saves) > 1:
+            say(f"save {save}: overhead fraction {results[save][0]:.3f}, iteration {results[save][1]:.2f} s "
+                f"(amortised at save_every {save_every}, n={len(counted)})")
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="configs/tiny.yaml")
@@ -191,15 +207,11 @@ def main() -> None:
 
     plan = schedule(modes, args.rounds)
     store = args.store or tempfile.mkdtemp(prefix="rlcr-bench-iteration-")
-    results = {}
-    for save in saves:
-        seen, save_every = run_flow(args, modes, plan, store, save)
-        summary(seen, plan, modes, save_every, headline=len(saves) == 1)
-        counted = [f for k, f in sorted(seen.items()) if plan[k][0] > 0 and plan[k][1] == modes[0]]
-        results[save] = amortised(counted, save_every)
-        if len(saves) > 1:
-            say(f"save {save}: overhead fraction {results[save][0]:.3f}, iteration {results[save][1]:.2f} s "
-                f"(amortised at save_every {save_every}, n={len(counted)})")
+    try:
+        results = measure(args, modes, saves, plan, store)
+    finally:
+        if not args.store:  # a temporary store: its checkpoints are 1.6 GB a save at demo scale
+            shutil.rmtree(store, ignore_errors=True)
     if len(saves) > 1:
         (fa, ia), (fb, ib) = results[saves[0]], results[saves[1]]
         say(f"save {saves[0]}/{saves[1]}: iteration time {ia / ib:.3f} (overhead fraction {fa:.3f} vs {fb:.3f})")
