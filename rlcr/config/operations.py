@@ -112,7 +112,9 @@ class OrchestrationSection(Section):
     checkpoints of older saves are deleted (1.6 GB each for a 135M model in fp32 with its AdamW moments). Their
     iterations stay committed, with metrics, rollouts and evaluation rows; only the policy after them can no
     longer be loaded (evaluated, probed, or resumed from: a run always resumes from its newest save, which is
-    kept). None: keep every save. Operational."""
+    kept). A probe or evaluation that is reading a save while it is deleted fails (with a nightly probe on a
+    live run, keep at least 2: the save it starts on then outlives the next one). None: keep every save.
+    Operational."""
     retries: int = operational(2, ge=0)
     """Prefect retries of each iteration task on failure (transient errors: S3, Ray actors). Operational."""
     retry_delay_s: float = operational(5.0, ge=0.0)
