@@ -60,11 +60,19 @@ def reliability_bins(conf: Sequence[float], correct: Sequence[float], n_bins: in
 
 def ece(conf: Sequence[float], correct: Sequence[float], n_bins: int = 10) -> float:
     """Expected calibration error: Σ_b (n_b / N)·|mean c_b − acc_b| over non-empty equal-width bins."""
-    c, _ = _arrays(conf, correct)
+    c, y = _arrays(conf, correct)
     if not c.size:
         return math.nan
-    return float(sum(b["count"] / c.size * abs(b["mean_confidence"] - b["accuracy"])
-                     for b in reliability_bins(conf, correct, n_bins) if b["count"]))
+    return binned_calibration_error(c, y, _bin_index(c, n_bins), n_bins)
+
+
+def binned_calibration_error(c: np.ndarray, y: np.ndarray, bins: np.ndarray, n_bins: int) -> float:
+    """Σ_b (n_b / N)·|mean c_b − acc_b| over the non-empty bins, given each answer's bin (0 … n_bins − 1): the
+    per-bin counts and sums in one pass each (``np.bincount``), the bins summed in order."""
+    n = np.bincount(bins, minlength=n_bins)
+    has = n > 0
+    n, sum_c, sum_y = n[has], np.bincount(bins, c, n_bins)[has], np.bincount(bins, y, n_bins)[has]
+    return float(sum((n / c.size * np.abs(sum_c / n - sum_y / n)).tolist()))
 
 
 def _average_ranks(c: np.ndarray) -> np.ndarray:

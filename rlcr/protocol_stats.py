@@ -23,7 +23,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from rlcr.metrics import auroc, brier, ece
+from rlcr.metrics import auroc, binned_calibration_error, brier, ece
 
 __all__ = ["Answers", "ece_equal_mass", "within_stratum_auroc", "difficulty_prior", "fit_temperature",
            "apply_temperature", "fit_isotonic", "apply_isotonic", "protocol_metrics", "hierarchical_bootstrap",
@@ -89,7 +89,7 @@ def ece_equal_mass(conf: Sequence[float], correct: Sequence[float], n_bins: int 
     _, group, counts = np.unique(c, return_inverse=True, return_counts=True)
     centre = (np.cumsum(counts) - counts / 2.0)[group]  # centre of each answer's tie group, in [0, N]
     bins = np.minimum((centre * n_bins / c.size).astype(int), n_bins - 1)
-    return float(sum(np.mean(bins == b) * abs(c[bins == b].mean() - y[bins == b].mean()) for b in np.unique(bins)))
+    return binned_calibration_error(c, y, bins, n_bins)
 
 
 def within_stratum_auroc(conf: Sequence[float], correct: Sequence[float],
@@ -215,8 +215,23 @@ Statistic = Callable[[Mapping[str, Answers]], Mapping[str, float]]
 """Scores the answers of every method on one draw: ``{method: Answers}`` → ``{name: value}``."""
 
 
-def _task_members(a: Answers, tasks: np.ndarray) -> list[np.ndarray]:
-    return [np.flatnonzero(a.task == t) for t in tasks]
+class _TaskRows:
+    """Where each task's answers are in one set of answers: the rows sorted by task (stably, so each task's
+    rows stay in their order), and each task's start and count in that order."""
+
+    def __init__(self, a: Answers, tasks: np.ndarray):
+        order = np.argsort(a.task, kind="stable")
+        sorted_tasks = a.task[order]
+        starts = np.searchsorted(sorted_tasks, tasks, side="left")
+        self.order, self.starts = order, starts
+        self.counts = np.searchsorted(sorted_tasks, tasks, side="right") - starts
+
+    def rows(self, idx: np.ndarray) -> np.ndarray:
+        """The rows of tasks ``idx`` (positions in ``tasks``, repeats allowed), task after task: the same as
+        concatenating ``flatnonzero(a.task == tasks[i])`` for i in idx, without a Python loop."""
+        counts = self.counts[idx]
+        within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        return self.order[np.repeat(self.starts[idx], counts) + within]
 
 
 def hierarchical_bootstrap(runs: Mapping[str, Mapping[int, Answers]], statistic: Statistic, *,
@@ -240,11 +255,11 @@ def hierarchical_bootstrap(runs: Mapping[str, Mapping[int, Answers]], statistic:
              for s in seeds}
     if any(not t.size for t in tasks.values()):
         raise ValueError("at some seed the methods share no evaluated task: nothing to pair")
-    members = {(m, s): _task_members(runs[m][s], tasks[s]) for m in methods for s in seeds}
+    members = {(m, s): _TaskRows(runs[m][s], tasks[s]) for m in methods for s in seeds}
 
     def score(draw: Sequence[tuple[int, np.ndarray]]) -> Mapping[str, float]:
-        return statistic({m: _concat([runs[m][s].take(np.concatenate([members[m, s][i] for i in idx]))
-                                      for s, idx in draw]) for m in methods})
+        return statistic({m: _concat([runs[m][s].take(members[m, s].rows(idx)) for s, idx in draw])
+                          for m in methods})
 
     point = dict(score([(s, np.arange(tasks[s].size)) for s in seeds]))
     per_seed = {s: dict(score([(s, np.arange(tasks[s].size))])) for s in seeds}

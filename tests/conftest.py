@@ -104,6 +104,16 @@ def ray_local():
 
 
 @pytest.fixture(scope="session")
+def prefect_harness():
+    """One temporary Prefect API (its own SQLite database, a server subprocess) for every test that runs a flow
+    in this process or hands the API's URL to one it spawns: started on first use (~6 s), stopped at the end."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+@pytest.fixture(scope="session")
 def s3_server():
     """One moto S3 server on 127.0.0.1 for the session, with the bucket ``s3server.BUCKET``."""
     from s3server import BUCKET, S3Server

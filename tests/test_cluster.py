@@ -109,7 +109,7 @@ def stage_task():  # what each rollout stage's Ray Data task asks (rlcr/rollout/
     return True
 
 pending = stage_task.remote()
-ready, _ = ray.wait([pending], timeout=20)
+ready, _ = ray.wait([pending], timeout=10)
 out["stage_ran_with_trainer"] = bool(ready)
 t0 = time.monotonic()
 trainer.close()
@@ -136,7 +136,7 @@ def _result(proc: subprocess.CompletedProcess) -> dict:
 @pytest.mark.slow
 def test_a_cluster_the_old_check_passed_hangs_the_rollouts_and_is_refused(tiny_model_dir, tmp_path):
     """On a real 2-CPU Ray, the engines' shares and the real long-lived trainer (Ray Train, 1 worker) take every
-    CPU: a rollout stage task then waits for as long as the trainer lives (20 s here; the run would hang), and
+    CPU: a rollout stage task then waits for as long as the trainer lives (10 s here; the run would hang), and
     runs once the trainer is closed. The fit check refuses this shape before anything starts."""
     with tempfile.TemporaryDirectory(prefix="rlcr-ray-", dir="/tmp") as tmp:  # short: Ray's socket paths
         proc = subprocess.run([sys.executable, "-c", SHAPE_SCRIPT, str(tiny_model_dir), str(tmp_path / "store"),

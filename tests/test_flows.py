@@ -17,14 +17,6 @@ import flow_hooks
 from s3server import BUCKET
 
 
-@pytest.fixture(scope="module")
-def prefect_harness():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
-
-
 @pytest.fixture
 def stage_hook():
     """``flow_hooks.hook`` subscribed to the flow's stage events: tests inject failures per (stage, iteration)."""

@@ -27,14 +27,6 @@ def run_flow(env, overrides, run_id, iterations, *kill):
     return subprocess.run(args, env=env, capture_output=True, text=True, timeout=900, cwd=HERE.parent)
 
 
-@pytest.fixture(scope="module")
-def prefect_harness():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
-
-
 def test_sigkill_during_update_and_commit_then_resume(ray_local, prefect_harness, tiny_model_dir, tmp_path):
     import ray
     from prefect.settings import PREFECT_API_URL

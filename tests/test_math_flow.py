@@ -35,9 +35,7 @@ def test_an_unknown_task_is_a_one_line_error_naming_the_tasks():
 
 
 @pytest.mark.slow
-def test_train_flow_on_math_then_resume(ray_local, tiny_model_dir, tmp_path):
-    from prefect.testing.utilities import prefect_test_harness
-
+def test_train_flow_on_math_then_resume(ray_local, prefect_harness, tiny_model_dir, tmp_path):
     from flows.train import rlcr_train
     from rlcr.config import RLCRConfig
     from rlcr.runs import RunStore
@@ -51,9 +49,8 @@ def test_train_flow_on_math_then_resume(ray_local, tiny_model_dir, tmp_path):
         "eval.samples": 1, "rollout.temperature": 1.0, "rollout.max_answer_tokens": 16, "rollout.max_confidence_tokens": 8,
         "engine.max_model_len": 1024, "engine.kv_cache_gib": 0.25, "update.learning_rate": 1e-3, "orchestration.retries": 0,
     }
-    with prefect_test_harness(server_startup_timeout=180):
-        first = rlcr_train(overrides=overrides, run_id="m", iterations=1)
-        second = rlcr_train(overrides=overrides, run_id="m", iterations=2)  # resume: iteration 2 only
+    first = rlcr_train(overrides=overrides, run_id="m", iterations=1)
+    second = rlcr_train(overrides=overrides, run_id="m", iterations=2)  # resume: iteration 2 only
     assert first["iterations"] == [1] and second["iterations"] == [2]
     run = RunStore.open(RLCRConfig.from_dict(overrides), "m")
     m1, m2 = run.committed()

@@ -302,14 +302,6 @@ def _cache_entry(cache: Path, uri: str, seal: bytes) -> Path:
     return cache / "checkpoints" / f"{hashlib.sha256(uri.encode()).hexdigest()[:20]}-{content_id[:24]}"
 
 
-@pytest.fixture(scope="module")
-def prefect_harness():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
-
-
 def test_two_node_cluster_places_engines_and_trainer_on_the_worker_node_with_s3_storage(
         prefect_harness, s3, tiny_model_dir, tmp_path):
     t0 = time.perf_counter()

@@ -372,14 +372,6 @@ def test_html_renders_without_tasks():
 # ----------------------------------------------------------------------------- the flow and its deployment
 
 
-@pytest.fixture(scope="module")
-def prefect_harness():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
-
-
 def test_probe_flow_probes_the_newest_committed_checkpoint(engine, tiny_model_dir, tmp_path, prefect_harness,
                                                            monkeypatch):
     import rlcr.rollout.engine
