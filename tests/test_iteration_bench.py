@@ -1,4 +1,5 @@
-"""The benchmarks' bookkeeping (bench/iteration.py, bench/generation.py's tail estimate; no flow run) and the rollout stages' mode switch (no Ray)."""
+"""The benchmarks' bookkeeping (bench/iteration.py; bench/generation.py's tail estimate; no flow run) and the
+rollout stages' mode switch (no Ray)."""
 
 import math
 
