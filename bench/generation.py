@@ -14,7 +14,7 @@ drift hits all alike; each round is the prompts of iteration ``round + 1``:
                  (rlcr.rollout.sampling.sample_tree)
   flow           rlcr.rollout.pipeline.run_rollouts on the flow's long-lived engine actor (Ray Data, both
                  stages), ``rollout.pipeline_turns=false``: the former way
-  flow-pipelined the same with ``rollout.pipeline_turns=true`` (the default)
+  flow-pipelined the same with ``rollout.pipeline_turns=true`` (off by default since it did not pay here)
 
 Every side starts from an empty prefix cache (``LLM.reset_prefix_cache`` on the in-process engine and on the
 flow's engine actor): the sides draw the same samples, so a side run after another on the same engine would
@@ -27,7 +27,16 @@ Generation tokens/s = generated tokens / time inside the generate calls (for the
 the kernels' float rounding aside). Last line: ``flow generation tokens/s pipelined/former: X`` (median over
 rounds of the per-round ratio).
 
+``--batch-curve`` measures instead what a long tail costs (issue 34 item 2: "avoid a long tail of one or two
+sequences decoding alone"): per round, the raw engine's decode rate at batch sizes 1, 2, 4, … 32 (fixed-length
+requests, as the ceiling), then the iteration's requests the two-call way; from the answers' and confidences'
+lengths and the curve, each turn's decode steps are costed (a step with k sequences decoding takes k / rate(k)),
+and the steps with at most two sequences decoding are the tail. What the tail could save at most is its time
+minus the same tokens at the full batch's cost per token. Last line: ``generation tail cost fraction: X`` (that
+saving over the measured generation time, median over rounds).
+
     python bench/generation.py [--config configs/demo.yaml] [--rounds 3] [--policy URI] [--store DIR]
+    python bench/generation.py --batch-curve [--rounds 3]
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ def parse_args():
     ap.add_argument("--store", default="./bench-store", help="storage.uri for the warm-start and the rollouts")
     ap.add_argument("--ceiling-requests", type=int, default=32)
     ap.add_argument("--ceiling-tokens", type=int, default=128)
+    ap.add_argument("--batch-curve", action="store_true", help="the decode rate by batch size, and the tail's cost")
     ap.add_argument("overrides", nargs="*", help="section.field=value")
     return ap.parse_args()
 
@@ -163,6 +173,64 @@ def flow_side(cfg, tasks, policy: str, iteration: int, pool, pipelined: bool) ->
     return gen, sum(map(len, tree.values())), tree, wall
 
 
+CURVE_SIZES = (1, 2, 4, 8, 16, 32)
+
+
+def step_seconds(curve: dict[int, float], k: int) -> float:
+    """Seconds of one decode step with ``k`` sequences decoding: k / rate(k), the rate (tokens/s) interpolated
+    linearly in k between the measured batch sizes (beyond the largest: the largest's rate)."""
+    sizes = sorted(curve)
+    if k >= sizes[-1]:
+        return k / curve[sizes[-1]]
+    lo, hi = max(b for b in sizes if b <= k), min(b for b in sizes if b >= k)
+    rate = curve[lo] if lo == hi else curve[lo] + (curve[hi] - curve[lo]) * (k - lo) / (hi - lo)
+    return k / rate
+
+
+def tail_cost(lengths: list[int], curve: dict[int, float], full: int) -> tuple[float, float, int, float]:
+    """One turn's requests, started together, with these generated lengths → (estimated decode s, the tail's s
+    (steps with at most two sequences decoding), the tail's tokens, those tokens at the full batch's cost s)."""
+    total = tail = 0.0
+    tail_tokens = 0
+    for t in range(1, max(lengths) + 1):
+        k = sum(1 for n in lengths if n >= t)
+        s = step_seconds(curve, k)
+        total += s
+        if k <= 2:
+            tail, tail_tokens = tail + s, tail_tokens + k
+    return total, tail, tail_tokens, tail_tokens * step_seconds(curve, full) / full
+
+
+def batch_curve(direct: Direct, cfg, train, args) -> None:
+    """``--batch-curve``: the decode rate by batch size, and what the tail of each turn could save at most."""
+    from rlcr.rollout.pipeline import rollout_seed
+    from rlcr.tasks.sets import prompts_for_iteration
+
+    direct.ceiling(8, 16)  # warm-up
+    fractions = []
+    for rnd in range(args.rounds):
+        it = rnd + 2
+        curve = {}
+        for b in CURVE_SIZES:
+            direct.llm.reset_prefix_cache()
+            sec, tok = direct.ceiling(b, args.ceiling_tokens)
+            curve[b] = tok / sec
+        direct.llm.reset_prefix_cache()
+        wall, _, tree = direct.two_calls(prompts_for_iteration(cfg, train, it), rollout_seed(cfg, it))
+        saving, parts = 0.0, []
+        for kind in ("answer", "confidence"):
+            lengths = [len(v) for key, v in tree.items() if key[0] == kind]
+            total, tail, n_tail, at_full = tail_cost(lengths, curve, min(len(lengths), max(CURVE_SIZES)))
+            saving += tail - at_full
+            parts.append(f"{len(lengths)} {kind}s of {min(lengths)}–{max(lengths)} tokens: decode ≈ {total:.1f} s, "
+                         f"tail {tail:.1f} s for {n_tail} tokens ({at_full:.1f} s at the full batch's cost)")
+        fractions.append(saving / wall)
+        print(f"round {rnd + 1} (iteration {it}): tok/s by batch " + ", ".join(f"{b}: {r:.0f}" for b, r in curve.items())
+              + f"; generation {wall:.1f} s; " + "; ".join(parts) + f"; the tail could save at most {saving:.1f} s = "
+              f"{fractions[-1]:.3f} of it", flush=True)
+    print(f"generation tail cost fraction: {statistics.median(fractions):.3f}")
+
+
 def same(a: dict, b: dict) -> str:
     """How many samples of ``b`` have exactly ``a``'s tokens."""
     return f"{sum(a.get(k) == v for k, v in b.items())}/{len(b)}"
@@ -184,6 +252,9 @@ def main() -> None:
     policy = policy_of(cfg, args)
     cfg = cfg.model_copy(update={"model.name": policy})
     train, _ = task_sets(cfg)
+    if args.batch_curve:
+        print(f"cpu: {cpu_model()}, {os.cpu_count()} cores; policy {policy}", flush=True)
+        return batch_curve(Direct(cfg, policy), cfg, train, args)
     ensure_ray()
     direct = Direct(cfg, policy)
     r = cfg.rollout

@@ -1,4 +1,5 @@
-"""bench/iteration.py's bookkeeping (no flow run) and the rollout stages' mode switch (no Ray)."""
+"""The benchmarks' bookkeeping (bench/iteration.py; bench/generation.py's tail estimate; no flow run) and the
+rollout stages' mode switch (no Ray)."""
 
 import math
 
@@ -53,3 +54,20 @@ def test_stage_mode_switch(monkeypatch):
     monkeypatch.setenv(STAGES_ENV, "threads")
     with pytest.raises(ValueError, match="RLCR_ROLLOUT_STAGES='threads': expected one of tasks, actors"):
         stage_compute(["rlcr-engine-0"])
+
+
+def test_the_generation_tail_is_costed_from_the_batch_curve():
+    """bench/generation.py --batch-curve: a step with k sequences decoding costs k / rate(k), the rate
+    interpolated between measured batch sizes; the tail is the steps with at most two decoding."""
+    g = load_bench("generation")
+    curve = {1: 30.0, 2: 55.0, 4: 90.0, 8: 130.0, 16: 160.0, 32: 170.0}
+    assert g.step_seconds(curve, 1) == pytest.approx(1 / 30)
+    assert g.step_seconds(curve, 3) == pytest.approx(3 / 72.5)  # halfway between 55 and 90 tokens/s
+    assert g.step_seconds(curve, 64) == pytest.approx(64 / 170)  # past the largest: its rate
+    # 14 answers of 10 tokens and two of 50 and 60: 10 steps at 16, 40 at 2, 10 at 1
+    total, tail, tail_tokens, at_full = g.tail_cost([10] * 14 + [50, 60], curve, 16)
+    assert total == pytest.approx(10 * 16 / 160 + 40 * 2 / 55 + 10 / 30)
+    assert tail == pytest.approx(40 * 2 / 55 + 10 / 30) and tail_tokens == 90
+    assert at_full == pytest.approx(90 / 160)
+    # every sequence the same length: no tail at all
+    assert g.tail_cost([20] * 16, curve, 16)[1:3] == (0.0, 0)
