@@ -32,7 +32,8 @@ sequences decoding alone"): per round, the raw engine's decode rate at batch siz
 requests, as the ceiling), then the iteration's requests the two-call way; from the answers' and confidences'
 lengths and the curve, each turn's decode steps are costed (a step with k sequences decoding takes k / rate(k)),
 and the steps with at most two sequences decoding are the tail. What the tail could save at most is its time
-minus the same tokens at the full batch's cost per token. Last line: ``generation tail cost fraction: X`` (that
+minus the same tokens at the full batch's cost per token; what keeping the batch full could save at most (the
+whole thinning batch, not only its last two) is the turn's decode estimate minus all its tokens at that cost. Last line: ``generation tail cost fraction: X`` (that
 saving over the measured generation time, median over rounds).
 
     python bench/generation.py [--config configs/demo.yaml] [--rounds 3] [--policy URI] [--store DIR]
@@ -207,7 +208,7 @@ def batch_curve(direct: Direct, cfg, train, args) -> None:
     from rlcr.tasks.sets import prompts_for_iteration
 
     direct.ceiling(8, 16)  # warm-up
-    fractions = []
+    fractions, thinning = [], []
     for rnd in range(args.rounds):
         it = rnd + 2
         curve = {}
@@ -217,17 +218,23 @@ def batch_curve(direct: Direct, cfg, train, args) -> None:
             curve[b] = tok / sec
         direct.llm.reset_prefix_cache()
         wall, _, tree = direct.two_calls(prompts_for_iteration(cfg, train, it), rollout_seed(cfg, it))
-        saving, parts = 0.0, []
+        saving, ragged, parts = 0.0, 0.0, []
         for kind in ("answer", "confidence"):
             lengths = [len(v) for key, v in tree.items() if key[0] == kind]
-            total, tail, n_tail, at_full = tail_cost(lengths, curve, min(len(lengths), max(CURVE_SIZES)))
-            saving += tail - at_full
-            parts.append(f"{len(lengths)} {kind}s of {min(lengths)}–{max(lengths)} tokens: decode ≈ {total:.1f} s, "
-                         f"tail {tail:.1f} s for {n_tail} tokens ({at_full:.1f} s at the full batch's cost)")
+            full = min(len(lengths), max(CURVE_SIZES))
+            total, tail, n_tail, at_full = tail_cost(lengths, curve, full)
+            dense = sum(lengths) * step_seconds(curve, full) / full  # every token at the full batch's cost
+            saving, ragged = saving + tail - at_full, ragged + total - dense
+            parts.append(f"{len(lengths)} {kind}s of {min(lengths)}–{max(lengths)} tokens ({sum(lengths)}): decode "
+                         f"≈ {total:.1f} s ({dense:.1f} s if the batch never thinned), tail {tail:.1f} s for {n_tail} "
+                         f"tokens ({at_full:.1f} s at the full batch's cost)")
         fractions.append(saving / wall)
+        thinning.append(ragged / wall)
         print(f"round {rnd + 1} (iteration {it}): tok/s by batch " + ", ".join(f"{b}: {r:.0f}" for b, r in curve.items())
               + f"; generation {wall:.1f} s; " + "; ".join(parts) + f"; the tail could save at most {saving:.1f} s = "
-              f"{fractions[-1]:.3f} of it", flush=True)
+              f"{fractions[-1]:.3f} of it, a batch that never thinned {ragged:.1f} s = {thinning[-1]:.3f}", flush=True)
+    print(f"a batch that never thinned would save at most: median {statistics.median(thinning):.3f} of generation "
+          f"(range {min(thinning):.3f}–{max(thinning):.3f}, n = {len(thinning)})")
     print(f"generation tail cost fraction: {statistics.median(fractions):.3f}")
 
 
