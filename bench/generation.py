@@ -33,8 +33,9 @@ requests, as the ceiling), then the iteration's requests the two-call way; from 
 lengths and the curve, each turn's decode steps are costed (a step with k sequences decoding takes k / rate(k)),
 and the steps with at most two sequences decoding are the tail. What the tail could save at most is its time
 minus the same tokens at the full batch's cost per token; what keeping the batch full could save at most (the
-whole thinning batch, not only its last two) is the turn's decode estimate minus all its tokens at that cost. Last line: ``generation tail cost fraction: X`` (that
-saving over the measured generation time, median over rounds).
+whole thinning batch, not only its last two) is the turn's decode estimate minus all its tokens at that cost.
+Last line: ``generation tail cost fraction: X`` (the tail's saving over the measured generation time, median
+over rounds).
 
     python bench/generation.py [--config configs/demo.yaml] [--rounds 3] [--policy URI] [--store DIR]
     python bench/generation.py --batch-curve [--rounds 3]
@@ -188,9 +189,9 @@ def step_seconds(curve: dict[int, float], k: int) -> float:
     return k / rate
 
 
-def tail_cost(lengths: list[int], curve: dict[int, float], full: int) -> tuple[float, float, int, float]:
+def tail_cost(lengths: list[int], curve: dict[int, float]) -> tuple[float, float, int]:
     """One turn's requests, started together, with these generated lengths → (estimated decode s, the tail's s
-    (steps with at most two sequences decoding), the tail's tokens, those tokens at the full batch's cost s)."""
+    (steps with at most two sequences decoding), the tail's tokens)."""
     total = tail = 0.0
     tail_tokens = 0
     for t in range(1, max(lengths) + 1):
@@ -199,7 +200,7 @@ def tail_cost(lengths: list[int], curve: dict[int, float], full: int) -> tuple[f
         total += s
         if k <= 2:
             tail, tail_tokens = tail + s, tail_tokens + k
-    return total, tail, tail_tokens, tail_tokens * step_seconds(curve, full) / full
+    return total, tail, tail_tokens
 
 
 def batch_curve(direct: Direct, cfg, train, args) -> None:
@@ -222,15 +223,17 @@ def batch_curve(direct: Direct, cfg, train, args) -> None:
         for kind in ("answer", "confidence"):
             lengths = [len(v) for key, v in tree.items() if key[0] == kind]
             full = min(len(lengths), max(CURVE_SIZES))
-            total, tail, n_tail, at_full = tail_cost(lengths, curve, full)
-            dense = sum(lengths) * step_seconds(curve, full) / full  # every token at the full batch's cost
+            per_token = step_seconds(curve, full) / full  # a token's cost in the turn's full batch
+            total, tail, n_tail = tail_cost(lengths, curve)
+            at_full, dense = n_tail * per_token, sum(lengths) * per_token  # the tail's / every token at that cost
             saving, ragged = saving + tail - at_full, ragged + total - dense
-            parts.append(f"{len(lengths)} {kind}s of {min(lengths)}–{max(lengths)} tokens ({sum(lengths)}): decode "
-                         f"≈ {total:.1f} s ({dense:.1f} s if the batch never thinned), tail {tail:.1f} s for {n_tail} "
-                         f"tokens ({at_full:.1f} s at the full batch's cost)")
+            parts.append(f"{len(lengths)} {kind}s of {min(lengths)}–{max(lengths)} tokens ({sum(lengths)}): "
+                         f"decode ≈ {total:.1f} s ({dense:.1f} s if the batch never thinned), tail {tail:.1f} s "
+                         f"for {n_tail} tokens ({at_full:.1f} s at the full batch's cost)")
         fractions.append(saving / wall)
         thinning.append(ragged / wall)
-        print(f"round {rnd + 1} (iteration {it}): tok/s by batch " + ", ".join(f"{b}: {r:.0f}" for b, r in curve.items())
+        rates = ", ".join(f"{b}: {r:.0f}" for b, r in curve.items())
+        print(f"round {rnd + 1} (iteration {it}): tok/s by batch {rates}"
               + f"; generation {wall:.1f} s; " + "; ".join(parts) + f"; the tail could save at most {saving:.1f} s = "
               f"{fractions[-1]:.3f} of it, a batch that never thinned {ragged:.1f} s = {thinning[-1]:.3f}", flush=True)
     print(f"a batch that never thinned would save at most: median {statistics.median(thinning):.3f} of generation "

@@ -65,9 +65,8 @@ def test_the_generation_tail_is_costed_from_the_batch_curve():
     assert g.step_seconds(curve, 3) == pytest.approx(3 / 72.5)  # halfway between 55 and 90 tokens/s
     assert g.step_seconds(curve, 64) == pytest.approx(64 / 170)  # past the largest: its rate
     # 14 answers of 10 tokens and two of 50 and 60: 10 steps at 16, 40 at 2, 10 at 1
-    total, tail, tail_tokens, at_full = g.tail_cost([10] * 14 + [50, 60], curve, 16)
+    total, tail, tail_tokens = g.tail_cost([10] * 14 + [50, 60], curve)
     assert total == pytest.approx(10 * 16 / 160 + 40 * 2 / 55 + 10 / 30)
     assert tail == pytest.approx(40 * 2 / 55 + 10 / 30) and tail_tokens == 90
-    assert at_full == pytest.approx(90 / 160)
     # every sequence the same length: no tail at all
-    assert g.tail_cost([20] * 16, curve, 16)[1:3] == (0.0, 0)
+    assert g.tail_cost([20] * 16, curve)[1:] == (0.0, 0)
