@@ -32,7 +32,7 @@ from prefect.cache_policies import NONE as NO_CACHE
 from prefect.tasks import exponential_backoff
 
 from rlcr import events
-from rlcr.cluster import check_cluster_fits, check_storage, ensure_ray
+from rlcr.cluster import check_cluster_fits, check_storage, engines_start_beside_trainer, ensure_ray
 from rlcr.config import ConfigError, RLCRConfig, load_config
 from rlcr.evaluate import evaluate_policy
 from rlcr.model_source import import_model
@@ -264,7 +264,10 @@ def rlcr_train(
         check_storage(cfg)
         check_cluster_fits(cfg)
         opts = _opts(cfg)
-        with EnginePool(cfg, saved) as engines, PolicyTrainer(cfg, policy_uri=saved, restore=bool(done), ref_uri=initial) as trainer:
+        beside = engines_start_beside_trainer(cfg)  # then launched here, and waited for once the trainer is up
+        with EnginePool(cfg, saved, wait=not beside) as engines, \
+                PolicyTrainer(cfg, policy_uri=saved, restore=bool(done), ref_uri=initial) as trainer:
+            engines.wait_started()
             if not done and cfg.eval.every and not run.store.exists(run.baseline_rel):
                 baseline = evaluate_task.with_options(**opts)(cfg, run, held_out, saved, 0, engines, initial, lease)
                 run.write_baseline({"policy_uri": saved, "eval": baseline}, lease=lease)

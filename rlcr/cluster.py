@@ -144,6 +144,13 @@ def engine_actor_resources(cfg: RLCRConfig) -> dict[str, float]:
     return out
 
 
+def engines_start_beside_trainer(cfg: RLCRConfig) -> bool:
+    """Whether a run's engines may load while its trainer starts (tens of seconds each on a CPU, side by side
+    instead of one after the other). Not with ``update.use_gpu``: vLLM sizes its KV cache from the device's free
+    memory as it starts, and a trainer loading onto the same device meanwhile would change that."""
+    return not cfg.update.use_gpu
+
+
 def trainer_worker_resources(cfg: RLCRConfig) -> dict[str, float]:
     """Ray resources of one Ray Train worker (Ray Train's defaults: 1 GPU, or 1 CPU) plus ``placement.trainer_resources``:
     the trainer's ``ScalingConfig(resources_per_worker=…)``."""

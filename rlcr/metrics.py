@@ -14,7 +14,9 @@ __all__ = ["accuracy", "brier", "ece", "auroc", "reliability_bins", "calibration
            "paired_bootstrap_differences", "CI_METRICS"]
 
 
-def _arrays(conf: Sequence[float], correct: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+def scored_arrays(conf: Sequence[float], correct: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """``conf`` and ``correct`` as float arrays, checked: 1-d, the same length, confidences finite in [0, 1],
+    labels 0 or 1."""
     c = np.asarray(conf, dtype=float)
     y = np.asarray(correct, dtype=float)
     if c.shape != y.shape or c.ndim != 1:
@@ -33,7 +35,7 @@ def accuracy(correct: Sequence[float]) -> float:
 
 def brier(conf: Sequence[float], correct: Sequence[float]) -> float:
     """mean((c − y)²)."""
-    c, y = _arrays(conf, correct)
+    c, y = scored_arrays(conf, correct)
     return float(np.mean((c - y) ** 2)) if c.size else math.nan
 
 
@@ -44,7 +46,7 @@ def _bin_index(c: np.ndarray, n_bins: int) -> np.ndarray:
 
 def reliability_bins(conf: Sequence[float], correct: Sequence[float], n_bins: int = 10) -> list[dict]:
     """Per equal-width bin: range, count, mean confidence and accuracy (None for empty bins)."""
-    c, y = _arrays(conf, correct)
+    c, y = scored_arrays(conf, correct)
     idx = _bin_index(c, n_bins)
     out = []
     for b in range(n_bins):
@@ -60,7 +62,7 @@ def reliability_bins(conf: Sequence[float], correct: Sequence[float], n_bins: in
 
 def ece(conf: Sequence[float], correct: Sequence[float], n_bins: int = 10) -> float:
     """Expected calibration error: Σ_b (n_b / N)·|mean c_b − acc_b| over non-empty equal-width bins."""
-    c, y = _arrays(conf, correct)
+    c, y = scored_arrays(conf, correct)
     if not c.size:
         return math.nan
     return binned_calibration_error(c, y, _bin_index(c, n_bins), n_bins)
@@ -75,29 +77,29 @@ def binned_calibration_error(c: np.ndarray, y: np.ndarray, bins: np.ndarray, n_b
     return float(sum((n / c.size * np.abs(sum_c / n - sum_y / n)).tolist()))
 
 
-def _average_ranks(c: np.ndarray) -> np.ndarray:
-    """1-based ranks of ``c``, ties sharing their average rank."""
-    _, inverse, counts = np.unique(c, return_inverse=True, return_counts=True)
-    ends = np.cumsum(counts)
-    return ((ends - counts + 1 + ends) / 2.0)[inverse]
-
-
 def auroc(conf: Sequence[float], correct: Sequence[float]) -> float:
     """Area under the ROC curve of c as a score for y = 1 (Mann–Whitney U, ties count ½).
 
     NaN when only one class is present (the AUROC is undefined).
     """
-    c, y = _arrays(conf, correct)
-    n_pos, n_neg = int(y.sum()), int((1 - y).sum())
-    if n_pos == 0 or n_neg == 0:
+    c, y = scored_arrays(conf, correct)
+    return mann_whitney_auroc(c[y == 1], c[y == 0])
+
+
+def mann_whitney_auroc(pos: np.ndarray, neg: np.ndarray) -> float:
+    """U / (n_pos · n_neg) with U = Σ over positives of #(negatives below) + ½ · #(negatives equal): one sort of
+    the negatives and two binary searches, no ranks. U is a sum of halves, exact in floating point, so the value
+    is the same bit for bit as from the rank sum. NaN when either class is empty."""
+    if not pos.size or not neg.size:
         return math.nan
-    u = _average_ranks(c)[y == 1].sum() - n_pos * (n_pos + 1) / 2
-    return float(u / (n_pos * n_neg))
+    neg = np.sort(neg)
+    below, upto = np.searchsorted(neg, pos, side="left"), np.searchsorted(neg, pos, side="right")
+    return float((below.sum() + (upto - below).sum() / 2) / (pos.size * neg.size))
 
 
 def calibration_metrics(conf: Sequence[float], correct: Sequence[float], n_bins: int = 10) -> dict:
     """Accuracy, mean confidence, Brier, ECE, AUROC and the reliability bins of one evaluation."""
-    c, y = _arrays(conf, correct)
+    c, y = scored_arrays(conf, correct)
     return {
         "n": int(c.size),
         "accuracy": accuracy(y),
@@ -138,7 +140,7 @@ def bootstrap_intervals(
     if not (c.shape == y.shape == (len(groups),)):
         raise ValueError(f"conf {c.shape}, correct {y.shape} and groups ({len(groups)}) must be 1-d of one length")
     has_conf = np.isfinite(c)
-    _arrays(c[has_conf], y[has_conf])  # the same checks as the point estimates
+    scored_arrays(c[has_conf], y[has_conf])  # the same checks as the point estimates
     keys, group_index = np.unique(np.asarray([str(g) for g in groups]), return_inverse=True)
     members = [np.flatnonzero(group_index == g) for g in range(len(keys))]
     rng = np.random.default_rng(seed)
@@ -199,7 +201,7 @@ def paired_bootstrap_differences(
         groups = [str(g) for g, _, _ in side]
         y = np.asarray([float(v) for _, v, _ in side], dtype=float)
         c = np.asarray([math.nan if v is None else float(v) for _, _, v in side], dtype=float)
-        _arrays(c[np.isfinite(c)], y[np.isfinite(c)])
+        scored_arrays(c[np.isfinite(c)], y[np.isfinite(c)])
         return groups, y, c
 
     ga, ya, ca = arrays(a)

@@ -23,7 +23,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from rlcr.metrics import auroc, binned_calibration_error, brier, ece
+from rlcr.metrics import scored_arrays, auroc, binned_calibration_error, brier, ece, mann_whitney_auroc
 
 __all__ = ["Answers", "ece_equal_mass", "within_stratum_auroc", "difficulty_prior", "fit_temperature",
            "apply_temperature", "fit_isotonic", "apply_isotonic", "protocol_metrics", "hierarchical_bootstrap",
@@ -63,9 +63,17 @@ class Answers:
         if not np.all(ok):
             raise ValueError("Answers.confidence must be NaN or in [0, 1]")
 
+    @classmethod
+    def _checked(cls, task, stratum, correct, confidence, prior) -> "Answers":
+        """Answers from arrays taken out of already checked Answers (rows, concatenations): no second check —
+        the bootstrap builds hundreds of thousands of these."""
+        a = object.__new__(cls)
+        a.task, a.stratum, a.correct, a.confidence, a.prior = task, stratum, correct, confidence, prior
+        return a
+
     def take(self, rows: np.ndarray) -> "Answers":
-        return Answers(self.task[rows], self.stratum[rows], self.correct[rows], self.confidence[rows],
-                       self.prior[rows])
+        return Answers._checked(self.task[rows], self.stratum[rows], self.correct[rows], self.confidence[rows],
+                                self.prior[rows])
 
     def with_confidence(self, confidence: np.ndarray) -> "Answers":
         return Answers(self.task, self.stratum, self.correct, confidence, self.prior)
@@ -86,8 +94,11 @@ def ece_equal_mass(conf: Sequence[float], correct: Sequence[float], n_bins: int 
     y = np.asarray(correct, dtype=float)
     if not c.size:
         return math.nan
-    _, group, counts = np.unique(c, return_inverse=True, return_counts=True)
-    centre = (np.cumsum(counts) - counts / 2.0)[group]  # centre of each answer's tie group, in [0, N]
+    ordered = np.sort(c)
+    ends = np.append(np.flatnonzero(np.diff(ordered)) + 1, c.size)  # where each tie group ends, sorted order
+    counts = np.diff(ends, prepend=0)
+    group = np.searchsorted(ordered[ends - 1], c)  # each answer's tie group (few distinct confidences)
+    centre = (ends - counts / 2.0)[group]  # centre of each answer's tie group, in [0, N]
     bins = np.minimum((centre * n_bins / c.size).astype(int), n_bins - 1)
     return binned_calibration_error(c, y, bins, n_bins)
 
@@ -96,8 +107,12 @@ def within_stratum_auroc(conf: Sequence[float], correct: Sequence[float],
                          strata: Sequence[str]) -> dict[str, object]:
     """AUROC of confidence against correctness inside each stratum, and their unweighted mean over the strata
     where it is defined (both classes present). A confidence that only knows the stratum scores 0.5 here."""
-    c, y, s = np.asarray(conf, dtype=float), np.asarray(correct, dtype=float), np.asarray(strata).astype(str)
-    per = {k: auroc(c[s == k], y[s == k]) for k in sorted(set(s.tolist()))}
+    c, y = scored_arrays(conf, correct)
+    keys, code = np.unique(np.asarray(strata).astype(str), return_inverse=True)  # keys sorted
+    if code.shape != c.shape:
+        raise ValueError(f"strata {code.shape} and confidences {c.shape} must have the same length")
+    pos = y == 1
+    per = {str(k): mann_whitney_auroc(c[(code == i) & pos], c[(code == i) & ~pos]) for i, k in enumerate(keys)}
     defined = [v for v in per.values() if not math.isnan(v)]
     return {"per_stratum": per, "mean": float(np.mean(defined)) if defined else math.nan}
 
@@ -280,7 +295,7 @@ def hierarchical_bootstrap(runs: Mapping[str, Mapping[int, Answers]], statistic:
 
 
 def _concat(parts: Sequence[Answers]) -> Answers:
-    return Answers(*(np.concatenate([getattr(p, f) for p in parts])
+    return Answers._checked(*(np.concatenate([getattr(p, f) for p in parts])
                      for f in ("task", "stratum", "correct", "confidence", "prior")))
 
 

@@ -25,8 +25,8 @@ def report(key: str, value) -> None:
 
 
 class RecordingEnginePool(train.EnginePool):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def wait_started(self) -> None:
+        super().wait_started()
         report("ENGINE_NODES", self.node_ids)
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from rlcr.cluster import (ResourceError, StorageNotShared, check_fits, check_storage, engine_actor_resources,
-                          run_demand, trainer_worker_resources)
+                          engines_start_beside_trainer, run_demand, trainer_worker_resources)
 from rlcr.config import ConfigError, changes_results, RLCRConfig, result_changing_diff
 
 HERE = Path(__file__).parent
@@ -77,6 +77,13 @@ def test_custom_resources_reach_each_actor_and_the_demand():
     assert trainer_worker_resources(gpu) == {"GPU": 1.0, "gpu_pool": 1.0}
     plain = RLCRConfig()  # no placement: exactly what was asked before (Ray Train's defaults)
     assert engine_actor_resources(plain) == {"CPU": 0.5} and trainer_worker_resources(plain) == {"CPU": 1.0}
+
+
+def test_engines_load_beside_the_trainer_unless_both_are_on_gpus():
+    """A run's start: the engines load while the trainer starts on CPUs; with GPUs one after the other (vLLM sizes
+    its KV cache from the device's free memory as it starts)."""
+    assert engines_start_beside_trainer(RLCRConfig())
+    assert not engines_start_beside_trainer(RLCRConfig(update={"use_gpu": True}))
 
 
 def test_trainer_scaling_config_takes_the_worker_resources():

@@ -54,6 +54,30 @@ def test_equal_mass_ece_keeps_ties_in_one_bin_whatever_the_answers_order():
     assert ece_equal_mass(np.full(3000, 0.9), y) == pytest.approx(abs(0.9 - y.mean()))
 
 
+def test_the_fast_auroc_and_equal_mass_bins_equal_their_rank_definitions_bit_for_bit():
+    """The bootstrap scores ~10⁵ draws, so AUROC counts negatives below each positive and the equal-mass bins
+    find tie groups in one sort; both must give exactly what the textbook definitions give (average ranks;
+    tie-group centres from ``np.unique``), so a table rebuilt from the records does not move."""
+    from rlcr.metrics import binned_calibration_error
+
+    rng = np.random.default_rng(11)
+    for case in range(300):
+        n = int(rng.integers(1, 400))
+        c = rng.choice(np.round(rng.random(int(rng.integers(1, 12))), 2), size=n) if case % 2 else rng.random(n)
+        y = (rng.random(n) < rng.random()).astype(float)
+        _, inverse, counts = np.unique(c, return_inverse=True, return_counts=True)
+        ends = np.cumsum(counts)
+        ranks = ((ends - counts + 1 + ends) / 2.0)[inverse]
+        n_pos, n_neg = int(y.sum()), int((1 - y).sum())
+        if n_pos and n_neg:
+            assert auroc(c, y) == float((ranks[y == 1].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+        else:
+            assert math.isnan(auroc(c, y))
+        centre = (ends - counts / 2.0)[inverse]
+        bins = np.minimum((centre * 10 / n).astype(int), 9)
+        assert ece_equal_mass(c, y) == binned_calibration_error(c, y, bins, 10)
+
+
 def test_a_confidence_that_only_knows_the_stratum_has_within_auroc_one_half():
     rng = np.random.default_rng(0)
     a = _answers(rng, skill=0.0)                       # confidence = the stratum's rate, nothing else

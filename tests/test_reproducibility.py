@@ -192,21 +192,22 @@ def test_same_rollouts_whatever_the_batching_timing_and_engines(ray_local, tiny_
 
     # rollout_batch_size 8: all five prompts in one batch; both turns in one engine run
     quiet = tiny_cfg(tiny_model_dir, tmp_path).model_copy(update={"rollout.pipeline_turns": True})
-    a = run_rollouts(quiet, TASKS, policy_uri=str(tiny_model_dir), run_id="quiet", iteration=2)
-
     loaded = quiet.model_copy(update={"rollout.batch_size": 1, "rollout.actors": 2, "rollout.pipeline_turns": False})
     names = [f"rlcr-slow-engine-{i}" for i in range(2)]
-    actors = [ray.remote(_SlowEngine).options(
+    actors = [ray.remote(_SlowEngine).options(  # (b)'s engines load while (a) runs
         name=n, num_cpus=ENGINE_ACTOR_CPUS, max_concurrency=1, runtime_env=engine_runtime_env()).remote(
         loaded.model_dump(mode="json"), str(tiny_model_dir), delay) for n, delay in zip(names, (0.2, 0.7))]
-    burner = _burn_cpu()
+    burner = None
     try:
+        a = run_rollouts(quiet, TASKS, policy_uri=str(tiny_model_dir), run_id="quiet", iteration=2)
+        burner = _burn_cpu()
         ray.get([x.current.remote() for x in actors])
         b = run_rollouts(loaded, TASKS, policy_uri=str(tiny_model_dir), run_id="loaded", iteration=2,
                          engines=_Engines(names))
     finally:
-        burner.kill()
-        burner.wait()
+        if burner is not None:
+            burner.kill()
+            burner.wait()
         for x in actors:
             ray.kill(x)
     ta, tb = _tree(a.rows), _tree(b.rows)

@@ -269,13 +269,22 @@ class RolloutEngine:
 class EnginePool:
     """``rollout.actors`` :class:`RolloutEngine` actors, addressed by name from the Ray Data stages."""
 
-    def __init__(self, cfg, policy_uri: str, *, name: str = "rlcr-engine", start_timeout_s: float = 900.0):
+    def __init__(self, cfg, policy_uri: str, *, name: str = "rlcr-engine", start_timeout_s: float = 900.0,
+                 wait: bool = True):
+        """``wait=False`` only launches the actors: call :meth:`wait_started` before using the pool, so that
+        something else (the trainer) can start meanwhile."""
         self.cfg, self.name, self.start_timeout_s = cfg, name, start_timeout_s
         self.actors: list = []
         self.frame_uri = policy_uri  # what a restart after release() starts from (its weights then replaced)
-        self._start(policy_uri)
+        self._launch(policy_uri)
+        if wait:
+            self.wait_started()
 
     def _start(self, policy_uri: str) -> None:
+        self._launch(policy_uri)
+        self.wait_started()
+
+    def _launch(self, policy_uri: str) -> None:
         import uuid
 
         import ray
@@ -291,6 +300,16 @@ class EnginePool:
                            runtime_env=engine_runtime_env()).remote(cfg.model_dump(mode="json"), policy_uri)
             for n in self.names
         ]
+        self._launched, self._started = policy_uri, False
+
+    def wait_started(self) -> None:
+        """Block until every engine has loaded its model (at most ``start_timeout_s``; on a timeout the actors
+        are stopped and the error names what each asks of the cluster). Once started, returns at once."""
+        import ray
+
+        if self._started:
+            return
+        cfg = self.cfg
         try:
             ray.get([a.current.remote() for a in self.actors], timeout=self.start_timeout_s)
         except ray.exceptions.GetTimeoutError:
@@ -299,9 +318,10 @@ class EnginePool:
                 f"{len(self.names)} engine actor(s) did not start within {self.start_timeout_s:.0f} s (each asks "
                 f"{engine_actor_resources(cfg)}; cluster has {ray.cluster_resources()}, free "
                 f"{ray.available_resources()})") from None
-        self.policy_uri = policy_uri
+        self.policy_uri = self._launched
         self.node_ids = ray.get([a.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id())
                                  for a in self.actors])  # where each engine runs (placement: engine_resources)
+        self._started = True
 
     @property
     def released(self) -> bool:
