@@ -23,7 +23,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from rlcr.metrics import scored_arrays, auroc, binned_calibration_error, brier, ece, mann_whitney_auroc
+from rlcr.metrics import auroc, binned_calibration_error, brier, ece, mann_whitney_auroc, scored_arrays
 
 __all__ = ["Answers", "ece_equal_mass", "within_stratum_auroc", "difficulty_prior", "fit_temperature",
            "apply_temperature", "fit_isotonic", "apply_isotonic", "protocol_metrics", "hierarchical_bootstrap",
@@ -64,7 +64,7 @@ class Answers:
             raise ValueError("Answers.confidence must be NaN or in [0, 1]")
 
     @classmethod
-    def _checked(cls, task, stratum, correct, confidence, prior) -> "Answers":
+    def _trusted(cls, task, stratum, correct, confidence, prior) -> "Answers":
         """Answers from arrays taken out of already checked Answers (rows, concatenations): no second check —
         the bootstrap builds hundreds of thousands of these."""
         a = object.__new__(cls)
@@ -72,7 +72,7 @@ class Answers:
         return a
 
     def take(self, rows: np.ndarray) -> "Answers":
-        return Answers._checked(self.task[rows], self.stratum[rows], self.correct[rows], self.confidence[rows],
+        return Answers._trusted(self.task[rows], self.stratum[rows], self.correct[rows], self.confidence[rows],
                                 self.prior[rows])
 
     def with_confidence(self, confidence: np.ndarray) -> "Answers":
@@ -295,8 +295,8 @@ def hierarchical_bootstrap(runs: Mapping[str, Mapping[int, Answers]], statistic:
 
 
 def _concat(parts: Sequence[Answers]) -> Answers:
-    return Answers._checked(*(np.concatenate([getattr(p, f) for p in parts])
-                     for f in ("task", "stratum", "correct", "confidence", "prior")))
+    return Answers._trusted(*(np.concatenate([getattr(p, f) for p in parts])
+                              for f in ("task", "stratum", "correct", "confidence", "prior")))
 
 
 # ----------------------------------------------------------------------------------------------- 4. decisions
