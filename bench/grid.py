@@ -4,6 +4,7 @@ pre-registered table from its records.
     python bench/grid.py --protocol bench/protocol.yaml [--seeds 1,2,3] [--methods rlcr,rlvr,rlcr_single]
                          [--store DIR] [--records DIR] [--chunk 5]
     python bench/grid.py --protocol bench/protocol.yaml --table-only [--docs docs/results.md]
+                         [--readme README.md]
 
 1. The protocol file is read and checked (:func:`bench.grid_protocol.load_protocol`; a bad field is one line).
 2. The fixed split from ``tasks.split_seed`` (training pool, test, calibration) is written into the store as
@@ -27,7 +28,9 @@ pre-registered table from its records.
    two-turn confidence query) and of each method's last checkpoint, each written as a small Parquet record
    under ``bench/results/grid/`` (bench/grid_table.py). An evaluation whose record exists is not redone.
 5. ``--table-only`` reads the records alone and prints the pre-registered table (bench/grid_table.py),
-   ``--docs FILE`` also writes it into FILE's grid section. The last line is ``grid goals met: …``.
+   ``--docs FILE`` also writes it into FILE's grid section and ``--readme FILE`` its short form (the primary
+   protocol's headline metrics, the goals' verdicts) into FILE's grid summary. The last line is
+   ``grid goals met: …``.
 """
 
 from __future__ import annotations
@@ -44,8 +47,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from bench.grid_protocol import (ProtocolError, SplitError, build_split, check_disjoint, load_protocol,  # noqa: E402
                                  write_split)
-from bench.grid_table import (DEFAULT_DIR, RecordError, build_table, record_name, record_table,  # noqa: E402
-                              replace_section, weights_digest, write_record)
+from bench.grid_table import (BEGIN, DEFAULT_DIR, END, README_BEGIN, README_END, RecordError,  # noqa: E402
+                              build_table, record_name, record_table, replace_section, weights_digest, write_record)
 
 
 def run_id(seed: int, what: str) -> str:
@@ -155,15 +158,16 @@ def run_seed(protocol, files, split, store: Path, seed: int, methods, chunk: int
           flush=True)
 
 
-def table(protocol, records: Path, docs: str | None, resamples: int | None) -> None:
-    """The pre-registered table from the records alone; ``docs``: also written into that file's grid section."""
-    text, headline = build_table(records, protocol, n_resamples=resamples)
-    print(text)
-    if docs:
-        path = Path(docs)
-        path.write_text(replace_section(path.read_text(), text))
-        print(f"written into {docs}")
-    print(f"grid goals met: {headline}")
+def table(protocol, records: Path, docs: str | None, resamples: int | None, readme: str | None = None) -> None:
+    """The pre-registered table from the records alone; ``docs``: also written into that file's grid section,
+    ``readme``: the short form into that file's grid summary."""
+    built = build_table(records, protocol, n_resamples=resamples)
+    print(built.docs)
+    for path, text, markers in ((docs, built.docs, (BEGIN, END)), (readme, built.summary, (README_BEGIN, README_END))):
+        if path:
+            Path(path).write_text(replace_section(Path(path).read_text(), text, *markers))
+            print(f"written into {path}")
+    print(f"grid goals met: {built.headline}")
 
 
 def _list(ap, text: str | None, allowed, what: str, cast=str) -> list:
@@ -190,6 +194,8 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=5, help="iterations per flow run (resumable between them)")
     ap.add_argument("--table-only", action="store_true", help="no training: the table from the records")
     ap.add_argument("--docs", default=None, help="with --table-only: write the table into this file's grid section")
+    ap.add_argument("--readme", default=None,
+                    help="with --table-only: write the short form into this file's grid summary (README.md)")
     ap.add_argument("--resamples", type=int, default=None,
                     help="with --table-only: bootstrap replicates (default: the protocol's; others are exploratory)")
     a = ap.parse_args()
@@ -202,7 +208,7 @@ def main() -> None:
     records = Path(a.records)
     if a.table_only:
         try:
-            return table(protocol, records, a.docs, a.resamples)
+            return table(protocol, records, a.docs, a.resamples, a.readme)
         except (RecordError, ValueError) as e:
             ap.error(str(e))
     if a.chunk < 1:

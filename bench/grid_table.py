@@ -21,7 +21,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -222,15 +222,19 @@ def interval_text(result: Mapping[str, Any], key: str, per_seed: bool = True) ->
     return text
 
 
-def metrics_table(rows: Mapping[str, Mapping[int, Any]], n_resamples: int, level: float, per_seed: bool,
-                  parse_rates: Mapping[str, float] | None = None) -> list[str]:
-    """Markdown table: one line per row label, each metric with its hierarchical interval."""
-    head = "| policy / baseline | seeds | " + " | ".join(t for _, t in METRIC_COLUMNS) + \
+def row_results(rows: Mapping[str, Mapping[int, Any]], n_resamples: int, level: float) -> dict[str, dict[str, Any]]:
+    """Each row's hierarchical bootstrap (seeds, then tasks) of every metric."""
+    return {label: _row_bootstrap(runs, n_resamples, level) for label, runs in rows.items()}
+
+
+def metrics_table(results: Mapping[str, Mapping[str, Any]], rows: Mapping[str, Mapping[int, Any]], per_seed: bool,
+                  parse_rates: Mapping[str, float] | None = None, columns=METRIC_COLUMNS) -> list[str]:
+    """Markdown table: one line per row label, each of ``columns`` with its hierarchical interval."""
+    head = "| policy / baseline | seeds | " + " | ".join(t for _, t in columns) + \
            (" | conf. parse rate |" if parse_rates is not None else " |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for label, runs in rows.items():
-        res = _row_bootstrap(runs, n_resamples, level)
-        cells = [interval_text(res, k, per_seed) for k, _ in METRIC_COLUMNS]
+        cells = [interval_text(results[label], k, per_seed) for k, _ in columns]
         if parse_rates is not None:
             cells.append(_num(parse_rates.get(label)))
         lines.append(f"| {label} | {', '.join(map(str, sorted(runs)))} | " + " | ".join(cells) + " |")
@@ -244,39 +248,53 @@ GOAL_TEXT = {"brier_skill": ("RLCR's Brier skill over its difficulty prior", "lo
              "accuracy_vs_rlvr": ("RLCR − RLVR, accuracy", "lower bound > −0.03")}
 
 
-def goals_section(rows: Mapping[str, Mapping[int, Any]], protocol_seeds: Sequence[int], n_resamples: int,
-                  level: float) -> tuple[list[str], str]:
-    """The four goals (primary protocol), each met or not by its rule, with figure, paired interval and
-    per-seed values; undecided while a pre-registered seed lacks records. Returns (lines, headline value)."""
+def decide_goals(rows: Mapping[str, Mapping[int, Any]], protocol_seeds: Sequence[int], n_resamples: int,
+                 level: float) -> dict[str, Any] | None:
+    """The goals' paired bootstrap over the seeds that have rlcr's and rlvr's records, decided by their rules:
+    ``{"result", "goals", "parts", "seeds", "decided"}``; ``decided`` once every pre-registered seed is in.
+    None while no seed has them."""
     from rlcr.protocol_stats import decide, goals_statistic, hierarchical_bootstrap
 
     need = ("rlcr", "rlvr", "rlvr + temperature")
     seeds = sorted(set.intersection(*(set(rows.get(k, {})) for k in need)))
     if not seeds:
-        return ["Goals: not decided — no seed has the test and calibration records of rlcr and rlvr yet."], \
-            f"undecided (0/{len(protocol_seeds)} seeds)"
+        return None
     runs = {"rlcr": {s: rows["rlcr"][s] for s in seeds}, "rlvr": {s: rows["rlvr"][s] for s in seeds},
             "rlvr_recalibrated": {s: rows["rlvr + temperature"][s] for s in seeds}}
     result = hierarchical_bootstrap(runs, goals_statistic, n_resamples=n_resamples, level=level, seed=0)
     goals = decide(result)
-    decided = set(protocol_seeds) <= set(seeds)
     parts = {"brier_skill": [("brier_skill", goals["brier_skill"])],
              "within_stratum_auroc": list(zip(("auroc_within_vs_rlvr", "auroc_within_vs_recalibrated"),
                                               goals["within_stratum_auroc"]["parts"])),
              "ece": [("ece_vs_rlvr", goals["ece"])], "accuracy_non_inferior": [("accuracy_vs_rlvr", goals["accuracy_non_inferior"])]}
+    return {"result": result, "goals": goals, "parts": parts, "seeds": seeds,
+            "decided": set(protocol_seeds) <= set(seeds)}
+
+
+def _verdict(d: Mapping[str, Any], goal: str) -> str:
+    return ("**met**" if d["goals"][goal]["met"] else "**not met**") if d["decided"] else "not decided"
+
+
+def goals_section(d: Mapping[str, Any] | None, protocol_seeds: Sequence[int]) -> tuple[list[str], str]:
+    """The four goals (primary protocol) of :func:`decide_goals`, each met or not by its rule, with figure,
+    paired interval and per-seed values; undecided while a pre-registered seed lacks records.
+    Returns (lines, headline value)."""
+    if d is None:
+        return ["Goals: not decided — no seed has the test and calibration records of rlcr and rlvr yet."], \
+            f"undecided (0/{len(protocol_seeds)} seeds)"
     lines = ["| goal | figure (paired where a difference) | rule | rule holds | goal |", "|---|---|---|---|---|"]
-    for goal, items in parts.items():
+    for goal, items in d["parts"].items():
         for i, (key, g) in enumerate(items):
-            verdict = ("**met**" if goals[goal]["met"] else "**not met**") if decided else "not decided"
-            lines.append(f"| {goal if i == 0 else ''} | {GOAL_TEXT[key][0]}: {interval_text(result, key)} | "
-                         f"{GOAL_TEXT[key][1]} | {'yes' if g['met'] else 'no'} | {verdict if i == 0 else ''} |")
-    if decided:
-        met = sum(bool(goals[g]["met"]) for g in parts)
-        return lines, f"{met}/{len(parts)}"
+            lines.append(f"| {goal if i == 0 else ''} | {GOAL_TEXT[key][0]}: {interval_text(d['result'], key)} | "
+                         f"{GOAL_TEXT[key][1]} | {'yes' if g['met'] else 'no'} | "
+                         f"{_verdict(d, goal) if i == 0 else ''} |")
+    if d["decided"]:
+        met = sum(bool(d["goals"][g]["met"]) for g in d["parts"])
+        return lines, f"{met}/{len(d['parts'])}"
     lines += ["", f"Not decided: the rules read intervals over the protocol's seeds "
-                  f"({', '.join(map(str, protocol_seeds))}); records hold seeds {', '.join(map(str, seeds))} only. "
+                  f"({', '.join(map(str, protocol_seeds))}); records hold seeds {', '.join(map(str, d['seeds']))} only. "
                   "The figures above are provisional."]
-    return lines, f"undecided ({len(seeds)}/{len(protocol_seeds)} seeds)"
+    return lines, f"undecided ({len(d['seeds'])}/{len(protocol_seeds)} seeds)"
 
 
 def presence_lines(records: Mapping, protocol_seeds: Sequence[int], methods: Sequence[str]) -> list[str]:
@@ -308,8 +326,19 @@ def warm_start_lines(warm_starts: Mapping[tuple[int, str, str, str], str]) -> li
     return out
 
 
-def build_table(directory: Path, protocol, n_resamples: int | None = None) -> tuple[str, str]:
-    """The pre-registered table (markdown) and headline value, from the records under ``directory`` only."""
+class GridTable(NamedTuple):
+    """What :func:`build_table` makes of the records."""
+
+    docs: str
+    """docs/results.md's section: both protocols' full tables, per-seed values, the goals."""
+    summary: str
+    """README.md's section: the primary protocol's headline metrics and the goals' verdicts."""
+    headline: str
+    """``grid goals met: …``'s value: "k/4" once decided, else "undecided (n/3 seeds)"."""
+
+
+def build_table(directory: Path, protocol, n_resamples: int | None = None) -> GridTable:
+    """The pre-registered tables (markdown) and headline value, from the records under ``directory`` only."""
     warm_starts: dict = {}
     records = read_records(directory, warm_starts)
     n = n_resamples or protocol.n_resamples
@@ -323,10 +352,12 @@ def build_table(directory: Path, protocol, n_resamples: int | None = None) -> tu
     if warm_starts:
         lines += ["", "Warm-starts (sha256 of the weights): " + "; ".join(warm_start_lines(warm_starts)) + "."]
     if not records:
-        return "\n".join(lines + ["", "No records yet: nothing to compute."]), \
-            f"undecided (0/{len(protocol.seeds)} seeds)"
+        headline = f"undecided (0/{len(protocol.seeds)} seeds)"
+        return GridTable("\n".join(lines + ["", "No records yet: nothing to compute."]),
+                         "No records yet: the pre-registered grid has not been run.", headline)
     rate = lambda a: float(np.mean(np.isfinite(a.confidence)))  # noqa: E731
     primary = table_rows(records, "primary", as_zero=False)
+    primary_results = row_results(primary, n, protocol.level)
     rates = {label: float(np.mean([rate(records[(s, label, 'test', 'primary')]) for s in runs]))
              for label, runs in primary.items() if label in POLICIES}
     pct = f"{protocol.level:.0%}"
@@ -335,25 +366,65 @@ def build_table(directory: Path, protocol, n_resamples: int | None = None) -> tu
                   f"out of the calibration metrics, counted in the parse rate). {pct} intervals: hierarchical "
                   f"bootstrap, {n:,} replicates (seeds, then tasks); per-seed values in brackets after each. With "
                   f"{len(protocol.seeds)} seeds the seed level of the bootstrap is coarse.", ""]
-    lines += metrics_table(primary, n, protocol.level, per_seed=True, parse_rates=rates)
+    lines += metrics_table(primary_results, primary, per_seed=True, parse_rates=rates)
     lines += ["", "**Paper protocol** (greedy, 1 answer per task, unparsed confidence = 0), the same checkpoints; "
                   "not used by the decision rules.", ""]
-    lines += metrics_table(table_rows(records, "paper", as_zero=True), n, protocol.level, per_seed=True)
-    goal_lines, headline = goals_section(primary, protocol.seeds, n, protocol.level)
+    paper = table_rows(records, "paper", as_zero=True)
+    lines += metrics_table(row_results(paper, n, protocol.level), paper, per_seed=True)
+    decided = decide_goals(primary, protocol.seeds, n, protocol.level)
+    goal_lines, headline = goals_section(decided, protocol.seeds)
     lines += ["", "**Goals** (primary protocol; the rules of bench/protocol.yaml):", ""] + goal_lines
-    return "\n".join(lines), headline
+    summary = summary_lines(protocol, n, primary_results, primary, decided)
+    return GridTable("\n".join(lines), "\n".join(summary), headline)
 
 
-def replace_section(text: str, table: str) -> str:
-    """``text`` (docs/results.md) with the part between :data:`BEGIN` and :data:`END` replaced by ``table``."""
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        raise ValueError("the docs file needs one grid-table begin marker followed by one end marker")
-    head, rest = text.split(BEGIN)
-    _, tail = rest.split(END)
-    return f"{head}{BEGIN}\n{table}\n{END}{tail}"
+SUMMARY_COLUMNS = (("accuracy", "accuracy"), ("ece", "ECE"), ("brier_skill", "Brier skill vs difficulty prior"),
+                   ("auroc_within", "AUROC within stratum"))
+SUMMARY_GOALS = {"brier_skill": "RLCR's Brier skill over its difficulty prior is above 0 (lower bound > 0)",
+                 "within_stratum_auroc": "RLCR's mean within-stratum AUROC is above RLVR's and recalibrated RLVR's "
+                                         "(lower bounds of the paired differences > 0)",
+                 "ece": "RLCR's ECE is below RLVR's (upper bound of the paired difference < 0)",
+                 "accuracy_non_inferior": "RLCR's accuracy is non-inferior to RLVR's (lower bound of the paired "
+                                          "difference > −0.03)"}
+SUMMARY_FIGURES = {"brier_skill": "", "auroc_within_vs_rlvr": "vs RLVR ", "auroc_within_vs_recalibrated":
+                   "vs RLVR + temperature ", "ece_vs_rlvr": "", "accuracy_vs_rlvr": ""}
 
 
-def docs_section(text: str) -> str:
-    """The generated part of docs/results.md (between the markers)."""
-    head, rest = text.split(BEGIN, 1)
-    return rest.split(END, 1)[0].strip("\n")
+def summary_lines(protocol, n: int, results: Mapping, rows: Mapping, decided: Mapping[str, Any] | None) -> list[str]:
+    """README's short form: the primary protocol's table without per-seed values, and one line per goal."""
+    out = [f"Pre-registered in [bench/protocol.yaml](bench/protocol.yaml) before the runs: training seeds "
+           f"{', '.join(map(str, protocol.seeds))} (each with its own warm-start), {protocol.iterations} iterations per "
+           f"method at equal generated tokens, {protocol.sizes['test']} held-out test tasks × "
+           f"{protocol.decodings[0].answers_per_task} sampled answers per seed. {protocol.level:.0%} intervals: "
+           f"hierarchical bootstrap over seeds, then tasks ({n:,} replicates). Per-seed values, the paper's "
+           "protocol (greedy, one answer) and the equal-mass ECE: [docs/results.md](docs/results.md).", ""]
+    out += metrics_table(results, rows, per_seed=False, columns=SUMMARY_COLUMNS)
+    if decided is None:
+        return out
+    out += ["", "Goals (RLCR = two-turn RLCR; differences paired over the same seeds and tasks):", ""]
+    for goal, items in decided["parts"].items():
+        figures = ", ".join(SUMMARY_FIGURES[key] + interval_text(decided["result"], key, per_seed=False)
+                            for key, _ in items)
+        out.append(f"- {SUMMARY_GOALS[goal]}: {_verdict(decided, goal)}, {figures}")
+    return out
+
+
+README_BEGIN = "<!-- grid-summary: begin (written by `python bench/grid.py --protocol bench/protocol.yaml " \
+               "--table-only --docs docs/results.md --readme README.md`; do not edit by hand) -->"
+README_END = "<!-- grid-summary: end -->"
+
+
+def replace_section(text: str, table: str, begin: str = BEGIN, end: str = END) -> str:
+    """``text`` with the part between ``begin`` and ``end`` (docs/results.md's markers by default) replaced by
+    ``table``."""
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise ValueError(f"the file needs one {begin.split(':')[0][5:]} begin marker followed by one end marker")
+    head, rest = text.split(begin)
+    _, tail = rest.split(end)
+    return f"{head}{begin}\n{table}\n{end}{tail}"
+
+
+def docs_section(text: str, begin: str = BEGIN, end: str = END) -> str:
+    """The generated part of ``text`` (docs/results.md's by default): what lies between the markers."""
+    head, rest = text.split(begin, 1)
+    return rest.split(end, 1)[0].strip("\n")

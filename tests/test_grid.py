@@ -16,8 +16,8 @@ import pytest
 
 from bench.grid_protocol import (ProtocolError, Split, SplitError, build_split, check_disjoint, load_protocol,
                                  write_split)
-from bench.grid_table import (BEGIN, DEFAULT_DIR, END, MAX_RECORD_BYTES, RecordError, build_table, docs_section, read_records,
-                              record_name, replace_section, write_record)
+from bench.grid_table import (BEGIN, DEFAULT_DIR, END, MAX_RECORD_BYTES, README_BEGIN, README_END, RecordError,
+                              build_table, docs_section, read_records, record_name, replace_section, write_record)
 from rlcr.config import load_config
 from rlcr.tasks.registry import get_task
 from rlcr.tasks.sets import held_out_set, sft_tasks, training_pool
@@ -162,7 +162,7 @@ def synthetic_records(directory, seeds=(1, 2, 3), rlcr_accuracy_drop=False):
 
 def test_the_table_rebuilds_from_records_and_decides_the_goals(tmp_path, protocol):
     synthetic_records(tmp_path)
-    table, headline = build_table(tmp_path, protocol, n_resamples=200)
+    table, summary, headline = build_table(tmp_path, protocol, n_resamples=200)
     rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("| ")}
     rlcr = rows["rlcr"].split(" | ")
     assert rlcr[1] == "1, 2, 3"
@@ -175,16 +175,24 @@ def test_the_table_rebuilds_from_records_and_decides_the_goals(tmp_path, protoco
     goals = [line for line in table.splitlines() if "**met**" in line or "**not met**" in line]
     assert len(goals) == 4 and all("**met**" in g for g in goals)
     assert headline == "4/4"
+    # the README's short form: the same figures without per-seed values, and the four verdicts
+    short = {line.split(" | ")[0].strip("| "): line for line in summary.splitlines() if line.startswith("| ")}
+    assert len(short) == 11 and short.keys() <= rows.keys()  # the header and the ten rows of the full table
+    assert short["rlcr"].split(" | ")[3] == "0.000 [0.000, 0.000]" and "(s1" not in summary  # ECE
+    verdicts = [line for line in summary.splitlines() if line.startswith("- ")]
+    assert len(verdicts) == 4 and all(": **met**, " in v for v in verdicts)
 
 
 def test_goals_fail_by_their_rules_and_wait_for_every_seed(tmp_path, protocol):
     synthetic_records(tmp_path / "drop", rlcr_accuracy_drop=True)
-    table, headline = build_table(tmp_path / "drop", protocol, n_resamples=200)
+    table, summary, headline = build_table(tmp_path / "drop", protocol, n_resamples=200)
     accuracy = next(line for line in table.splitlines() if line.startswith("| accuracy_non_inferior"))
     assert "**not met**" in accuracy and headline == "3/4"
+    assert "> −0.03): **not met**, " in summary
     synthetic_records(tmp_path / "one", seeds=(1,))
-    table, headline = build_table(tmp_path / "one", protocol, n_resamples=200)
+    table, summary, headline = build_table(tmp_path / "one", protocol, n_resamples=200)
     assert headline == "undecided (1/3 seeds)" and "**met**" not in table and "not decided" in table
+    assert "**met**" not in summary and summary.count(": not decided, ") == 4
     assert "seed 1: warm_start, rlcr, rlvr, rlcr_single" in table and "seed 2: no complete policy" in table
 
 
@@ -194,12 +202,12 @@ def test_each_seeds_warm_start_is_named_and_a_recomputed_one_is_flagged(tmp_path
     from bench.grid_table import weights_digest
 
     synthetic_records(tmp_path, seeds=(1, 2))
-    table, _ = build_table(tmp_path, protocol, n_resamples=50)
+    table = build_table(tmp_path, protocol, n_resamples=50).docs
     assert "seed 1: one warm-start (aaaaaaaaaaaa) for warm_start, rlcr, rlvr, rlcr_single" in table
     (tmp_path / "s2-rlvr-test-paper.parquet").unlink()
     write_record(tmp_path, record_name(2, "rlvr", "test", "paper"),
                  _record(2, "rlvr", "test", "paper", [1, 0], [0.5, 0.5], [2, 3], warm_start="e" * 64))
-    table, _ = build_table(tmp_path, protocol, n_resamples=50)
+    table = build_table(tmp_path, protocol, n_resamples=50).docs
     assert "seed 2: **2 different warm-starts** (recomputed in sessions on other CPUs): bbbbbbbbbbbb for " \
            "warm_start, rlcr, rlvr, rlcr_single; eeeeeeeeeeee for rlvr" in table
     bad = tmp_path / "bad"
@@ -265,15 +273,21 @@ def test_docs_section_is_replaced_between_its_markers():
     text = f"# Results\n\nintro\n{BEGIN}\nold\n{END}\nafter\n"
     new = replace_section(text, "| new |")
     assert docs_section(new) == "| new |" and new.endswith(f"{END}\nafter\n") and "old" not in new
+    readme = f"# rlcr\n{README_BEGIN}\nold\n{README_END}\n{BEGIN}\nkept\n{END}\n"
+    new = replace_section(readme, "short", README_BEGIN, README_END)
+    assert docs_section(new, README_BEGIN, README_END) == "short" and docs_section(new) == "kept"
+    with pytest.raises(ValueError, match="one grid-summary begin marker"):
+        replace_section(text, "short", README_BEGIN, README_END)
 
 
 def test_the_docs_table_is_rebuilt_from_the_committed_records(protocol):
-    """Once bench/results/grid/ holds records, docs/results.md's pre-registered section is exactly what the
-    builder makes of them."""
+    """Once bench/results/grid/ holds records, docs/results.md's pre-registered section and the README's
+    "Methods compared" summary are exactly what the builder makes of them."""
     if not any(DEFAULT_DIR.glob("*.parquet")):
         pytest.skip("bench/results/grid/ holds no records yet: the grid has not been run (bench/grid.py)")
-    table, _ = build_table(DEFAULT_DIR, protocol)
-    assert docs_section((ROOT / "docs" / "results.md").read_text()) == table
+    built = build_table(DEFAULT_DIR, protocol)
+    assert docs_section((ROOT / "docs" / "results.md").read_text()) == built.docs
+    assert docs_section((ROOT / "README.md").read_text(), README_BEGIN, README_END) == built.summary
 
 
 # ----------------------------------------------------------------------------------------------- greedy decoding
