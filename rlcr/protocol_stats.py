@@ -312,6 +312,10 @@ def goals_statistic(methods: Mapping[str, Answers], n_bins: int = 10) -> dict[st
             "accuracy_vs_rlvr": m["rlcr"]["accuracy"] - m["rlvr"]["accuracy"]}
 
 
+NON_INFERIORITY_MARGIN = 0.03
+"""Accuracy non-inferiority: the lower bound of RLCR − RLVR must lie above −this (bench/protocol.yaml)."""
+
+
 def decide(result: Mapping[str, object]) -> dict[str, dict[str, object]]:
     """The protocol's four goals, each met or not by its pre-registered rule (bench/protocol.yaml ``goals``).
 
@@ -331,5 +335,5 @@ def decide(result: Mapping[str, object]) -> dict[str, dict[str, object]]:
         "brier_skill": rule("brier_skill", lambda i: i[0] > 0),
         "within_stratum_auroc": {"parts": auroc_goal, "met": all(p["met"] for p in auroc_goal)},
         "ece": rule("ece_vs_rlvr", lambda i: i[1] < 0),
-        "accuracy_non_inferior": rule("accuracy_vs_rlvr", lambda i: i[0] > -0.03),
+        "accuracy_non_inferior": rule("accuracy_vs_rlvr", lambda i: i[0] > -NON_INFERIORITY_MARGIN),
     }

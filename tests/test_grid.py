@@ -53,6 +53,19 @@ def test_the_committed_protocol_reads_as_registered(protocol):
             cfg.method.lambda_conf, cfg.sft.tasks, cfg.run.iterations) == (0.8, 5e-6, False, 0.28, 10.0, 120, 30)
 
 
+def test_the_decision_applies_the_registered_accuracy_margin():
+    """The non-inferiority margin that decides the goal is the one bench/protocol.yaml registered in words."""
+    import yaml
+
+    from rlcr.protocol_stats import NON_INFERIORITY_MARGIN, decide
+
+    rule = yaml.safe_load(PROTOCOL.read_text())["goals"]["accuracy_non_inferior"]
+    assert f"> -{NON_INFERIORITY_MARGIN:g} ({NON_INFERIORITY_MARGIN * 100:g} points)" in rule
+    for lower, met in ((-NON_INFERIORITY_MARGIN + 1e-3, True), (-NON_INFERIORITY_MARGIN - 1e-3, False)):
+        result = {"point": {"accuracy_vs_rlvr": 0.0}, "ci": {"accuracy_vs_rlvr": [lower, 0.01]}}
+        assert decide(result)["accuracy_non_inferior"]["met"] is met
+
+
 @pytest.mark.parametrize("edit, message", [
     (("learning_rate: 5.0e-6", "learning_rat: 5.0e-6"), r"shared\.learning_rat: unknown field"),
     (("split_seed: 7_000_003", "split_seed: seven"), r"tasks\.split_seed: must be an integer"),
