@@ -25,6 +25,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from rlcr.protocol_stats import NON_INFERIORITY_MARGIN
 from rlcr.untrusted import printable
 
 POLICIES = ("warm_start", "rlcr", "rlvr", "rlcr_single")
@@ -241,17 +242,11 @@ def metrics_table(results: Mapping[str, Mapping[str, Any]], rows: Mapping[str, M
     return lines
 
 
-def _goal_text() -> dict[str, tuple[str, str]]:
-    from rlcr.protocol_stats import NON_INFERIORITY_MARGIN
-
-    return {"brier_skill": ("RLCR's Brier skill over its difficulty prior", "lower bound > 0"),
-            "auroc_within_vs_rlvr": ("RLCR − RLVR, mean within-stratum AUROC", "lower bound > 0"),
-            "auroc_within_vs_recalibrated": ("RLCR − RLVR + temperature, mean within-stratum AUROC", "lower bound > 0"),
-            "ece_vs_rlvr": ("RLCR − RLVR, ECE (10 equal-width)", "upper bound < 0"),
-            "accuracy_vs_rlvr": ("RLCR − RLVR, accuracy", f"lower bound > −{NON_INFERIORITY_MARGIN:g}")}
-
-
-GOAL_TEXT = _goal_text()
+GOAL_TEXT = {"brier_skill": ("RLCR's Brier skill over its difficulty prior", "lower bound > 0"),
+             "auroc_within_vs_rlvr": ("RLCR − RLVR, mean within-stratum AUROC", "lower bound > 0"),
+             "auroc_within_vs_recalibrated": ("RLCR − RLVR + temperature, mean within-stratum AUROC", "lower bound > 0"),
+             "ece_vs_rlvr": ("RLCR − RLVR, ECE (10 equal-width)", "upper bound < 0"),
+             "accuracy_vs_rlvr": ("RLCR − RLVR, accuracy", f"lower bound > −{NON_INFERIORITY_MARGIN:g}")}
 """Per figure of a goal: (what it is, its rule), the rule as :func:`rlcr.protocol_stats.decide` applies it."""
 
 
@@ -387,12 +382,11 @@ def build_table(directory: Path, protocol, n_resamples: int | None = None) -> Gr
 
 SUMMARY_COLUMNS = (("accuracy", "accuracy"), ("ece", "ECE"), ("brier_skill", "Brier skill vs difficulty prior"),
                    ("auroc_within", "AUROC within stratum"))
-SUMMARY_GOALS = {"brier_skill": ("RLCR's Brier skill over its difficulty prior is above 0", "brier_skill"),
-                 "within_stratum_auroc": ("RLCR's mean within-stratum AUROC is above RLVR's and recalibrated RLVR's",
-                                          "auroc_within_vs_rlvr"),
-                 "ece": ("RLCR's ECE is below RLVR's", "ece_vs_rlvr"),
-                 "accuracy_non_inferior": ("RLCR's accuracy is non-inferior to RLVR's", "accuracy_vs_rlvr")}
-"""Per goal: its claim, and the figure whose rule (:data:`GOAL_TEXT`) the README line quotes."""
+SUMMARY_GOALS = {"brier_skill": "RLCR's Brier skill over its difficulty prior is above 0",
+                 "within_stratum_auroc": "RLCR's mean within-stratum AUROC is above RLVR's and recalibrated RLVR's",
+                 "ece": "RLCR's ECE is below RLVR's",
+                 "accuracy_non_inferior": "RLCR's accuracy is non-inferior to RLVR's"}
+"""Per goal: its claim; the README line quotes the rule of the goal's figures from :data:`GOAL_TEXT`."""
 SUMMARY_FIGURES = {"brier_skill": "", "auroc_within_vs_rlvr": "vs RLVR ", "auroc_within_vs_recalibrated":
                    "vs RLVR + temperature ", "ece_vs_rlvr": "", "accuracy_vs_rlvr": ""}
 
@@ -412,9 +406,8 @@ def summary_lines(protocol, n: int, results: Mapping, rows: Mapping, decided: Ma
     for goal, items in decided["parts"].items():
         figures = ", ".join(SUMMARY_FIGURES[key] + interval_text(decided["result"], key, per_seed=False)
                             for key, _ in items)
-        claim, key = SUMMARY_GOALS[goal]
-        rule = GOAL_TEXT[key][1] + (", each" if len(items) > 1 else "")
-        out.append(f"- {claim} (rule: {rule}): {_verdict(decided, goal)}, {figures}")
+        rule = GOAL_TEXT[items[0][0]][1] + (", each" if len(items) > 1 else "")
+        out.append(f"- {SUMMARY_GOALS[goal]} (rule: {rule}): {_verdict(decided, goal)}, {figures}")
     return out
 
 
