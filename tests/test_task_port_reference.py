@@ -5,9 +5,14 @@ behind the task interface (tests/data/task_port_reference.json).
 
 The fast test recomputes the rewards, accuracies and advantages of the recorded completions with the current
 code (machine-independent: pure Python). The slow test reruns the whole iteration: the sampled tokens depend
-on vLLM's CPU kernels, so it is exact on the machine that recorded it (and any with the same kernels); the
-weights after the update are compared by hash and, should the hash differ, that is reported with the largest
-weight difference. ``RLCR_RECORD_PORT_REFERENCE=1`` rewrites the file (only ever from the pre-port code).
+on vLLM's CPU kernels, so they are compared exactly (they matched on both CPUs this suite runs on: AMD EPYC with
+AVX2 and Intel Xeon with AVX-512). Floating-point results of the update depend on the CPU's kernels (the
+order of a matmul's sums differs between AVX2 and AVX-512), so they are compared with a stated tolerance, never
+by a digest recorded on another machine: the loss and gradient norm to :data:`FLOAT_RTOL`, and the weights'
+change through per-tensor fingerprints (:func:`_delta_fingerprint`) to :data:`DELTA_RTOL`. Exactness where it
+is real is kept: the same update run twice on this machine gives bit-identical weights (docs/reproducibility.md).
+``RLCR_RECORD_PORT_REFERENCE=1`` adds the fingerprints to the file; it refuses unless this machine reproduces the
+recorded weights' sha256 (which the pre-port code recorded), so they are the pre-port update's.
 """
 
 import hashlib
@@ -17,9 +22,16 @@ from pathlib import Path
 
 import pytest
 
-from rlcr.config import FLAT_NAMES, RLCRConfig, nested_from_flat
+from rlcr.config import RLCRConfig, nested_from_flat
 
 REFERENCE = Path(__file__).parent / "data" / "task_port_reference.json"
+FLOAT_RTOL = 1e-4
+"""Relative tolerance of the update's scalar results (loss, gradient norm) across CPUs: summation order moves
+them by ~1e-7 relative; a changed token, mask or advantage moves them by far more than 1e-4."""
+DELTA_RTOL = 0.05
+"""Tolerance of a tensor's update fingerprint, relative to the norm of its recorded change. One AdamW step moves
+each weight by about lr·sign(g): across CPUs only the few weights whose gradient is ~0 can change sign, a
+dropped or wrong row changes the direction of whole rows of the update."""
 
 
 def reference_cfg(model_dir, store_dir) -> RLCRConfig:
@@ -117,6 +129,33 @@ def test_crafted_completions_score_and_normalise_as_recorded():
     assert _crafted(prompts) == ref["crafted"]
 
 
+def _delta_fingerprint(before, after) -> dict:
+    """Per tensor: the L2 norm of the update (after − before) and its projections on two fixed ±1 vectors (seeded
+    by the tensor's name), in float64: a compact record of the update's direction that tolerates kernel noise."""
+    import torch
+
+    out = {}
+    for name in sorted(after):
+        delta = (after[name].detach().double() - before[name].detach().double()).flatten()
+        gen = torch.Generator().manual_seed(int(hashlib.sha256(name.encode()).hexdigest()[:8], 16))
+        signs = torch.randint(0, 2, (2, delta.numel()), generator=gen, dtype=torch.int64).double() * 2 - 1
+        out[name] = [float(delta.norm())] + [float(v) for v in signs @ delta]
+    return out
+
+
+def _assert_fingerprints_close(got: dict, ref: dict) -> None:
+    assert got.keys() == ref.keys()
+    moved = 0
+    for name, (norm, *proj) in ref.items():
+        g_norm, *g_proj = got[name]
+        tol = DELTA_RTOL * max(norm, 1e-12)
+        assert abs(g_norm - norm) <= tol, (name, "norm", g_norm, norm)
+        for a, b in zip(g_proj, proj):
+            assert abs(a - b) <= tol * 4, (name, "projection", a, b)  # a ±1 projection of an error e: ~‖e‖
+        moved += norm > 0
+    assert moved > 0, "the reference update moved no weight"
+
+
 def _iteration(model_dir, store_dir, tokenizer):
     """The reference iteration: task sets, prompts of iteration 1, rollouts, one update in this process."""
     import torch
@@ -133,17 +172,27 @@ def _iteration(model_dir, store_dir, tokenizer):
     train, held_out = task_sets(cfg)
     prompts = prompts_for_iteration(cfg, train, 1)
     res = run_rollouts(cfg, prompts, policy_uri=str(model_dir), run_id="ref", iteration=1)
-    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     rows = [dict(r) for r in res.rows]
     # the tiny random model's rollouts all score 0 (advantages 0): the update also runs on the same rows with
-    # fixed nonzero advantages, so the weights move and their hash covers the tokens and masks of every row
+    # fixed nonzero advantages, so the weights move and their change covers the tokens and masks of every row
     for k, r in enumerate(rows):
         r["advantage"] = r["advantage"] + (1.0 if k % 2 else -1.0)
-    metrics = train_update(CompletionLogProbs(lm), prepare_samples(rows, tokenizer), cfg,
-                           pad_id=tokenizer.pad_token_id, seed=update_seed(cfg.run.seed, 1))
+
+    def update(rows):
+        lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        metrics = train_update(CompletionLogProbs(lm), prepare_samples(rows, tokenizer), cfg,
+                               pad_id=tokenizer.pad_token_id, seed=update_seed(cfg.run.seed, 1))
+        return metrics, lm.state_dict()
+
+    metrics, weights = update(rows)
+    again = update(rows)  # the same computation twice on one machine: exact
+    # one confidence row's advantage flipped: the tolerance must still see that the update changed
+    wrong = [dict(r, advantage=-r["advantage"]) if k == len(rows) - 1 else r for k, r in enumerate(rows)]
+    again = (*again, update(wrong)[1])
+    before = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
     sets = {"train": [[list(t.nums), t.target] for t in train], "held_out": [[list(t.nums), t.target] for t in held_out],
             "prompts": [[i, list(t.nums), t.target] for i, t in prompts]}
-    return cfg, sets, res.rows, metrics, lm.state_dict()
+    return cfg, sets, res.rows, metrics, weights, again, before
 
 
 def _prompts(model_dir, store_dir):
@@ -154,20 +203,27 @@ def _prompts(model_dir, store_dir):
 
 
 @pytest.mark.slow
-def test_one_iteration_is_bit_identical_to_the_pre_port_reference(ray_local, tiny_model_dir, tiny_tokenizer, tmp_path):
-    cfg, sets, rows, metrics, weights = _iteration(tiny_model_dir, tmp_path / "store", tiny_tokenizer)
-    got = {"cfg": {flat: cfg.get(FLAT_NAMES[flat]) for flat in ("seed", "method", "format_score", "adv_eps",
-                                                                "scale_by_std", "conf_norm_mode")},
-           "sets": sets, "rows": _summary(rows), "loss": metrics["loss"], "weights_sha256": _weights_sha(weights),
-           "crafted": _crafted([(i, t) for i, t in _prompts(tiny_model_dir, tmp_path)])}
-    if os.environ.get("RLCR_RECORD_PORT_REFERENCE") == "1":
-        REFERENCE.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+def test_one_iteration_matches_the_pre_port_reference(ray_local, tiny_model_dir, tiny_tokenizer, tmp_path):
+    """Token ids, texts, rewards, masks and advantages exactly as recorded; the update's loss, gradient norm and
+    weight change within the stated tolerances (CPU-kernel dependent); the same update twice here bit-identical."""
+    cfg, sets, rows, metrics, weights, (metrics2, weights2, wrong), before = _iteration(tiny_model_dir, tmp_path / "store",
+                                                                                 tiny_tokenizer)
+    assert _weights_sha(weights2) == _weights_sha(weights) and metrics2["loss"] == metrics["loss"]
     ref = json.loads(REFERENCE.read_text())
-    assert got["sets"] == ref["sets"]
-    assert got["rows"].keys() == ref["rows"].keys()
+    if os.environ.get("RLCR_RECORD_PORT_REFERENCE") == "1":
+        assert _weights_sha(weights) == ref["weights_sha256"], "this machine does not reproduce the pre-port update"
+        ref.update(grad_norm=metrics["grad_norm"], weights_delta=_delta_fingerprint(before, weights))
+        REFERENCE.write_text(json.dumps(ref, indent=1, sort_keys=True) + "\n")
+    assert cfg.run.seed == ref["cfg"]["seed"] and cfg.method.name == ref["cfg"]["method"]
+    assert sets == ref["sets"]
+    got_rows = _summary(rows)
+    assert got_rows.keys() == ref["rows"].keys()
     for key, r in ref["rows"].items():
         for field, value in r.items():
-            assert got["rows"][key][field] == value, (key, field)
-    assert got["crafted"] == ref["crafted"]
-    assert got["loss"] == ref["loss"] and got["loss"] != 0.0
-    assert got["weights_sha256"] == ref["weights_sha256"]
+            assert got_rows[key][field] == value, (key, field)
+    assert _crafted([(i, t) for i, t in _prompts(tiny_model_dir, tmp_path)]) == ref["crafted"]
+    assert metrics["loss"] != 0.0 and metrics["loss"] == pytest.approx(ref["loss"], rel=FLOAT_RTOL)
+    assert metrics["grad_norm"] == pytest.approx(ref["grad_norm"], rel=FLOAT_RTOL)
+    _assert_fingerprints_close(_delta_fingerprint(before, weights), ref["weights_delta"])
+    with pytest.raises(AssertionError):  # the tolerance is not blind: one row's sign flipped is seen
+        _assert_fingerprints_close(_delta_fingerprint(before, wrong), ref["weights_delta"])
