@@ -43,7 +43,7 @@ from rlcr.rollout.records import rows_to_table
 from rlcr.runs import (AlreadyCommitted, LeaseLost, RunLease, RunStore, StateMismatch, attempt_id, new_run_id,
                        prompts_for_iteration, task_sets)
 from rlcr.storage import validate_run_id
-from rlcr.tracking import Tracker, tracker_from_config
+from rlcr.tracking import Tracker, sync_run, tracker_from_config
 from rlcr.train.trainer import PolicyTrainer, StateLost, TrainerLost
 
 __all__ = ["rlcr_train", "ensure_ray", "resolve_config", "artifact_key", "run_key"]
@@ -200,24 +200,12 @@ def commit_task(run, iterations, state_uri, state_iteration, lease):
 # ----------------------------------------------------------------------------- flow
 
 
-def track_committed(tracker: Tracker, run: RunStore, iterations: list[int], log) -> None:
+def track_committed(tracker: Tracker, run: RunStore, iterations: list[int] | None, log) -> None:
     """Send committed iterations' metrics to the experiment tracker (step = iteration; 0: the baseline
-    evaluation), skipping those it already holds: a resumed or re-run iteration is never logged twice. Only
+    evaluation; None: every step the run holds, a resume's back-fill), skipping those it already holds
+    completely: a resumed or re-run iteration is never logged twice (:func:`rlcr.tracking.sync_run`). Only
     committed figures go out, so what the tracker shows is what the run's manifests name."""
-    if not tracker.enabled:
-        return
-    have = tracker.logged_iterations()
-    for k in iterations:
-        if k in have:
-            continue
-        if k == 0:
-            doc = run.baseline()
-            metrics = {"eval": doc.get("eval", {})} if doc else None
-        else:
-            metrics = run.metrics(k)
-        if metrics is not None:
-            tracker.log_iteration(k, metrics)
-    if tracker.run_url and iterations:
+    if tracker.enabled and sync_run(tracker, run, iterations) and tracker.run_url:
         with contextlib.suppress(Exception):  # a link is a convenience: never fail the flow for it
             create_link_artifact(key=f"rlcr-{run_key(run.run_id)}-mlflow", link=tracker.run_url,
                                  link_text="MLflow run", description=f"rlcr {run.run_id} in MLflow")
@@ -251,7 +239,7 @@ def rlcr_train(
         initial = import_model(cfg.model.name, run.store, chat_template=cfg.model.chat_template)
         done = run.committed()
         tracker = stack.enter_context(tracker_from_config(cfg, run_id, logger=log))
-        track_committed(tracker, run, [m["iteration"] for m in done], log)
+        track_committed(tracker, run, None, log)
         summary: dict[str, Any] = {"run_id": run_id, "storage": run.store.url(run.prefix), "iterations": []}
         if len(done) >= cfg.run.iterations:
             log.info("run %s already has %d committed iterations", run_id, len(done))

@@ -22,10 +22,14 @@ on resume only new keys are logged; a key whose value changed keeps its first va
 a param) and is listed in the tag ``rlcr.params_changed``.
 
 Metrics: :func:`flatten_metrics` (``eval/ece``, ``eval/ece_ci_low``, ``rollout/answer/reward_mean``,
-``timings/update_s``…), step = iteration, non-finite values skipped. Each iteration goes in one ``log_batch``
-(chunks of 1000 when larger, each led by a marker key, the first chunk's being the sentinel
-``rlcr/iteration``); a chunk whose marker already holds the step is not sent again, and the SQL store
-commits a batch's metrics at once, so after a SIGKILL and resume re-logging leaves exactly one value per step.
+``timings/update_s``…), step = iteration (0: the baseline evaluation), non-finite values skipped. An
+iteration goes out as the marker :data:`STARTED` alone, then its metrics in ``log_batch`` calls of at most
+1000, then the sentinel :data:`SENTINEL` alone: a step the sentinel holds is logged completely and never sent
+again; a step only the start marker holds was cut off mid-log (a SIGKILL or a failure between two calls),
+and is completed key by key: each key's history is read (one call per key, only for such a step) and only
+the keys without that step are sent. So after a kill and a resume every metric holds exactly one value per
+step. :func:`sync_run` sends what a run holds (step 0 from ``baseline.json``, k from iteration k's
+``metrics.json``); with no steps named it back-fills all of them.
 
 Never fails or stalls training: every call runs in a daemon thread joined with a deadline (``timeout_s``);
 MLflow's HTTP client gets a short timeout and few retries (``MLFLOW_HTTP_REQUEST_TIMEOUT`` /
@@ -47,7 +51,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 __all__ = ["Tracker", "MlflowTracker", "open_tracker", "tracker_from_config", "flatten_params", "flatten_metrics",
-           "metric_key", "resolve_backend", "log_iterations", "TRACKING_KINDS", "EXPERIMENT", "RUN_ID_TAG", "SENTINEL"]
+           "metric_key", "resolve_backend", "log_iterations", "sync_run", "step_metrics", "TRACKING_KINDS", "EXPERIMENT",
+           "RUN_ID_TAG", "SENTINEL", "STARTED"]
 
 TRACKING_KINDS = ("mlflow", "none")
 EXPERIMENT = "rlcr"
@@ -56,8 +61,11 @@ RUN_ID_TAG = "rlcr.run_id"
 PARENT_TAG = "mlflow.parentRunId"
 CHANGED_TAG = "rlcr.params_changed"
 SENTINEL = "rlcr/iteration"
-"""Metric logged with each iteration's batch (value and step = the iteration): the steps it holds are the
-iterations already logged."""
+"""Metric logged alone after all of an iteration's other metrics (value and step = the iteration): the steps
+it holds are the iterations logged completely."""
+STARTED = "rlcr/iteration_started"
+"""Metric logged alone before any of an iteration's metrics: a step it holds and :data:`SENTINEL` does not is
+an iteration cut off mid-log, completed key by key."""
 LOCAL_DB = "mlflow.db"
 LOCAL_ARTIFACTS = "mlflow-artifacts"
 DEFAULT_TIMEOUT_S = 60.0
@@ -189,8 +197,8 @@ class Tracker:
         return False
 
     def logged_iterations(self) -> set[int]:
-        """The iterations already logged (the steps of :data:`SENTINEL`): what a resumed flow need not read
-        again to back-fill. Empty when off."""
+        """The iterations logged completely (the steps of :data:`SENTINEL`): what a resumed flow need not read
+        again to back-fill (one cut off mid-log is not among them). Empty when off."""
         return set()
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int = 0) -> bool:
@@ -302,22 +310,32 @@ class MlflowTracker(Tracker):
             self._steps[key] = {m.step for m in self._client.get_metric_history(self.mlflow_run_id, key)}
         return self._steps[key]
 
+    def _send(self, metrics: list) -> None:
+        for i in range(0, len(metrics), METRICS_PER_BATCH):
+            self._client.log_batch(self.mlflow_run_id, metrics=metrics[i:i + METRICS_PER_BATCH], synchronous=True)
+
     def _log_iteration(self, iteration: int, flat: dict[str, float]) -> bool:
         from mlflow.entities import Metric
 
-        keys = [SENTINEL, *sorted(k for k in flat if k != SENTINEL)]
+        if iteration in self._logged_steps(SENTINEL):
+            return True
         ts = int(time.time() * 1000)
-        for i in range(0, len(keys), METRICS_PER_BATCH):
-            chunk = keys[i:i + METRICS_PER_BATCH]
-            if iteration in self._logged_steps(chunk[0]):
-                continue
-            batch = [Metric(k, flat[k], ts, iteration) for k in chunk]
-            self._client.log_batch(self.mlflow_run_id, metrics=batch, synchronous=True)
-            self._logged_steps(chunk[0]).add(iteration)
+        if iteration in self._logged_steps(STARTED):  # cut off mid-log before: send only the keys it lacks
+            keys = [k for k in sorted(flat) if iteration not in self._logged_steps(k)]
+        else:
+            self._send([Metric(STARTED, float(iteration), ts, iteration)])
+            self._logged_steps(STARTED).add(iteration)
+            keys = sorted(flat)
+        self._send([Metric(k, flat[k], ts, iteration) for k in keys])
+        for k in keys:
+            if k in self._steps:
+                self._steps[k].add(iteration)
+        self._send([Metric(SENTINEL, float(iteration), ts, iteration)])
+        self._logged_steps(SENTINEL).add(iteration)
         return True
 
     def log_iteration(self, iteration: int, metrics: Mapping[str, Any]) -> bool:
-        flat = {**flatten_metrics(metrics), SENTINEL: float(iteration)}
+        flat = {k: v for k, v in flatten_metrics(metrics).items() if k not in (SENTINEL, STARTED)}
         return bool(self._call(f"logging iteration {iteration}", self._log_iteration, int(iteration), flat))
 
     def logged_iterations(self) -> set[int]:
@@ -328,13 +346,7 @@ class MlflowTracker(Tracker):
 
         ts = int(time.time() * 1000)
         batch = [Metric(k, v, ts, int(step)) for k, v in flatten_metrics(metrics).items()]
-
-        def log() -> bool:
-            for i in range(0, len(batch), METRICS_PER_BATCH):
-                self._client.log_batch(self.mlflow_run_id, metrics=batch[i:i + METRICS_PER_BATCH], synchronous=True)
-            return True
-
-        return bool(self._call("logging metrics", log))
+        return bool(self._call("logging metrics", lambda: self._send(batch) or True))
 
     def log_artifact(self, local_path: str | os.PathLike, artifact_path: str | None = None) -> bool:
         path = Path(local_path)
@@ -451,5 +463,36 @@ def log_iterations(tracker: Tracker, items: Iterable[tuple[int, Mapping[str, Any
     for iteration, metrics in items:
         if not tracker.enabled or not tracker.log_iteration(iteration, metrics):
             break
+        n += 1
+    return n
+
+
+def step_metrics(run: Any, step: int) -> Mapping[str, Any] | None:
+    """What rlcr run ``run`` (a :class:`~rlcr.runs.RunStore`) holds for tracker step ``step``: 0 the baseline
+    evaluation (``baseline.json``'s ``eval``), k ≥ 1 iteration k's ``metrics.json``; None where it has none."""
+    if step == 0:
+        doc = run.baseline()
+        return {"eval": doc.get("eval", {})} if doc else None
+    return run.metrics(step)
+
+
+def sync_run(tracker: Tracker, run: Any, steps: Iterable[int] | None = None) -> int:
+    """Send the figures rlcr run ``run`` holds at ``steps`` (:func:`step_metrics`) to ``tracker``, those it
+    does not hold completely; ``steps`` None: every step the run has, 0 (the baseline, if written) and each
+    committed iteration: a resume's back-fill of what a tracker that was down or cut off missed. Returns the
+    number of those steps now logged completely; stops when the tracker turns off."""
+    if not tracker.enabled:
+        return 0
+    if steps is None:
+        steps = [0, *(m["iteration"] for m in run.committed())]
+    have = tracker.logged_iterations()
+    n = 0
+    for k in steps:
+        if k not in have:
+            if not tracker.enabled:
+                break
+            metrics = step_metrics(run, k)
+            if metrics is None or not tracker.log_iteration(k, metrics):
+                continue
         n += 1
     return n

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from rlcr.tracking import SENTINEL, Tracker, flatten_metrics, flatten_params, metric_key, open_tracker
+from rlcr.tracking import SENTINEL, STARTED, Tracker, flatten_metrics, flatten_params, metric_key, open_tracker
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVER_START_S = 180  # `mlflow server` takes ~10 s to answer on the busy 2-core box (~30–50 s with job execution)
@@ -224,7 +224,7 @@ def test_params_and_metrics_logged_with_steps(mlflow_server, tmp_path):
     assert [s for s, _ in history(c, tracker.mlflow_run_id, "eval/ece_ci_low")] == [1, 2, 3]
     assert history(c, tracker.mlflow_run_id, "timings/update_s") == [(1, 3.5), (2, 3.5), (3, 3.5)]
     assert history(c, tracker.mlflow_run_id, SENTINEL) == [(1, 1.0), (2, 2.0), (3, 3.0)]
-    assert set(run.data.metrics) == set(flatten_metrics(iteration_metrics(1))) | {SENTINEL}
+    assert set(run.data.metrics) == set(flatten_metrics(iteration_metrics(1))) | {SENTINEL, STARTED}
     tracker.close()
     assert c.get_run(tracker.mlflow_run_id).info.status == "FINISHED"
 
@@ -250,6 +250,116 @@ def test_resume_continues_the_run_and_never_duplicates(mlflow_server, tmp_path):
     run = c.get_run(first.mlflow_run_id)
     assert run.data.params["iterations"] == "3" and run.data.tags["rlcr.params_changed"] == "iterations"
     assert len(c.search_runs([run.info.experiment_id], "tags.`rlcr.run_id` = 'resumed run'")) == 1
+    again.close()
+
+
+def committed_run(root: Path, run_id: str, iterations: dict[int, dict], baseline: dict | None):
+    """A run's store holding ``baseline.json`` (the baseline's held-out evaluation) and committed iterations
+    with these metrics, written as the flow writes them (RunStore)."""
+    from rlcr.config import RLCRConfig
+    from rlcr.runs import RunStore
+
+    run = RunStore.open(RLCRConfig(storage={"uri": str(root)}, model={"name": "m"}), run_id)
+    if baseline is not None:
+        run.write_baseline({"policy_uri": "file:///initial", "eval": baseline})
+    for k, metrics in iterations.items():
+        run.commit(k, {"metrics_uri": run.write_metrics(k, metrics)})
+    return run
+
+
+def test_a_tracker_down_during_the_first_run_is_back_filled_from_step_0(mlflow_server, tmp_path, caplog):
+    """Issue item 10: no tracker while the run evaluated its baseline and committed iterations 1-2; the
+    resume's back-fill (what the flow sends at its start) logs steps 0, 1 and 2, each value once."""
+    from rlcr.tracking import sync_run
+
+    baseline = {"accuracy": 0.3, "ece": 0.4, "n_tasks": 20, "ci": {"ece": [0.2, 0.6]}}
+    run = committed_run(tmp_path / "store", "down first", {}, baseline)
+    unreachable = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with caplog.at_level(logging.WARNING, logger="rlcr.tracking"):
+        down = open_tracker("mlflow", unreachable, str(tmp_path), "down first", {"lr": 1}, timeout_s=30)
+    assert not down.enabled and "is off" in caplog.text
+    assert sync_run(down, run, [0]) == 0
+    for k in (1, 2):
+        run.commit(k, {"metrics_uri": run.write_metrics(k, iteration_metrics(k))})
+        assert sync_run(down, run, [k]) == 0
+
+    again = open_tracker("mlflow", mlflow_server.url, str(tmp_path), "down first", {"lr": 1})
+    assert again.enabled and again.logged_iterations() == set()
+    assert sync_run(again, run) == 3
+    assert sync_run(again, run) == 3 and again.log_iteration(0, {"eval": baseline})  # again: nothing re-sent
+    resumed = open_tracker("mlflow", mlflow_server.url, str(tmp_path), "down first", {"lr": 1})
+    assert resumed.logged_iterations() == {0, 1, 2} and sync_run(resumed, run) == 3
+    c = client(mlflow_server.url)
+    assert history(c, again.mlflow_run_id, SENTINEL) == [(0, 0.0), (1, 1.0), (2, 2.0)]
+    assert history(c, again.mlflow_run_id, "eval/ece") == [(0, 0.4), (1, pytest.approx(0.3)), (2, pytest.approx(0.15))]
+    assert history(c, again.mlflow_run_id, "eval/ece_ci_high")[0] == (0, 0.6)
+    for key in (*flatten_metrics(iteration_metrics(1)), STARTED):
+        steps = [s for s, _ in history(c, again.mlflow_run_id, key)]
+        assert steps == ([0, 1, 2] if key in ("eval/accuracy", "eval/ece", "eval/n_tasks", "eval/ece_ci_low",
+                                              "eval/ece_ci_high", STARTED) else [1, 2]), key
+    again.close()
+    resumed.close()
+
+
+class FailsAfterAFullBatch:
+    """The real MlflowClient, except that once a batch of 1000 metrics has gone through, every later
+    ``log_batch`` raises: a process cut off between two batches of one iteration (a fault injected in front of
+    the real server, which stores what it was sent)."""
+
+    def __init__(self, real):
+        self.real = real
+        self.full_batches = 0
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def log_batch(self, run_id, metrics=(), **kwargs):
+        if self.full_batches:
+            raise ConnectionError("injected fault: the process died here")
+        self.real.log_batch(run_id, metrics=metrics, **kwargs)
+        self.full_batches += len(metrics) == 1000
+
+
+def stored_steps(server: MlflowServer, run_id: str) -> dict[str, list[int]]:
+    """Every metric's logged steps (with repeats) as the server's SQLite store holds them."""
+    import sqlite3
+
+    with sqlite3.connect(server.root / "server.db") as db:
+        rows = db.execute("SELECT key, step FROM metrics WHERE run_uuid = ? ORDER BY key, step", (run_id,)).fetchall()
+    out: dict[str, list[int]] = {}
+    for key, step in rows:
+        out.setdefault(key, []).append(step)
+    return out
+
+
+def test_an_iteration_cut_off_between_batches_is_completed_key_by_key(mlflow_server, tmp_path, caplog):
+    """Issue item 10: an iteration of more than 999 metrics goes out in several batches; cut off after the
+    first, it is not counted as logged, and the next sync sends the keys it lacks: every key holds the step
+    exactly once."""
+    wide = {"eval": {"ece": 0.25}, "wide": {f"m{i:04d}": float(i) for i in range(1100)}}
+    run = committed_run(tmp_path / "store", "cut", {1: iteration_metrics(1), 2: wide}, None)
+    tracker = open_tracker("mlflow", mlflow_server.url, str(tmp_path), "cut", {"lr": 1})
+    assert tracker.log_iteration(1, iteration_metrics(1))
+    tracker._client = FailsAfterAFullBatch(tracker._client)
+    with caplog.at_level(logging.WARNING, logger="rlcr.tracking"):
+        assert tracker.log_iteration(2, wide) is False
+    assert not tracker.enabled and "injected fault" in caplog.text
+    expected = set(flatten_metrics(wide))
+    cut = stored_steps(mlflow_server, tracker.mlflow_run_id)
+    assert 0 < len(expected & set(cut)) < len(expected)  # half logged: some keys hold step 2, others nothing
+
+    # completing it reads each key's history: ~1100 requests, under load longer than the default deadline
+    again = open_tracker("mlflow", mlflow_server.url, str(tmp_path), "cut", {"lr": 1}, timeout_s=600)
+    assert again.logged_iterations() == {1}  # not 2: it is incomplete
+
+    from rlcr.tracking import sync_run
+
+    assert sync_run(again, run) == 2 and again.logged_iterations() == {1, 2}
+    steps = stored_steps(mlflow_server, tracker.mlflow_run_id)
+    assert {k: v for k, v in steps.items() if k in expected} == {k: [2] for k in expected if k != "eval/ece"} | \
+        {"eval/ece": [1, 2]}
+    assert steps[SENTINEL] == [1, 2] and steps[STARTED] == [1, 2]
+    assert sync_run(again, run) == 2 and stored_steps(mlflow_server, tracker.mlflow_run_id) == steps
     again.close()
 
 
