@@ -135,16 +135,16 @@ def check_chat_template(model_dir: str | Path, chat_template: str | None = None,
 
     d = Path(model_dir)
     template, tokens = chat_template, {}
-    config = d / "tokenizer_config.json"
-    try:
+    config, jinja = d / "tokenizer_config.json", d / "chat_template.jinja"
+    try:  # transformers' order: the config's template, chat_template.jinja, tokenizer_config.json's
         if config.exists():
             doc = parse_json(read_local(config, MAX_TOKENIZER_CONFIG_BYTES), str(config),
                              max_bytes=MAX_TOKENIZER_CONFIG_BYTES)
             tokens = {k: v for k, v in doc.items() if k.endswith("_token") and isinstance(v, str)}
-            template = template or _named_template(doc.get("chat_template"))
-        if not template and (d / "chat_template.jinja").exists():
-            jinja = d / "chat_template.jinja"
+        if not template and jinja.exists():
             template = decode_text(read_local(jinja, MAX_TEMPLATE_BYTES), str(jinja))
+        if not template and config.exists():
+            template = _named_template(doc.get("chat_template"))
         if not template and (d / "chat_template.json").exists():
             doc = parse_json(read_local(d / "chat_template.json", MAX_TEMPLATE_BYTES), str(d / "chat_template.json"))
             template = _named_template(doc.get("chat_template"))
