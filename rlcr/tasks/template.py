@@ -104,6 +104,24 @@ def _check_builds(name: str, target: Any, args: tuple) -> None:
         raise TemplateRefused(f"{name} would build about {size:,} characters (at most {MAX_CHARS:,})")
 
 
+def _check_binop(operator: str, left: Any, right: Any) -> None:
+    """Before ``*``, ``**``, ``+`` or ``%`` runs: the size of what it would build."""
+    if operator == "*" and isinstance(left, int) and not isinstance(left, bool):
+        left, right = right, left
+    if operator == "*" and hasattr(left, "__len__") and isinstance(right, int):
+        if len(left) * right > MAX_CHARS:
+            raise TemplateRefused(f"repeats a value to over {MAX_CHARS:,} characters or items")
+    elif operator == "**" and isinstance(left, (int, float)) and isinstance(right, (int, float)):
+        if abs(left) > 1 and right > 4096:
+            raise TemplateRefused("raises a number to a power over 4096")
+    elif operator == "+" and hasattr(left, "__len__") and hasattr(right, "__len__"):
+        if len(left) + len(right) > MAX_CHARS:
+            raise TemplateRefused(f"builds a value of over {MAX_CHARS:,} characters or items")
+    elif operator == "%" and isinstance(left, str):
+        _wide_format(left)
+        _wide_args(right if isinstance(right, tuple) else (right,), {})
+
+
 def _bounded_filter(name: str, func):
     skip = 1 if getattr(func, "jinja_pass_arg", None) is not None else 0  # a context comes first
 
@@ -184,20 +202,7 @@ def _environment():
 
         def call_binop(self, context, operator, left, right):
             _spend()
-            if operator == "*" and isinstance(left, int) and not isinstance(left, bool):
-                left, right = right, left
-            if operator == "*" and hasattr(left, "__len__") and isinstance(right, int):
-                if len(left) * right > MAX_CHARS:
-                    raise TemplateRefused(f"repeats a value to over {MAX_CHARS:,} characters or items")
-            elif operator == "**" and isinstance(left, (int, float)) and isinstance(right, (int, float)):
-                if abs(left) > 1 and right > 4096:
-                    raise TemplateRefused("raises a number to a power over 4096")
-            elif operator == "+" and hasattr(left, "__len__") and hasattr(right, "__len__"):
-                if len(left) + len(right) > MAX_CHARS:
-                    raise TemplateRefused(f"builds a value of over {MAX_CHARS:,} characters or items")
-            elif operator == "%" and isinstance(left, str):
-                _wide_format(left)
-                _wide_args(right if isinstance(right, tuple) else (right,), {})
+            _check_binop(operator, left, right)
             return _sized(super().call_binop(context, operator, left, right))
 
         def getattr(self, obj, attribute):
