@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Literal
 
 from rlcr.config import ConfigError
-from rlcr.untrusted import printable
+from rlcr.untrusted import InvalidInput, decode_text, parse_json, printable, read_local
 
 __all__ = ["ModelSourceError", "model_kind", "check_model", "import_model", "local_digest", "hub_reachable",
            "check_chat_template", "MAX_MODEL_FILES", "MAX_MODEL_BYTES"]
@@ -39,6 +39,10 @@ MAX_MODEL_FILES = 2_000
 """Most files a model directory may hold (a sharded 70B checkpoint has a few dozen)."""
 MAX_MODEL_BYTES = 2 ** 40
 """Largest total size of a model directory accepted (1 TiB)."""
+MAX_TOKENIZER_CONFIG_BYTES = 64 * 2 ** 20
+"""Largest tokenizer_config.json read (some hold a large added-token table)."""
+MAX_TEMPLATE_BYTES = 4 * 2 ** 20
+"""Largest chat_template.jinja / chat_template.json read."""
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 _WEIGHTS = (".safetensors", ".bin", ".pt", ".pth")
 _DIGEST_CACHE = "model-digests.json"
@@ -125,21 +129,41 @@ def _endpoint() -> str:
 def check_chat_template(model_dir: str | Path, chat_template: str | None = None, *, what: str = "model") -> None:
     """The model's tokenizer must define a chat template (``tokenizer_config.json``'s ``chat_template`` or a
     ``chat_template.jinja`` file), unless the config supplies one (``chat_template``); rlcr renders every
-    prompt with it."""
-    if chat_template:
-        return
+    prompt with it, so it must also render rlcr's conversations within bounded work
+    (:func:`rlcr.tasks.template.check_template`). Files are read bounded (:func:`rlcr.untrusted.read_local`)."""
+    from rlcr.tasks.template import TemplateRefused, check_template
+
     d = Path(model_dir)
-    if (d / "chat_template.jinja").is_file() or (d / "chat_template.json").is_file():
-        return
-    config = d / "tokenizer_config.json"
-    if config.is_file() and config.stat().st_size <= 64 * 2 ** 20:
-        try:
-            if json.loads(config.read_bytes()).get("chat_template"):
-                return
-        except (ValueError, AttributeError):
-            raise ModelSourceError(f"{what}: tokenizer_config.json is not a JSON object") from None
+    template, tokens = chat_template, {}
+    config, jinja = d / "tokenizer_config.json", d / "chat_template.jinja"
+    try:  # transformers' order: the config's template, chat_template.jinja, tokenizer_config.json's
+        if config.exists():
+            doc = parse_json(read_local(config, MAX_TOKENIZER_CONFIG_BYTES), str(config),
+                             max_bytes=MAX_TOKENIZER_CONFIG_BYTES)
+            tokens = {k: v for k, v in doc.items() if k.endswith("_token") and isinstance(v, str)}
+        if not template and jinja.exists():
+            template = decode_text(read_local(jinja, MAX_TEMPLATE_BYTES), str(jinja))
+        if not template and config.exists():
+            template = _named_template(doc.get("chat_template"))
+        if not template and (d / "chat_template.json").exists():
+            doc = parse_json(read_local(d / "chat_template.json", MAX_TEMPLATE_BYTES), str(d / "chat_template.json"))
+            template = _named_template(doc.get("chat_template"))
+        if template:
+            check_template(template, what, **tokens)
+            return
+    except TemplateRefused as e:
+        raise ModelSourceError(str(e)) from None
+    except InvalidInput as e:
+        raise ModelSourceError(f"{what}: {e}") from None
     raise ModelSourceError(f"{what}: its tokenizer has no chat template (a base model?); set the config's "
                            f"chat_template to a Jinja template, or use an instruct model")
+
+
+def _named_template(value) -> str | None:
+    """A ``chat_template`` field: a template, or (several named) the ``default`` one, as transformers picks it."""
+    if isinstance(value, list):
+        value = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}.get("default")
+    return value if isinstance(value, str) and value else None
 
 
 # ------------------------------------------------------------------------------------------ content digests

@@ -9,6 +9,8 @@ Three rules, one helper each:
 - :func:`parse_json` / :func:`decode_text` — bounded parsing: a size limit, a nesting limit checked by a
   linear scan *before* the parser recurses, and a one-line :class:`InvalidInput` naming the source instead
   of ``UnicodeDecodeError``, ``JSONDecodeError`` or ``RecursionError``.
+- :func:`read_local` — a local file read bounded: at most ``limit`` bytes, and only a regular file (a link is
+  followed first); a FIFO, a device or a kernel file (``/proc``, ``/sys``) is refused by name before it is read.
 - :func:`field` — a typed field of a parsed document, with a bounded numeric range, or :class:`InvalidInput`
   naming the source and the field (never a ``KeyError`` / ``TypeError`` / ``OverflowError``).
 
@@ -19,12 +21,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import stat
 import unicodedata
 from typing import Any
 
 __all__ = ["InvalidInput", "printable", "parse_json", "decode_text", "field", "check_depth",
-           "MAX_JSON_BYTES", "MAX_DEPTH"]
+           "read_local", "MAX_JSON_BYTES", "MAX_DEPTH"]
 
 MAX_JSON_BYTES = 4 * 1024 * 1024
 """Largest control document (manifest, seal, lease, pending draft, config record) read, in bytes."""
@@ -85,6 +89,36 @@ def decode_text(data: bytes, source: str, *, max_bytes: int | None = None) -> st
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise InvalidInput(f"{printable(source)}: not UTF-8 text (invalid byte at offset {e.start})") from None
+
+
+_KERNEL_FILES = ("/proc/", "/sys/", "/dev/")
+
+
+def read_local(path: str | os.PathLike, limit: int, source: str | None = None, *, overflow: bool = False) -> bytes:
+    """The bytes of the local file ``path`` (named ``source`` in errors, default the path), at most ``limit``
+    (``overflow``: ``limit + 1`` bytes of a larger file are returned, for the caller to word the refusal).
+
+    The file, its links followed, must be a regular file outside ``/proc``, ``/sys`` and ``/dev`` (kernel files
+    claim a size of 0 and read without end); it is opened without blocking (a FIFO swapped in after the check
+    is caught by ``fstat``). Anything else — not there, unreadable, special, larger than ``limit`` — is an
+    :class:`InvalidInput` in one line naming the file, never an ``OSError``."""
+    name = printable(source if source is not None else os.fspath(path))
+    try:
+        real = os.path.realpath(path)
+        if (real + "/").startswith(_KERNEL_FILES):
+            raise InvalidInput(f"{name}: a special file (under /{real.split('/')[1]}); refusing to read it")
+        if not stat.S_ISREG(os.stat(real).st_mode):
+            raise InvalidInput(f"{name}: not a regular file (a FIFO, socket or device); refusing to read it")
+        fd = os.open(real, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise InvalidInput(f"{name}: not a regular file (a FIFO, socket or device); refusing to read it")
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise InvalidInput(f"{name}: cannot be read ({printable(e.strerror or type(e).__name__, 80)})") from None
+    if len(data) > limit and not overflow:
+        raise InvalidInput(f"{name}: larger than the {limit:,} bytes allowed")
+    return data
 
 
 def _reject_constant(name: str) -> float:

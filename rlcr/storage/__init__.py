@@ -42,15 +42,15 @@ from rlcr.storage.errors import AlreadyExists, StorageError, VersionConflict
 from rlcr.storage.local import (_HOST_ID, atomic_directory, fsync_dir, pid_alive, safe_join, sweep_temporaries,
                                 temp_name)
 from rlcr.storage.seals import (COMPLETE_MARKER, MAX_FILE_BYTES, MAX_NAME_CHARS, MAX_SEAL_BYTES, MAX_SEAL_FILES,
-                                InvalidSeal, checkpoint_content_id, new_seal, parse_seal, read_bounded,
-                                sealable_files)
+                                InvalidSeal, Unsealable, checkpoint_content_id, new_seal, parse_seal,
+                                read_bounded, sealable_files)
 from rlcr.untrusted import printable
 
 __all__ = [
     "Store", "COMPLETE_MARKER", "fetch_checkpoint", "StorageError", "AlreadyExists", "VersionConflict",
     "atomic_directory", "sweep_temporaries", "default_cache_dir", "validate_run_id",
-    "safe_join", "checkpoint_content_id", "pid_alive", "InvalidSeal", "parse_seal", "new_seal", "MAX_SEAL_BYTES",
-    "MAX_SEAL_FILES", "MAX_NAME_CHARS", "MAX_FILE_BYTES", "RUN_ID_PATTERN",
+    "safe_join", "checkpoint_content_id", "pid_alive", "InvalidSeal", "Unsealable", "parse_seal", "new_seal",
+    "MAX_SEAL_BYTES", "MAX_SEAL_FILES", "MAX_NAME_CHARS", "MAX_FILE_BYTES", "RUN_ID_PATTERN",
 ]
 
 _CACHE_ENTRY_RE = re.compile(r"[0-9a-f]{20}-[0-9a-f]{24}")
@@ -128,7 +128,8 @@ class Store:
         except (FileNotFoundError, StorageError):
             raise
         except Exception as e:  # network, credentials, endpoint down …
-            raise StorageError(f"{what} {self.url(rel)} failed: {type(e).__name__}: {e}") from e
+            raise StorageError(f"{what} {printable(self.url(rel), 300)} failed: {type(e).__name__}: "
+                               f"{printable(e, 300)}") from e
 
     def exists(self, rel: str) -> bool:
         return self._wrap("checking", rel, lambda: self.fs.exists(self._abs(rel)))
@@ -320,7 +321,8 @@ class Store:
                     target.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(src, target)
                     if target.stat().st_size != size:
-                        raise StorageError(f"{src} changed while it was copied to {self.url(rel)}")
+                        raise StorageError(f"{printable(str(src), 300)} changed while it was copied to "
+                                           f"{printable(self.url(rel), 300)}")
                 (tmp / COMPLETE_MARKER).write_bytes(seal)
             return self.url(rel)
 
@@ -458,8 +460,8 @@ def fetch_checkpoint(uri: str, *, endpoint_url: str | None = None, cache_dir: st
         return local
     if local.is_symlink() or local.exists():
         if local.is_symlink() or not local.is_dir() or not marker.is_file() or marker.is_symlink():
-            raise StorageError(f"{local}: in the checkpoint cache but not a checkpoint it wrote; refusing to replace "
-                               f"it (remove it to fetch {uri} again)")
+            raise StorageError(f"{printable(str(local), 300)}: in the checkpoint cache but not a checkpoint it "
+                               f"wrote; refusing to replace it (remove it to fetch {uri} again)")
     sweep_temporaries(cache, max_depth=0)
     return store.get_dir(name, local, seal=seal)
 

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from rlcr.storage.errors import StorageError
-from rlcr.untrusted import InvalidInput, field, parse_json, printable
+from rlcr.untrusted import InvalidInput, field, parse_json, printable, read_local
 
 __all__ = ["COMPLETE_MARKER", "MAX_SEAL_BYTES", "MAX_SEAL_FILES", "MAX_NAME_CHARS", "MAX_FILE_BYTES", "InvalidSeal",
+           "Unsealable",
            "new_seal", "parse_seal", "read_bounded", "sealable_files", "checkpoint_content_id"]
 
 COMPLETE_MARKER = "_COMPLETE"
@@ -36,6 +37,15 @@ _CONTENT_ID_RE = re.compile(r"[0-9a-f]{32}")
 
 class InvalidSeal(StorageError, InvalidInput):
     """A ``_COMPLETE`` seal failed a check; the one-line message names it and what is wrong."""
+
+
+class Unsealable(StorageError, InvalidInput):
+    """A local directory cannot be sealed as it is (a dangling link, a special file, a name a seal refuses …);
+    the one-line message names the entry, shown through :func:`printable`."""
+
+
+def _shown(path: Any) -> str:
+    return printable(str(path), 300)
 
 
 def _name_problem(name: Any) -> str | None:
@@ -123,9 +133,16 @@ def parse_seal(data: bytes, source: str = COMPLETE_MARKER) -> dict[str, Any]:
 
 
 def read_bounded(path: str | Path, limit: int = MAX_SEAL_BYTES) -> bytes:
-    """At most ``limit + 1`` bytes of a local file (enough to tell that it is too large)."""
-    with open(path, "rb") as f:
-        return f.read(limit + 1)
+    """At most ``limit + 1`` bytes of a local regular file (enough to tell that it is too large).
+
+    ``FileNotFoundError`` if it is not there (nothing sealed); anything else that cannot be read as a regular
+    file — a link to a FIFO, a device or ``/proc/self/pagemap`` — is :class:`InvalidSeal`, one line naming it."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, "no such file", str(path))
+    try:
+        return read_local(path, limit, overflow=True)
+    except InvalidInput as e:
+        raise InvalidSeal(str(e)) from None
 
 
 def sealable_files(root: Path) -> list[tuple[str, Path, int]]:
@@ -134,14 +151,16 @@ def sealable_files(root: Path) -> list[tuple[str, Path, int]]:
     The top-level ``_COMPLETE`` (a seal already there) is left out. Raises StorageError naming the
     entry for a dangling link, a link loop (a directory reached again inside itself), anything not a
     file or directory (FIFO, socket, device), a name :func:`parse_seal` would refuse, or more than
-    :data:`MAX_SEAL_FILES` files; so what is sealed is everything the directory shows, or nothing."""
+    :data:`MAX_SEAL_FILES` files; so what is sealed is everything the directory shows, or nothing. These
+    refusals are :class:`Unsealable` (a StorageError and an InvalidInput: one line on the command line),
+    every name shown through :func:`printable`."""
     found: list[tuple[str, Path, int]] = []
 
     def walk(d: Path, prefix: str, ancestors: frozenset) -> None:
         try:
             entries = sorted(os.scandir(d), key=lambda e: e.name)
         except OSError as e:
-            raise StorageError(f"cannot list {d}: {e.strerror}") from None
+            raise Unsealable(f"cannot list {_shown(d)}: {e.strerror}") from None
         for e in entries:
             name, path = prefix + e.name, Path(e.path)
             if name == COMPLETE_MARKER:
@@ -151,27 +170,27 @@ def sealable_files(root: Path) -> list[tuple[str, Path, int]]:
             except OSError as err:
                 if path.is_symlink():
                     what = "a symbolic link loop" if err.errno == errno.ELOOP else "a dangling symbolic link"
-                    raise StorageError(f"{path}: {what} (to {os.readlink(path)!r}); refusing to seal "
-                                       f"{root} without its target") from None
-                raise StorageError(f"{path}: {err.strerror}") from None
+                    raise Unsealable(f"{_shown(path)}: {what} (to {printable(repr(os.readlink(path)), 200)}); "
+                                     f"refusing to seal {_shown(root)} without its target") from None
+                raise Unsealable(f"{_shown(path)}: {err.strerror}") from None
             problem = _name_problem(name)
             if problem:
-                raise StorageError(f"{path}: cannot be sealed, its name {problem}")
+                raise Unsealable(f"{_shown(path)}: cannot be sealed, its name {problem}")
             if stat.S_ISDIR(st.st_mode):
                 if (st.st_dev, st.st_ino) in ancestors:
-                    raise StorageError(f"{path}: a symbolic link loop (it leads back to a directory that holds it)")
+                    raise Unsealable(f"{_shown(path)}: a symbolic link loop (it leads back to a directory that holds it)")
                 walk(path, name + "/", ancestors | {(st.st_dev, st.st_ino)})
             elif stat.S_ISREG(st.st_mode):
                 found.append((name, path, st.st_size))
                 if len(found) > MAX_SEAL_FILES:
-                    raise StorageError(f"{root}: more than {MAX_SEAL_FILES:,} files; refusing to seal it")
+                    raise Unsealable(f"{_shown(root)}: more than {MAX_SEAL_FILES:,} files; refusing to seal it")
             else:
-                raise StorageError(f"{path}: neither a file nor a directory; refusing to seal it")
+                raise Unsealable(f"{_shown(path)}: neither a file nor a directory; refusing to seal it")
 
     try:
         st = os.stat(root)
     except OSError as e:
-        raise StorageError(f"{root}: {e.strerror}") from None
+        raise Unsealable(f"{_shown(root)}: {e.strerror}") from None
     walk(root, "", frozenset({(st.st_dev, st.st_ino)}))
     return sorted(found)
 
