@@ -330,7 +330,8 @@ class RunStore(RunLayout):
         """Write the manifest last, create-only and durably: after this, the iteration exists.
 
         Refused (nothing written) when the checkpoint is not sealed, when iteration k−1 is not
-        committed, when ``lease`` is no longer held, or when iteration k is already committed.
+        committed, when ``lease`` is no longer held, or when iteration k is already committed — unless by
+        this very commit, landed on an earlier try whose answer was lost (:meth:`_committed_as`).
         """
         ckpt = manifest.get("checkpoint_uri") or manifest.get("state_uri")
         if ckpt and not self.store.is_complete(self.store.rel(ckpt)):
