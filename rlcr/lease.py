@@ -24,6 +24,13 @@ also reads the lease and compares its token. A writer that stalled (SIGSTOP, a l
 (:class:`LeaseLost`) on its next check. Each renew on S3 uses short timeouts and one retry, so a slow S3
 cannot make one renew last longer than the timeout; a failed renew is retried at once, then every
 ``heartbeat_s / 4``.
+
+**A slow store is not another writer.** Every lease document carries the writer's random ``token`` (and the time
+of its heartbeat), so no two writers ever write the same bytes. A create or renew whose PUT landed but whose answer
+came too late is retried by the client and refused (412): the store takes an object holding exactly the bytes sent
+as that write's success (:meth:`~rlcr.storage.Store.write_bytes`, :meth:`~rlcr.storage.Store.write_if_version`),
+and the lease takes a lease carrying its own token as its own (a renew that failed but landed), never as a holder
+to wait for or a takeover.
 """
 
 from __future__ import annotations
@@ -172,6 +179,8 @@ class RunLease:
         except FileNotFoundError:
             return self._create_again()
         holder = parse_lease(raw, self.store.url(self.rel))
+        if holder.get("token") == self.token:  # this writer's own create landed, its answer lost: acquired
+            return
         dead_here = holder.get("readable") and holder["machine"] == _machine_id() and not pid_alive(holder["pid"])
         if holder.get("readable") and not dead_here:
             age = _now() - holder["heartbeat_at"]
@@ -212,7 +221,7 @@ class RunLease:
                 return
             started = time.monotonic()
             try:
-                self.store.write_if_version(self.rel, self._doc(), self.version)
+                self._swap_heartbeat()
                 _, self.version = self.store.read_versioned(self.rel)
                 self._valid_until = started + 0.9 * self.timeout_s
             except (VersionConflict, FileNotFoundError):
@@ -221,6 +230,20 @@ class RunLease:
                 if time.monotonic() >= self._valid_until:
                     self.lost = f"the heartbeat could not be written for {0.9 * self.timeout_s:.0f} s ({e})"
                 raise
+
+    def _swap_heartbeat(self) -> None:
+        """Write a fresh heartbeat by compare-and-swap on :attr:`version`. On a conflict, a lease that still
+        carries this writer's token was written by this writer (no other has the token): an earlier renew that
+        landed while its answer was lost (a slow store; the renew failed with StorageError). Its version is
+        adopted and the swap made again; a lease with any other token is another writer's (VersionConflict)."""
+        try:
+            self.store.write_if_version(self.rel, self._doc(), self.version)
+        except VersionConflict:
+            raw, version = self.store.read_versioned(self.rel)
+            if parse_lease(raw, self.store.url(self.rel)).get("token") != self.token:
+                raise
+            self.version = version
+            self.store.write_if_version(self.rel, self._doc(), self.version)
 
     def _heartbeat_loop(self) -> None:
         wait = self.heartbeat_s

@@ -330,7 +330,8 @@ class RunStore(RunLayout):
         """Write the manifest last, create-only and durably: after this, the iteration exists.
 
         Refused (nothing written) when the checkpoint is not sealed, when iteration k−1 is not
-        committed, when ``lease`` is no longer held, or when iteration k is already committed.
+        committed, when ``lease`` is no longer held, or when iteration k is already committed — unless by
+        this very commit, landed on an earlier try whose answer was lost (:meth:`_committed_as`).
         """
         ckpt = manifest.get("checkpoint_uri") or manifest.get("state_uri")
         if ckpt and not self.store.is_complete(self.store.rel(ckpt)):
@@ -346,6 +347,25 @@ class RunStore(RunLayout):
         try:
             self.store.write_json(rel, manifest, exclusive=True)
         except AlreadyExists:
-            raise AlreadyCommitted(f"iteration {iteration} of run {self.run_id!r} is already committed "
-                                   f"({self.store.url(rel)}); refusing to overwrite it") from None
+            if not self._committed_as(rel, manifest):
+                raise AlreadyCommitted(f"iteration {iteration} of run {self.run_id!r} is already committed "
+                                       f"({self.store.url(rel)}); refusing to overwrite it") from None
         return self.store.url(rel)
+
+    def _committed_as(self, rel: str, manifest: dict[str, Any]) -> bool:
+        """Whether the manifest at ``rel`` is ``manifest`` in every field but ``committed_at``, naming the same
+        attempt: this commit's own, which landed although the store's answer was lost (the write failed with
+        StorageError and the commit is being retried). Any other manifest, or one naming no attempt, is not."""
+        import json
+
+        from rlcr.untrusted import InvalidInput
+
+        try:
+            existing = self._read_doc(rel)
+        except InvalidInput:
+            return False
+        ours = json.loads(json.dumps(manifest, sort_keys=True, default=str))
+        if not existing or not ours.get("attempt"):
+            return False
+        return ({k: v for k, v in existing.items() if k != "committed_at"} ==
+                {k: v for k, v in ours.items() if k != "committed_at"})

@@ -15,7 +15,8 @@ anything uses it, and a download fetches exactly the files the seal lists, each
 inside its destination and of its listed size. Small control files (manifests,
 leases) can be written exclusively (create-only: ``If-None-Match: *`` on S3, a hard
 link locally) or as a compare-and-swap on their version (``If-Match`` on S3, a lock
-file locally).
+file locally); either succeeds if refused by an object holding exactly its bytes
+(on S3, a late-answered PUT's retry finds its own first attempt: :meth:`Store._holds`).
 
 The package: :class:`Store` and the checkpoint cache (:func:`fetch_checkpoint`) here; the seal format in
 :mod:`rlcr.storage.seals`; never-half-written local files and temporaries in :mod:`rlcr.storage.local`; the
@@ -84,7 +85,8 @@ def _split(uri: str) -> tuple[str, str]:
 class Store:
     """Artifacts under one root URI. Relative paths use ``/``."""
 
-    def __init__(self, uri: str, *, endpoint_url: str | None = None):
+    def __init__(self, uri: str, *, endpoint_url: str | None = None, read_timeout_s: float = 30.0):
+        """``read_timeout_s``: S3 only, how long one request waits for its answer before it is retried."""
         self.uri = uri.rstrip("/") if "://" in uri else str(Path(uri).expanduser().resolve())
         self.protocol, self.root = _split(uri)
         self.endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
@@ -92,7 +94,8 @@ class Store:
         if self.protocol == "s3":
             if self.endpoint_url:
                 options["client_kwargs"] = {"endpoint_url": self.endpoint_url}
-            options["config_kwargs"] = {"retries": {"max_attempts": 3, "mode": "standard"}, "connect_timeout": 5, "read_timeout": 30}
+            options["config_kwargs"] = {"retries": {"max_attempts": 3, "mode": "standard"}, "connect_timeout": 5,
+                                        "read_timeout": read_timeout_s}
             options["skip_instance_cache"] = True
         self.fs = fsspec.filesystem(self.protocol, **options)
         if self.protocol == "file":
@@ -163,7 +166,8 @@ class Store:
         """Write a whole file, atomically and (locally) durably: fsynced file and directory.
 
         Local: temp file + rename; S3: one PUT. ``exclusive``: create-only — raises
-        :class:`AlreadyExists` if ``rel`` exists (local: hard link; S3: ``If-None-Match: *``).
+        :class:`AlreadyExists` if ``rel`` exists (local: hard link; S3: ``If-None-Match: *``) holding
+        other bytes than ``data`` (exactly ``data`` there: this write's own retried PUT landed first).
         """
         path = self._abs(rel)
         if self.is_local:
@@ -173,7 +177,8 @@ class Store:
                     try:
                         os.link(tmp, path)
                     except FileExistsError:
-                        raise AlreadyExists(f"{self.url(rel)} already exists") from None
+                        if not self._holds(rel, data):
+                            raise AlreadyExists(f"{self.url(rel)} already exists") from None
                 else:
                     os.replace(tmp, path)
                 fsync_dir(Path(path).parent)
@@ -185,13 +190,34 @@ class Store:
         def run():
             try:
                 self.fs.pipe_file(path, data, mode="create" if exclusive else "overwrite")
-            except FileExistsError:
-                raise AlreadyExists(f"{self.url(rel)} already exists") from None
             except OSError as e:
-                if exclusive and e.errno == errno.EINVAL and "precondition" in str(e).lower():
+                refused = isinstance(e, FileExistsError) or (e.errno == errno.EINVAL and
+                                                             "precondition" in str(e).lower())
+                if not (exclusive and refused):
+                    raise
+                if not self._holds(rel, data):  # else: a retry of this very PUT, whose first attempt landed
                     raise AlreadyExists(f"{self.url(rel)} already exists") from None
-                raise
         self._wrap("writing", rel, run)
+
+    def _holds(self, rel: str, data: bytes) -> bool:
+        """Whether ``rel`` holds exactly ``data`` (reading at most one byte more), asked when a create-only write or
+        compare-and-swap of ``data`` was refused: on S3 a PUT whose answer came too late is retried, and the retry
+        finds the first attempt's object, its own. Any other bytes are another writer's."""
+        path = self._abs(rel)
+        if self.is_local:
+            try:
+                return read_bounded(path, len(data)) == data
+            except OSError:  # gone, or a folder: not these bytes
+                return False
+
+        def run():
+            try:
+                if not data:  # a range cannot be asked of an empty object
+                    return self.fs.info(path, refresh=True).get("size") == 0
+                return self.fs.cat_file(path, start=0, end=len(data) + 1) == data
+            except FileNotFoundError:
+                return False
+        return self._wrap("reading", rel, run)
 
     def read_bytes(self, rel: str) -> bytes:
         return self._wrap("reading", rel, lambda: self.fs.cat_file(self._abs(rel)))
@@ -226,7 +252,8 @@ class Store:
         return self._wrap("reading", rel, run)
 
     def write_if_version(self, rel: str, data: bytes, version: str) -> None:
-        """Replace ``rel`` only if it is still at ``version`` (else :class:`VersionConflict`)."""
+        """Replace ``rel`` only if it is still at ``version`` (else :class:`VersionConflict`, unless ``rel``
+        holds exactly ``data``: this write's own retried PUT landed first)."""
         path = self._abs(rel)
         if self.is_local:
             with self._local_lock(path):
@@ -234,6 +261,8 @@ class Store:
                     current = hashlib.sha256(Path(path).read_bytes()).hexdigest()
                 except FileNotFoundError:
                     current = None
+                if current != version and self._holds(rel, data):
+                    return
                 if current != version:
                     raise VersionConflict(f"{self.url(rel)} changed (expected version {version[:12]})")
                 tmp = self._local_temp_file(path, data)
@@ -246,6 +275,8 @@ class Store:
                 self.fs.pipe_file(path, data, IfMatch=f'"{version}"')
             except (OSError, FileNotFoundError) as e:
                 if isinstance(e, FileNotFoundError) or e.errno == errno.EINVAL:
+                    if self._holds(rel, data):  # a retry of this very PUT, whose first attempt landed
+                        return
                     raise VersionConflict(f"{self.url(rel)} changed (expected version {version[:12]})") from None
                 raise
         self._wrap("writing", rel, run)
