@@ -83,7 +83,7 @@ def test_a_batch_of_64_hostile_answers_is_scored_within_5_seconds():
     start = time.perf_counter()
     out = score_answers(batch, 0.1, "rlvr", task="math")
     elapsed = time.perf_counter() - start
-    assert elapsed < 5.0, elapsed  # the bound the issue asks for (the budget is 3.42 s)
+    assert elapsed < 5.0, elapsed  # the bound the issue asks for (the budget is 4.06 s)
     assert out["correct"].tolist() == [0.0] * 64
     assert out["verifier_timeouts"].sum() >= 1  # the slow ones ran out of the batch's budget, counted
     assert set(out["verifier_timeouts"]) <= {0, 1}

@@ -53,8 +53,8 @@ ANSWER_DEADLINE_S = 2.0
 KILL_GRACE_S = 0.5
 """How long past an attempt's deadline the worker may still answer before it is killed."""
 BATCH_BASE_S = 1.5
-BATCH_PER_ANSWER_S = 0.03
-"""A :func:`batch` of ``n`` answers has ``BATCH_BASE_S + n * BATCH_PER_ANSWER_S`` seconds (64: 3.42 s)."""
+BATCH_PER_ANSWER_S = 0.04
+"""A :func:`batch` of ``n`` answers has ``BATCH_BASE_S + n * BATCH_PER_ANSWER_S`` seconds (64: 4.06 s)."""
 STARTUP_DEADLINE_S = 120.0
 """Longest wait for a worker to import math-verify and say it is ready."""
 _MIN_ATTEMPT_S = 0.01
