@@ -199,6 +199,9 @@ def rollout_stats(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
         if kind == "answer":
             stats["answer/format_rate"] = float(np.mean([(r.get("score") or 0) > 0 for r in sel]))
             stats["answer/accuracy"] = float(np.mean([r["correct"] for r in sel]))
+            timeouts = [r["verifier_timeouts"] for r in sel if r.get("verifier_timeouts") is not None]
+            if timeouts:  # answers the verifier scored wrong for lack of time (not kept in the Parquet file)
+                stats["verifier/timeouts"] = float(sum(timeouts))
             stated = [r["confidence"] for r in sel if r.get("confidence") is not None]
             if stated:  # rlcr_single: the answer's own confidence
                 stats["answer/confidence_mean"] = float(np.mean(stated))

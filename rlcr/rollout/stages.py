@@ -228,10 +228,17 @@ def score_answers(batch: pd.DataFrame, format_score: float, method: str = "rlcr"
                   task: str = "countdown") -> pd.DataFrame:
     """``correct`` ∈ {0, 1} from the task's verifier and ``method``'s reward (docs/design.md §5, §9:
     :func:`~rlcr.rollout.records.answer_scores`); keeps the raw score, and the stated confidence of a
-    one-turn response (NaN otherwise)."""
+    one-turn response (NaN otherwise), and ``verifier_timeouts``: the answers the task's verifier scored wrong
+    for lack of time while scoring the row (the batch is one :meth:`~rlcr.tasks.base.Task.scoring` batch)."""
     batch = batch.copy()
-    scores = [answer_scores(r["completion_text"], _task(r, task), format_score=format_score, method=method,
-                            lambda_conf=lambda_conf, task_name=task) for _, r in batch.iterrows()]
+    scores, timeouts = [], []
+    with get_task(task).scoring(len(batch)) as stats:
+        for _, r in batch.iterrows():
+            before = stats.timeouts
+            scores.append(answer_scores(r["completion_text"], _task(r, task), format_score=format_score,
+                                        method=method, lambda_conf=lambda_conf, task_name=task))
+            timeouts.append(stats.timeouts - before)
+    batch["verifier_timeouts"] = timeouts
     batch["score"] = [s["score"] for s in scores]
     batch["correct"] = [s["correct"] for s in scores]
     batch["reward"] = [s["reward"] for s in scores]

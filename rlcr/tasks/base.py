@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import abc
 import json
+import math
 import random
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Hashable, Iterator, Mapping
 
 from rlcr.untrusted import InvalidInput, check_depth, decode_text, parse_json, printable
 
-__all__ = ["Task", "TaskFormatError", "WarmStart", "TASKS", "register_task",
+__all__ = ["Task", "TaskFormatError", "WarmStart", "ScoringStats", "TASKS", "register_task",
            "extract_answer", "read_rows", "mapped_field", "check_text", "problems_of", "CONFIDENCE_QUERY", "MAX_ROW_BYTES"]
 
 MAX_ROW_BYTES = 64 * 1024
@@ -51,6 +53,14 @@ class WarmStart:
 
     reasoning: str
     answer: str
+
+
+@dataclass
+class ScoringStats:
+    """What :meth:`Task.scoring` counts over a batch: ``timeouts``, the answers scored wrong because the
+    verifier ran out of time (the rollouts' ``verifier/timeouts``)."""
+
+    timeouts: int = 0
 
 
 # --------------------------------------------------------------------------- answer extraction
@@ -193,6 +203,12 @@ class Task(abc.ABC):
         error); ``format_score`` when one is extracted but is not accepted (wrong, unparseable, over a size or
         time bound); ``score`` when it is right. Bounded in time and memory whatever ``completion`` holds, in
         any thread; never raises on model output and never prints it."""
+
+    def scoring(self, n: int) -> AbstractContextManager[Any]:
+        """A context in which this thread scores ``n`` completions as one batch (the rollouts' scoring step);
+        it yields an object whose ``timeouts`` counts the answers scored wrong because the verifier ran out of
+        time (a :class:`ScoringStats` by default, which a verifier without timeouts leaves at 0)."""
+        return nullcontext(ScoringStats())
 
     def accuracy(self, completion: Any, problem: Any) -> float:
         """The accuracy reward (docs/design.md §5): 1.0 iff :meth:`score` gives the full score, else 0.0."""
@@ -403,6 +419,11 @@ def check_text(value: Any, where: str, name: str, max_chars: int, *, required: b
         return None
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise TaskFormatError(f"{where}: field '{name}' must be a string, got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):  # NaN: how pandas writes a missing value
+        if math.isnan(value) and not required:
+            return None
+        raise TaskFormatError(f"{where}: field '{name}' is " + ("missing (NaN)" if math.isnan(value) else
+                                                               f"not a finite number ({value})"))
     text = value if isinstance(value, str) else str(value)
     if len(text) > max_chars:
         raise TaskFormatError(f"{where}: field '{name}' is longer than {max_chars:,} characters ({len(text):,})")

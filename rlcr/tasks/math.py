@@ -15,9 +15,11 @@ bounded in size, nesting and time, in any thread.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, Hashable, Iterator, Mapping
 
 from rlcr.tasks import math_data
@@ -31,16 +33,18 @@ from rlcr.tasks.base import (
     problems_of,
     register_task,
 )
-from rlcr.tasks.math_verifier import MAX_ANSWER_CHARS, answer_problem, equivalent
+from rlcr.tasks.math_verifier import MAX_ANSWER_CHARS, answer_problem, batch, equivalent
 from rlcr.untrusted import printable
 
 __all__ = ["MathProblem", "MathTask", "last_boxed", "split_gsm8k", "NO_LEVEL", "MAX_QUESTION_CHARS",
-           "MAX_SOLUTION_CHARS", "SYSTEM_PROMPT", "SINGLE_TURN_SYSTEM_PROMPT", "FIELDS"]
+           "MAX_SOLUTION_CHARS", "MAX_FLOAT_DIGITS", "SYSTEM_PROMPT", "SINGLE_TURN_SYSTEM_PROMPT", "FIELDS"]
 
 MAX_QUESTION_CHARS = 8_000
 """Longest question accepted from a file (GSM8K's and MATH's are under 5,000)."""
 MAX_SOLUTION_CHARS = 32_000
 """Longest worked solution (or GSM8K answer with its rationale) accepted from a file."""
+MAX_FLOAT_DIGITS = 15
+"""Most significant digits of a gold answer stored as a float (more is binary noise: ``0.1 + 0.2``)."""
 NO_LEVEL = "all"
 """The stratum of a problem without a level."""
 FIELDS = ("question", "answer", "solution", "level")
@@ -102,11 +106,36 @@ def split_gsm8k(answer: str) -> tuple[str, str] | None:
     return rationale.strip(), final.strip()
 
 
+def _numeric_gold(value: Any, where: str, column: str) -> Any:
+    """A gold answer stored as a number, written as text: an integer (``42.0`` too) in digits, any other
+    float in positional notation with its shortest round-trip digits (``1e-05`` → ``0.00001``); NaN (a
+    missing value), infinities and floats of over :data:`MAX_FLOAT_DIGITS` significant digits are refused.
+    Anything else is returned as is."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    if isinstance(value, int):
+        return str(value)
+    field = f"{where}: field '{printable(column, 60)}'"
+    if not math.isfinite(value):
+        raise TaskFormatError(f"{field}: the gold answer is " + ("missing (NaN)" if math.isnan(value) else
+                                                                 f"not a finite number ({value})"))
+    if value.is_integer():
+        return str(int(value))
+    decimal = Decimal(repr(value))
+    if len(decimal.as_tuple().digits) > MAX_FLOAT_DIGITS:
+        raise TaskFormatError(f"{field}: the gold answer {value!r} has over {MAX_FLOAT_DIGITS} significant digits "
+                              "(binary float noise): store it as text")
+    return format(decimal, "f")
+
+
 def _final(text: str, where: str, column: str) -> str:
     """A final answer on one line, within the verifier's bounds (else a one-line TaskFormatError)."""
     final = " ".join(text.split())
     if not final:
         raise TaskFormatError(f"{where}: field '{printable(column, 60)}': the final answer is empty")
+    if final.lower().lstrip("+-") == "nan":
+        raise TaskFormatError(f"{where}: field '{printable(column, 60)}': the final answer is NaN "
+                              "(a missing value written as text)")
     problem = answer_problem(final)
     if problem is not None:
         raise TaskFormatError(f"{where}: field '{printable(column, 60)}': the final answer is {problem} "
@@ -124,7 +153,7 @@ def _problem(row: Mapping[str, Any], where: str, fields: Mapping[str, str]) -> M
     scol, solution = mapped_field(row, "solution", fields)
     solution = check_text(solution, where, printable(scol, 60), MAX_SOLUTION_CHARS, required=False)
     if answer is not None:
-        answer = check_text(answer, where, printable(acol, 60), MAX_SOLUTION_CHARS)
+        answer = check_text(_numeric_gold(answer, where, acol), where, printable(acol, 60), MAX_SOLUTION_CHARS)
         gsm8k = split_gsm8k(answer)
         if gsm8k is not None:
             rationale, answer = gsm8k
@@ -200,6 +229,10 @@ class MathTask(Task):
         if answer is None:
             return 0.0
         return score if equivalent(problem.answer, answer) else format_score
+
+    def scoring(self, n: int) -> Any:
+        """The math verifier's :func:`~rlcr.tasks.math_verifier.batch`: ``n`` answers share a time budget."""
+        return batch(n)
 
     def warm_start(self, problem: MathProblem, rng: random.Random) -> WarmStart | None:
         """The data's worked solution (GSM8K's rationale without its ``<<…>>`` annotations, or MATH's solution)

@@ -4,14 +4,21 @@
 main thread (Ray Data actors, Ray Train workers, thread pools), and even on it a C-level computation such
 as ``10**(10**10)`` is not interrupted by a signal. So model answers never reach sympy in this process:
 
-1. cheap checks first, here: at most :data:`MAX_ANSWER_CHARS` characters, brackets nested at most
-   :data:`MAX_ANSWER_DEPTH` deep, no power tower (an exponent holding an exponent) and no exponent
-   literal over :data:`MAX_EXPONENT_DIGITS` digits; anything else is "not equivalent" without parsing;
-2. the rest goes to one worker process per process (``rlcr/tasks/math_worker.py``: math-verify's own
-   timeouts on its main thread, an address-space limit) and waits at most :data:`DEADLINE_S`; past it
-   the worker is killed (and restarted on the next call) and the answer is not equivalent.
+1. cheap checks first (:func:`answer_problem`): size, nesting, brackets, power towers, powers of powers,
+   long exponent, factorial and binomial literals; anything refused is "not equivalent" without parsing;
+2. the rest goes to one worker process per process (``rlcr/tasks/math_worker.py``, its own timer on its
+   own main thread, an address-space limit). One *attempt* has a deadline (at most
+   :data:`ANSWER_DEADLINE_S`) for the gold's parse, the answer's parse and their comparison; the worker
+   replies ``t`` when its timer fires, and past the deadline plus :data:`KILL_GRACE_S` it is killed.
 
-Results are cached per (gold, answer). Pure standard library here; ``math_verify`` is imported by the worker.
+The timeout rule: an attempt that times out (a stalled, paused or starved worker, or a slow answer) is
+retried once with a fresh deadline; a second timeout scores that one answer "not equivalent" and counts
+it (:class:`Batch`'s ``timeouts``, the rollouts' ``verifier/timeouts``). Nothing obtained through a
+timeout is cached: only a decided 1 or 0 is kept, per (gold, answer), and the worker keeps only gold
+parses that finished. Inside :func:`batch` the answers share a time budget
+(:data:`BATCH_BASE_S` + :data:`BATCH_PER_ANSWER_S` per answer): no attempt runs past it, and an answer
+reached with the budget spent scores "not equivalent" and is counted the same way. Pure standard library
+here; ``math_verify`` is imported by the worker.
 """
 
 from __future__ import annotations
@@ -26,24 +33,35 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
-__all__ = ["equivalent", "answer_problem", "MAX_ANSWER_CHARS", "MAX_ANSWER_DEPTH", "MAX_EXPONENT_DIGITS",
-           "DEADLINE_S", "STARTUP_DEADLINE_S"]
+__all__ = ["equivalent", "answer_problem", "batch", "Batch", "MAX_ANSWER_CHARS", "MAX_ANSWER_DEPTH",
+           "MAX_EXPONENT_DIGITS", "ANSWER_DEADLINE_S", "KILL_GRACE_S", "BATCH_BASE_S", "BATCH_PER_ANSWER_S",
+           "STARTUP_DEADLINE_S"]
 
 MAX_ANSWER_CHARS = 256
 """An answer (or gold answer) longer than this is refused unparsed."""
 MAX_ANSWER_DEPTH = 12
 """Deepest nesting of ``{ ( [`` accepted in an answer."""
 MAX_EXPONENT_DIGITS = 4
-"""Longest integer literal accepted in an exponent (``2^{2005}`` is fine, ``10^{100000}`` is not)."""
-DEADLINE_S = 3.0
-"""Longest wait for one verification in the worker; past it the worker is killed."""
+"""Longest integer literal accepted in an exponent, a factorial or a binomial (``2^{2005}`` is fine,
+``10^{100000}`` is not); a power of a power must keep its combined exponent under ``10**4`` too."""
+ANSWER_DEADLINE_S = 2.0
+"""Longest attempt at one verification (gold parse, answer parse, comparison) on the worker's timer."""
+KILL_GRACE_S = 0.5
+"""How long past an attempt's deadline the worker may still answer before it is killed."""
+BATCH_BASE_S = 1.5
+BATCH_PER_ANSWER_S = 0.04
+"""A :func:`batch` of ``n`` answers has ``BATCH_BASE_S + n * BATCH_PER_ANSWER_S`` seconds (64: 4.06 s)."""
 STARTUP_DEADLINE_S = 120.0
 """Longest wait for a worker to import math-verify and say it is ready."""
+_MIN_ATTEMPT_S = 0.01
 _CACHE_SIZE = 8192
 _DOLLAR = re.compile(r"(?<!\\)\$")
 _DIGITS = re.compile(r"\d+")
+_CLOSING = {"}": "{", ")": "(", "]": "["}
 
 
 def answer_problem(text: str) -> str | None:
@@ -58,19 +76,62 @@ def answer_problem(text: str) -> str | None:
                 return f"nested deeper than {MAX_ANSWER_DEPTH} levels"
         elif ch in "})]":
             depth -= 1
+            if depth < 0:
+                return "a closing bracket before its opening one"
     spaced = text.replace("**", "^")
+    if ("binom" in spaced or "choose" in spaced) and _longest_literal(spaced) > MAX_EXPONENT_DIGITS:
+        return f"a binomial of a number over {MAX_EXPONENT_DIGITS} digits"
     for i, ch in enumerate(spaced):
         if ch == "^":
-            exponent = _exponent(spaced, i + 1)
-            if "^" in exponent:
-                return "a power tower"
-            if any(len(d) > MAX_EXPONENT_DIGITS for d in _DIGITS.findall(exponent)):
-                return f"an exponent over {MAX_EXPONENT_DIGITS} digits"
+            problem = _power_problem(spaced, i)
+        elif ch == "!" and (i == 0 or spaced[i - 1] != "\\"):
+            problem = _factorial_problem(spaced, i)
+        else:
+            continue
+        if problem is not None:
+            return problem
     return None
 
 
-def _exponent(text: str, start: int) -> str:
-    """The exponent after a ``^`` at ``start - 1``: a braced or parenthesised group, else the next token."""
+def _power_problem(text: str, i: int) -> str | None:
+    """Why the power whose ``^`` is at ``i`` is refused, or None."""
+    exponent, end = _exponent(text, i + 1)
+    if "^" in exponent or text[end:].lstrip().startswith("^"):
+        return "a power tower"  # a^{b^c}, a^{b}^{c}, a^b^c
+    if _longest_literal(exponent) > MAX_EXPONENT_DIGITS:
+        return f"an exponent over {MAX_EXPONENT_DIGITS} digits"
+    base = _group_before(text, i)
+    if base is not None and "^" in base:  # (a^{m})^{n}: the exponent is m·n
+        inner = max((_largest_literal(_exponent(base, j + 1)[0]) for j, c in enumerate(base) if c == "^"), default=1)
+        if inner * _largest_literal(exponent) >= 10 ** MAX_EXPONENT_DIGITS:
+            return f"a power of a power over {MAX_EXPONENT_DIGITS} digits"
+    return None
+
+
+def _factorial_problem(text: str, i: int) -> str | None:
+    """Why the factorial whose ``!`` is at ``i`` is refused, or None."""
+    base = _group_before(text, i)
+    if base is not None and ("!" in base or "^" in base):
+        return "a factorial of a factorial or a power"
+    j = i
+    while j > 0 and text[j - 1].isdigit():
+        j -= 1
+    if i - j > MAX_EXPONENT_DIGITS or (j > 0 and text[j - 1] == "!"):
+        return f"a factorial of a number over {MAX_EXPONENT_DIGITS} digits, or of a factorial"
+    return None
+
+
+def _longest_literal(text: str) -> int:
+    return max((len(d) for d in _DIGITS.findall(text)), default=0)
+
+
+def _largest_literal(text: str) -> int:
+    return max((int(d) for d in _DIGITS.findall(text) if len(d) <= 2 * MAX_EXPONENT_DIGITS), default=1)
+
+
+def _exponent(text: str, start: int) -> tuple[str, int]:
+    """The exponent after a ``^`` at ``start - 1`` (a braced or parenthesised group, else the next token)
+    and the index just after it."""
     i = start
     while i < len(text) and text[i] == " ":
         i += 1
@@ -79,12 +140,59 @@ def _exponent(text: str, start: int) -> str:
         for j in range(i, len(text)):
             depth += (text[j] == opening) - (text[j] == closing)
             if depth == 0:
-                return text[i + 1:j]
-        return text[i + 1:]
+                return text[i + 1:j], j + 1
+        return text[i + 1:], len(text)
     j = i
     while j < len(text) and (text[j].isalnum() or text[j] in "\\."):
         j += 1
-    return text[i:j]
+    return text[i:j], j
+
+
+def _group_before(text: str, i: int) -> str | None:
+    """The content of the bracketed group that ends just before index ``i`` (spaces skipped), or None."""
+    j = i - 1
+    while j >= 0 and text[j] == " ":
+        j -= 1
+    if j < 0 or text[j] not in _CLOSING:
+        return None
+    depth = 0
+    for k in range(j, -1, -1):
+        depth += (text[k] in _CLOSING) - (text[k] in "{([")
+        if depth == 0:
+            return text[k + 1:j]
+    return text[:j]
+
+
+class Batch:
+    """A run of answers sharing one time budget (:func:`batch`); ``timeouts`` counts the answers scored
+    "not equivalent" because their verification ran out of time (or of the budget)."""
+
+    def __init__(self, n: int, budget_s: float | None = None) -> None:
+        self.budget_s = BATCH_BASE_S + BATCH_PER_ANSWER_S * max(n, 0) if budget_s is None else budget_s
+        self.end = time.monotonic() + self.budget_s
+        self.timeouts = 0
+        self.retries = 0  # attempts that timed out and were tried again
+        self.timed_out: set[tuple[str, str]] = set()  # this batch only: each such answer costs once
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+_LOCAL = threading.local()
+
+
+@contextmanager
+def batch(n: int, *, budget_s: float | None = None) -> Iterator[Batch]:
+    """Score ``n`` answers in this thread as one batch: the worker is started first (outside the budget),
+    then every :func:`equivalent` call of this thread shares ``budget_s`` (default
+    ``BATCH_BASE_S + n * BATCH_PER_ANSWER_S``). Yields the :class:`Batch`, whose ``timeouts`` it counts."""
+    _WORKER.warm()
+    outer, current = getattr(_LOCAL, "batch", None), Batch(n, budget_s)
+    _LOCAL.batch = current
+    try:
+        yield current
+    finally:
+        _LOCAL.batch = outer
 
 
 class _Worker:
@@ -93,22 +201,19 @@ class _Worker:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
+        self._ready = False
+        self._started = 0.0
         self._buffer = b""
         self._cache: OrderedDict[tuple[str, str], bool] = OrderedDict()
 
-    def _start(self) -> subprocess.Popen:
+    def _spawn(self) -> None:
         source = Path(__file__).with_name("math_worker.py").read_text(encoding="utf-8")
-        proc = subprocess.Popen([sys.executable, "-I", "-c", source], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
-        self._proc, self._buffer = proc, b""
-        if self._readline(time.monotonic() + STARTUP_DEADLINE_S) != b"ready":
-            self._stop()
-            raise RuntimeError("the math verifier worker did not start (is math-verify installed? "
-                               "pip install math-verify)")
-        return proc
+        self._proc = subprocess.Popen([sys.executable, "-I", "-c", source], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+        self._buffer, self._ready, self._started = b"", False, time.monotonic()
 
     def _stop(self) -> None:
-        proc, self._proc = self._proc, None
+        proc, self._proc, self._ready = self._proc, None, False
         if proc is not None:
             proc.kill()
             proc.wait()
@@ -117,6 +222,25 @@ class _Worker:
                     pipe.close()
                 except OSError:
                     pass
+
+    def _wait_ready(self, until: float) -> bool:
+        """Start the worker if none runs; True once it said ``ready``, False if ``until`` came first (it goes
+        on starting). Raises RuntimeError if it did not start within :data:`STARTUP_DEADLINE_S`."""
+        if self._proc is None or self._proc.poll() is not None:
+            self._stop()
+            self._spawn()
+        if self._ready:
+            return True
+        limit = self._started + STARTUP_DEADLINE_S
+        line = self._readline(min(until, limit))
+        if line == b"ready":
+            self._ready = True
+            return True
+        if line is None and time.monotonic() < limit and self._proc.poll() is None:
+            return False
+        self._stop()
+        raise RuntimeError("the math verifier worker did not start (is math-verify installed? "
+                           "pip install math-verify)")
 
     def _readline(self, deadline: float) -> bytes | None:
         """One line from the worker, or None at the deadline or end of output."""
@@ -132,41 +256,80 @@ class _Worker:
         line, self._buffer = self._buffer.split(b"\n", 1)
         return line.strip()
 
-    def equivalent(self, gold: str, answer: str, deadline_s: float) -> bool:
-        key = (gold, answer)
+    def warm(self) -> None:
         with self._lock:
+            self._wait_ready(time.monotonic() + STARTUP_DEADLINE_S)
+
+    def _attempt(self, gold: str, answer: str, deadline_s: float, until: float) -> bytes:
+        """One attempt: ``1``, ``0``, ``e`` (an error in the worker) or ``t`` (out of time: the worker's
+        timer fired, it was killed past the deadline, it died, or it was not ready by ``until``)."""
+        if not self._wait_ready(until):
+            return b"t"
+        deadline_s = min(deadline_s, until - time.monotonic())
+        if deadline_s < _MIN_ATTEMPT_S:
+            return b"t"
+        try:
+            self._proc.stdin.write(json.dumps({"gold": gold, "answer": answer, "deadline": deadline_s}).encode()
+                                   + b"\n")
+            self._proc.stdin.flush()
+        except OSError:  # the worker died: restarted by the next attempt
+            self._stop()
+            return b"t"
+        reply = self._readline(time.monotonic() + deadline_s + KILL_GRACE_S)
+        if reply is None:  # past the deadline (a computation the timer cannot stop) or dead: kill it
+            self._stop()
+            return b"t"
+        return reply
+
+    def equivalent(self, gold: str, answer: str, deadline_s: float, current: Batch | None) -> bool:
+        key = (gold, answer)
+        until = current.end if current is not None else time.monotonic() + STARTUP_DEADLINE_S
+        if current is not None and key in current.timed_out:
+            return False
+        if not self._lock.acquire(timeout=max(until - time.monotonic(), 0.0)):
+            return _timed_out(current, key)
+        try:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-            proc = self._proc if self._proc is not None and self._proc.poll() is None else self._start()
-            try:
-                proc.stdin.write(json.dumps({"gold": gold, "answer": answer}).encode() + b"\n")
-                proc.stdin.flush()
-            except OSError:  # the worker died: count as not equivalent, restart next time
-                self._stop()
-                return False
-            reply = self._readline(time.monotonic() + deadline_s)
-            if reply is None:  # past the deadline (or the worker died): kill it, restart next time
-                self._stop()
-                return False
-            result = reply == b"1"
-            self._cache[key] = result
-            if len(self._cache) > _CACHE_SIZE:
-                self._cache.popitem(last=False)
-            return result
+            for attempt in range(2):  # the rule: a timed-out attempt is retried once, with a fresh deadline
+                if until - time.monotonic() < _MIN_ATTEMPT_S:
+                    break
+                if attempt and current is not None:
+                    current.retries += 1
+                reply = self._attempt(gold, answer, deadline_s, until)
+                if reply in (b"1", b"0"):
+                    self._cache[key] = reply == b"1"
+                    if len(self._cache) > _CACHE_SIZE:
+                        self._cache.popitem(last=False)
+                    return reply == b"1"
+                if reply != b"t":
+                    return False  # an error in the worker: not equivalent, not cached
+            return _timed_out(current, key)
+        finally:
+            self._lock.release()
+
+
+def _timed_out(current: Batch | None, key: tuple[str, str]) -> bool:
+    """An answer out of time: not equivalent, counted in the batch (and not retried in it), never cached."""
+    if current is not None:
+        current.timeouts += 1
+        current.timed_out.add(key)
+    return False
 
 
 _WORKER = _Worker()
 atexit.register(_WORKER._stop)
 
 
-def equivalent(gold: str, answer: str, *, deadline_s: float = DEADLINE_S) -> bool:
+def equivalent(gold: str, answer: str, *, deadline_s: float = ANSWER_DEADLINE_S) -> bool:
     """Whether ``answer`` is mathematically the gold answer (math-verify: ``1/2``, ``0.5`` and ``\\frac{1}{2}``
-    are one answer). False for anything refused by :func:`answer_problem`, unparseable, or not decided
-    within ``deadline_s``. Bounded in time and memory, callable from any thread; never raises on the answer."""
+    are one answer). False for anything refused by :func:`answer_problem`, unparseable, or out of time by
+    the module's timeout rule (``deadline_s``: one attempt's deadline). Bounded in time and memory,
+    callable from any thread; never raises on the answer."""
     if not isinstance(answer, str) or not isinstance(gold, str) or max(len(answer), len(gold)) > MAX_ANSWER_CHARS:
         return False
     gold, answer = _DOLLAR.sub("", gold).strip(), _DOLLAR.sub("", answer).strip()
     if not answer or not gold or answer_problem(answer) is not None or answer_problem(gold) is not None:
         return False
-    return _WORKER.equivalent(gold, answer, deadline_s)
+    return _WORKER.equivalent(gold, answer, deadline_s, getattr(_LOCAL, "batch", None))

@@ -4,25 +4,37 @@ Started as ``python -I -c <this file's source>``: isolated, so neither the worki
 ``PYTHONPATH`` can shadow a module (``rlcr/tasks/math.py`` would shadow the standard ``math``). It imports
 only the standard library and ``math_verify``. Protocol, one line each way per request:
 
-* the parent writes ``{"gold": str, "answer": str}`` as one JSON line;
-* the worker answers ``1`` (equivalent), ``0`` (not, or unparseable) or ``e`` (an error in the worker).
+* the parent writes ``{"gold": str, "answer": str, "deadline": seconds}`` as one JSON line;
+* the worker answers ``1`` (equivalent), ``0`` (not, or unparseable), ``t`` (its timer fired: out of
+  time, nothing decided) or ``e`` (an error in the worker).
 
-It starts by writing ``ready``. It runs on its own main thread, so math-verify's signal-based timeouts
-work here (they raise off the main thread); the parent's deadline and kill bound it anyway, and an
-address-space limit bounds its memory. Logging is off: math-verify logs the text it failed on, and model
-output must not reach a log unfiltered. It exits at end of input (the parent closed the pipe or died).
+It starts by writing ``ready``. It runs on its own main thread with its own real-time timer
+(``setitimer``) over the whole request: the gold's parse, the answer's parse and their comparison.
+The timer raises an exception that is not an ``Exception``, which math-verify's handlers (they turn
+its own timeouts into ``[]`` and ``False``, indistinguishable from "parsed to nothing") do not catch;
+math-verify's own timeouts are off. A gold parse is cached only when it finished. The parent's deadline
+and kill bound a computation the timer cannot stop, and an address-space limit bounds its memory.
+Logging is off: math-verify logs the text it failed on, and model output must not reach a log unfiltered. It exits at end of input (the parent closed the pipe or died).
 """
 
 import json
 import logging
 import os
 import resource
+import signal
 import sys
 
 MEMORY_LIMIT_BYTES = 2 * 1024**3
-PARSE_TIMEOUT_S = 1
-VERIFY_TIMEOUT_S = 1
 GOLD_CACHE = 2048
+MIN_DEADLINE_S = 0.001
+
+
+class Deadline(BaseException):
+    """The request's timer fired (a BaseException: library ``except Exception`` handlers let it through)."""
+
+
+def _alarm(signum, frame):
+    raise Deadline
 
 
 def _limit_memory() -> None:
@@ -42,25 +54,38 @@ def main() -> None:
     from math_verify import parse, verify  # noqa: PLC0415
 
     def parsed(text):
-        return parse("$" + text + "$", parsing_timeout=PARSE_TIMEOUT_S)
+        return parse("$" + text + "$", parsing_timeout=None)
 
     golds = {}
+
+    def decide(request):
+        gold = golds.get(request["gold"])
+        if gold is None:
+            gold = parsed(request["gold"])  # kept below only once it finished
+            if len(golds) >= GOLD_CACHE:
+                golds.clear()
+            golds[request["gold"]] = gold
+        answer = parsed(request["answer"])
+        return bool(gold) and bool(answer) and verify(gold, answer, timeout_seconds=None)
+
+    verify(parsed("\\frac{1}{2}"), parsed("0.5"), timeout_seconds=None)  # lazy set-up before any deadline runs
+    signal.signal(signal.SIGALRM, _alarm)
     out.write("ready\n")
     for line in sys.stdin:
         try:
             request = json.loads(line)
-            gold = golds.get(request["gold"])
-            if gold is None:
-                if len(golds) >= GOLD_CACHE:
-                    golds.clear()
-                gold = golds[request["gold"]] = parsed(request["gold"])
-            answer = parsed(request["answer"])
-            ok = bool(gold) and bool(answer) and verify(gold, answer, timeout_seconds=VERIFY_TIMEOUT_S)
-            out.write("1\n" if ok else "0\n")
+            signal.setitimer(signal.ITIMER_REAL, max(float(request["deadline"]), MIN_DEADLINE_S))
+            try:
+                reply = "1\n" if decide(request) else "0\n"
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        except Deadline:
+            reply = "t\n"
         except (KeyboardInterrupt, SystemExit):
             raise
-        except BaseException:  # noqa: BLE001  (MemoryError, math-verify's TimeoutException, whatever sympy raises)
-            out.write("e\n")
+        except BaseException:  # noqa: BLE001  (MemoryError, whatever sympy raises)
+            reply = "e\n"
+        out.write(reply)
 
 
 if __name__ == "__main__":
