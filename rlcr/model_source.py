@@ -32,8 +32,8 @@ from typing import Literal
 from rlcr.config import ConfigError
 from rlcr.untrusted import printable
 
-__all__ = ["ModelSourceError", "model_kind", "check_model", "import_model", "local_digest", "hub_reachable",
-           "check_chat_template", "MAX_MODEL_FILES", "MAX_MODEL_BYTES"]
+__all__ = ["ModelSourceError", "model_kind", "check_model", "import_model", "local_digest", "content_digest",
+           "hub_reachable", "check_chat_template", "MAX_MODEL_FILES", "MAX_MODEL_BYTES"]
 
 MAX_MODEL_FILES = 2_000
 """Most files a model directory may hold (a sharded 70B checkpoint has a few dozen)."""
@@ -151,14 +151,17 @@ def _file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def _listing(root: Path) -> dict[str, Path]:
-    """Every regular file under ``root`` by relative name, bounded; links are refused (a model directory
-    that leads elsewhere is not the directory the user named)."""
+def _listing(root: Path, links_within: Path | None = None) -> dict[str, Path]:
+    """Every regular file under ``root`` by relative name, bounded. Links are refused (a model directory
+    that leads elsewhere is not the directory the user named), except, with ``links_within``, a link to a
+    regular file inside that folder: a hub snapshot is a folder of links into its cache's ``blobs/``."""
     files: dict[str, Path] = {}
     total = 0
     for p in root.rglob("*"):  # lazily: a huge tree stops at the bound, unlisted
-        if p.is_symlink():
-            raise ModelSourceError(f"{printable(str(p), 200)}: a symbolic link inside a model directory")
+        if p.is_symlink() and not _link_inside(p, links_within):
+            where = "outside the hub cache" if links_within else "inside a model directory"
+            raise ModelSourceError(f"{printable(str(p), 200)}: a symbolic link {where} (to "
+                                   f"{printable(os.readlink(p), 200)})")
         if p.is_file():
             files[p.relative_to(root).as_posix()] = p
             total += p.stat().st_size
@@ -168,9 +171,21 @@ def _listing(root: Path) -> dict[str, Path]:
     return dict(sorted(files.items()))
 
 
-def local_digest(root: str | Path, *, cache_dir: str | Path | None = None) -> str:
+def _link_inside(link: Path, folder: Path | None) -> bool:
+    """Whether the symbolic link ``link`` leads to a regular file inside ``folder`` (never, without one)."""
+    if folder is None:
+        return False
+    try:
+        target = link.resolve(strict=True)
+    except (OSError, RuntimeError):  # dangling, or a loop
+        return False
+    return target.is_file() and target.is_relative_to(folder.resolve())
+
+
+def local_digest(root: str | Path, *, cache_dir: str | Path | None = None, links_within: Path | None = None) -> str:
     """A digest of a directory's content: every file's name and SHA-256. Files' digests are remembered in
-    ``cache_dir`` by (path, size, mtime, inode), so a large model is hashed once, not at every start."""
+    ``cache_dir`` by (path, size, mtime, inode), so a large model is hashed once, not at every start.
+    ``links_within``: links to files inside that folder are followed (:func:`_listing`)."""
     root = Path(root).resolve()
     cache_file = Path(cache_dir or _default_cache()) / _DIGEST_CACHE
     try:
@@ -179,7 +194,7 @@ def local_digest(root: str | Path, *, cache_dir: str | Path | None = None) -> st
     except ValueError:
         known = {}
     h = hashlib.sha256()
-    for name, p in _listing(root).items():
+    for name, p in _listing(root, links_within).items():
         st = p.stat()
         key = f"{p}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
         digest = known.get(key)
@@ -212,16 +227,29 @@ def import_model(model: str, store, *, chat_template: str | None = None, cache_d
     if kind == "local":
         return _store_copy(Path(model.removeprefix("file://")).expanduser(), store, cache_dir, chat_template)
     if kind == "hub":
-        return _store_copy(_hub_download(model, cache_dir), store, cache_dir, chat_template)
+        snapshot, hub_cache = _hub_download(model, cache_dir)
+        what = f"model {printable(model, 200)!r}"
+        _check_local_dir(snapshot, what)
+        check_chat_template(snapshot, chat_template, what=what)
+        return _store_copy(snapshot, store, cache_dir, chat_template, links_within=hub_cache)
     return _import_remote(model, store, chat_template, cache_dir)
 
 
-def _store_copy(local: Path, store, cache_dir, chat_template: str | None = None) -> str:
-    """``local`` sealed into ``store`` as ``models/<digest>``; with ``chat_template``, the copy carries it as
-    ``chat_template.jinja`` (and the digest covers it), so every tokenizer loaded from the copy uses it."""
-    digest = local_digest(local, cache_dir=cache_dir)
+def content_digest(local: str | Path, *, chat_template: str | None = None, cache_dir=None,
+                   links_within: Path | None = None) -> str:
+    """The name (``models/<digest>``) the store's copy of the directory ``local`` (with ``chat_template``)
+    has: :func:`local_digest`, combined with the template when there is one."""
+    digest = local_digest(local, cache_dir=cache_dir, links_within=links_within)
     if chat_template:
         digest = hashlib.sha256(f"{digest}\0{chat_template}".encode()).hexdigest()[:32]
+    return digest
+
+
+def _store_copy(local: Path, store, cache_dir, chat_template: str | None = None, *,
+                links_within: Path | None = None) -> str:
+    """``local`` sealed into ``store`` as ``models/<digest>``; with ``chat_template``, the copy carries it as
+    ``chat_template.jinja`` (and the digest covers it), so every tokenizer loaded from the copy uses it."""
+    digest = content_digest(local, chat_template=chat_template, cache_dir=cache_dir, links_within=links_within)
     rel = f"models/{digest}"
     if store.read_seal(rel) is not None:
         return store.url(rel)
@@ -253,13 +281,14 @@ def _default_cache() -> Path:
     return default_cache_dir()
 
 
-def _hub_download(model: str, cache_dir) -> Path:
+def _hub_download(model: str, cache_dir) -> tuple[Path, Path]:
+    """The hub's snapshot of ``model`` (a folder of links into the cache's ``blobs/``) and the hub cache."""
     from huggingface_hub import snapshot_download
 
     target = Path(cache_dir or _default_cache()) / "hub"
     try:
         return Path(snapshot_download(model, cache_dir=str(target), allow_patterns=[
-            "*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]))
+            "*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"])), target
     except Exception as e:  # noqa: BLE001 — any hub failure is one line naming the model
         raise ModelSourceError(f"model {printable(model, 200)!r}: the hub download failed "
                                f"({type(e).__name__}: {printable(str(e), 200)})") from None
