@@ -301,9 +301,10 @@ def _import_remote(uri: str, store, chat_template: str | None, cache_dir) -> str
 
     parent, name = uri.rstrip("/").rsplit("/", 1)
     source = Store(parent, endpoint_url=store.endpoint_url)
-    if source.read_seal(name) is not None:
+    seal = source.read_seal(name)
+    if seal is not None:
         if not chat_template:
-            return uri.rstrip("/")
+            return _sealed_copy(uri.rstrip("/"), source, name, seal, store, cache_dir)
         from rlcr.storage import fetch_checkpoint
 
         local = fetch_checkpoint(uri, endpoint_url=store.endpoint_url,
@@ -338,3 +339,54 @@ def _import_remote(uri: str, store, chat_template: str | None, cache_dir) -> str
         _check_local_dir(local, what)
         check_chat_template(local, chat_template, what=what)
         return _store_copy(local, store, cache_dir, chat_template)
+
+
+_NOT_COPIED = ("training_state.pt",)  # rlcr.train.checkpoint.TRAINING_STATE_FILE: a new run starts a fresh AdamW
+
+
+def _sealed_copy(uri: str, source, name: str, seal: bytes, store, cache_dir) -> str:
+    """A sealed directory (another run's checkpoint, a warm-start) held by this run: copied into ``store`` as
+    ``models/<digest of its seal's content id>`` and sealed there, so its run pruning it
+    (``orchestration.keep_checkpoints``) or rewriting it leaves this run's initial policy in place. The copy
+    is server-side when both are in one object store; its training state is left out. A directory already
+    in the store's ``models/`` is used as it is."""
+    from rlcr.storage import COMPLETE_MARKER, StorageError, new_seal
+
+    if uri.startswith(store.url("models") + "/"):
+        return uri
+    meta = source.parse_seal(name, seal)
+    files = {n: size for n, size in meta["files"].items() if n not in _NOT_COPIED}
+    key = hashlib.sha256(f"sealed {meta['content_id']}".encode()).hexdigest()[:32]
+    rel = f"models/{key}"
+    if store.read_seal(rel) is not None:
+        return store.url(rel)
+    if store.is_local or source.protocol != store.protocol:  # no server-side copy: through this machine
+        work = Path(cache_dir or _default_cache()) / "imports"
+        work.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=work) as tmp:
+            local = source.get_dir(name, Path(tmp) / "model", seal=seal)  # checks the seal did not change
+            for n in (*_NOT_COPIED, COMPLETE_MARKER):
+                (local / n).unlink(missing_ok=True)
+            store.put_dir(local, rel)
+        return store.url(rel)
+    base, dest = source._abs(name), store._abs(rel)
+    try:
+        store.rm(rel)  # a copy cut short before
+        for n in files:
+            store.fs.copy(f"{base}/{n}", f"{dest}/{n}")
+        copied = {k[len(dest):].lstrip("/"): int(v.get("size") or 0)
+                  for k, v in store.fs.find(dest, detail=True).items() if v.get("type") != "directory"}
+    except Exception as e:  # noqa: BLE001 — any failure of the object store is one line naming both
+        raise StorageError(f"copying {printable(uri, 200)} to {store.url(rel)} failed: {type(e).__name__}: "
+                           f"{printable(str(e), 200)}") from None
+    if copied != files:
+        raise ModelSourceError(f"model {printable(uri, 200)!r}: the copy at {store.url(rel)} does not match its "
+                               f"seal's file list; retry")
+    _check_unchanged(source, name, seal, uri)
+    store.fs.pipe_file(f"{dest}/{COMPLETE_MARKER}", new_seal(files))
+    return store.url(rel)
+
+
+def _check_unchanged(source, name: str, seal: bytes, uri: str) -> None:
+    if source.read_seal(name) != seal:
+        raise ModelSourceError(f"model {printable(uri, 200)!r} was rewritten while it was copied; retry")
