@@ -183,10 +183,13 @@ def saved_task(trainer, iteration):
 
 
 @task(name="prune")
-def prune_task(run, keep, lease):
-    """Delete the checkpoints of all but the newest ``keep`` committed saves (``orchestration.keep_checkpoints``),
-    fenced by the run's lease."""
-    for uri in run.prune_checkpoints(keep, lease=lease):
+def prune_task(run, keep, lease, covers):
+    """After a commit, fenced by the run's lease: delete the checkpoints other (dead) attempts left under the
+    iterations just committed (``covers``), and with ``keep`` (``orchestration.keep_checkpoints``) those of all
+    but the newest ``keep`` committed saves."""
+    for uri in run.prune_dead_attempts(covers, lease=lease):
+        get_run_logger().info("removed %s (left by an attempt that did not commit its iteration)", uri)
+    for uri in run.prune_checkpoints(keep, lease=lease) if keep else ():
         get_run_logger().info("removed %s (orchestration.keep_checkpoints = %d)", uri, keep)
 
 
@@ -281,8 +284,7 @@ def rlcr_train(
                 track_committed(tracker, run, save.covers, log)
                 saved = save.uri
                 del staged[:len(save.covers)]
-                if cfg.orchestration.keep_checkpoints:
-                    prune_task.with_options(**opts)(run, cfg.orchestration.keep_checkpoints, lease)
+                prune_task.with_options(**opts)(run, cfg.orchestration.keep_checkpoints, lease, save.covers)
 
             def settle() -> str | None:
                 nonlocal pending
