@@ -35,7 +35,7 @@ from rlcr import events
 from rlcr.cluster import check_cluster_fits, check_storage, engines_start_beside_trainer, ensure_ray
 from rlcr.config import ConfigError, RLCRConfig, load_config
 from rlcr.evaluate import evaluate_policy
-from rlcr.model_source import import_model
+from rlcr.model_source import run_initial_model
 from rlcr.presentation import metrics_markdown, progress_line
 from rlcr.rollout.engine import EnginePool
 from rlcr.rollout.pipeline import finalize_rollouts, generate_rollouts, rollout_seed
@@ -251,7 +251,7 @@ def rlcr_train(
         run.sweep_temporaries()
         run.finish_group(lease=lease)
         train_tasks, held_out = task_sets(cfg)
-        initial = import_model(cfg.model.name, run.store, chat_template=cfg.model.chat_template)
+        initial = run_initial_model(cfg, run, lease=lease, warn=log.warning)  # on resume: the one it started with
         done = run.committed()
         tracker = stack.enter_context(tracker_from_config(cfg, run_id, logger=log))
         track_committed(tracker, run, [m["iteration"] for m in done], log)

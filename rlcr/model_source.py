@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -32,8 +33,10 @@ from typing import Literal
 from rlcr.config import ConfigError
 from rlcr.untrusted import printable
 
-__all__ = ["ModelSourceError", "model_kind", "check_model", "import_model", "local_digest", "content_digest",
-           "hub_reachable", "check_chat_template", "MAX_MODEL_FILES", "MAX_MODEL_BYTES"]
+log = logging.getLogger(__name__)
+
+__all__ = ["ModelSourceError", "model_kind", "check_model", "import_model", "run_initial_model", "local_digest",
+           "content_digest", "hub_reachable", "check_chat_template", "MAX_MODEL_FILES", "MAX_MODEL_BYTES"]
 
 MAX_MODEL_FILES = 2_000
 """Most files a model directory may hold (a sharded 70B checkpoint has a few dozen)."""
@@ -243,6 +246,56 @@ def content_digest(local: str | Path, *, chat_template: str | None = None, cache
     if chat_template:
         digest = hashlib.sha256(f"{digest}\0{chat_template}".encode()).hexdigest()[:32]
     return digest
+
+
+def run_initial_model(cfg, run, *, lease=None, cache_dir=None, warn=None) -> str:
+    """The initial policy of ``run`` (a :class:`rlcr.runs.RunStore`): also its KL reference and tokenizer.
+
+    When the run starts, ``cfg.model`` is imported (:func:`import_model`) and the store's copy recorded
+    (``initial-model.json``: ``models/<digest>`` and its seal's content id). Every resume uses that record,
+    never the source again: the copy must still carry the recorded content id (else :class:`ModelSourceError`
+    naming both), and a local directory that changed since is named with both digests through ``warn`` (it is
+    not used: the run stays the run it was). Built-in models (built by rlcr, not copied) are resolved afresh."""
+    name, template = cfg.model.name, cfg.model.chat_template
+    kind = model_kind(name)
+    if kind == "builtin" and not template:
+        return import_model(name, run.store, cache_dir=cache_dir)
+    recorded = run.initial_model()
+    if recorded is None:
+        rel = _started_from(run) or run.store.rel(import_model(name, run.store, chat_template=template,
+                                                               cache_dir=cache_dir))
+        recorded = run.record_initial_model({"source": name, "model": rel, "content_id": run.store.content_id(rel)},
+                                            lease=lease)
+    rel, what = recorded["model"], f"run {run.run_id!r}"
+    seal = run.store.read_seal(rel)
+    actual = run.store.parse_seal(rel, seal)["content_id"] if seal is not None else "none (it is gone)"
+    if actual != recorded["content_id"]:
+        raise ModelSourceError(f"{what} started from {run.store.url(rel)} with content id "
+                               f"{recorded['content_id']}, but it now has {actual}; refusing to resume from another "
+                               f"initial model")
+    path = Path(name.removeprefix("file://")).expanduser()
+    if kind == "local" and path.is_dir() and recorded["source"] == name:
+        now = content_digest(path, chat_template=template, cache_dir=cache_dir)
+        started = rel.rsplit("/", 1)[1]
+        if now != started:
+            (warn or log.warning)(f"{what}: model {printable(name, 200)} changed since the run started (digest "
+                                  f"{started} then, {now} now); resuming with the model it started with, "
+                                  f"{run.store.url(rel)}: start a new run to train from the changed directory")
+    return run.store.url(rel)
+
+
+def _started_from(run) -> str | None:
+    """A run from before the record: the store copy its first iteration (or baseline) names, if still sealed."""
+    from rlcr.storage import StorageError
+
+    m = run.manifest(1) or {}
+    uri = m.get("policy_in") if not m.get("policy_in_updates") else None
+    uri = uri or (run.baseline() or {}).get("policy_uri")
+    try:
+        rel = run.store.rel(uri) if isinstance(uri, str) else None
+    except StorageError:
+        return None
+    return rel if rel and re.fullmatch(r"models/[0-9a-f]{32}", rel) and run.store.is_complete(rel) else None
 
 
 def _store_copy(local: Path, store, cache_dir, chat_template: str | None = None, *,

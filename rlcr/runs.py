@@ -167,6 +167,17 @@ class RunStore(RunLayout):
             raise RunConfigMismatch(f"run {self.run_id!r} was started with other settings ({details}); "
                                     "use a new run_id or the original config")
 
+    def record_initial_model(self, doc: dict[str, Any], *, lease: RunLease | None = None) -> dict[str, Any]:
+        """Record the run's initial model (:meth:`initial_model`), create-only, under ``lease``; returns the
+        record that stands (another writer's, if it recorded one first)."""
+        if lease is not None:
+            lease.check()
+        try:
+            self.store.write_json(self.initial_model_rel, doc, exclusive=True)
+        except AlreadyExists:
+            pass
+        return self.initial_model()
+
     # ---------------------------------------------------------------- fenced writes
     def guard(self, iteration: int, lease: RunLease | None, what: str) -> None:
         """Before writing ``what`` of iteration k (0: the baseline): the lease is still held (else
