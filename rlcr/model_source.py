@@ -6,11 +6,15 @@
 * a local Hugging Face checkpoint directory — copied into the store on first use under a name made of its
   *content* (``models/<digest>``, sealed), so every node reads the same bytes and a changed directory is a
   new model, never a stale cache;
-* an ``s3://…`` directory: used as it is when rlcr sealed it (a checkpoint of a run), otherwise (a plain
-  Hugging Face directory someone uploaded) its listing is checked, downloaded once and sealed into the store
-  like a local directory;
-* a hub id (``Qwen/Qwen2.5-0.5B-Instruct``): fetched with ``huggingface_hub`` when the hub answers; offline,
-  :func:`check_model` stops the run before Ray starts, saying how to pass a local directory instead.
+* an ``s3://…`` directory: when rlcr sealed it (a checkpoint of a run), copied into the store's ``models/``
+  (server-side where it can be), so its run pruning it leaves this run's model; otherwise (a plain Hugging
+  Face directory someone uploaded) its listing is checked, downloaded once and sealed into the store like a
+  local directory;
+* a hub id (``Qwen/Qwen2.5-0.5B-Instruct``): fetched with ``huggingface_hub`` when the hub answers (the
+  snapshot's links into the hub cache are followed, no others); offline, :func:`check_model` stops the run
+  before Ray starts, saying how to pass a local directory instead.
+
+A run records the copy it starts from and every resume uses that copy (:func:`run_initial_model`).
 
 Everything read here is untrusted: listings are bounded (:data:`MAX_MODEL_FILES`, :data:`MAX_MODEL_BYTES`),
 every name must pass the seal's name checks, and messages print names through :func:`printable`.
@@ -215,9 +219,10 @@ def local_digest(root: str | Path, *, cache_dir: str | Path | None = None, links
 def import_model(model: str, store, *, chat_template: str | None = None, cache_dir: str | Path | None = None) -> str:
     """The URI the run reads ``model`` from: a sealed directory every node can fetch.
 
-    Built-in names are built (:func:`rlcr.models.resolve_model`) and a sealed ``s3://`` directory is used as
-    it is; a local directory, an unsealed remote directory or a hub id is copied into ``store`` (a
-    :class:`rlcr.storage.Store`) as ``models/<content digest>`` and sealed, unless that copy is there already.
+    Built-in names are built (:func:`rlcr.models.resolve_model`); a sealed remote directory is copied into
+    ``store`` as ``models/<digest of its seal's content id>`` (:func:`_sealed_copy`); a local directory, an
+    unsealed remote directory or a hub id is copied into ``store`` (a :class:`rlcr.storage.Store`) as
+    ``models/<content digest>`` and sealed, unless that copy is there already.
     ``chat_template`` (a Jinja template) replaces the tokenizer's: the model is then always copied, with the
     template as its ``chat_template.jinja``.
     """
