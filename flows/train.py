@@ -35,7 +35,7 @@ from rlcr import events
 from rlcr.cluster import check_cluster_fits, check_storage, engines_start_beside_trainer, ensure_ray
 from rlcr.config import ConfigError, RLCRConfig, load_config
 from rlcr.evaluate import evaluate_policy
-from rlcr.model_source import import_model
+from rlcr.model_source import run_initial_model
 from rlcr.presentation import metrics_markdown, progress_line
 from rlcr.rollout.engine import EnginePool
 from rlcr.rollout.pipeline import finalize_rollouts, generate_rollouts, rollout_seed
@@ -183,10 +183,13 @@ def saved_task(trainer, iteration):
 
 
 @task(name="prune")
-def prune_task(run, keep, lease):
-    """Delete the checkpoints of all but the newest ``keep`` committed saves (``orchestration.keep_checkpoints``),
-    fenced by the run's lease."""
-    for uri in run.prune_checkpoints(keep, lease=lease):
+def prune_task(run, keep, lease, covers):
+    """After a commit, fenced by the run's lease: delete the checkpoints other (dead) attempts left under the
+    iterations just committed (``covers``), and with ``keep`` (``orchestration.keep_checkpoints``) those of all
+    but the newest ``keep`` committed saves."""
+    for uri in run.prune_dead_attempts(covers, lease=lease):
+        get_run_logger().info("removed %s (left by an attempt that did not commit its iteration)", uri)
+    for uri in run.prune_checkpoints(keep, lease=lease) if keep else ():
         get_run_logger().info("removed %s (orchestration.keep_checkpoints = %d)", uri, keep)
 
 
@@ -236,7 +239,7 @@ def rlcr_train(
         run.sweep_temporaries()
         run.finish_group(lease=lease)
         train_tasks, held_out = task_sets(cfg)
-        initial = import_model(cfg.model.name, run.store, chat_template=cfg.model.chat_template)
+        initial = run_initial_model(cfg, run, lease=lease, warn=log.warning)  # on resume: the one it started with
         done = run.committed()
         tracker = stack.enter_context(tracker_from_config(cfg, run_id, logger=log))
         track_committed(tracker, run, None, log)
@@ -269,8 +272,7 @@ def rlcr_train(
                 track_committed(tracker, run, save.covers, log)
                 saved = save.uri
                 del staged[:len(save.covers)]
-                if cfg.orchestration.keep_checkpoints:
-                    prune_task.with_options(**opts)(run, cfg.orchestration.keep_checkpoints, lease)
+                prune_task.with_options(**opts)(run, cfg.orchestration.keep_checkpoints, lease, save.covers)
 
             def settle() -> str | None:
                 nonlocal pending

@@ -6,11 +6,15 @@
 * a local Hugging Face checkpoint directory — copied into the store on first use under a name made of its
   *content* (``models/<digest>``, sealed), so every node reads the same bytes and a changed directory is a
   new model, never a stale cache;
-* an ``s3://…`` directory: used as it is when rlcr sealed it (a checkpoint of a run), otherwise (a plain
-  Hugging Face directory someone uploaded) its listing is checked, downloaded once and sealed into the store
-  like a local directory;
-* a hub id (``Qwen/Qwen2.5-0.5B-Instruct``): fetched with ``huggingface_hub`` when the hub answers; offline,
-  :func:`check_model` stops the run before Ray starts, saying how to pass a local directory instead.
+* an ``s3://…`` directory: when rlcr sealed it (a checkpoint of a run), copied into the store's ``models/``
+  (server-side where it can be), so its run pruning it leaves this run's model; otherwise (a plain Hugging
+  Face directory someone uploaded) its listing is checked, downloaded once and sealed into the store like a
+  local directory;
+* a hub id (``Qwen/Qwen2.5-0.5B-Instruct``): fetched with ``huggingface_hub`` when the hub answers (the
+  snapshot's links into the hub cache are followed, no others); offline, :func:`check_model` stops the run
+  before Ray starts, saying how to pass a local directory instead.
+
+A run records the copy it starts from and every resume uses that copy (:func:`run_initial_model`).
 
 Everything read here is untrusted: listings are bounded (:data:`MAX_MODEL_FILES`, :data:`MAX_MODEL_BYTES`),
 every name must pass the seal's name checks, and messages print names through :func:`printable`.
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -32,8 +37,10 @@ from typing import Literal
 from rlcr.config import ConfigError
 from rlcr.untrusted import InvalidInput, decode_text, parse_json, printable, read_local
 
-__all__ = ["ModelSourceError", "model_kind", "check_model", "import_model", "local_digest", "hub_reachable",
-           "check_chat_template", "MAX_MODEL_FILES", "MAX_MODEL_BYTES"]
+log = logging.getLogger(__name__)
+
+__all__ = ["ModelSourceError", "model_kind", "check_model", "import_model", "run_initial_model", "local_digest",
+           "content_digest", "hub_reachable", "check_chat_template", "MAX_MODEL_FILES", "MAX_MODEL_BYTES"]
 
 MAX_MODEL_FILES = 2_000
 """Most files a model directory may hold (a sharded 70B checkpoint has a few dozen)."""
@@ -175,14 +182,17 @@ def _file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def _listing(root: Path) -> dict[str, Path]:
-    """Every regular file under ``root`` by relative name, bounded; links are refused (a model directory
-    that leads elsewhere is not the directory the user named)."""
+def _listing(root: Path, links_within: Path | None = None) -> dict[str, Path]:
+    """Every regular file under ``root`` by relative name, bounded. Links are refused (a model directory
+    that leads elsewhere is not the directory the user named), except, with ``links_within``, a link to a
+    regular file inside that folder: a hub snapshot is a folder of links into its cache's ``blobs/``."""
     files: dict[str, Path] = {}
     total = 0
     for p in root.rglob("*"):  # lazily: a huge tree stops at the bound, unlisted
-        if p.is_symlink():
-            raise ModelSourceError(f"{printable(str(p), 200)}: a symbolic link inside a model directory")
+        if p.is_symlink() and not _link_inside(p, links_within):
+            where = "outside the hub cache" if links_within else "inside a model directory"
+            raise ModelSourceError(f"{printable(str(p), 200)}: a symbolic link {where} (to "
+                                   f"{printable(os.readlink(p), 200)})")
         if p.is_file():
             files[p.relative_to(root).as_posix()] = p
             total += p.stat().st_size
@@ -192,9 +202,21 @@ def _listing(root: Path) -> dict[str, Path]:
     return dict(sorted(files.items()))
 
 
-def local_digest(root: str | Path, *, cache_dir: str | Path | None = None) -> str:
+def _link_inside(link: Path, folder: Path | None) -> bool:
+    """Whether the symbolic link ``link`` leads to a regular file inside ``folder`` (never, without one)."""
+    if folder is None:
+        return False
+    try:
+        target = link.resolve(strict=True)
+    except (OSError, RuntimeError):  # dangling, or a loop
+        return False
+    return target.is_file() and target.is_relative_to(folder.resolve())
+
+
+def local_digest(root: str | Path, *, cache_dir: str | Path | None = None, links_within: Path | None = None) -> str:
     """A digest of a directory's content: every file's name and SHA-256. Files' digests are remembered in
-    ``cache_dir`` by (path, size, mtime, inode), so a large model is hashed once, not at every start."""
+    ``cache_dir`` by (path, size, mtime, inode), so a large model is hashed once, not at every start.
+    ``links_within``: links to files inside that folder are followed (:func:`_listing`)."""
     root = Path(root).resolve()
     cache_file = Path(cache_dir or _default_cache()) / _DIGEST_CACHE
     try:
@@ -203,7 +225,7 @@ def local_digest(root: str | Path, *, cache_dir: str | Path | None = None) -> st
     except ValueError:
         known = {}
     h = hashlib.sha256()
-    for name, p in _listing(root).items():
+    for name, p in _listing(root, links_within).items():
         st = p.stat()
         key = f"{p}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
         digest = known.get(key)
@@ -221,9 +243,10 @@ def local_digest(root: str | Path, *, cache_dir: str | Path | None = None) -> st
 def import_model(model: str, store, *, chat_template: str | None = None, cache_dir: str | Path | None = None) -> str:
     """The URI the run reads ``model`` from: a sealed directory every node can fetch.
 
-    Built-in names are built (:func:`rlcr.models.resolve_model`) and a sealed ``s3://`` directory is used as
-    it is; a local directory, an unsealed remote directory or a hub id is copied into ``store`` (a
-    :class:`rlcr.storage.Store`) as ``models/<content digest>`` and sealed, unless that copy is there already.
+    Built-in names are built (:func:`rlcr.models.resolve_model`); a sealed remote directory is copied into
+    ``store`` as ``models/<digest of its seal's content id>`` (:func:`_sealed_copy`); a local directory, an
+    unsealed remote directory or a hub id is copied into ``store`` (a :class:`rlcr.storage.Store`) as
+    ``models/<content digest>`` and sealed, unless that copy is there already.
     ``chat_template`` (a Jinja template) replaces the tokenizer's: the model is then always copied, with the
     template as its ``chat_template.jinja``.
     """
@@ -236,16 +259,79 @@ def import_model(model: str, store, *, chat_template: str | None = None, cache_d
     if kind == "local":
         return _store_copy(Path(model.removeprefix("file://")).expanduser(), store, cache_dir, chat_template)
     if kind == "hub":
-        return _store_copy(_hub_download(model, cache_dir), store, cache_dir, chat_template)
+        snapshot, hub_cache = _hub_download(model, cache_dir)
+        what = f"model {printable(model, 200)!r}"
+        _check_local_dir(snapshot, what)
+        check_chat_template(snapshot, chat_template, what=what)
+        return _store_copy(snapshot, store, cache_dir, chat_template, links_within=hub_cache)
     return _import_remote(model, store, chat_template, cache_dir)
 
 
-def _store_copy(local: Path, store, cache_dir, chat_template: str | None = None) -> str:
-    """``local`` sealed into ``store`` as ``models/<digest>``; with ``chat_template``, the copy carries it as
-    ``chat_template.jinja`` (and the digest covers it), so every tokenizer loaded from the copy uses it."""
-    digest = local_digest(local, cache_dir=cache_dir)
+def content_digest(local: str | Path, *, chat_template: str | None = None, cache_dir=None,
+                   links_within: Path | None = None) -> str:
+    """The name (``models/<digest>``) the store's copy of the directory ``local`` (with ``chat_template``)
+    has: :func:`local_digest`, combined with the template when there is one."""
+    digest = local_digest(local, cache_dir=cache_dir, links_within=links_within)
     if chat_template:
         digest = hashlib.sha256(f"{digest}\0{chat_template}".encode()).hexdigest()[:32]
+    return digest
+
+
+def run_initial_model(cfg, run, *, lease=None, cache_dir=None, warn=None) -> str:
+    """The initial policy of ``run`` (a :class:`rlcr.runs.RunStore`): also its KL reference and tokenizer.
+
+    When the run starts, ``cfg.model`` is imported (:func:`import_model`) and the store's copy recorded
+    (``initial-model.json``: ``models/<digest>`` and its seal's content id). Every resume uses that record,
+    never the source again: the copy must still carry the recorded content id (else :class:`ModelSourceError`
+    naming both), and a local directory that changed since is named with both digests through ``warn`` (it is
+    not used: the run stays the run it was). Built-in models (built by rlcr, not copied) are resolved afresh."""
+    name, template = cfg.model.name, cfg.model.chat_template
+    kind = model_kind(name)
+    if kind == "builtin" and not template:
+        return import_model(name, run.store, cache_dir=cache_dir)
+    recorded = run.initial_model()
+    if recorded is None:
+        rel = _started_from(run) or run.store.rel(import_model(name, run.store, chat_template=template,
+                                                               cache_dir=cache_dir))
+        recorded = run.record_initial_model({"source": name, "model": rel, "content_id": run.store.content_id(rel)},
+                                            lease=lease)
+    rel, what = recorded["model"], f"run {run.run_id!r}"
+    seal = run.store.read_seal(rel)
+    actual = run.store.parse_seal(rel, seal)["content_id"] if seal is not None else "none (it is gone)"
+    if actual != recorded["content_id"]:
+        raise ModelSourceError(f"{what} started from {run.store.url(rel)} with content id "
+                               f"{recorded['content_id']}, but it now has {actual}; refusing to resume from another "
+                               f"initial model")
+    path = Path(name.removeprefix("file://")).expanduser()
+    if kind == "local" and path.is_dir() and recorded["source"] == name:
+        now = content_digest(path, chat_template=template, cache_dir=cache_dir)
+        started = rel.rsplit("/", 1)[1]
+        if now != started:
+            (warn or log.warning)(f"{what}: model {printable(name, 200)} changed since the run started (digest "
+                                  f"{started} then, {now} now); resuming with the model it started with, "
+                                  f"{run.store.url(rel)}: start a new run to train from the changed directory")
+    return run.store.url(rel)
+
+
+def _started_from(run) -> str | None:
+    """A run from before the record: the store copy its first iteration (or baseline) names, if still sealed."""
+    from rlcr.storage import StorageError
+
+    m = run.manifest(1) or {}
+    uri = m.get("policy_in") if not m.get("policy_in_updates") else None
+    uri = uri or (run.baseline() or {}).get("policy_uri")
+    try:
+        rel = run.store.rel(uri) if isinstance(uri, str) else None
+    except StorageError:
+        return None
+    return rel if rel and re.fullmatch(r"models/[0-9a-f]{32}", rel) and run.store.is_complete(rel) else None
+
+
+def _store_copy(local: Path, store, cache_dir, chat_template: str | None = None, *,
+                links_within: Path | None = None) -> str:
+    """``local`` sealed into ``store`` as ``models/<digest>``; with ``chat_template``, the copy carries it as
+    ``chat_template.jinja`` (and the digest covers it), so every tokenizer loaded from the copy uses it."""
+    digest = content_digest(local, chat_template=chat_template, cache_dir=cache_dir, links_within=links_within)
     rel = f"models/{digest}"
     if store.read_seal(rel) is not None:
         return store.url(rel)
@@ -277,13 +363,14 @@ def _default_cache() -> Path:
     return default_cache_dir()
 
 
-def _hub_download(model: str, cache_dir) -> Path:
+def _hub_download(model: str, cache_dir) -> tuple[Path, Path]:
+    """The hub's snapshot of ``model`` (a folder of links into the cache's ``blobs/``) and the hub cache."""
     from huggingface_hub import snapshot_download
 
     target = Path(cache_dir or _default_cache()) / "hub"
     try:
         return Path(snapshot_download(model, cache_dir=str(target), allow_patterns=[
-            "*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]))
+            "*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"])), target
     except Exception as e:  # noqa: BLE001 — any hub failure is one line naming the model
         raise ModelSourceError(f"model {printable(model, 200)!r}: the hub download failed "
                                f"({type(e).__name__}: {printable(str(e), 200)})") from None
@@ -296,9 +383,10 @@ def _import_remote(uri: str, store, chat_template: str | None, cache_dir) -> str
 
     parent, name = uri.rstrip("/").rsplit("/", 1)
     source = Store(parent, endpoint_url=store.endpoint_url)
-    if source.read_seal(name) is not None:
+    seal = source.read_seal(name)
+    if seal is not None:
         if not chat_template:
-            return uri.rstrip("/")
+            return _sealed_copy(uri.rstrip("/"), source, name, seal, store, cache_dir)
         from rlcr.storage import fetch_checkpoint
 
         local = fetch_checkpoint(uri, endpoint_url=store.endpoint_url,
@@ -333,3 +421,54 @@ def _import_remote(uri: str, store, chat_template: str | None, cache_dir) -> str
         _check_local_dir(local, what)
         check_chat_template(local, chat_template, what=what)
         return _store_copy(local, store, cache_dir, chat_template)
+
+
+_NOT_COPIED = ("training_state.pt",)  # rlcr.train.checkpoint.TRAINING_STATE_FILE: a new run starts a fresh AdamW
+
+
+def _sealed_copy(uri: str, source, name: str, seal: bytes, store, cache_dir) -> str:
+    """A sealed directory (another run's checkpoint, a warm-start) held by this run: copied into ``store`` as
+    ``models/<digest of its seal's content id>`` and sealed there, so its run pruning it
+    (``orchestration.keep_checkpoints``) or rewriting it leaves this run's initial policy in place. The copy
+    is server-side when both are in one object store; its training state is left out. A directory already
+    in the store's ``models/`` is used as it is."""
+    from rlcr.storage import COMPLETE_MARKER, StorageError, new_seal
+
+    if uri.startswith(store.url("models") + "/"):
+        return uri
+    meta = source.parse_seal(name, seal)
+    files = {n: size for n, size in meta["files"].items() if n not in _NOT_COPIED}
+    key = hashlib.sha256(f"sealed {meta['content_id']}".encode()).hexdigest()[:32]
+    rel = f"models/{key}"
+    if store.read_seal(rel) is not None:
+        return store.url(rel)
+    if store.is_local or source.protocol != store.protocol:  # no server-side copy: through this machine
+        work = Path(cache_dir or _default_cache()) / "imports"
+        work.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=work) as tmp:
+            local = source.get_dir(name, Path(tmp) / "model", seal=seal)  # checks the seal did not change
+            for n in (*_NOT_COPIED, COMPLETE_MARKER):
+                (local / n).unlink(missing_ok=True)
+            store.put_dir(local, rel)
+        return store.url(rel)
+    base, dest = source._abs(name), store._abs(rel)
+    try:
+        store.rm(rel)  # a copy cut short before
+        for n in files:
+            store.fs.copy(f"{base}/{n}", f"{dest}/{n}")
+        copied = {k[len(dest):].lstrip("/"): int(v.get("size") or 0)
+                  for k, v in store.fs.find(dest, detail=True).items() if v.get("type") != "directory"}
+    except Exception as e:  # noqa: BLE001 — any failure of the object store is one line naming both
+        raise StorageError(f"copying {printable(uri, 200)} to {store.url(rel)} failed: {type(e).__name__}: "
+                           f"{printable(str(e), 200)}") from None
+    if copied != files:
+        raise ModelSourceError(f"model {printable(uri, 200)!r}: the copy at {store.url(rel)} does not match its "
+                               f"seal's file list; retry")
+    _check_unchanged(source, name, seal, uri)
+    store.fs.pipe_file(f"{dest}/{COMPLETE_MARKER}", new_seal(files))
+    return store.url(rel)
+
+
+def _check_unchanged(source, name: str, seal: bytes, uri: str) -> None:
+    if source.read_seal(name) != seal:
+        raise ModelSourceError(f"model {printable(uri, 200)!r} was rewritten while it was copied; retry")

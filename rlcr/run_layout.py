@@ -34,6 +34,8 @@ URI_FIELDS = ("checkpoint_uri", "state_uri", "rollouts_uri", "metrics_uri", "rec
 _RUN_RELATIVE = re.compile(r"iter-(\d{4,})(/|$)")
 """A recorded path relative to the run (anything else, e.g. the initial model's name, is kept as it is)."""
 _ATTEMPT = re.compile(r"[0-9A-Za-z_-]{1,40}\Z")
+_MODEL_COPY = re.compile(r"models/[0-9a-f]{32}")
+_CONTENT_ID = re.compile(r"[0-9a-f]{32}")
 PROCESS_ATTEMPT = secrets.token_hex(6)
 """The attempt id of the writes this process makes without a lease."""
 
@@ -105,6 +107,26 @@ class RunLayout:
     @property
     def lease_rel(self) -> str:
         return f"{self.prefix}/lease.json"
+
+    @property
+    def initial_model_rel(self) -> str:
+        """The run's initial model, recorded when it starts (create-only): the store's copy it trains from."""
+        return f"{self.prefix}/initial-model.json"
+
+    def initial_model(self) -> dict[str, Any] | None:
+        """The recorded initial model (``source``: the ``model.name`` it came from; ``model``: its copy in the
+        store, ``models/<digest>``; ``content_id``: that copy's seal's), checked; None if none is recorded."""
+        doc = self._read_doc(self.initial_model_rel)
+        if doc is None:
+            return None
+        source = self.store.url(self.initial_model_rel)
+        field(doc, "source", str, source)
+        rel = field(doc, "model", str, source)
+        if not _MODEL_COPY.fullmatch(rel):
+            raise InvalidInput(f"{source}: field 'model' is {printable(rel, 80)!r}, not models/<digest>")
+        if not _CONTENT_ID.fullmatch(field(doc, "content_id", str, source)):
+            raise InvalidInput(f"{source}: field 'content_id' is not 32 lowercase hex digits")
+        return doc
 
     @property
     def baseline_rel(self) -> str:

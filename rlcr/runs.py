@@ -65,7 +65,7 @@ from typing import Any
 
 from rlcr.config import RLCRConfig, nested_from_flat, result_changing_diff
 from rlcr.lease import LEASE_HEARTBEAT_S, LEASE_TIMEOUT_S, LeaseLost, RunLease, RunLocked
-from rlcr.run_layout import MAX_ITERATION, PROCESS_ATTEMPT, RUNS, RunLayout, attempt_id
+from rlcr.run_layout import _ATTEMPT, MAX_ITERATION, PROCESS_ATTEMPT, RUNS, URI_FIELDS, RunLayout, attempt_id
 from rlcr.storage import AlreadyExists, Store, StorageError, validate_run_id
 from rlcr.storage.seals import COMPLETE_MARKER
 from rlcr.tasks.sets import prompts_for_iteration, task_sets
@@ -166,6 +166,17 @@ class RunStore(RunLayout):
                                 for k in diff)
             raise RunConfigMismatch(f"run {self.run_id!r} was started with other settings ({details}); "
                                     "use a new run_id or the original config")
+
+    def record_initial_model(self, doc: dict[str, Any], *, lease: RunLease | None = None) -> dict[str, Any]:
+        """Record the run's initial model (:meth:`initial_model`), create-only, under ``lease``; returns the
+        record that stands (another writer's, if it recorded one first)."""
+        if lease is not None:
+            lease.check()
+        try:
+            self.store.write_json(self.initial_model_rel, doc, exclusive=True)
+        except AlreadyExists:
+            pass
+        return self.initial_model()
 
     # ---------------------------------------------------------------- fenced writes
     def guard(self, iteration: int, lease: RunLease | None, what: str) -> None:
@@ -324,6 +335,34 @@ class RunStore(RunLayout):
             self.store.rm(f"{rel}/{COMPLETE_MARKER}")
             self.store.rm(rel)
             removed.append(self.store.url(rel))
+        return removed
+
+    def prune_dead_attempts(self, iterations: list[int], *, lease: RunLease | None = None) -> list[str]:
+        """Delete the checkpoints that other attempts left under the committed iterations ``iterations`` (a
+        writer that crashed, or lost its lease, before committing them); returns the URIs removed.
+
+        Only a committed iteration is looked at, and in it only ``attempt-<id>/checkpoint`` folders of attempts
+        other than the one its manifest names, holding no path the manifest names: the manifest is create-only,
+        so no manifest can ever name them, and the attempt writing the run now is the one that committed.
+        Fenced by ``lease`` before each deletion; the seal goes first, as in :meth:`prune_checkpoints`."""
+        removed = []
+        for k in iterations:
+            m = self.manifest(k)
+            if m is None or not m.get("attempt"):
+                continue  # not committed (a live writer's), or from before attempts
+            named = {self._rel_in_run(m.get(f)) for f in URI_FIELDS} - {None}
+            for entry in self.store.ls(self.iteration_dir(k)):
+                attempt = entry.removeprefix("attempt-")
+                if entry == attempt or attempt == m["attempt"] or not _ATTEMPT.match(attempt):
+                    continue
+                rel = f"{self.attempt_dir(k, attempt)}/checkpoint"
+                if any(n == rel or n.startswith(rel + "/") for n in named) or not self.store.exists(rel):
+                    continue
+                if lease is not None:
+                    lease.check()
+                self.store.rm(f"{rel}/{COMPLETE_MARKER}")
+                self.store.rm(rel)
+                removed.append(self.store.url(rel))
         return removed
 
     def commit(self, iteration: int, manifest: dict[str, Any], *, lease: RunLease | None = None) -> str:

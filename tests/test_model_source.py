@@ -140,3 +140,52 @@ def test_smollm2_from_a_plain_directory_is_imported_and_renders_its_chat(smollm2
     text = AutoTokenizer.from_pretrained(local).apply_chat_template([{"role": "user", "content": "2+2?"}],
                                                                     tokenize=False)
     assert "2+2?" in text and "<|im_start|>" in text
+
+
+@pytest.fixture
+def stand_in_hub(plain_model, tmp_path, monkeypatch):
+    """A stand-in hub on 127.0.0.1 serving the tiny model as ``org/tiny`` (``HF_ENDPOINT``), with a fresh
+    ``HF_HOME``."""
+    import importlib
+
+    import huggingface_hub.constants as constants
+    from hubserver import HubServer
+
+    with HubServer({"org/tiny": plain_model}) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        importlib.reload(constants)
+        try:
+            yield hub
+        finally:
+            monkeypatch.undo()
+            importlib.reload(constants)
+
+
+def test_a_hub_id_is_imported_following_the_links_into_its_cache(stand_in_hub, plain_model, tmp_path):
+    """``snapshot_download`` gives a folder of links into the hub cache's ``blobs/``: they are followed, and the
+    store's copy holds the files themselves, named by the same content digest as the plain directory."""
+    assert check_model("org/tiny") == "hub"
+    store = Store(str(tmp_path / "store"))
+    uri = import_model("org/tiny", store, cache_dir=tmp_path / "cache")
+    assert any(r.startswith("GET /org/tiny/resolve/") for r in stand_in_hub.requests)
+    snapshots = list((tmp_path / "cache" / "hub").glob("models--org--tiny/snapshots/*"))
+    assert snapshots and (snapshots[0] / "config.json").is_symlink()  # what the hub cache really holds
+    local = fetch_checkpoint(uri)
+    assert not (local / "model.safetensors").is_symlink()
+    assert (local / "model.safetensors").read_bytes() == (plain_model / "model.safetensors").read_bytes()
+    assert uri == import_model(str(plain_model), store, cache_dir=tmp_path / "cache")  # same content, same copy
+
+
+def test_a_hub_snapshot_link_leading_outside_the_hub_cache_is_refused(stand_in_hub, tmp_path):
+    import_model("org/tiny", Store(str(tmp_path / "store")), cache_dir=tmp_path / "cache")
+    snapshot = next((tmp_path / "cache" / "hub").glob("models--org--tiny/snapshots/*"))
+    outside = tmp_path / "elsewhere.json"
+    outside.write_text((snapshot / "config.json").read_text())
+    (snapshot / "config.json").unlink()
+    (snapshot / "config.json").symlink_to(outside)  # a tampered cache: the link leads out of it
+    with pytest.raises(ModelSourceError) as e:
+        import_model("org/tiny", Store(str(tmp_path / "store2")), cache_dir=tmp_path / "cache")
+    msg = str(e.value)
+    assert "\n" not in msg and "config.json" in msg and "outside the hub cache" in msg

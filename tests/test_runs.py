@@ -187,3 +187,33 @@ def test_pruning_removes_only_a_manifests_own_checkpoint_folder(run, caplog):
     with caplog.at_level("WARNING"):
         assert run.prune_checkpoints(1) == []
     assert run.store.is_complete(elsewhere) and "left in place" in caplog.text
+
+
+def test_the_checkpoints_of_attempts_that_died_before_committing_are_pruned(run):
+    """Attempt ``dead`` saved iterations 2 and 3 and died before committing them; the next writer re-ran and
+    committed 2. Only the dead attempt's checkpoint under the committed iteration goes (its other files stay,
+    and an uncommitted iteration's attempts are never touched: one may be the live writer's)."""
+    dead = "deadbeef0001"
+    leftovers = [run.checkpoint_rel(k, dead) for k in (2, 3)]
+    for rel in leftovers:
+        with run.store.writing_dir(rel) as tmp:
+            (tmp / "model.safetensors").write_bytes(b"never committed")
+    run.store.write_json(run.metrics_rel(2, dead), {"loss": 1.0})
+    _save(run, 1)
+    committed = _save(run, 2)
+    stale = RunLease(run, owner="stale", timeout_s=1.0, heartbeat_s=0.2).acquire()
+    stale._stop.set()  # a writer that lost its lease removes nothing
+    stale._thread.join()
+    time.sleep(1.3)
+    heir = RunLease(run, owner="heir", timeout_s=1.0, heartbeat_s=0.2).acquire()
+    try:
+        with pytest.raises(LeaseLost):
+            run.prune_dead_attempts([1, 2, 3], lease=stale)
+        assert run.store.is_complete(leftovers[0])
+        assert run.prune_dead_attempts([1, 2, 3], lease=heir) == [run.store.url(leftovers[0])]
+    finally:
+        heir.release()
+    assert not run.store.exists(leftovers[0]) and run.store.is_complete(leftovers[1])
+    assert run.store.is_complete(committed) and run.store.exists(run.metrics_rel(2, dead))
+    assert run.verified_state(run.last_committed()) == run.store.url(committed)
+    assert run.prune_dead_attempts([1, 2, 3]) == []
