@@ -87,6 +87,55 @@ def test_a_mistyped_protocol_field_is_a_one_line_error_naming_it(tmp_path, edit,
     assert "\n" not in str(e.value) and str(bad) in str(e.value)
 
 
+ADDENDUM = ROOT / "bench" / "protocol-2.yaml"
+
+
+def test_the_committed_addendum_reads_as_registered():
+    """bench/protocol-2.yaml (issue 51): fresh seeds 4 and 5, RLVR at RLCR's answer group size on every seed,
+    the math task's shipped set out of domain, five goals each with its seed-level rule."""
+    import yaml
+
+    from bench.grid_protocol import ADDENDUM_GOALS, load_addendum
+    from rlcr.protocol_stats import NON_INFERIORITY_MARGIN
+
+    a = load_addendum(ADDENDUM)
+    assert a.seeds == [1, 2, 3, 4, 5] and a.new_seeds == [4, 5] and a.base.seeds == [1, 2, 3]
+    assert a.runs == {"warm_start": [4, 5], "rlcr": [4, 5], "rlvr": [4, 5], "rlvr_g4": [1, 2, 3, 4, 5]}
+    assert a.methods["rlvr_g4"] == ["rollout.num_generations_answer=4", "method.lambda_conf=1.0"]
+    cfg = load_config(ROOT / a.base.config, [*a.base.overrides(), *a.methods["rlvr_g4"]])
+    assert (cfg.rollout.num_generations_answer, cfg.method.lambda_conf) == (4, 1.0)
+    math_ood = a.out_of_domain["math"]
+    assert math_ood["answers_per_task"] == 4 and math_ood["policies"] == ["warm_start", "rlcr", "rlvr", "rlvr_g4"]
+    assert sorted(a.raw["goals"]) == sorted(ADDENDUM_GOALS) and "t-interval" in a.raw["seed_level_test"]
+    rule = yaml.safe_load(ADDENDUM.read_text())["goals"]["accuracy_non_inferior"]
+    assert f"> -{NON_INFERIORITY_MARGIN:g} ({NON_INFERIORITY_MARGIN * 100:g} points)" in rule
+
+
+@pytest.mark.parametrize("edit, message", [
+    (("  rlvr_g4: all\n", "  rlvr_g5: all\n"), r"runs\.rlvr_g5: unknown field"),
+    (("  new: [4, 5]", "  new: [2, 5]"), r"seeds\.new: must be fresh seeds"),
+    (("  previous: [1, 2, 3]", "  previous: [1, 2]"), r"seeds\.previous: must be the base protocol's seeds"),
+    (("{num_generations_answer: 4, lambda_conf: 1}", "{num_generations_answer: 9, lambda_conf: 1}"),
+     r"methods\.rlvr_g4\.num_generations_answer: must be rlcr's answer group size \(4\)"),
+    (("answers_per_task: 4 ", "answers_per_task: four "), r"out_of_domain\.math\.answers_per_task: must be an integer"),
+    (("rlcr/tasks/data/math_style.jsonl]", "rlcr/tasks/data/../../../etc/passwd]"),
+     r"out_of_domain\.math\.files: .* is not a shipped data set"),
+    (("  rlcr: new\n", "  rlcr: some\n"), r"runs\.rlcr: must be one of new, all"),
+    (("  brier_skill: RLCR", "  brier_skil: RLCR"), r"goals\.brier_skil: unknown field"),
+    (("decision: >-", "decisions: >-"), r"decisions: unknown field"),
+])
+def test_a_mistyped_addendum_field_is_a_one_line_error_naming_it(tmp_path, edit, message):
+    from bench.grid_protocol import load_addendum
+
+    text = ADDENDUM.read_text()
+    assert edit[0] in text
+    bad = tmp_path / "protocol-2.yaml"
+    bad.write_text(text.replace(edit[0], edit[1], 1))
+    with pytest.raises(ProtocolError, match=message) as e:
+        load_addendum(bad, base=PROTOCOL)
+    assert "\n" not in str(e.value) and str(bad) in str(e.value)
+
+
 # ----------------------------------------------------------------------------------------------- the split
 def _ids(tasks):
     return {COUNTDOWN.identity(t) for t in tasks}
