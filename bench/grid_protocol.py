@@ -140,9 +140,9 @@ METHOD_FIELDS = {"num_generations_answer": "rollout.num_generations_answer",
                  "num_generations_confidence": "rollout.num_generations_confidence", "lambda_conf": "method.lambda_conf"}
 
 
-def _check(doc: Any, spec: Any, where: str, source: str) -> Any:
+def _check(doc: Any, spec: Any, where: str, source: str, optional: frozenset | set = frozenset(OPTIONAL)) -> Any:
     """``doc`` checked against ``spec`` (a nested dict of checks): every field known, present (unless
-    :data:`OPTIONAL`) and of its type; returns the checked values."""
+    ``optional``, :data:`OPTIONAL` by default) and of its type; returns the checked values."""
     if callable(spec):
         try:
             return spec(doc)
@@ -158,10 +158,10 @@ def _check(doc: Any, spec: Any, where: str, source: str) -> Any:
     for key, sub in spec.items():
         name = f"{where}.{key}" if where else key
         if key not in doc:
-            if name in OPTIONAL:
+            if name in optional:
                 continue
             raise ProtocolError(f"{source}: {name}: missing")
-        out[key] = _check(doc[key], sub, name, source)
+        out[key] = _check(doc[key], sub, name, source, optional)
     return out
 
 
@@ -336,3 +336,99 @@ def write_split(split: Split, directory: Path, task) -> dict[str, Path]:
         tmp.write_text(text)
         tmp.replace(path)
     return files
+
+
+# ----------------------------------------------------------------------------------------------- the addendum
+ADDENDUM_GOALS = ("within_stratum_auroc", "recalibrated_brier", "brier_skill", "accuracy_non_inferior",
+                  "out_of_domain_ece")
+"""The decision rules of bench/protocol-2.yaml (issue 51), each read on both intervals (bootstrap, seed level)."""
+ADDENDUM_POLICIES = ("warm_start", "rlcr", "rlvr", "rlvr_g4")
+ADDENDUM_DATA = Path(__file__).resolve().parents[1] / "rlcr" / "tasks" / "data"
+
+
+def _one_of(*allowed: str) -> Callable[[Any], Any]:
+    def check(v: Any) -> Any:
+        if v not in allowed:
+            raise TypeError(f"must be one of {', '.join(allowed)}, got {v!r}")
+        return v
+    return check
+
+
+def _policies(v: Any) -> Any:
+    if not isinstance(v, list) or not v or any(p not in ADDENDUM_POLICIES for p in v) or len(set(v)) != len(v):
+        raise TypeError(f"must be a list of distinct policies out of {', '.join(ADDENDUM_POLICIES)}, got {v!r}")
+    return v
+
+
+def _data_files(v: Any) -> Any:
+    if not isinstance(v, list) or not v or any(not isinstance(f, str) for f in v):
+        raise TypeError(f"must be a non-empty list of paths, got {v!r}")
+    for f in v:
+        path = ADDENDUM_DATA.parents[2] / f
+        if path.parent != ADDENDUM_DATA or path.suffix != ".jsonl" or not path.is_file():
+            raise TypeError(f"{printable(f, 80)} is not a shipped data set (rlcr/tasks/data/*.jsonl)")
+    return v
+
+
+ADDENDUM_SPEC: dict[str, Any] = {
+    "version": _int(2), "registered": _date, "amends": _text,
+    "seeds": {"previous": _seeds, "new": _seeds},
+    "runs": {p: _one_of("new", "all") for p in ADDENDUM_POLICIES},
+    "methods": {"rlvr_g4": {"num_generations_answer": _int(2), "lambda_conf": _number}},
+    "baselines": {"stratum_recalibrated_rlvr": _text, "stratum_isotonic_rlvr": _text},
+    "out_of_domain": {"math": {"task": _one_of("math"), "files": _data_files, "decoding": _starts("sampling"),
+                               "answers_per_task": _int(1), "policies": _policies, "seeds": _one_of("all"),
+                               "unparsed_confidence": _starts("excluded")},
+                      "question_answering": _text},
+    "seed_level_test": _text, "goals": {g: _text for g in ADDENDUM_GOALS}, "decision": _text,
+}
+
+
+@dataclass(frozen=True)
+class Addendum:
+    """What bench/protocol-2.yaml adds to its base protocol, in the terms the grid runs it in."""
+
+    source: str
+    base: Protocol
+    seeds: list[int]
+    """Every seed the addendum's rules read: the base's, then the new ones."""
+    new_seeds: list[int]
+    runs: dict[str, list[int]]
+    """Per policy, the seeds it is trained (the warm-start: made) and evaluated on."""
+    methods: dict[str, list[str]]
+    """``rlvr_g4``'s overrides: rlvr's own, its answer group size and λ_conf."""
+    out_of_domain: dict[str, Any]
+    level: float
+    raw: dict[str, Any] = field(repr=False, default_factory=dict)
+
+
+def load_addendum(path: str | Path, base: str | Path | None = None) -> Addendum:
+    """The addendum at ``path``, checked like :func:`load_protocol` (one-line :class:`ProtocolError` naming the
+    field), and against its base protocol (``amends``, relative to the repository root, unless ``base``):
+    the previous seeds are the base's, the new ones fresh, rlvr_g4's group size is rlcr's."""
+    from rlcr.config.loading import ConfigError, read_config_text, safe_yaml
+
+    source = printable(path)
+    try:
+        doc = _check(safe_yaml(read_config_text(path), source), ADDENDUM_SPEC, "", source, frozenset({"registered"}))
+    except ConfigError as e:
+        raise ProtocolError(str(e)) from None
+    protocol = load_protocol(base or ADDENDUM_DATA.parents[2] / doc["amends"])
+    seeds = doc["seeds"]
+    if seeds["previous"] != protocol.seeds:
+        raise ProtocolError(f"{source}: seeds.previous: must be the base protocol's seeds {protocol.seeds}, got "
+                            f"{seeds['previous']}")
+    if set(seeds["new"]) & set(seeds["previous"]):
+        raise ProtocolError(f"{source}: seeds.new: must be fresh seeds, not the base's {seeds['previous']}")
+    g_a = int(protocol.raw["methods"]["rlcr"]["num_generations_answer"])
+    if doc["methods"]["rlvr_g4"]["num_generations_answer"] != g_a:
+        raise ProtocolError(f"{source}: methods.rlvr_g4.num_generations_answer: must be rlcr's answer group size "
+                            f"({g_a}), got {doc['methods']['rlvr_g4']['num_generations_answer']}")
+    every = [*seeds["previous"], *seeds["new"]]
+    own = [_override(METHOD_FIELDS[k], v) for k, v in doc["methods"]["rlvr_g4"].items()]
+    fields = {o.split("=", 1)[0] for o in own}
+    return Addendum(
+        source=source, base=protocol, seeds=every, new_seeds=list(seeds["new"]),
+        runs={p: list(seeds["new"]) if w == "new" else every for p, w in doc["runs"].items()},
+        methods={"rlvr_g4": [*(o for o in protocol.methods["rlvr"] if o.split("=", 1)[0] not in fields), *own]},
+        out_of_domain=doc["out_of_domain"], level=protocol.level, raw=doc)

@@ -6,11 +6,14 @@ that, and for intervals over training seeds as well as tasks:
 1. metrics — accuracy, ECE with equal-width and equal-mass bins, Brier, the Brier skill over a difficulty
    prior, AUROC within each stratum and their mean, pooled AUROC (:func:`protocol_metrics`);
 2. baselines — the difficulty prior (a stratum's accuracy on the calibration split) and post-hoc
-   recalibration of stated confidences (temperature scaling, isotonic regression), each fitted on the
-   calibration split and applied to the test answers;
+   recalibration of stated confidences (temperature scaling, isotonic regression; and, knowing the stratum,
+   Platt scaling or isotonic regression per stratum), each fitted on the calibration split and applied to the
+   test answers;
 3. the hierarchical bootstrap — resample seeds, then tasks within each drawn seed, scoring every method on the
    same draw so paired differences cancel what the draw shares (:func:`hierarchical_bootstrap`);
-4. the decision rules, each goal met or not by its interval (:func:`decide`).
+4. the decision rules, each goal met or not by its interval (:func:`decide`);
+5. the seed level: each figure's per-seed values, their mean and t-interval over seeds (df = n − 1), the
+   unit being the training seed (:func:`seed_level`), to which the same rules can be applied.
 
 An evaluation of one method at one seed is an :class:`Answers`: one entry per evaluated answer.
 """
@@ -27,7 +30,8 @@ from rlcr.metrics import auroc, binned_calibration_error, brier, ece, mann_whitn
 
 __all__ = ["Answers", "ece_equal_mass", "within_stratum_auroc", "difficulty_prior", "fit_temperature",
            "apply_temperature", "fit_isotonic", "apply_isotonic", "protocol_metrics", "hierarchical_bootstrap",
-           "goals_statistic", "decide", "PROTOCOL_METRICS"]
+           "goals_statistic", "decide", "PROTOCOL_METRICS", "fit_platt", "apply_platt", "fit_per_stratum",
+           "apply_per_stratum", "t_quantile", "seed_t_interval", "seed_level", "difference_statistic"]
 
 _EPS = 1e-6
 """Confidences are clipped to [ε, 1 − ε] before taking their logit (temperature scaling)."""
@@ -225,6 +229,59 @@ def apply_isotonic(conf: Sequence[float], fitted: tuple[np.ndarray, np.ndarray])
     return np.where(np.isnan(c), math.nan, out)
 
 
+def fit_platt(conf: Sequence[float], correct: Sequence[float], *, ridge: float = 1e-8,
+              iterations: int = 50) -> tuple[float, float]:
+    """Platt scaling: the logistic regression P(correct) = σ(a + b·logit(c)) by Newton's method (IRLS), with a
+    ridge of ``ridge``·N on (a, b) so that a separable or constant-confidence fit stays finite (a constant
+    confidence gives σ(a + b·x) = the fitted rate). Answers without a confidence are ignored. Returns (a, b)."""
+    c, y = np.asarray(conf, dtype=float), np.asarray(correct, dtype=float)
+    has = np.isfinite(c)
+    if not has.any():
+        raise ValueError("no parsed confidence to fit a Platt map on")
+    x = np.column_stack([np.ones(int(has.sum())), _logit(c[has])])
+    y = y[has]
+    lam = ridge * y.size
+    w = np.zeros(2)
+    for _ in range(iterations):
+        p = 1.0 / (1.0 + np.exp(-(x @ w)))
+        grad = x.T @ (p - y) + lam * w
+        hess = (x * (p * (1 - p))[:, None]).T @ x + lam * np.eye(2)
+        step = np.linalg.solve(hess, grad)
+        w = w - step
+        if np.max(np.abs(step)) < 1e-10:
+            break
+    return float(w[0]), float(w[1])
+
+
+def apply_platt(conf: Sequence[float], fitted: tuple[float, float]) -> np.ndarray:
+    """σ(a + b·logit(c)); NaN confidences stay NaN."""
+    a, b = fitted
+    return 1.0 / (1.0 + np.exp(-(a + b * _logit(np.asarray(conf, dtype=float)))))
+
+
+def fit_per_stratum(fit: Callable, conf: Sequence[float], correct: Sequence[float],
+                    strata: Sequence[str]) -> dict[str, object]:
+    """``fit`` (e.g. :func:`fit_platt`, :func:`fit_isotonic`) on each stratum's answers alone, and on all of
+    them under ``""`` (the map of a stratum with no parsed confidence to fit on)."""
+    c, y, s = np.asarray(conf, dtype=float), np.asarray(correct, dtype=float), np.asarray(strata).astype(str)
+    out = {"": fit(c, y)}
+    for k in np.unique(s):
+        if np.isfinite(c[s == k]).any():
+            out[str(k)] = fit(c[s == k], y[s == k])
+    return out
+
+
+def apply_per_stratum(apply: Callable, conf: Sequence[float], strata: Sequence[str],
+                      fitted: Mapping[str, object]) -> np.ndarray:
+    """Each answer's confidence through its stratum's map of :func:`fit_per_stratum` (the pooled one where its
+    stratum had none)."""
+    c, s = np.asarray(conf, dtype=float), np.asarray(strata).astype(str)
+    out = np.full(c.shape, math.nan)
+    for k in np.unique(s):
+        out[s == k] = apply(c[s == k], fitted.get(str(k), fitted[""]))
+    return out
+
+
 # ----------------------------------------------------------------------------------------------- 3. bootstrap
 Statistic = Callable[[Mapping[str, Answers]], Mapping[str, float]]
 """Scores the answers of every method on one draw: ``{method: Answers}`` → ``{name: value}``."""
@@ -337,3 +394,48 @@ def decide(result: Mapping[str, object]) -> dict[str, dict[str, object]]:
         "ece": rule("ece_vs_rlvr", lambda i: i[1] < 0),
         "accuracy_non_inferior": rule("accuracy_vs_rlvr", lambda i: i[0] > -NON_INFERIORITY_MARGIN),
     }
+
+
+# ----------------------------------------------------------------------------------------------- 5. seed level
+T_QUANTILES = {0.975: (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281),
+               0.95: (6.3138, 2.9200, 2.3534, 2.1318, 2.0150, 1.9432, 1.8946, 1.8595, 1.8331, 1.8125)}
+"""Student's t quantiles for df = 1 … 10 (tests/test_protocol_stats.py checks them against scipy)."""
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile at ``p`` ∈ {0.95, 0.975} for ``df`` = 1 … 10 (3 to 11 training seeds)."""
+    if p not in T_QUANTILES or not 1 <= df <= len(T_QUANTILES[p]):
+        raise ValueError(f"no t quantile for p = {p}, df = {df} (p in {sorted(T_QUANTILES)}, df 1–10)")
+    return T_QUANTILES[p][df - 1]
+
+
+def seed_t_interval(values: Sequence[float], level: float = 0.95) -> dict[str, object]:
+    """The seed-level reading of one figure: the mean of its per-seed values and the t-interval mean ± t·s/√n
+    (df = n − 1), the seeds being the units. ``ci`` is None with fewer than two finite values."""
+    v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=float)
+    mean = float(v.mean()) if v.size else math.nan
+    if v.size < 2:
+        return {"mean": mean, "ci": None, "n": int(v.size), "df": max(int(v.size) - 1, 0)}
+    half = t_quantile(round(1 - (1 - level) / 2, 6), v.size - 1) * float(v.std(ddof=1)) / math.sqrt(v.size)
+    return {"mean": mean, "ci": [mean - half, mean + half], "n": int(v.size), "df": int(v.size) - 1}
+
+
+def seed_level(result: Mapping[str, object], level: float = 0.95) -> dict[str, object]:
+    """:func:`hierarchical_bootstrap`'s ``result`` read at the seed level: per figure, the mean of its per-seed
+    values as ``point`` and its t-interval as ``ci`` — the shape :func:`decide` reads, so the same rules can
+    be applied to seed-level intervals."""
+    per_seed = result["per_seed"]
+    keys = list(result["point"])
+    read = {k: seed_t_interval([v.get(k) for v in per_seed.values()], level) for k in keys}
+    return {"point": {k: r["mean"] for k, r in read.items()}, "ci": {k: r["ci"] for k, r in read.items()},
+            "df": {k: r["df"] for k, r in read.items()}}
+
+
+def difference_statistic(pairs: Mapping[str, tuple[str, str]],
+                         metrics: Sequence[str] = ("brier", "ece", "auroc_within"), n_bins: int = 10) -> Statistic:
+    """A :data:`Statistic` of paired differences: for each ``name: (a, b)`` of ``pairs`` and each metric,
+    ``"name:metric"`` = metric(a) − metric(b), a and b being keys of the bootstrap's ``runs``."""
+    def statistic(methods: Mapping[str, Answers]) -> dict[str, float]:
+        scores = {k: protocol_metrics(v, n_bins) for k, v in methods.items()}
+        return {f"{name}:{m}": scores[a][m] - scores[b][m] for name, (a, b) in pairs.items() for m in metrics}
+    return statistic

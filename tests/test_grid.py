@@ -87,6 +87,55 @@ def test_a_mistyped_protocol_field_is_a_one_line_error_naming_it(tmp_path, edit,
     assert "\n" not in str(e.value) and str(bad) in str(e.value)
 
 
+ADDENDUM = ROOT / "bench" / "protocol-2.yaml"
+
+
+def test_the_committed_addendum_reads_as_registered():
+    """bench/protocol-2.yaml (issue 51): fresh seeds 4 and 5, RLVR at RLCR's answer group size on every seed,
+    the math task's shipped set out of domain, five goals each with its seed-level rule."""
+    import yaml
+
+    from bench.grid_protocol import ADDENDUM_GOALS, load_addendum
+    from rlcr.protocol_stats import NON_INFERIORITY_MARGIN
+
+    a = load_addendum(ADDENDUM)
+    assert a.seeds == [1, 2, 3, 4, 5] and a.new_seeds == [4, 5] and a.base.seeds == [1, 2, 3]
+    assert a.runs == {"warm_start": [4, 5], "rlcr": [4, 5], "rlvr": [4, 5], "rlvr_g4": [1, 2, 3, 4, 5]}
+    assert a.methods["rlvr_g4"] == ["rollout.num_generations_answer=4", "method.lambda_conf=1.0"]
+    cfg = load_config(ROOT / a.base.config, [*a.base.overrides(), *a.methods["rlvr_g4"]])
+    assert (cfg.rollout.num_generations_answer, cfg.method.lambda_conf) == (4, 1.0)
+    math_ood = a.out_of_domain["math"]
+    assert math_ood["answers_per_task"] == 4 and math_ood["policies"] == ["warm_start", "rlcr", "rlvr", "rlvr_g4"]
+    assert sorted(a.raw["goals"]) == sorted(ADDENDUM_GOALS) and "t-interval" in a.raw["seed_level_test"]
+    rule = yaml.safe_load(ADDENDUM.read_text())["goals"]["accuracy_non_inferior"]
+    assert f"> -{NON_INFERIORITY_MARGIN:g} ({NON_INFERIORITY_MARGIN * 100:g} points)" in rule
+
+
+@pytest.mark.parametrize("edit, message", [
+    (("  rlvr_g4: all\n", "  rlvr_g5: all\n"), r"runs\.rlvr_g5: unknown field"),
+    (("  new: [4, 5]", "  new: [2, 5]"), r"seeds\.new: must be fresh seeds"),
+    (("  previous: [1, 2, 3]", "  previous: [1, 2]"), r"seeds\.previous: must be the base protocol's seeds"),
+    (("{num_generations_answer: 4, lambda_conf: 1}", "{num_generations_answer: 9, lambda_conf: 1}"),
+     r"methods\.rlvr_g4\.num_generations_answer: must be rlcr's answer group size \(4\)"),
+    (("answers_per_task: 4 ", "answers_per_task: four "), r"out_of_domain\.math\.answers_per_task: must be an integer"),
+    (("rlcr/tasks/data/math_style.jsonl]", "rlcr/tasks/data/../../../etc/passwd]"),
+     r"out_of_domain\.math\.files: .* is not a shipped data set"),
+    (("  rlcr: new\n", "  rlcr: some\n"), r"runs\.rlcr: must be one of new, all"),
+    (("  brier_skill: RLCR", "  brier_skil: RLCR"), r"goals\.brier_skil: unknown field"),
+    (("decision: >-", "decisions: >-"), r"decisions: unknown field"),
+])
+def test_a_mistyped_addendum_field_is_a_one_line_error_naming_it(tmp_path, edit, message):
+    from bench.grid_protocol import load_addendum
+
+    text = ADDENDUM.read_text()
+    assert edit[0] in text
+    bad = tmp_path / "protocol-2.yaml"
+    bad.write_text(text.replace(edit[0], edit[1], 1))
+    with pytest.raises(ProtocolError, match=message) as e:
+        load_addendum(bad, base=PROTOCOL)
+    assert "\n" not in str(e.value) and str(bad) in str(e.value)
+
+
 # ----------------------------------------------------------------------------------------------- the split
 def _ids(tasks):
     return {COUNTDOWN.identity(t) for t in tasks}
@@ -184,16 +233,54 @@ def test_the_table_rebuilds_from_records_and_decides_the_goals(tmp_path, protoco
     assert rows["rlvr"].split(" | ")[7].startswith("0.500")
     assert rows["difficulty prior of rlvr"].split(" | ")[6].startswith("0.000")  # the prior's skill over itself
     # constant within each stratum of a seed: 0.5 per seed (pooled over seeds the priors differ by seed)
-    assert rows["difficulty prior of rlcr"].split(" | ")[7].endswith("(s1 0.500, s2 0.500, s3 0.500)")
+    assert rows["difficulty prior of rlcr"].split(" | ")[7].endswith("(s1 0.500, s2 0.500, s3 0.500; mean 0.500)")
     goals = [line for line in table.splitlines() if "**met**" in line or "**not met**" in line]
     assert len(goals) == 4 and all("**met**" in g for g in goals)
     assert headline == "4/4"
     # the README's short form: the same figures without per-seed values, and the four verdicts
     short = {line.split(" | ")[0].strip("| "): line for line in summary.splitlines() if line.startswith("| ")}
-    assert len(short) == 11 and short.keys() <= rows.keys()  # the header and the ten rows of the full table
+    assert len(short) == 15 and short.keys() <= rows.keys()  # the header and the 14 rows of the full table
     assert short["rlcr"].split(" | ")[3] == "0.000 [0.000, 0.000]" and "(s1" not in summary  # ECE
     verdicts = [line for line in summary.splitlines() if line.startswith("- ")]
     assert len(verdicts) == 4 and all(": **met**, " in v for v in verdicts)
+
+
+def test_the_table_reads_each_goal_at_the_seed_level_and_adds_the_round_2_baselines(tmp_path, protocol):
+    """Issue 51: beside each goal's bootstrap, the mean of its per-seed values and their t-interval (df = n − 1)
+    with the rule applied to it; stratum-aware recalibration rows (Platt and isotonic per stratum, fitted on
+    the calibration split) for RLVR and RLCR, with paired differences; the goals' figures under greedy decoding
+    and the number of distinct confidences per seed; the temperature sub-goal called vacuous."""
+    from scipy import stats
+
+    synthetic_records(tmp_path)
+    table, summary, headline = build_table(tmp_path, protocol, n_resamples=100)
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("| ")}
+    # rlvr states 0.5 everywhere: a Platt map per stratum turns that into the stratum's calibration rate, which
+    # is the difficulty prior (skill 0, within-stratum AUROC 0.5); rlcr's 0/1 confidences stay perfect
+    platt = rows["rlvr + Platt per stratum †"].split(" | ")
+    assert platt[6].startswith("0.000") and platt[7].endswith("(s1 0.500, s2 0.500, s3 0.500; mean 0.500)")
+    assert rows["rlcr + isotonic per stratum †"].split(" | ")[5].startswith("0.000 [0.000, 0.000]")  # Brier
+    assert "rlcr + Platt per stratum †" in rows and "rlvr + isotonic per stratum †" in rows
+    # per-seed means beside the pooled point
+    assert re.search(r"\(s1 [-\d.]+, s2 [-\d.]+, s3 [-\d.]+; mean [-\d.]+\)", rows["rlvr"])
+    # the seed level of each goal: the t-interval of its per-seed values, recomputed here with scipy
+    goal = next(line for line in table.splitlines() if line.startswith("| ece |"))  # differs by seed
+    per = [float(x) for x in re.search(r"\(s1 ([-\d.]+), s2 ([-\d.]+), s3 ([-\d.]+);", goal).groups()]
+    lo, hi = stats.t.interval(0.95, 2, loc=np.mean(per), scale=stats.sem(per))
+    mean, t_lo, t_hi = map(float, re.search(r"\| ([-\d.]+) \[([-\d.]+), ([-\d.]+)\] \| \*\*does not hold\*\* \|$",
+                                             goal).groups())
+    assert (mean, t_lo, t_hi) == pytest.approx((np.mean(per), lo, hi), abs=2e-3) and t_hi > 0  # per-seed rounding
+    assert "**met**" in goal and "Met by the registered rule but not at the seed level: ece." in table
+    assert "df 2]" in table and "vacuous: temperature scaling is monotone" in table
+    assert "| RLCR − (RLVR + Platt per stratum) | " in table and "seed level" in rows["RLCR − (RLVR + Platt per stratum)"]
+    assert "rlcr s1 2, s2 2, s3 2; rlvr s1 1, s2 1, s3 1" in table  # distinct greedy confidences per seed
+    assert "**† The goals' figures under the paper protocol**" in table
+    # the README's short form: each goal with its seed-level reading, the exploratory lines
+    verdicts = [line for line in summary.splitlines() if line.startswith("- ")]
+    assert all("† seed level (mean of seeds [95% t-interval, df 2]) " in v for v in verdicts)
+    assert "a Platt map per stratum fitted on the calibration split" in summary
+    assert "greedy RLCR states 2, 2, 2 distinct confidences on seeds 1, 2, 3" in summary
+    assert headline == "4/4"  # the registered verdicts are unchanged by the added readings
 
 
 def test_goals_fail_by_their_rules_and_wait_for_every_seed(tmp_path, protocol):

@@ -171,3 +171,109 @@ def test_the_bootstrap_refuses_unpaired_inputs():
         hierarchical_bootstrap(runs, goals_statistic)
     with pytest.raises(ValueError, match="Answers.confidence"):
         Answers(["a"], ["2"], [1], [1.5])
+
+
+# ----------------------------------------------------------------------------------------------- round 2
+def test_platt_scaling_is_the_maximum_likelihood_logistic_fit_on_the_logit():
+    """Against an independent fit: scipy's optimiser on the same log-likelihood."""
+    from scipy.optimize import minimize
+
+    from rlcr.protocol_stats import apply_platt, fit_platt
+
+    rng = np.random.default_rng(5)
+    c = np.clip(rng.beta(2, 3, 800), 0.01, 0.99)
+    y = (rng.random(c.size) < 1 / (1 + np.exp(-(0.4 + 0.6 * np.log(c / (1 - c)))))).astype(float)
+    c_nan = np.append(c, math.nan)
+    a, b = fit_platt(c_nan, np.append(y, 1.0))  # an unparsed confidence is left out of the fit
+
+    def nll(w):
+        z = w[0] + w[1] * np.log(c / (1 - c))
+        return float(np.sum(np.logaddexp(0, z) - y * z))
+
+    ref = minimize(nll, np.zeros(2), method="BFGS", options={"gtol": 1e-10}).x
+    assert (a, b) == pytest.approx(tuple(ref), abs=1e-4)
+    out = apply_platt(c_nan, (a, b))
+    assert math.isnan(out[-1]) and out[:-1] == pytest.approx(1 / (1 + np.exp(-(ref[0] + ref[1] * np.log(c / (1 - c))))),
+                                                            abs=1e-5)
+    # a constant confidence (greedy RLCR states few values) or a separable stratum stays finite: the rate
+    a, b = fit_platt(np.full(10, 0.7), [1, 1, 1, 0, 0, 0, 0, 0, 0, 0])
+    assert apply_platt([0.7], (a, b))[0] == pytest.approx(0.3, abs=1e-3)
+    assert np.all(np.isfinite(fit_platt([0.2, 0.3, 0.8, 0.9], [0, 0, 1, 1])))
+
+
+def test_per_stratum_maps_are_fitted_on_each_stratum_alone_and_keep_within_stratum_ranking():
+    from sklearn.isotonic import IsotonicRegression
+    from sklearn.linear_model import LogisticRegression
+
+    from rlcr.protocol_stats import apply_per_stratum, apply_platt, fit_per_stratum, fit_platt
+
+    rng = np.random.default_rng(6)
+    cal = _answers(rng, 80, prefix="c", skill=0.3, conf_noise=0.1)  # not separable: the fit is unique
+    test = _answers(rng, 80, skill=0.3, conf_noise=0.1)
+    platt = fit_per_stratum(fit_platt, cal.confidence, cal.correct, cal.stratum)
+    out = apply_per_stratum(apply_platt, test.confidence, test.stratum, platt)
+    logit = lambda c: np.log(c / (1 - c)).reshape(-1, 1)  # noqa: E731
+    for k in ("2", "3"):  # independent: sklearn's unpenalised logistic regression on that stratum only
+        ref = LogisticRegression(C=np.inf, tol=1e-10, max_iter=1000).fit(logit(cal.confidence[cal.stratum == k]),
+                                                                             cal.correct[cal.stratum == k])
+        assert out[test.stratum == k] == pytest.approx(ref.predict_proba(logit(test.confidence[test.stratum == k]))[:, 1],
+                                                       abs=1e-4)
+        iso = fit_per_stratum(fit_isotonic, cal.confidence, cal.correct, cal.stratum)
+        ref = IsotonicRegression(out_of_bounds="clip").fit(cal.confidence[cal.stratum == k], cal.correct[cal.stratum == k])
+        mapped = apply_per_stratum(apply_isotonic, test.confidence, test.stratum, iso)
+        assert mapped[test.stratum == k] == pytest.approx(ref.predict(test.confidence[test.stratum == k]), abs=1e-9)
+    # a monotone map per stratum leaves the within-stratum AUROC as it was (the temperature sub-goal's point)
+    assert within_stratum_auroc(out, test.correct, test.stratum)["mean"] == pytest.approx(
+        within_stratum_auroc(test.confidence, test.correct, test.stratum)["mean"])
+    # a test stratum the calibration split lacks gets the pooled map
+    lone = apply_per_stratum(apply_platt, [0.5], ["4"], platt)
+    assert lone[0] == pytest.approx(apply_platt([0.5], fit_platt(cal.confidence, cal.correct))[0])
+
+
+def test_the_t_table_and_seed_level_interval_match_scipy():
+    from scipy import stats
+
+    from rlcr.protocol_stats import seed_level, seed_t_interval, t_quantile
+
+    for p in (0.95, 0.975):
+        for df in range(1, 11):
+            assert t_quantile(p, df) == pytest.approx(stats.t.ppf(p, df), abs=1e-4)
+    with pytest.raises(ValueError, match="no t quantile"):
+        t_quantile(0.975, 11)
+    rng = np.random.default_rng(7)
+    for n in (2, 3, 5, 8):
+        v = rng.normal(0.05, 0.04, n)
+        ref = stats.t.interval(0.95, n - 1, loc=v.mean(), scale=stats.sem(v))
+        got = seed_t_interval(v)
+        assert got["mean"] == pytest.approx(v.mean()) and got["ci"] == pytest.approx(list(ref), abs=1e-4)
+        assert seed_t_interval(v, level=0.90)["ci"] == pytest.approx(
+            list(stats.t.interval(0.90, n - 1, loc=v.mean(), scale=stats.sem(v))), abs=1e-4)
+    assert seed_t_interval([0.1])["ci"] is None and seed_t_interval([0.1, math.nan])["ci"] is None
+    # the reviewer's reading of the within-stratum AUROC difference, seeds 1–3: [-0.033, 0.193]
+    result = {"point": {"auroc_within_vs_rlvr": 0.083},
+              "per_seed": {1: {"auroc_within_vs_rlvr": 0.129}, 2: {"auroc_within_vs_rlvr": 0.073},
+                           3: {"auroc_within_vs_rlvr": 0.039}}}
+    read = seed_level(result)
+    assert read["point"]["auroc_within_vs_rlvr"] == pytest.approx(0.0803, abs=1e-4) and read["df"] == {
+        "auroc_within_vs_rlvr": 2}
+    assert [round(x, 3) for x in read["ci"]["auroc_within_vs_rlvr"]] == [-0.033, 0.193]
+
+
+def test_seed_level_rules_fail_where_the_seeds_disagree_though_the_bootstrap_passes():
+    """Three seeds, one near 0: the bootstrap's interval (resting on the tasks) excludes 0, the t-interval over
+    seeds does not — the reading the decision rule alone would hide."""
+    from rlcr.protocol_stats import difference_statistic, seed_level
+
+    runs = _runs([0.15, 1.0, 1.8])
+    result = hierarchical_bootstrap(runs, goals_statistic, n_resamples=200)
+    assert decide(result)["brier_skill"]["met"]
+    read = seed_level(result)
+    per = [v["brier_skill"] for v in result["per_seed"].values()]
+    assert read["point"]["brier_skill"] == pytest.approx(np.mean(per))
+    assert read["ci"]["brier_skill"][0] < 0 and not decide(read)["brier_skill"]["met"]
+    # paired differences of any two runs, per metric
+    stat = difference_statistic({"d": ("rlcr", "rlvr")}, ("brier", "ece"))
+    one = {k: v[0] for k, v in runs.items()}
+    want = protocol_metrics(one["rlcr"])["brier"] - protocol_metrics(one["rlvr"])["brier"]
+    assert stat(one) == pytest.approx({"d:brier": want, "d:ece": protocol_metrics(one["rlcr"])["ece"]
+                                       - protocol_metrics(one["rlvr"])["ece"]})
