@@ -32,6 +32,7 @@ __all__ = [
     "assign_advantages",
     "rows_to_table",
     "table_to_rows",
+    "read_records_table",
     "with_provenance",
     "provenance",
     "validate_rollouts",
@@ -227,6 +228,28 @@ def table_to_rows(table: pa.Table) -> list[dict[str, Any]]:
     if missing:
         raise RolloutValidationError(f"rollout table lacks columns {missing}")
     return table.select([f.name for f in schema]).cast(schema).to_pylist()
+
+
+def read_records_table(source: Any, name: str) -> pa.Table:
+    """The rollout or evaluation records of a Parquet file from outside (a path or a binary file object), in
+    bounded memory: the columns of the task the file's schema holds (:func:`record_task`) required before a row
+    is read, then :func:`rlcr.columnar.read_parquet_table` (rows and decoded size within its limits).
+    :class:`~rlcr.untrusted.InvalidInput` naming ``name``."""
+    import pyarrow.parquet as pq
+
+    from rlcr.columnar import read_parquet_table
+    from rlcr.untrusted import printable
+
+    try:
+        names = pq.ParquetFile(source).schema_arrow.names
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise InvalidInput(f"{printable(name)}: not a readable Parquet file ({type(e).__name__}: "
+                           f"{printable(e, 160)})") from None
+    try:
+        columns = [f.name for f in rollout_schema(record_task(names))]
+    except RolloutValidationError as e:
+        raise InvalidInput(f"{printable(name)}: {e}") from None
+    return read_parquet_table(source, name, columns=columns, required=columns)
 
 
 PROVENANCE_KEY = b"rlcr.provenance"
