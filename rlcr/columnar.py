@@ -142,21 +142,15 @@ def parquet_batches(source: Any, name: str, *, columns: Sequence[str] | None = N
 
 
 def read_parquet_table(source: Any, name: str, **limits: Any) -> pa.Table:
-    """:func:`parquet_batches` gathered into one table (with the file's schema and its metadata)."""
-    pf_schema: pa.Schema | None = None
-    batches = []
-    for batch in parquet_batches(source, name, **limits):
-        batches.append(batch)
-        pf_schema = batch.schema
-    if pf_schema is None:  # no rows: the schema alone
-        try:
-            pf_schema = pq.ParquetFile(source).schema_arrow
-        except (pa.ArrowException, OSError, ValueError) as e:
-            raise InvalidInput(f"{printable(name)}: not a readable Parquet file ({printable(e, 160)})") from None
-        columns = limits.get("columns")
-        if columns is not None:
-            pf_schema = pa.schema([pf_schema.field(c) for c in columns], metadata=pf_schema.metadata)
-    return pa.Table.from_batches(batches, schema=pf_schema)
+    """:func:`parquet_batches` gathered into one table, with the file's schema and its metadata (provenance)."""
+    batches = list(parquet_batches(source, name, **limits))
+    try:
+        schema = pq.ParquetFile(source).schema_arrow
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise InvalidInput(f"{printable(name)}: not a readable Parquet file ({printable(e, 160)})") from None
+    if limits.get("columns") is not None:
+        schema = pa.schema([schema.field(c) for c in limits["columns"]], metadata=schema.metadata)
+    return pa.Table.from_batches(batches, schema=schema)
 
 
 def ipc_stream_batches(source: Any, name: str, *, max_rows: int = MAX_TABLE_ROWS, max_bytes: int = MAX_TABLE_BYTES,
@@ -169,7 +163,10 @@ def ipc_stream_batches(source: Any, name: str, *, max_rows: int = MAX_TABLE_ROWS
     spent = spent if spent is not None else [0, 0]
     try:
         reader = pa.ipc.MessageReader.open_stream(source)
-        schema = pa.ipc.read_schema(reader.read_next_message())
+        first = _next_message(reader)
+        if first is None:
+            raise ValueError("an empty stream")
+        schema = pa.ipc.read_schema(first)
         while (message := _next_message(reader)) is not None:
             spent[1] += message.body.size
             if spent[1] > max_bytes:
