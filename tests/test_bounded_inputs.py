@@ -250,3 +250,15 @@ def test_records_missing_a_column_are_refused_before_rows_are_read(tmp_path):
     pq.write_table(pa.table({"nums": [[1, 2]], "target": [3], "prompt_id": [0]}), path)
     with pytest.raises(InvalidInput, match=r"few\.parquet: field 'run_id' is missing"):
         read_records_table(str(path), str(path))
+
+
+def test_provenance_with_a_key_twice_is_refused_naming_the_file(tmp_path):
+    from rlcr.comparison import RowsRefused, read_records
+    from rlcr.rollout.records import PROVENANCE_KEY, rows_to_table
+    from test_hostile_inputs import eval_rows
+
+    path = tmp_path / "twice.parquet"
+    doc = b'{"policy": "runs/a", "method": "rlcr", "policy": "runs/b"}'
+    pq.write_table(rows_to_table(eval_rows()).replace_schema_metadata({PROVENANCE_KEY: doc}), path)
+    with pytest.raises(RowsRefused, match=r"twice\.parquet: provenance metadata: duplicate key 'policy'"):
+        read_records(str(path))

@@ -269,12 +269,10 @@ def with_provenance(table: pa.Table, **fields: Any) -> pa.Table:
 
 def provenance(table: pa.Table, source: str = "rows") -> dict[str, Any]:
     """The fields :func:`with_provenance` stored in ``table`` ({} for rows written without them, or whose
-    provenance is damaged: not JSON, not an object). Provenance larger than :data:`MAX_PROVENANCE_BYTES` or
-    nested deeper than :data:`rlcr.untrusted.MAX_DEPTH` is no damage but a hostile file: :class:`InvalidInput`
-    naming ``source``, before any parser recurses."""
-    import json
-
-    from rlcr.untrusted import check_depth, printable
+    provenance is damaged: not JSON, not an object). Provenance holding a key twice, larger than
+    :data:`MAX_PROVENANCE_BYTES` or nested deeper than :data:`rlcr.untrusted.MAX_DEPTH` is no damage but a
+    hostile file: :class:`InvalidInput` naming ``source``, before any parser recurses."""
+    from rlcr.untrusted import DuplicateKey, check_depth, loads_unique, printable
 
     raw = (table.schema.metadata or {}).get(PROVENANCE_KEY)
     if not raw:
@@ -284,7 +282,9 @@ def provenance(table: pa.Table, source: str = "rows") -> dict[str, Any]:
                            f"{MAX_PROVENANCE_BYTES:,} allowed")
     check_depth(raw, f"{source}: provenance metadata")
     try:
-        fields = json.loads(raw)
+        fields = loads_unique(raw.decode("utf-8"))
+    except DuplicateKey as e:  # which of the two values holds is no question to settle silently
+        raise InvalidInput(f"{printable(source)}: provenance metadata: {e}") from None
     except (ValueError, RecursionError):  # a damaged file: its rows still read, their provenance is unknown
         return {}
     return fields if isinstance(fields, dict) else {}
