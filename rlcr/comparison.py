@@ -37,17 +37,21 @@ def evaluated_iterations(run) -> list[int]:
 def read_records(f: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The per-answer rows of one .parquet file of `rlcr eval --records`, checked to be one evaluation
     (:func:`rlcr.evaluate.check_eval_rows`), and the provenance it holds; a one-line error naming the file."""
-    import pyarrow.parquet as pq
-
-    from rlcr.rollout.records import provenance, table_to_rows
+    from rlcr.columnar import TableTooLarge
+    from rlcr.rollout.records import provenance, read_records_table, table_to_rows
 
     name = printable(f)
     if not Path(f).is_file():
         raise RowsRefused(f"{name}: no such file")
     try:
-        table = pq.read_table(f)
+        table = read_records_table(f, f)  # bounded: schema, rows and decoded size checked before rows are read
         rows = table_to_rows(table)
-    except Exception as e:  # not Parquet, or not the rollout schema
+    except TableTooLarge as e:
+        raise RowsRefused(str(e)) from None
+    except InvalidInput as e:  # not Parquet, or not the rollout schema
+        reason = str(e).removeprefix(f"{name}: ")
+        raise RowsRefused(f"{name}: not per-answer evaluation rows ({printable(reason, 300)})") from None
+    except Exception as e:  # a column of the wrong type
         raise RowsRefused(f"{name}: not per-answer evaluation rows ({type(e).__name__}: {printable(e, 300)})") from None
     try:
         check_eval_rows(rows, f)

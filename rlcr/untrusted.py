@@ -28,7 +28,7 @@ import unicodedata
 from typing import Any
 
 __all__ = ["InvalidInput", "printable", "parse_json", "decode_text", "field", "check_depth",
-           "read_local", "MAX_JSON_BYTES", "MAX_DEPTH"]
+           "read_local", "MAX_JSON_BYTES", "MAX_DEPTH", "DuplicateKey", "unique_keys", "loads_unique"]
 
 MAX_JSON_BYTES = 4 * 1024 * 1024
 """Largest control document (manifest, seal, lease, pending draft, config record) read, in bytes."""
@@ -121,6 +121,31 @@ def read_local(path: str | os.PathLike, limit: int, source: str | None = None, *
     return data
 
 
+class DuplicateKey(ValueError):
+    """A JSON object (or YAML mapping) from outside holds the same key twice; ``key`` is that key."""
+
+    def __init__(self, key: Any):
+        super().__init__(f"duplicate key {printable(repr(key), 80)}")
+        self.key = key
+
+
+def unique_keys(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    """``json``'s ``object_pairs_hook`` that refuses a key given twice (:class:`DuplicateKey`) instead of keeping
+    the last value without a word, at any depth."""
+    out: dict[Any, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def loads_unique(text: str, **kwargs: Any) -> Any:
+    """``json.loads(text)`` refusing duplicate keys (:class:`DuplicateKey`, a ``ValueError``); no size or depth
+    check (:func:`parse_json` has them; run :func:`check_depth` first on text from outside)."""
+    return json.loads(text, object_pairs_hook=unique_keys, **kwargs)
+
+
 def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not a JSON number")
 
@@ -131,7 +156,8 @@ def parse_json(data: bytes | str, source: str, *, max_bytes: int = MAX_JSON_BYTE
 
     Raises :class:`InvalidInput` with one line naming ``source`` for anything else: too large, not UTF-8,
     too deep, not JSON (``NaN`` and ``Infinity`` included unless ``allow_nonfinite``: figures a run wrote
-    itself, where NaN means "nothing to average"), or the wrong top-level type."""
+    itself, where NaN means "nothing to average"), an object holding a key twice (named), or the wrong
+    top-level type."""
     if isinstance(data, (bytes, bytearray)):
         if len(data) > max_bytes:
             raise InvalidInput(f"{printable(source)}: {len(data):,} bytes, more than the {max_bytes:,} allowed")
@@ -142,7 +168,9 @@ def parse_json(data: bytes | str, source: str, *, max_bytes: int = MAX_JSON_BYTE
             raise InvalidInput(f"{printable(source)}: {len(text):,} characters, more than the {max_bytes:,} allowed")
     check_depth(text, source, max_depth)
     try:
-        doc = json.loads(text) if allow_nonfinite else json.loads(text, parse_constant=_reject_constant)
+        doc = loads_unique(text) if allow_nonfinite else loads_unique(text, parse_constant=_reject_constant)
+    except DuplicateKey as e:
+        raise InvalidInput(f"{printable(source)}: {e}") from None
     except ValueError as e:
         raise InvalidInput(f"{printable(source)}: not valid JSON ({printable(e, 120)})") from None
     except RecursionError:  # the scan above makes this unreachable; kept as a guard

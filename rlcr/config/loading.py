@@ -47,7 +47,8 @@ class _BoundedLoader(yaml.SafeLoader):
     """PyYAML's safe loader that refuses anchors and aliases (no exponential expansion: "billion laughs") and
     collections nested deeper than :data:`~rlcr.untrusted.MAX_DEPTH`, block or flow style alike. Both are
     checked in the composer, as each node starts, before it is built: the constructor never recurses
-    further than that."""
+    further than that. A mapping that holds a key twice, at any depth, is refused naming the key and its
+    line (PyYAML would keep the last value without a word)."""
 
     def __init__(self, stream):
         super().__init__(stream)
@@ -68,6 +69,24 @@ class _BoundedLoader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first_line: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    seen = key in first_line
+                except TypeError:  # an unhashable key: the constructor refuses it below
+                    continue
+                if seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {printable(repr(key), 80)}: first at line {first_line[key]}, again",
+                        key_node.start_mark)
+                first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
 
 
 def _yaml_reason(e: Exception) -> str:

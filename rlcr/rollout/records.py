@@ -32,6 +32,7 @@ __all__ = [
     "assign_advantages",
     "rows_to_table",
     "table_to_rows",
+    "read_records_table",
     "with_provenance",
     "provenance",
     "validate_rollouts",
@@ -229,6 +230,28 @@ def table_to_rows(table: pa.Table) -> list[dict[str, Any]]:
     return table.select([f.name for f in schema]).cast(schema).to_pylist()
 
 
+def read_records_table(source: Any, name: str) -> pa.Table:
+    """The rollout or evaluation records of a Parquet file from outside (a path or a binary file object), in
+    bounded memory: the columns of the task the file's schema holds (:func:`record_task`) required before a row
+    is read, then :func:`rlcr.columnar.read_parquet_table` (rows and decoded size within its limits).
+    :class:`~rlcr.untrusted.InvalidInput` naming ``name``."""
+    import pyarrow.parquet as pq
+
+    from rlcr.columnar import read_parquet_table
+    from rlcr.untrusted import printable
+
+    try:
+        names = pq.ParquetFile(source).schema_arrow.names
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise InvalidInput(f"{printable(name)}: not a readable Parquet file ({type(e).__name__}: "
+                           f"{printable(e, 160)})") from None
+    try:
+        columns = [f.name for f in rollout_schema(record_task(names))]
+    except RolloutValidationError as e:
+        raise InvalidInput(f"{printable(name)}: {e}") from None
+    return read_parquet_table(source, name, columns=columns, required=columns)
+
+
 PROVENANCE_KEY = b"rlcr.provenance"
 MAX_PROVENANCE_BYTES = 64 * 1024
 """Largest provenance document read from a file's metadata (it holds a few short fields)."""
@@ -246,12 +269,10 @@ def with_provenance(table: pa.Table, **fields: Any) -> pa.Table:
 
 def provenance(table: pa.Table, source: str = "rows") -> dict[str, Any]:
     """The fields :func:`with_provenance` stored in ``table`` ({} for rows written without them, or whose
-    provenance is damaged: not JSON, not an object). Provenance larger than :data:`MAX_PROVENANCE_BYTES` or
-    nested deeper than :data:`rlcr.untrusted.MAX_DEPTH` is no damage but a hostile file: :class:`InvalidInput`
-    naming ``source``, before any parser recurses."""
-    import json
-
-    from rlcr.untrusted import check_depth, printable
+    provenance is damaged: not JSON, not an object). Provenance holding a key twice, larger than
+    :data:`MAX_PROVENANCE_BYTES` or nested deeper than :data:`rlcr.untrusted.MAX_DEPTH` is no damage but a
+    hostile file: :class:`InvalidInput` naming ``source``, before any parser recurses."""
+    from rlcr.untrusted import DuplicateKey, check_depth, loads_unique, printable
 
     raw = (table.schema.metadata or {}).get(PROVENANCE_KEY)
     if not raw:
@@ -261,7 +282,9 @@ def provenance(table: pa.Table, source: str = "rows") -> dict[str, Any]:
                            f"{MAX_PROVENANCE_BYTES:,} allowed")
     check_depth(raw, f"{source}: provenance metadata")
     try:
-        fields = json.loads(raw)
+        fields = loads_unique(raw.decode("utf-8"))
+    except DuplicateKey as e:  # which of the two values holds is no question to settle silently
+        raise InvalidInput(f"{printable(source)}: provenance metadata: {e}") from None
     except (ValueError, RecursionError):  # a damaged file: its rows still read, their provenance is unknown
         return {}
     return fields if isinstance(fields, dict) else {}

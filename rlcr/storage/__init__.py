@@ -323,10 +323,13 @@ class Store:
         return self.url(rel)
 
     def read_parquet(self, rel: str):
+        """The table of a Parquet file in the store, read in bounded memory (rows and decoded size within
+        :mod:`rlcr.columnar`'s limits, else an ``InvalidInput`` naming the file): a shared store is outside."""
         import io
-        import pyarrow.parquet as pq
 
-        return pq.read_table(io.BytesIO(self.read_bytes(rel)))
+        from rlcr.columnar import read_parquet_table
+
+        return read_parquet_table(io.BytesIO(self.read_bytes(rel)), self.url(rel))
 
     # ------------------------------------------------------------------ sealed directories
     def put_dir(self, local_dir: str | Path, rel: str) -> str:

@@ -17,14 +17,13 @@ each row a dict, bounded and with one-line :class:`TaskFormatError` messages nam
 from __future__ import annotations
 
 import abc
-import json
 import math
 import random
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Hashable, Iterator, Mapping
 
-from rlcr.untrusted import InvalidInput, check_depth, decode_text, parse_json, printable
+from rlcr.untrusted import DuplicateKey, InvalidInput, check_depth, decode_text, loads_unique, parse_json, printable
 
 __all__ = ["Task", "TaskFormatError", "WarmStart", "ScoringStats", "TASKS", "register_task",
            "extract_answer", "read_rows", "mapped_field", "check_text", "problems_of", "CONFIDENCE_QUERY", "MAX_ROW_BYTES"]
@@ -343,9 +342,11 @@ def _jsonl_rows(fs: Any, root: str, path: str) -> Iterator[tuple[int, dict[str, 
                 if not text.strip():
                     continue
                 check_depth(text, where)
-                row = json.loads(text)
+                row = loads_unique(text)
             except InvalidInput as e:
                 raise TaskFormatError(str(e)) from None
+            except DuplicateKey as e:  # the row is the line: "row 3" names the line
+                raise TaskFormatError(f"{where}: {e}") from None
             except ValueError as e:  # JSONDecodeError, or an integer beyond the int-string limit
                 raise TaskFormatError(f"{where}: not valid JSON ({printable(e, 120)})") from None
             yield lineno, _object(row, where)
@@ -358,24 +359,25 @@ def _object(row: Any, where: str) -> dict[str, Any]:
 
 
 def _parquet_rows(fs: Any, root: str, path: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    """Rows of a Parquet file, read in bounded memory (:func:`rlcr.columnar.parquet_batches`: the footer's
+    rows and sizes checked first, then batches whose decoded size is counted before they are decoded)."""
+    from rlcr.columnar import parquet_batches
 
-    try:
-        with fs.open(root, "rb") as f:
-            table = pq.read_table(f)
-    except (FileNotFoundError, PermissionError, IsADirectoryError):
-        raise
-    except (pa.ArrowException, OSError, ValueError) as e:
-        raise TaskFormatError(f"{printable(path)}: not a readable Parquet file ({type(e).__name__}: "
-                              f"{printable(e, 160)})") from None
-    for i, row in enumerate(table.to_pylist()):
-        yield i + 1, row
+    index = 0
+    with fs.open(root, "rb") as f:
+        try:
+            for batch in parquet_batches(f, path):
+                for row in batch.to_pylist():
+                    index += 1
+                    yield index, row
+        except InvalidInput as e:
+            raise TaskFormatError(str(e)) from None
 
 
 def _saved_dataset_rows(fs: Any, root: str, path: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Rows of a ``datasets.Dataset.save_to_disk`` directory: ``state.json`` lists its Arrow stream files."""
-    import pyarrow as pa
+    """Rows of a ``datasets.Dataset.save_to_disk`` directory: ``state.json`` lists its Arrow stream files, read
+    one message at a time within one budget of rows and bytes (:func:`rlcr.columnar.ipc_stream_batches`)."""
+    from rlcr.columnar import ipc_stream_batches
 
     root = root.rstrip("/")
     if fs.exists(f"{root}/dataset_dict.json"):
@@ -394,21 +396,20 @@ def _saved_dataset_rows(fs: Any, root: str, path: str) -> Iterator[tuple[int, di
     files = state.get("_data_files")
     if not isinstance(files, list) or not files:
         raise TaskFormatError(f"{printable(path)}/state.json: field '_data_files' must be a non-empty list")
-    index = 0
+    index, spent = 0, [0, 0]
     for k, entry in enumerate(files):
         name = entry.get("filename") if isinstance(entry, dict) else None
         if not isinstance(name, str) or "/" in name or "\\" in name or name.startswith(".") or not name.endswith(".arrow"):
             raise TaskFormatError(f"{printable(path)}/state.json: '_data_files' item {k} is not an .arrow file name "
                                   "in the directory")
-        try:
-            with fs.open(f"{root}/{name}", "rb") as f:
-                table = pa.ipc.open_stream(f).read_all()
-        except (pa.ArrowException, ValueError) as e:
-            raise TaskFormatError(f"{printable(path)}/{printable(name, 80)}: not a readable Arrow stream "
-                                  f"({type(e).__name__}: {printable(e, 160)})") from None
-        for row in table.to_pylist():
-            index += 1
-            yield index, row
+        with fs.open(f"{root}/{name}", "rb") as f:
+            try:
+                for batch in ipc_stream_batches(f, f"{path}/{name}", spent=spent):
+                    for row in batch.to_pylist():
+                        index += 1
+                        yield index, row
+            except InvalidInput as e:
+                raise TaskFormatError(str(e)) from None
 
 
 def check_text(value: Any, where: str, name: str, max_chars: int, *, required: bool = True) -> str | None:

@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 from rlcr.tasks.base import CONFIDENCE_QUERY, TaskFormatError, extract_answer
 from rlcr.tasks.countdown_solver import CountdownTask, generate_tasks, solve, task_candidates
 from rlcr.tasks.limits import DEFAULT_FORMAT_SCORE, MAX_LITERAL_DIGITS, MAX_TASK_NUMBER
-from rlcr.untrusted import InvalidInput, check_depth, decode_text, printable
+from rlcr.untrusted import DuplicateKey, InvalidInput, check_depth, decode_text, loads_unique, printable
 
 __all__ = [
     "CountdownTask",
@@ -160,7 +160,9 @@ def _json_row(line: bytes, path: str, lineno: int) -> Any:
     except InvalidInput as e:
         raise TaskFormatError(str(e)) from None
     try:
-        return json.loads(text)
+        return loads_unique(text)
+    except DuplicateKey as e:
+        raise TaskFormatError(f"{where}: {e}") from None
     except json.JSONDecodeError as e:
         raise TaskFormatError(f"{where}: not valid JSON ({e.msg})") from None
     except (ValueError, RecursionError) as e:
@@ -170,23 +172,24 @@ def _json_row(line: bytes, path: str, lineno: int) -> Any:
 
 
 def _load_parquet_tasks(path: str, fields: Mapping[str, str] | None = None) -> list[CountdownTask]:
+    """Tasks of a Parquet file, read in bounded memory (:func:`rlcr.columnar.parquet_batches`: the footer's
+    columns, rows and sizes checked first, then batches whose decoded size is counted before they are decoded)."""
     import fsspec
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
+    from rlcr.columnar import parquet_batches
+
+    required = [(fields or {}).get(c, c) for c in ("nums", "target")]
+    tasks: list[CountdownTask] = []
     try:
         with fsspec.open(path, "rb") as f:
-            table = pq.read_table(f)
+            for batch in parquet_batches(f, path, required=required):
+                for row in batch.to_pylist():
+                    tasks.append(_check_row(row, path, len(tasks) + 1, fields))
     except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
         raise TaskFormatError(f"{printable(path)}: cannot read the task file ({_reason(e)})") from None
-    except (pa.ArrowException, OSError, ValueError) as e:
-        raise TaskFormatError(f"{printable(path)}: not a readable Parquet file ({type(e).__name__}: "
-                              f"{printable(e, 160)})") from None
-    missing = [(fields or {}).get(c, c) for c in ("nums", "target") if (fields or {}).get(c, c) not in table.column_names]
-    if missing:
-        raise TaskFormatError(f"{printable(path)}: field '{missing[0]}' is missing (columns: "
-                              f"{printable(table.column_names, 200)})")
-    return [_check_row(row, path, i + 1, fields) for i, row in enumerate(table.to_pylist())]
+    except InvalidInput as e:
+        raise TaskFormatError(str(e)) from None
+    return tasks
 
 
 def save_tasks(tasks: Sequence[CountdownTask], path: str | Path) -> None:
