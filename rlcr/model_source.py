@@ -352,7 +352,7 @@ def _store_copy(local: Path, store, cache_dir, chat_template: str | None = None,
 def _drop_config_template(path: Path) -> None:
     """A ``chat_template`` inside tokenizer_config.json would win over chat_template.jinja: remove it."""
     if path.is_file():
-        doc = parse_json(read_local(path, MAX_TOKENIZER_CONFIG_BYTES), str(path))
+        doc = parse_json(read_local(path, MAX_TOKENIZER_CONFIG_BYTES), str(path), max_bytes=MAX_TOKENIZER_CONFIG_BYTES)
         if doc.pop("chat_template", None) is not None:
             path.write_text(json.dumps(doc, indent=2))
 
