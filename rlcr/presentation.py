@@ -295,12 +295,12 @@ def _is_number(value: Any) -> bool:
 
 
 def by_count_text(metrics: dict[str, Any]) -> str:
-    """``"2 numbers: acc 0.63, AUROC 0.74 · 3 numbers: acc 0.07, AUROC 0.64"`` from ``metrics["by_count"]``
-    (``–`` where undefined; empty when the evaluation has no breakdown)."""
+    """``"2: acc 0.63, AUROC 0.74 · 3: acc 0.07, AUROC 0.64"`` from ``metrics["by_count"]``, the figures of each
+    stratum (``–`` where undefined; empty when the evaluation has no breakdown)."""
     def f(v):
         return "–" if v is None else f"{v:.2f}"
 
-    return " · ".join(f"{n}{' numbers' if str(n).isdigit() else ''}: acc {f(b['accuracy'])}, AUROC {f(b['auroc'])}"
+    return " · ".join(f"{show(n, 40)}: acc {f(b['accuracy'])}, AUROC {f(b['auroc'])}"
                       for n, b in (metrics.get("by_count") or {}).items())
 
 
@@ -329,7 +329,7 @@ def metrics_markdown(run_id: str, iteration: int, metrics: dict[str, Any], uris:
         ("held-out ECE (10 bins) [95% CI]", with_ci(ev, "ece")),
         ("held-out Brier [95% CI]", with_ci(ev, "brier")),
         ("held-out AUROC [95% CI]", with_ci(ev, "auroc")),
-        ("held-out by number count", by_count_text(ev) or "–"),
+        ("held-out by stratum", by_count_text(ev) or "–"),
         ("held-out per-answer rows", ev.get("records_uri") or "–"),
         ("confidence parse rate", short(ev.get("confidence_parse_rate"))),
         ("update loss", short(upd.get("loss"))),
@@ -369,8 +369,9 @@ def config_table(rows: list[dict[str, Any]], title: str) -> Table:
     return table
 
 
-def eval_table(policy: str, method: str, draw: int, m: dict[str, Any]) -> Table:
-    """`rlcr eval`: one policy's held-out figures with their bootstrap intervals."""
+def eval_table(policy: str, method: str, draw: int, m: dict[str, Any], stratum: str = "stratum") -> Table:
+    """`rlcr eval`: one policy's held-out figures with their bootstrap intervals (by ``stratum``: the task's
+    :attr:`~rlcr.tasks.base.Task.stratum_label`)."""
     drawn = f", sample draw {draw}" if draw else ""
     table = Table(title=f"held-out evaluation of {show(policy)} (method {method}{drawn}; "
                         "[95% bootstrap CI over tasks])")
@@ -379,7 +380,7 @@ def eval_table(policy: str, method: str, draw: int, m: dict[str, Any]) -> Table:
     for k in CI_KEYS:
         table.add_row(k, with_ci(m, k))
     if by_count_text(m):
-        table.add_row("by number count", by_count_text(m))
+        table.add_row(f"by {stratum}", by_count_text(m))
     return table
 
 

@@ -107,7 +107,9 @@ def evaluate(
             m, rows = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=0, engines=engines, draw=draw)
     if target is not None:
         _write_records(records, target, rows, cfg, policy, draw)
-    console.print(eval_table(policy, cfg.method.name, draw, m))
+    from rlcr.tasks.registry import get_task
+
+    console.print(eval_table(policy, cfg.method.name, draw, m, stratum=get_task(cfg.tasks.name).stratum_label))
 
 
 @app.command()
@@ -122,7 +124,7 @@ def compare(
     overrides: list[str] = typer.Argument(None, help="section.field=value overrides."),
 ):
     """Two runs' held-out evaluations, paired on the same tasks: each side's accuracy, ECE, Brier and AUROC on
-    those tasks, and A − B with paired bootstrap 95% intervals over tasks (docs/design.md §9)."""
+    those tasks, and A − B with paired bootstrap 95% intervals over tasks (docs/design.md §13)."""
     cfg = load(config, overrides or [])
     sides = (run_a, run_b)
     files = [s.endswith(".parquet") for s in sides]
