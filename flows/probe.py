@@ -55,10 +55,16 @@ def track_report(cfg, run_id: str, uris: dict[str, str], log) -> None:
         tracker.log_artifact(d, f"probe/{uris['prefix'].rstrip('/').rsplit('/', 1)[-1]}")
 
 
-def newest_checkpoint(cfg, run_id: str) -> tuple[int, str]:
-    """(iteration, checkpoint URI) of the run's newest committed iteration, its seal checked against the
-    manifest; a clear error if there is none."""
+def newest_checkpoint(cfg, run_id: str, iteration: int | None = None) -> tuple[int, str]:
+    """(iteration, checkpoint URI) of the run's newest committed iteration (or of ``iteration``: a one-line
+    :class:`~rlcr.run_refs.RunRefError` naming the iterations with a checkpoint where it has none), its seal
+    checked against the manifest; a clear error if there is none."""
     run = RunStore.open(cfg, run_id)
+    if iteration is not None:
+        from rlcr.run_refs import resolve_checkpoint
+
+        uri = resolve_checkpoint(run.store, f"{run_id}@{iteration}", label="probe")
+        return iteration, (run.verified_state(run.manifest(iteration)) if iteration else uri)
     last = run.last_committed()
     if last is None or not last.get("checkpoint_uri"):
         raise NoCommittedIteration(
@@ -86,8 +92,10 @@ def rlcr_probe(
     run_id: str | None = None,
     num_tasks: int | None = None,
     samples: int | None = None,
+    iteration: int | None = None,
 ) -> dict[str, Any]:
-    """Probe the newest committed checkpoint of ``run_id`` on the first ``num_tasks`` held-out tasks.
+    """Probe the newest committed checkpoint of ``run_id`` (or iteration ``iteration``'s) on the first
+    ``num_tasks`` held-out tasks.
 
     ``run_id``: default the config's ``run_id``, else the run in storage committed most
     recently. ``num_tasks``: default all held-out tasks. ``samples``: N forced
@@ -98,7 +106,7 @@ def rlcr_probe(
     run_id = run_id or cfg.run.id or newest_run(Store(cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url))
     if not run_id:
         raise NoCommittedIteration(f"no run with a committed iteration under {cfg.storage.uri}: nothing to probe")
-    iteration, checkpoint = newest_checkpoint(cfg, run_id)
+    iteration, checkpoint = newest_checkpoint(cfg, run_id, iteration)
     _, held_out = task_sets(cfg)
     tasks = held_out[:num_tasks] if num_tasks else held_out
     log.info("probing run %s iteration %d (%s) on %d tasks", run_id, iteration, checkpoint, len(tasks))

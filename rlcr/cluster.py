@@ -139,7 +139,8 @@ def engine_actor_resources(cfg: RLCRConfig) -> dict[str, float]:
     """Ray resources of one engine actor: its CPU share, GPUs with ``use_gpu``, and ``placement.engine_resources``."""
     out = {"CPU": ENGINE_ACTOR_CPUS}
     if cfg.update.use_gpu:
-        out["GPU"] = float(cfg.engine.tensor_parallel_size)
+        gpus = cfg.placement.engine_gpus
+        out["GPU"] = float(cfg.engine.tensor_parallel_size if gpus is None else gpus)
     out.update(cfg.placement.engine_resources)
     return out
 
@@ -154,7 +155,7 @@ def engines_start_beside_trainer(cfg: RLCRConfig) -> bool:
 def trainer_worker_resources(cfg: RLCRConfig) -> dict[str, float]:
     """Ray resources of one Ray Train worker (Ray Train's defaults: 1 GPU, or 1 CPU) plus ``placement.trainer_resources``:
     the trainer's ``ScalingConfig(resources_per_worker=…)``."""
-    out = {"GPU": 1.0} if cfg.update.use_gpu else {"CPU": 1.0}
+    out = {"GPU": float(cfg.placement.trainer_gpus or 1.0)} if cfg.update.use_gpu else {"CPU": 1.0}
     out.update(cfg.placement.trainer_resources)
     return out
 

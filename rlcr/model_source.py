@@ -12,7 +12,9 @@
   local directory;
 * a hub id (``Qwen/Qwen2.5-0.5B-Instruct``): fetched with ``huggingface_hub`` when the hub answers (the
   snapshot's links into the hub cache are followed, no others); offline, :func:`check_model` stops the run
-  before Ray starts, saying how to pass a local directory instead.
+  before Ray starts, saying how to pass a local directory instead;
+* a run reference ``RUN@ITERATION`` (or ``RUN@latest``; :mod:`rlcr.run_refs`): the sealed checkpoint that run's
+  manifest names in the same store, copied into ``models/`` like any sealed directory.
 
 A run records the copy it starts from and every resume uses that copy (:func:`run_initial_model`).
 
@@ -54,7 +56,7 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]
 _WEIGHTS = (".safetensors", ".bin", ".pt", ".pth")
 _DIGEST_CACHE = "model-digests.json"
 
-Kind = Literal["builtin", "local", "remote", "hub"]
+Kind = Literal["builtin", "local", "remote", "hub", "run"]
 
 
 class ModelSourceError(ConfigError):
@@ -66,8 +68,12 @@ def model_kind(model: str) -> Kind:
     directory nor a URI nor a hub-shaped ``org/name`` raises :class:`ModelSourceError`."""
     from rlcr.models import SMOLLM2
 
+    from rlcr.run_refs import is_run_ref
+
     if model in (SMOLLM2, "tiny"):
         return "builtin"
+    if is_run_ref(model):  # RUN@K has no '/': never a hub id; a directory of that name is written ./RUN@K
+        return "run"
     if "://" in model and not model.startswith("file://"):
         return "remote"
     path = Path(model.removeprefix("file://")).expanduser()
@@ -75,8 +81,8 @@ def model_kind(model: str) -> Kind:
         return "local"
     if _HUB_ID.fullmatch(model):
         return "hub"
-    raise ModelSourceError(f"model {printable(model, 200)!r}: no such directory, and not a hub id (org/name) "
-                           f"or an s3:// URI")
+    raise ModelSourceError(f"model {printable(model, 200)!r}: no such directory, and not a hub id (org/name), "
+                           f"an s3:// URI or a run reference (RUN@ITERATION)")
 
 
 def _check_local_dir(path: Path, what: str) -> None:
@@ -258,6 +264,8 @@ def import_model(model: str, store, *, chat_template: str | None = None, cache_d
         return _store_copy(Path(built), store, cache_dir, chat_template) if chat_template else built
     if kind == "local":
         return _store_copy(Path(model.removeprefix("file://")).expanduser(), store, cache_dir, chat_template)
+    if kind == "run":
+        return _run_checkpoint(model, store, chat_template, cache_dir)
     if kind == "hub":
         snapshot, hub_cache = _hub_download(model, cache_dir)
         what = f"model {printable(model, 200)!r}"
@@ -265,6 +273,22 @@ def import_model(model: str, store, *, chat_template: str | None = None, cache_d
         check_chat_template(snapshot, chat_template, what=what)
         return _store_copy(snapshot, store, cache_dir, chat_template, links_within=hub_cache)
     return _import_remote(model, store, chat_template, cache_dir)
+
+
+def _run_checkpoint(ref: str, store, chat_template: str | None, cache_dir) -> str:
+    """A run reference: the sealed checkpoint it names in ``store`` (:func:`rlcr.run_refs.resolve_checkpoint`),
+    copied into the store's ``models/`` (:func:`_sealed_copy`; with ``chat_template``, as a directory with it)."""
+    from rlcr.run_refs import RunRefError, resolve_checkpoint
+
+    try:
+        uri = resolve_checkpoint(store, ref, label="model")
+    except RunRefError as e:
+        raise ModelSourceError(str(e)) from None
+    rel = store.rel(uri)
+    seal = store.read_seal(rel)
+    if chat_template or seal is None:  # the template makes a new copy; an unsealed one is refused there
+        return import_model(uri, store, chat_template=chat_template, cache_dir=cache_dir)
+    return _sealed_copy(uri, store, rel, seal, store, cache_dir)
 
 
 def content_digest(local: str | Path, *, chat_template: str | None = None, cache_dir=None,

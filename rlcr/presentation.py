@@ -23,7 +23,7 @@ from rlcr.untrusted import printable
 __all__ = ["console", "fmt", "show", "elapsed", "plain", "step", "StageProgress", "committed_figures",
            "figures_text", "summary_table", "provenance_text", "with_ci", "difference_text", "by_count_text",
            "metrics_markdown", "progress_line", "config_table", "eval_table", "comparison_table", "probe_table",
-           "demo_table"]
+           "demo_table", "runs_table", "run_iterations_table"]
 
 console = Console()
 if not console.is_terminal and not os.environ.get("COLUMNS"):
@@ -295,12 +295,12 @@ def _is_number(value: Any) -> bool:
 
 
 def by_count_text(metrics: dict[str, Any]) -> str:
-    """``"2 numbers: acc 0.63, AUROC 0.74 · 3 numbers: acc 0.07, AUROC 0.64"`` from ``metrics["by_count"]``
-    (``–`` where undefined; empty when the evaluation has no breakdown)."""
+    """``"2: acc 0.63, AUROC 0.74 · 3: acc 0.07, AUROC 0.64"`` from ``metrics["by_count"]``, the figures of each
+    stratum (``–`` where undefined; empty when the evaluation has no breakdown)."""
     def f(v):
         return "–" if v is None else f"{v:.2f}"
 
-    return " · ".join(f"{n}{' numbers' if str(n).isdigit() else ''}: acc {f(b['accuracy'])}, AUROC {f(b['auroc'])}"
+    return " · ".join(f"{show(n, 40)}: acc {f(b['accuracy'])}, AUROC {f(b['auroc'])}"
                       for n, b in (metrics.get("by_count") or {}).items())
 
 
@@ -329,7 +329,7 @@ def metrics_markdown(run_id: str, iteration: int, metrics: dict[str, Any], uris:
         ("held-out ECE (10 bins) [95% CI]", with_ci(ev, "ece")),
         ("held-out Brier [95% CI]", with_ci(ev, "brier")),
         ("held-out AUROC [95% CI]", with_ci(ev, "auroc")),
-        ("held-out by number count", by_count_text(ev) or "–"),
+        ("held-out by stratum", by_count_text(ev) or "–"),
         ("held-out per-answer rows", ev.get("records_uri") or "–"),
         ("confidence parse rate", short(ev.get("confidence_parse_rate"))),
         ("update loss", short(upd.get("loss"))),
@@ -369,8 +369,9 @@ def config_table(rows: list[dict[str, Any]], title: str) -> Table:
     return table
 
 
-def eval_table(policy: str, method: str, draw: int, m: dict[str, Any]) -> Table:
-    """`rlcr eval`: one policy's held-out figures with their bootstrap intervals."""
+def eval_table(policy: str, method: str, draw: int, m: dict[str, Any], stratum: str = "stratum") -> Table:
+    """`rlcr eval`: one policy's held-out figures with their bootstrap intervals (by ``stratum``: the task's
+    :attr:`~rlcr.tasks.base.Task.stratum_label`)."""
     drawn = f", sample draw {draw}" if draw else ""
     table = Table(title=f"held-out evaluation of {show(policy)} (method {method}{drawn}; "
                         "[95% bootstrap CI over tasks])")
@@ -379,7 +380,7 @@ def eval_table(policy: str, method: str, draw: int, m: dict[str, Any]) -> Table:
     for k in CI_KEYS:
         table.add_row(k, with_ci(m, k))
     if by_count_text(m):
-        table.add_row("by number count", by_count_text(m))
+        table.add_row(f"by {stratum}", by_count_text(m))
     return table
 
 
@@ -419,3 +420,39 @@ def demo_table(evaluations: list[tuple[str, dict[str, Any]]]) -> Table:
         t.add_row(name, fmt(m.get("format_rate")), with_ci(m, "accuracy"), fmt(m.get("confidence_parse_rate")),
                   fmt(m.get("mean_confidence")), with_ci(m, "ece"), with_ci(m, "brier"), with_ci(m, "auroc"))
     return t
+
+
+def _iterations_text(ks: list[int]) -> str:
+    """Iteration numbers, short: ``1, 2, 4`` or ``2 … 40 (20)``."""
+    return ", ".join(map(str, ks)) if len(ks) <= 3 else f"{ks[0]} … {ks[-1]} ({len(ks)})"
+
+
+def runs_table(rows: list[dict[str, Any]], total: int, where: str) -> Table:
+    """`rlcr runs`: a store's runs (:func:`rlcr.run_refs.store_summaries`), within 80 columns."""
+    left = f"; the last {len(rows)} of {total} by name" if total > len(rows) else ""
+    table = Table(title=f"runs in {show(where, 120)}{left}", title_justify="left")
+    for col, kw in (("run", {"overflow": "fold", "ratio": 1}), ("task", {"max_width": 10}),
+                    ("method", {"max_width": 12}), ("iters", {"justify": "right", "no_wrap": True}),
+                    ("checkpoints", {"max_width": 14}), ("acc", {"justify": "right"}),
+                    ("ECE", {"justify": "right"}), ("state", {"no_wrap": True})):
+        table.add_column(col, **kw)
+    for r in rows:
+        state = r["state"] if not r.get("problem") else f"{r['state']}: {show(r['problem'], 120)}"
+        table.add_row(show(r["id"], 128), show(r["task"] or "–", 20), show(r["method"] or "–", 24),
+                      f"{r['committed']}/{r['iterations'] if isinstance(r['iterations'], int) else '?'}",
+                      _iterations_text(r["checkpoints"]) or "–", fmt(r["accuracy"]), fmt(r["ece"]), state)
+    return table
+
+
+def run_iterations_table(run_id: str, rows: list[dict[str, Any]]) -> Table:
+    """`rlcr runs show RUN`: one run's committed iterations (:func:`rlcr.run_refs.iteration_rows`)."""
+    table = Table(title=f"run {show(run_id, 128)}: held-out figures; checkpoint: its reference for --checkpoint "
+                        "and model.name", title_justify="left")
+    for col in ("iter", "accuracy", "ECE", "checkpoint", "committed (UTC)"):
+        table.add_column(col, justify="right" if col in ("iter", "accuracy", "ECE") else "left")
+    for r in rows:
+        at = r["committed_at"]
+        when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(at)) if _is_number(at) and 0 <= at < 1e11 else "–"
+        table.add_row("0 (start)" if r["iteration"] == 0 else str(r["iteration"]), fmt(r["accuracy"]),
+                      fmt(r["ece"]), show(r["checkpoint"], 140) if r["checkpoint"] else "–", when)
+    return table

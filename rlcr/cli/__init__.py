@@ -3,10 +3,11 @@
     rlcr models prepare                      # SmolLM2-135M-Instruct GGUF → safetensors (cached)
     rlcr sft   --config configs/demo.yaml    # format warm-start on solver traces
     rlcr train --config configs/demo.yaml --run-id demo [section.field=value ...]
-    rlcr eval  --config configs/demo.yaml --checkpoint <uri>
+    rlcr eval  --config configs/demo.yaml --checkpoint demo@latest   # RUN@ITERATION, or a URI
     rlcr compare <run A> <run B>             # paired held-out comparison (runs or `rlcr eval --records` files)
     rlcr probe --config configs/demo.yaml --run-id demo
     rlcr demo                                # SmolLM2 → warm-start → RLCR → probe, with a summary
+    rlcr runs [show RUN]                     # a store's runs (state, checkpoints), one run's iterations
     rlcr config show [--config F] [section.field=value ...] [--json]   # every field: value, source, effect, documentation
 
 A user error (a wrong option or field, a run or bucket that is not there) is one line on stderr and exit
@@ -21,6 +22,7 @@ every command makes first), the commands by group (:mod:`~rlcr.cli.run`: models,
 import rlcr.cli.run  # noqa: F401, I001 — registers the commands on `app`, in the order --help lists them
 import rlcr.cli.evaluation  # noqa: F401
 import rlcr.cli.demo  # noqa: F401
+import rlcr.cli.runs  # noqa: F401
 from rlcr.cli.app import UserError, app
 from rlcr.presentation import StageProgress, committed_figures
 from rlcr.presentation import step as _step  # the name the CLI's tests use

@@ -95,7 +95,7 @@ class _Group(TyperGroup):
 
 
 app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True,
-                  help="RLCR: RL with calibration rewards on Countdown.")
+                  help="RLCR: RL with calibration rewards (an answer, then its stated confidence) on the configured task (tasks.name).")
 models_app = typer.Typer(no_args_is_help=True, help="Local models.")
 app.add_typer(models_app, name="models")
 config_app = typer.Typer(no_args_is_help=True, help="The run configuration.")
@@ -119,7 +119,7 @@ def _root(
     version: Optional[bool] = typer.Option(None, "--version", callback=_version, is_eager=True,
                                            help="Print the version and exit."),
 ):
-    """RLCR: RL with calibration rewards on Countdown."""
+    """RLCR: RL with calibration rewards (an answer, then its stated confidence) on the configured task (tasks.name)."""
     _DEBUG["on"] = debug
 
 

@@ -11,7 +11,8 @@ from typing import Any, Optional
 import typer
 
 from rlcr.cli.app import UserError, app
-from rlcr.cli.inputs import check_inputs, check_storage, existing_run, load, valid_run_id
+from rlcr.cli.inputs import (check_inputs, check_storage, existing_run, load, resolve_ref, run_and_iteration,
+                             valid_run_id)
 from rlcr.presentation import comparison_table, console, eval_table, probe_table, provenance_text, show, step
 from rlcr.untrusted import printable
 
@@ -66,7 +67,9 @@ def _write_records(records: str, target: tuple[Any, str], rows, cfg, policy: str
 @app.command("eval")
 def evaluate(
     config: Optional[str] = typer.Option(None, help="YAML config file."),
-    checkpoint: Optional[str] = typer.Option(None, help="Checkpoint URI (default: the config's model)."),
+    checkpoint: Optional[str] = typer.Option(None, help="A run's checkpoint, RUN@ITERATION or RUN@latest (in the "
+                                                        "config's storage; `rlcr runs` lists them), or a checkpoint "
+                                                        "directory or URI (default: the config's model)."),
     records: Optional[str] = typer.Option(None, help="Also write the per-answer rows to this new Parquet file, "
                                                      "a local path or a URI such as s3://bucket/prefix/rows.parquet "
                                                      "(for `rlcr compare`)."),
@@ -78,6 +81,10 @@ def evaluate(
     """Held-out accuracy, format rate and calibration (docs/design.md §13) of one checkpoint."""
     cfg = load(config, overrides or [])
     target = _records_target(records, cfg) if records is not None else None  # before any work
+    from rlcr.run_refs import is_run_ref
+
+    if checkpoint and is_run_ref(checkpoint):
+        checkpoint = resolve_ref(cfg, checkpoint, "--checkpoint")
     check_inputs(cfg, checkpoint, "--checkpoint" if checkpoint else "model")
     if checkpoint and "://" in checkpoint:
         check_storage(cfg, uri=checkpoint)
@@ -100,7 +107,9 @@ def evaluate(
             m, rows = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=0, engines=engines, draw=draw)
     if target is not None:
         _write_records(records, target, rows, cfg, policy, draw)
-    console.print(eval_table(policy, cfg.method.name, draw, m))
+    from rlcr.tasks.registry import get_task
+
+    console.print(eval_table(policy, cfg.method.name, draw, m, stratum=get_task(cfg.tasks.name).stratum_label))
 
 
 @app.command()
@@ -115,7 +124,7 @@ def compare(
     overrides: list[str] = typer.Argument(None, help="section.field=value overrides."),
 ):
     """Two runs' held-out evaluations, paired on the same tasks: each side's accuracy, ECE, Brier and AUROC on
-    those tasks, and A − B with paired bootstrap 95% intervals over tasks (docs/design.md §9)."""
+    those tasks, and A − B with paired bootstrap 95% intervals over tasks (docs/design.md §13)."""
     cfg = load(config, overrides or [])
     sides = (run_a, run_b)
     files = [s.endswith(".parquet") for s in sides]
@@ -138,21 +147,25 @@ def compare(
 @app.command()
 def probe(
     config: Optional[str] = typer.Option(None, help="YAML config file."),
-    run_id: str = typer.Option(..., help="Run whose newest committed checkpoint is probed."),
+    run_id: str = typer.Option(..., help="Run whose newest committed checkpoint is probed; RUN@ITERATION probes "
+                                         "that iteration's checkpoint."),
     overrides: list[str] = typer.Argument(None, help="section.field=value overrides."),
 ):
-    """Faithfulness probe + calibration report of a run's newest checkpoint (the `rlcr-probe` flow). A run that
-    does not exist or has no committed iteration is one line, exit code 2, before Prefect starts."""
+    """Faithfulness probe + calibration report of a run's newest checkpoint, or of RUN@ITERATION's (the
+    `rlcr-probe` flow). A run that does not exist or has no such checkpoint is one line, exit code 2, before
+    Prefect starts."""
     cfg = load(config, overrides or [])
-    run_id = valid_run_id(run_id, cfg)
+    run_id, iteration = run_and_iteration(run_id, cfg, "--run-id")
     check_storage(cfg)
     last = existing_run(cfg, run_id).last_committed()
-    if last is None or not last.get("checkpoint_uri"):
+    if iteration is not None:
+        resolve_ref(cfg, f"{run_id}@{iteration}", "--run-id")  # one line naming the iterations that have one
+    elif last is None or not last.get("checkpoint_uri"):
         raise UserError(f"run {printable(repr(run_id), 140)} has no committed iteration yet: nothing to probe (train "
                         f"it first: rlcr train --run-id {printable(run_id, 140)})")
     from flows.probe import rlcr_probe
 
     with step("probing (forced answers along the reasoning)"):
-        result = rlcr_probe(config=config, overrides=list(overrides or []), run_id=run_id)
+        result = rlcr_probe(config=config, overrides=list(overrides or []), run_id=run_id, iteration=iteration)
     console.print(probe_table(result))
     console.print(f"report: [bold]{show(result['report'].get('html'))}[/bold]")

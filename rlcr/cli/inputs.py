@@ -17,7 +17,7 @@ from rlcr.presentation import console
 from rlcr.untrusted import printable
 
 __all__ = ["load", "override_keys", "valid_run_id", "check_storage", "check_inputs", "existing_run", "check_resume",
-           "logs_line", "sft_overrides", "quiet_ray_data"]
+           "logs_line", "sft_overrides", "quiet_ray_data", "resolve_ref", "run_and_iteration"]
 
 
 def quiet_ray_data() -> None:
@@ -111,8 +111,11 @@ def check_inputs(cfg, model: Optional[str] = None, option: str = "model") -> Non
     """What the run reads is there, before Ray starts: the model (a checkpoint directory with a tokenizer and a
     chat template, or a hub id the hub answers for: :func:`rlcr.model_source.check_model`), the task files."""
     from rlcr.model_source import ModelSourceError, check_model
+    from rlcr.run_refs import is_run_ref
 
     model = model if model is not None else cfg.model.name
+    if is_run_ref(model):  # RUN@ITERATION: a committed, sealed checkpoint of a run in the configured store
+        model = resolve_ref(cfg, model, "model.name" if option == "model" else option)
     try:
         check_model(model, chat_template=cfg.model.chat_template, label=option)
     except ModelSourceError as e:
@@ -121,6 +124,31 @@ def check_inputs(cfg, model: Optional[str] = None, option: str = "model") -> Non
         path = cfg.get(name)
         if path is not None and "://" not in path and not Path(path).is_file():
             raise UserError(f"{name} {printable(path, 300)}: no such file")
+
+
+def resolve_ref(cfg, ref: str, option: str) -> str:
+    """The checkpoint URI that run reference ``ref`` (``RUN@ITERATION``, ``RUN@latest``) names in the configured
+    store (:func:`rlcr.run_refs.resolve_checkpoint`), or a one-line error naming ``option``."""
+    from rlcr.run_refs import RunRefError, resolve_checkpoint
+    from rlcr.storage import Store
+
+    check_storage(cfg)
+    try:
+        return resolve_checkpoint(Store(cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url), ref, label=option)
+    except RunRefError as e:
+        raise UserError(str(e)) from None
+
+
+def run_and_iteration(value: str, cfg, option: str) -> tuple[str, Optional[int]]:
+    """``RUN`` or ``RUN@ITERATION`` / ``RUN@latest`` of an option that takes run ids: (valid run id, iteration or
+    None)."""
+    from rlcr.run_refs import RunRefError, parse_ref
+
+    try:
+        parsed = parse_ref(value)
+    except RunRefError as e:
+        raise UserError(f"{option}: {e}") from None
+    return parsed if parsed is not None else (valid_run_id(value, cfg, option), None)
 
 
 def existing_run(cfg, run_id: str):

@@ -100,7 +100,7 @@ def sft(
     overrides: list[str] = typer.Argument(None, help="section.field=value overrides (e.g. sft.learning_rate=5e-5)."),
 ):
     """Format warm-start: supervised training on solver traces (both turns); prints the checkpoint URI.
-    Its settings are the config's sft_* fields (--tasks and --epochs override two of them)."""
+    Its settings are the config's sft.* fields (--tasks and --epochs override sft.tasks and sft.epochs)."""
     from rlcr.sft import run_sft
 
     cfg = load(config, [*(overrides or []), *sft_overrides(tasks, epochs)])

@@ -79,6 +79,14 @@ class PlacementSection(Section):
     """Extra Ray resources each Ray Train worker asks for, merged with its 1 CPU (or 1 GPU with ``update.use_gpu``)
     in ``ScalingConfig(resources_per_worker=…)``: e.g. ``{"worker_node": 1}`` to keep the trainer off the head
     node. Same rules as ``placement.engine_resources``. Operational."""
+    engine_gpus: float | None = Field(None, gt=0.0, json_schema_extra={RESULTS_KEY: False})
+    """GPUs each engine actor asks Ray for with ``update.use_gpu`` (None: ``engine.tensor_parallel_size``). A
+    share below 1 (``0.5``) puts an engine and the trainer on one device (docs/one-gpu.md: with
+    ``engine.gpu_memory_utilization`` leaving the trainer its memory, or ``engine.release_during_update``).
+    Operational: where the engines run does not change results."""
+    trainer_gpus: float | None = Field(None, gt=0.0, le=1.0, json_schema_extra={RESULTS_KEY: False})
+    """GPUs each Ray Train worker asks Ray for with ``update.use_gpu`` (None: 1). ``0.5`` beside
+    ``placement.engine_gpus: 0.5``: engine and trainer on one device (docs/one-gpu.md). Operational."""
     storage_shared: bool = operational(False)
     """The run's local paths are the same files on every Ray node: a local ``storage.uri`` on a filesystem every
     node mounts at that path (NFS, a shared volume), a local ``model.name`` likewise (or baked into the image

@@ -139,7 +139,7 @@ def _metric_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     return [
         ("tasks", str(m["n_tasks"])),
         ("accuracy (turn-1 response) [95% CI]", _ci({**v, "accuracy": m["accuracy"]}, "accuracy")),
-        ("format rate (an equation was extracted)", _num(m["format_rate"])),
+        ("format rate (an answer was extracted)", _num(m["format_rate"])),
         ("responses with reasoning", _num(m["reasoning_rate"])),
         ("truncation points per task", _num(m["points_per_task"], ".1f")),
         ("AOC (length-weighted, 1 − AUC)", _num(m["aoc"])),

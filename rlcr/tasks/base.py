@@ -109,6 +109,8 @@ class Task(abc.ABC):
     """System message of the one-turn method ``rlcr_single``: the answer, then the optional analysis and the
     confidence, in one response (docs/design.md §3, §9)."""
     confidence_query: ClassVar[str] = CONFIDENCE_QUERY
+    stratum_label: ClassVar[str] = "stratum"
+    """What a stratum is, for tables (``rlcr eval``: "by number count", "by level")."""
 
     # ---- rows
 

@@ -35,6 +35,7 @@ class Countdown(Task):
 
     system_prompt = SYSTEM_PROMPT
     single_turn_system_prompt = SINGLE_TURN_SYSTEM_PROMPT
+    stratum_label = "number count"
 
     def load(self, path: str, fields: Mapping[str, str] | None = None) -> list[CountdownTask]:
         unknown = sorted(set(fields or {}) - set(FIELDS))

@@ -179,6 +179,7 @@ class MathTask(Task):
 
     system_prompt = SYSTEM_PROMPT
     single_turn_system_prompt = SINGLE_TURN_SYSTEM_PROMPT
+    stratum_label = "level"
 
     def load(self, path: str, fields: Mapping[str, str] | None = None) -> list[MathProblem]:
         fields = dict(fields or {})

@@ -1,0 +1,212 @@
+"""Runs by name: ``RUN@ITERATION`` references to a run's checkpoints, and what ``rlcr runs`` lists.
+
+**A run reference** is ``RUN@K`` (iteration K's checkpoint; ``RUN@0``: the run's starting point — a warm-start
+run's checkpoint, else the store's copy of the model the run started from) or ``RUN@latest`` (the newest
+committed iteration whose checkpoint is still held), read in the configured store (``storage.uri``). It has
+no ``/`` and no ``://``, and the iteration follows the *last* ``@`` (a run id may hold ``@`` itself): so a
+hub id (``org/name``), a URI and a path (``./first@2``) are never references. Where an argument takes run ids
+(``rlcr compare``, ``rlcr probe --run-id``, ``rlcr runs show``) a bare ``RUN`` names the run itself.
+
+Everything is resolved through the manifest (:class:`rlcr.runs.RunStore`): the URI given back is the sealed
+checkpoint the committed iteration names, never a guessed path. An iteration without a checkpoint (saved
+every ``orchestration.save_every`` iterations; older ones pruned by ``orchestration.keep_checkpoints``) is
+one line naming the iterations that have one.
+
+**States** (``rlcr runs``; the lease is read, never taken: :mod:`rlcr.lease`):
+
+* ``running`` — a writer holds the lease and its heartbeat is fresh (within the lease timeout of this
+  machine's clock; a holder on this machine must still be alive);
+* ``finished`` — every configured iteration (``run.iterations``) is committed;
+* ``crashed`` — not finished, and its writer died holding the lease (a stale heartbeat, a holder on this
+  machine that is gone, an unreadable lease): ``rlcr train --run-id RUN`` takes it over and resumes;
+* ``stopped`` — not finished and no lease (the writer stopped early, on an error or an interruption, and
+  released it): ``rlcr train --run-id RUN`` resumes;
+* ``invalid`` — a file of the run cannot be read (the table names the problem).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from rlcr.untrusted import InvalidInput, field, printable
+
+__all__ = ["RunRefError", "parse_ref", "is_run_ref", "resolve_checkpoint", "run_summary", "store_summaries",
+           "iteration_rows", "MAX_LISTED_RUNS", "STATES"]
+
+MAX_LISTED_RUNS = 200
+"""Most runs ``rlcr runs`` reads (the newest by name are shown first; the table says how many were left out)."""
+STATES = ("running", "finished", "crashed", "stopped", "invalid")
+_REF = re.compile(r"(?P<run>[^/]+)@(?P<iteration>[0-9]{1,7}|latest)")
+
+
+class RunRefError(InvalidInput):
+    """A run reference that names nothing usable (no such run, iteration or checkpoint); one line."""
+
+
+def parse_ref(text: Any) -> tuple[str, int | None] | None:
+    """``(run id, iteration)`` (iteration None: ``latest``) when ``text`` is a run reference (see the module
+    docstring), else None. The run id is checked (:func:`rlcr.storage.validate_run_id`: RunRefError)."""
+    from rlcr.storage import validate_run_id
+
+    if not isinstance(text, str) or "://" in text or not (m := _REF.fullmatch(text)):
+        return None
+    try:
+        validate_run_id(m["run"])
+    except ValueError as e:
+        raise RunRefError(f"run reference {printable(text, 160)!r}: {e}") from None
+    return m["run"], None if m["iteration"] == "latest" else int(m["iteration"])
+
+
+def is_run_ref(text: Any) -> bool:
+    """Whether ``text`` has the form of a run reference (``RUN@K``, ``RUN@latest``; no ``/``, no ``://``)."""
+    return isinstance(text, str) and "://" not in text and _REF.fullmatch(text) is not None
+
+
+def _open(store, run_id: str, label: str):
+    from rlcr.run_layout import RUNS
+    from rlcr.runs import RunStore, list_runs
+
+    run = RunStore(store, run_id)
+    if not store.exists(run.prefix):
+        runs = sorted(list_runs(store))[:10]
+        raise RunRefError(f"{label}: run {printable(run_id, 140)!r} not found under {printable(store.url(RUNS), 300)} "
+                          f"(runs there: {', '.join(printable(r, 60) for r in runs) or 'none'}; `rlcr runs` lists them)")
+    return run
+
+
+def _held(run, manifests: list[dict[str, Any]]) -> list[int]:
+    """The committed iterations whose checkpoint is still there, sealed."""
+    out = []
+    for m in manifests:
+        uri = m.get("checkpoint_uri")
+        if uri and run._rel_in_run(uri) and run.store.is_complete(run._rel_in_run(uri)):
+            out.append(m["iteration"])
+    return out
+
+
+def _starting_point(run, label: str) -> str:
+    """``RUN@0``: a warm-start run's checkpoint, else the store's copy of the run's initial model."""
+    rel = run.checkpoint_rel(0)
+    if run.store.is_complete(rel):
+        return run.store.url(rel)
+    recorded = run.initial_model()
+    if recorded is not None and run.store.is_complete(recorded["model"]):
+        return run.store.url(recorded["model"])
+    raise RunRefError(f"{label}: run {printable(run.run_id, 140)!r} has no checkpoint at iteration 0 (no warm-start "
+                      f"checkpoint and no recorded copy of its initial model)")
+
+
+def resolve_checkpoint(store, ref: str, *, label: str = "checkpoint") -> str:
+    """The URI of the sealed checkpoint run reference ``ref`` names in ``store`` (a :class:`rlcr.storage.Store`),
+    through the run's manifests; :class:`RunRefError` (one line, prefixed with ``label``) when the run, the
+    iteration or its checkpoint is not there, naming the iterations that have one."""
+    parsed = parse_ref(ref)
+    if parsed is None:
+        raise RunRefError(f"{label}: {printable(ref, 160)!r} is not a run reference (RUN@ITERATION or RUN@latest)")
+    run_id, k = parsed
+    run = _open(store, run_id, label)
+    if k == 0:
+        return _starting_point(run, label)
+    done = run.committed()
+    held = _held(run, done)
+    have = f"iterations with a checkpoint: {', '.join(map(str, held[-20:]))}" if held else "no checkpoint is held"
+    name = f"run {printable(run_id, 140)!r}"
+    if k is None:
+        if not held:
+            raise RunRefError(f"{label}: {name} has no committed checkpoint yet ({len(done)} committed iterations)")
+        k = held[-1]
+    if k > len(done):
+        raise RunRefError(f"{label}: {name} has no committed iteration {k} ({len(done)} committed; {have})")
+    if k not in held:
+        why = ("its checkpoint was pruned (orchestration.keep_checkpoints)" if done[k - 1].get("checkpoint_uri") else
+               "no checkpoint was saved after it (orchestration.save_every)")
+        raise RunRefError(f"{label}: {name}, iteration {k}: {why}; {have}")
+    return done[k - 1]["checkpoint_uri"]
+
+
+# ------------------------------------------------------------------------------------------------ listing
+def _config(run) -> dict[str, Any]:
+    """The run's recorded config (sections), or {} where none is recorded."""
+    from rlcr.config import nested_from_flat
+
+    doc = run._read_doc(run.config_rel)
+    if doc is None:
+        return {}
+    saved = field(doc, "config", dict, run.store.url(run.config_rel))
+    return nested_from_flat(saved) if "run" not in saved else saved
+
+
+def _leaf(cfg: dict[str, Any], section: str, name: str) -> Any:
+    value = cfg.get(section)
+    return value.get(name) if isinstance(value, dict) else None
+
+
+def _lease_state(run, now: float) -> str | None:
+    """``running`` (a fresh lease), ``crashed`` (a lease its writer left: stale, dead or unreadable) or None."""
+    from rlcr.lease import LEASE_TIMEOUT_S, _machine_id, parse_lease
+    from rlcr.storage import pid_alive
+
+    try:
+        raw = run.store.read_bytes(run.lease_rel)
+    except FileNotFoundError:
+        return None
+    holder = parse_lease(raw, run.store.url(run.lease_rel))
+    if not holder.get("readable"):
+        return "crashed"
+    dead_here = holder["machine"] == _machine_id() and not pid_alive(holder["pid"])
+    return "running" if abs(now - holder["heartbeat_at"]) <= LEASE_TIMEOUT_S and not dead_here else "crashed"
+
+
+def run_summary(store, run_id: str, *, now: float | None = None) -> dict[str, Any]:
+    """One row of ``rlcr runs``: ``id``, ``task``, ``method``, ``committed`` (count), ``iterations``
+    (configured), ``checkpoints`` (iterations holding one), ``accuracy`` / ``ece`` (the last held-out
+    evaluation), ``state`` (:data:`STATES`) and ``problem`` (why ``invalid``)."""
+    from rlcr.runs import RunStore
+
+    row: dict[str, Any] = {"id": run_id, "task": None, "method": None, "committed": 0, "iterations": None,
+                           "checkpoints": [], "accuracy": None, "ece": None, "state": "invalid", "problem": None}
+    try:
+        run = RunStore(store, run_id)
+        cfg = _config(run)
+        row.update(task=_leaf(cfg, "tasks", "name"), method=_leaf(cfg, "method", "name"),
+                   iterations=_leaf(cfg, "run", "iterations"))
+        done = run.committed()
+        row.update(committed=len(done), checkpoints=_held(run, done))
+        ev = (run.metrics(len(done)) if done else (run.baseline() or {})) or {}
+        ev = ev.get("eval") if isinstance(ev.get("eval"), dict) else {}
+        row.update(accuracy=ev.get("accuracy"), ece=ev.get("ece"))
+        lease = _lease_state(run, time.time() if now is None else now)
+        finished = isinstance(row["iterations"], int) and len(done) >= row["iterations"]
+        row["state"] = lease if lease == "running" else "finished" if finished else lease or "stopped"
+    except (InvalidInput, ValueError) as e:
+        row["problem"] = printable(e, 200)
+    return row
+
+
+def store_summaries(store, *, limit: int = MAX_LISTED_RUNS) -> tuple[list[dict[str, Any]], int]:
+    """``rlcr runs``: the rows of at most ``limit`` runs of ``store`` (by run id, newest names last) and how
+    many runs the store holds."""
+    from rlcr.runs import list_runs
+
+    ids = sorted(list_runs(store))
+    return [run_summary(store, r) for r in ids[-limit:]], len(ids)
+
+
+def iteration_rows(store, run_id: str) -> list[dict[str, Any]]:
+    """``rlcr runs show RUN``: one row per committed iteration (0: the baseline evaluation) with its held-out
+    figures, whether its checkpoint is held, and its ``RUN@K`` reference."""
+    run = _open(store, run_id, "RUN")
+    done = run.committed()
+    held = set(_held(run, done))
+    base = (run.baseline() or {}).get("eval")
+    rows = [{"iteration": 0, "accuracy": base.get("accuracy"), "ece": base.get("ece"), "checkpoint": None,
+             "committed_at": None}] if isinstance(base, dict) else []
+    for m in done:
+        k = m["iteration"]
+        met = run.metrics(k) or {}
+        ev = met.get("eval") if isinstance(met.get("eval"), dict) else {}
+        rows.append({"iteration": k, "accuracy": ev.get("accuracy"), "ece": ev.get("ece"),
+                     "checkpoint": f"{run_id}@{k}" if k in held else None, "committed_at": m.get("committed_at")})
+    return rows
