@@ -22,7 +22,7 @@ def runs(
 ):
     """The runs in the configured store (storage.uri): id, task, method, committed / configured iterations,
     iterations with a checkpoint, the last held-out accuracy and ECE, and the state (running, finished,
-    crashed, stopped; docs/results.md explains them). `rlcr runs show RUN` lists one run's iterations with the
+    crashed, stopped: docs/guarantees.md §1). `rlcr runs show RUN` lists one run's iterations with the
     RUN@ITERATION references that `rlcr eval --checkpoint`, `rlcr probe --run-id` and model.name take."""
     words = list(words or [])
     show_run = None
