@@ -88,6 +88,7 @@ def _control_store(store: Store, attempt_s: float) -> Store:
     if store.endpoint_url:
         options["client_kwargs"] = {"endpoint_url": store.endpoint_url}
     fast.fs = fsspec.filesystem(store.protocol, **options)
+    fast.fs.retries = 1  # s3fs retries a timed-out call 5 times on top of botocore's attempts: not for the lease
     return fast
 
 
