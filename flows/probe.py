@@ -46,7 +46,7 @@ def track_report(cfg, run_id: str, uris: dict[str, str], log) -> None:
     from pathlib import Path
 
     store = Store(cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url)
-    with tracker_from_config(cfg, run_id, params={}, logger=log) as tracker, \
+    with tracker_from_config(cfg, run_id, params={}, logger=log, resume=False) as tracker, \
             tempfile.TemporaryDirectory(prefix="rlcr-probe-") as d:
         if not tracker.enabled:
             return

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -228,6 +229,7 @@ def rlcr_train(
     a second flow on the same ``run_id`` fails at once (``RunLocked``, naming the holder).
     """
     log = get_run_logger()
+    events.emit(events.StageEvent("prefect", 0, "end"))  # the flow run has started: Prefect is up
     cfg = resolve_config(config, overrides, iterations)
     run_id = resolve_run_id(cfg, run_id)
     run = RunStore.open(cfg, run_id)
@@ -239,7 +241,8 @@ def rlcr_train(
         run.sweep_temporaries()
         run.finish_group(lease=lease)
         train_tasks, held_out = task_sets(cfg)
-        initial = run_initial_model(cfg, run, lease=lease, warn=log.warning)  # on resume: the one it started with
+        with events.phase("model"):
+            initial = run_initial_model(cfg, run, lease=lease, warn=log.warning)  # on resume: the one it started with
         done = run.committed()
         tracker = stack.enter_context(tracker_from_config(cfg, run_id, logger=log))
         track_committed(tracker, run, None, log)
@@ -251,14 +254,21 @@ def rlcr_train(
         saved = run.verified_state(done[-1]) if done else initial
         log.info("run %s: iterations %d..%d from %s", run_id, len(done) + 1, cfg.run.iterations, saved)
 
-        ensure_ray()
-        check_storage(cfg)
-        check_cluster_fits(cfg)
+        with events.phase("ray"):
+            ensure_ray()
+            check_storage(cfg)
+            check_cluster_fits(cfg)
         opts = _opts(cfg)
         beside = engines_start_beside_trainer(cfg)  # then launched here, and waited for once the trainer is up
-        with EnginePool(cfg, saved, wait=not beside) as engines, \
-                PolicyTrainer(cfg, policy_uri=saved, restore=bool(done), ref_uri=initial) as trainer:
+        with contextlib.ExitStack() as workers:
+            events.started("engines", 0)
+            engines_t0 = time.perf_counter()
+            engines = workers.enter_context(EnginePool(cfg, saved, wait=not beside))
+            with events.phase("trainer"):
+                trainer = workers.enter_context(PolicyTrainer(cfg, policy_uri=saved, restore=bool(done),
+                                                              ref_uri=initial))
             engines.wait_started()
+            events.ended("engines", engines_t0)
             if not done and cfg.eval.every and not run.store.exists(run.baseline_rel):
                 baseline = evaluate_task.with_options(**opts)(cfg, run, held_out, saved, 0, engines, initial, lease)
                 run.write_baseline({"policy_uri": saved, "eval": baseline}, lease=lease)

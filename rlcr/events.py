@@ -21,13 +21,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Literal
 
-__all__ = ["StageEvent", "subscribe", "unsubscribe", "subscribed", "emit", "started", "timed"]
+__all__ = ["StageEvent", "subscribe", "unsubscribe", "subscribed", "emit", "started", "timed", "phase", "ended", "STARTUP"]
 
 
 @dataclass(frozen=True)
 class StageEvent:
     stage: str
-    """``baseline``, ``rollouts``, ``advantages``, ``update``, ``sync_weights``, ``evaluate`` or ``commit``."""
+    """``baseline``, ``rollouts``, ``advantages``, ``update``, ``sync_weights``, ``evaluate`` or ``commit``; or a
+    start-up phase (:data:`STARTUP`)."""
     iteration: int
     """The iteration (0: the baseline evaluation before iteration 1)."""
     phase: Literal["start", "end"]
@@ -36,6 +37,10 @@ class StageEvent:
     figures: dict[str, Any] = field(default_factory=dict)
     """Headline figures of the finished stage (``end`` only), e.g. ``{"answer reward": 0.31}``."""
 
+
+STARTUP = ("prefect", "model", "ray", "engines", "trainer")
+"""The start-up phases of a flow run, iteration 0 (engines and trainer may overlap): Prefect (its API and the
+flow run; the command line emits its start), the initial model, Ray, the vLLM engines, the Ray Train workers."""
 
 _subscribers: list[Callable[[StageEvent], None]] = []
 _lock = threading.Lock()
@@ -83,3 +88,16 @@ def timed(stage: str, iteration: int, timings: dict[str, float]) -> Iterator[dic
     elapsed = time.perf_counter() - t0
     timings[f"{stage}_s"] = elapsed
     emit(StageEvent(stage, iteration, "end", elapsed, figures))
+
+
+@contextlib.contextmanager
+def phase(stage: str) -> Iterator[dict[str, Any]]:
+    """A start-up phase (:data:`STARTUP`): its ``start`` event, then its ``end`` event with the elapsed time."""
+    started(stage, 0)
+    with timed(stage, 0, {}) as figures:
+        yield figures
+
+
+def ended(stage: str, since: float) -> None:
+    """The ``end`` event of a phase started at ``time.perf_counter()`` value ``since`` (for phases that overlap)."""
+    emit(StageEvent(stage, 0, "end", time.perf_counter() - since))

@@ -95,14 +95,22 @@ class StageProgress:
               "save": "training state → storage", "saved": "waiting for the background save",
               "commit": "commit"}
 
+    STARTUP = {"prefect": "Prefect", "model": "model", "ray": "Ray", "engines": "vLLM engines",
+               "trainer": "trainer (Ray Train)"}
+    """The flow's start-up phases (:data:`rlcr.events.STARTUP`): each is named when it starts and ends with its
+    time (``start-up: Ray ready in 4.2 s``); engines and trainer may overlap."""
+
     def __init__(self, total: int, start: int, figures: Optional[Callable[[str, int], Optional[str]]] = None,
-                 out: Optional[Console] = None, title: str = "training"):
+                 out: Optional[Console] = None, title: str = "training", redirect: bool = True):
         self.console = out or console
         self.plain = not self.console.is_terminal
         self.total, self.start, self.figures, self.title = total, start, figures, title
-        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+        # redirect: rich shows what others print above the bar (off while rlcr.terminal routes it to a log file)
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=20),
                                  TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                                 console=self.console, disable=self.plain)
+                                 console=self.console, disable=self.plain, redirect_stdout=redirect,
+                                 redirect_stderr=redirect)
+        self.starting: dict[str, float] = {}  # start-up phase → started at
         self.task = self.progress.add_task("iterations", total=total, completed=start - 1)
         self.current: Optional[tuple[str, int, float]] = None  # (stage, iteration, started at)
         self.iteration_t0: dict[int, float] = {}
@@ -139,10 +147,29 @@ class StageProgress:
     def on_event(self, event) -> None:
         """A stage event with a phase: ``event.stage``, ``.iteration``, ``.phase`` (``"start"`` or
         ``"end"``) and, at the end, ``.elapsed_s`` and ``.figures`` (``{"answer reward": 0.31, …}``)."""
-        if event.phase == "start":
+        if event.stage in self.STARTUP:
+            self._safely(self._startup, event)
+        elif event.phase == "start":
             self(event.stage, event.iteration)
         elif self.plain:
             self._safely(self._finish, time.perf_counter(), None, event)
+
+    def _startup(self, event) -> None:
+        now, name = time.perf_counter(), self.STARTUP[event.stage]
+        if event.phase == "start":
+            self.starting[event.stage] = now
+            line = f"start-up: {name}…"
+        else:
+            t0 = self.starting.pop(event.stage, None)
+            took = event.elapsed_s if event.elapsed_s is not None else (now - t0 if t0 is not None else None)
+            line = f"start-up: {name} ready" + (f" in {elapsed(took)}" if took is not None else "")
+        if self.plain:
+            plain(self.console, line)
+            return
+        if event.phase == "end":
+            self.console.print(line, markup=False, highlight=False)
+        names = ", ".join(self.STARTUP[s] for s in self.starting)
+        self.progress.update(self.task, description=f"starting {names}" if names else "iterations")
 
     # ---------------------------------------------------------------- off a terminal
     @staticmethod
@@ -229,31 +256,48 @@ def figures_text(pairs) -> Optional[str]:
     return text or None
 
 
-def summary_table(run_id: str, cfg) -> Table:
-    """Per-iteration held-out accuracy, rewards and calibration of a run, baseline first."""
+SUMMARY_COLUMNS = ("iter", "accuracy", "answer reward", "conf reward", "mean conf", "ECE", "Brier", "AUROC",
+                   "parse rate")
+
+
+def summary_table(run_id: str, cfg, width: Optional[int] = None):
+    """Per-iteration held-out accuracy, rewards and calibration of a run, baseline first: one table where it
+    fits ``width`` columns (default: the console's), else two (accuracy and rewards; calibration) with each
+    interval on its own line in the cell, so that nothing is cut on an 80-column terminal."""
+    from rich.console import Group
+    from rich.measure import Measurement
+
     from rlcr.runs import RunStore
 
     run = RunStore.open(cfg, run_id)
-    table = Table(title=f"run {show(run_id)}  ({show(run.store.url(run.prefix))}); held-out figures with "
-                        "[95% bootstrap CI]")
-    for col in ("iter", "accuracy", "answer reward", "conf reward", "mean conf", "ECE", "Brier", "AUROC", "parse rate"):
-        table.add_column(col, justify="right")
-
-    def held_out(ev: dict) -> list[str]:
-        return [with_ci(ev, "accuracy")]
-
-    def calibration(ev: dict) -> list[str]:
-        return [fmt(ev.get("mean_confidence")), with_ci(ev, "ece"), with_ci(ev, "brier"), with_ci(ev, "auroc"),
-                fmt(ev.get("confidence_parse_rate"))]
-
+    rows = []
     if run.store.exists(run.baseline_rel):
-        ev = run.store.read_json(run.baseline_rel)["eval"]
-        table.add_row("0 (start)", *held_out(ev), "–", "–", *calibration(ev))
+        rows.append(("0 (start)", run.store.read_json(run.baseline_rel)["eval"], {}))
     for m in run.committed():
         met = run.store.read_json(run.store.rel(m["metrics_uri"]))
-        ev, ro = met.get("eval", {}), met.get("rollout", {})
-        table.add_row(str(m["iteration"]), *held_out(ev), fmt(ro.get("answer/reward_mean")),
-                      fmt(ro.get("confidence/reward_mean")), *calibration(ev))
+        rows.append((str(m["iteration"]), met.get("eval", {}), met.get("rollout", {})))
+    title = f"run {show(run_id)}  ({show(run.store.url(run.prefix))}); held-out figures with [95% bootstrap CI]"
+    wide = _summary(title, SUMMARY_COLUMNS, rows, " ")
+    width = width or console.width
+    if Measurement.get(console, console.options.update_width(10_000), wide).maximum <= width:
+        return wide
+    rewards = _summary(title, ("iter", "accuracy", "answer reward", "conf reward", "parse rate"), rows, "\n")
+    calibration = _summary(None, ("iter", "mean conf", "ECE", "Brier", "AUROC"), rows, "\n")
+    return Group(rewards, calibration)
+
+
+def _summary(title: Optional[str], columns: tuple[str, ...], rows, sep: str) -> Table:
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col, justify="right")
+    for name, ev, ro in rows:
+        cells = {"iter": name, "accuracy": with_ci(ev, "accuracy", sep=sep),
+                 "answer reward": fmt(ro.get("answer/reward_mean")) if ro else "–",
+                 "conf reward": fmt(ro.get("confidence/reward_mean")) if ro else "–",
+                 "mean conf": fmt(ev.get("mean_confidence")), "ECE": with_ci(ev, "ece", sep=sep),
+                 "Brier": with_ci(ev, "brier", sep=sep), "AUROC": with_ci(ev, "auroc", sep=sep),
+                 "parse rate": fmt(ev.get("confidence_parse_rate"))}
+        table.add_row(*(cells[c] for c in columns))
     return table
 
 
@@ -278,7 +322,7 @@ def difference_text(comparison: dict[str, Any], key: str, digits: int = 3) -> st
     return f"{d['difference']:+.{digits}f}" + (f" [{ci[0]:+.{digits}f}, {ci[1]:+.{digits}f}]" if ci else "")
 
 
-def with_ci(metrics: dict[str, Any], key: str, digits: int = 3) -> str:
+def with_ci(metrics: dict[str, Any], key: str, digits: int = 3, sep: str = " ") -> str:
     """``"0.312 [0.271, 0.355]"``: a metric with its bootstrap interval (just the value where there is none)."""
     value = metrics.get(key)
     if not _is_number(value) or value != value:  # missing, NaN, or not a number (a hand-edited metrics file)
@@ -287,7 +331,7 @@ def with_ci(metrics: dict[str, Any], key: str, digits: int = 3) -> str:
     interval = (metrics.get("ci") or {}).get(key) if isinstance(metrics.get("ci"), dict) else None
     if not (isinstance(interval, (list, tuple)) and len(interval) == 2 and all(map(_is_number, interval))):
         return text
-    return f"{text} [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]"
+    return f"{text}{sep}[{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]"
 
 
 def _is_number(value: Any) -> bool:

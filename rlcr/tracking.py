@@ -66,6 +66,9 @@ it holds are the iterations logged completely."""
 STARTED = "rlcr/iteration_started"
 """Metric logged alone before any of an iteration's metrics: a step it holds and :data:`SENTINEL` does not is
 an iteration cut off mid-log, completed key by key."""
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
+"""The experiment's kind for MLflow's UI (3.x): training runs, so it opens on its runs and their charts (unset,
+MLflow 3 infers a GenAI experiment and opens on an empty GenAI overview)."""
 LOCAL_DB = "mlflow.db"
 LOCAL_ARTIFACTS = "mlflow-artifacts"
 DEFAULT_TIMEOUT_S = 60.0
@@ -153,7 +156,8 @@ def flatten_params(params: Mapping[str, Any]) -> dict[str, str]:
         else:
             out[metric_key(path)] = str(value)[:MAX_PARAM_VALUE]
 
-    walk(params, "")
+    if params:  # an empty config is no parameter (not ``_ = {}``)
+        walk(params, "")
     return out
 
 
@@ -225,8 +229,10 @@ class Tracker:
 class MlflowTracker(Tracker):
     """A run in an MLflow tracking store; built by :func:`open_tracker`."""
 
-    def __init__(self, tracking_uri: str, *, timeout_s: float, logger: Any, ui_url: str | None = None):
+    def __init__(self, tracking_uri: str, *, timeout_s: float, logger: Any, ui_url: str | None = None,
+                 resume: bool = True):
         self.tracking_uri = tracking_uri
+        self._resume = resume  # False: attach to a run without reopening it (its status and end time stay)
         self.enabled = True
         self._timeout_s = timeout_s
         self._logger = logger or _log
@@ -282,7 +288,7 @@ class MlflowTracker(Tracker):
         else:
             if parent_run_id and run.data.tags.get(PARENT_TAG) != parent_run_id:
                 client.set_tag(run.info.run_id, PARENT_TAG, parent_run_id)
-            if run.info.status != "RUNNING":
+            if self._resume and run.info.status != "RUNNING":
                 client.update_run(run.info.run_id, status="RUNNING")
         self.mlflow_run_id = run.info.run_id
         self._log_params(run.data.params, params)
@@ -368,7 +374,7 @@ class MlflowTracker(Tracker):
             self.mlflow_run_id, tags=batch, synchronous=True) or True))
 
     def close(self, status: str = "FINISHED") -> None:
-        if self.enabled and self.mlflow_run_id:
+        if self.enabled and self.mlflow_run_id and self._resume:
             self._call("ending the run", self._client.set_terminated, self.mlflow_run_id, status)
         self.enabled = False
 
@@ -386,13 +392,16 @@ def _experiment(client: Any, name: str, artifact_location: str | None) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is None:
         try:
-            return client.create_experiment(name, artifact_location=artifact_location)
+            return client.create_experiment(name, artifact_location=artifact_location, tags=EXPERIMENT_TAGS)
         except MlflowException:  # created meanwhile by another process
             exp = client.get_experiment_by_name(name)
             if exp is None:
                 raise
     if exp.lifecycle_stage == "deleted":
         client.restore_experiment(exp.experiment_id)
+    for key, value in EXPERIMENT_TAGS.items():  # an experiment made by an older rlcr (or by hand)
+        if exp.tags.get(key) != value:
+            client.set_experiment_tag(exp.experiment_id, key, value)
     return exp.experiment_id
 
 
@@ -410,12 +419,14 @@ def _set_http_env() -> None:
 
 def open_tracker(kind: str, tracking_uri: str | None, storage_uri: str, run_id: str, params: Mapping[str, Any],
                  *, parent: Tracker | str | None = None, experiment: str = EXPERIMENT, ui_url: str | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, logger: Any = None) -> Tracker:
+                 timeout_s: float = DEFAULT_TIMEOUT_S, logger: Any = None, resume: bool = True) -> Tracker:
     """The tracker of rlcr run ``run_id``: ``kind="none"`` → the no-op :class:`Tracker`; ``"mlflow"`` → the
     MLflow run tagged with ``run_id`` in ``experiment`` (created, or found and continued), its params the
     flattened ``params`` (:func:`flatten_params`). ``parent``: a tracker or MLflow run id whose child this run
     is (tag ``mlflow.parentRunId``). ``ui_url``: the MLflow UI serving a non-HTTP store (for
-    :attr:`Tracker.run_url`). ``logger``: where the one warning goes (e.g. Prefect's run logger).
+    :attr:`Tracker.run_url`). ``logger``: where the one warning goes (e.g. Prefect's run logger). ``resume``
+    False: add to the run (artifacts, tags) without reopening it: its status and end time, so its duration, stay
+    the training's (the probe's report).
 
     Never raises for an unreachable, slow or failing store: after ``timeout_s`` or an error it warns once and
     returns a disabled tracker (``enabled`` False, every call a no-op). Raises ValueError for an unknown kind."""
@@ -436,7 +447,7 @@ def open_tracker(kind: str, tracking_uri: str | None, storage_uri: str, run_id: 
     uri, artifact_location = backend
     if uri.startswith("sqlite:///"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    tracker = MlflowTracker(uri, timeout_s=timeout_s, logger=log, ui_url=ui_url)
+    tracker = MlflowTracker(uri, timeout_s=timeout_s, logger=log, ui_url=ui_url, resume=resume)
     parent_id = parent.mlflow_run_id if isinstance(parent, Tracker) else parent
     tracker._call(f"opening run {run_id}", tracker._open, experiment, artifact_location, run_id,
                   flatten_params(params), parent_id)
@@ -446,14 +457,15 @@ def open_tracker(kind: str, tracking_uri: str | None, storage_uri: str, run_id: 
 
 
 def tracker_from_config(cfg: Any, run_id: str, *, parent: Tracker | str | None = None,
-                        params: Mapping[str, Any] | None = None, logger: Any = None) -> Tracker:
+                        params: Mapping[str, Any] | None = None, logger: Any = None, resume: bool = True) -> Tracker:
     """:func:`open_tracker` with the config's ``tracking`` (default ``"mlflow"``), ``tracking.uri``,
     ``tracking.ui_url`` and ``storage.uri``; params: ``params`` or the whole config (``model_dump``)."""
     if params is None:
         params = cfg.model_dump(mode="json")
     return open_tracker(getattr(cfg.tracking, "backend", "mlflow"), getattr(cfg.tracking, "uri", None), cfg.storage.uri,
                         run_id, params, parent=parent, ui_url=getattr(cfg.tracking, "ui_url", None),
-                        timeout_s=getattr(cfg.tracking, "timeout_s", DEFAULT_TIMEOUT_S), logger=logger)
+                        timeout_s=getattr(cfg.tracking, "timeout_s", DEFAULT_TIMEOUT_S), logger=logger,
+                        resume=resume)
 
 
 def log_iterations(tracker: Tracker, items: Iterable[tuple[int, Mapping[str, Any]]]) -> int:

@@ -2,6 +2,7 @@
 
 import io
 import re
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -363,9 +364,9 @@ def test_the_ray_dashboard_follows_its_packages_or_the_environment(monkeypatch):
 
 
 def test_train_says_where_the_logs_go_once_before_it_starts(tmp_path):
-    """`rlcr train` prints one line naming where the driver's, the Ray workers' (engines, trainer) and the
-    flow's logs go and the dashboard, before the flow starts: here the flow cannot reach its Prefect API (a
-    closed port), so nothing heavy starts after the line."""
+    """`rlcr train` prints one line naming its log file before the flow starts; the file starts with where the
+    Ray workers' (engines, trainer) and the flow's logs go and the dashboard: here the flow cannot reach its
+    Prefect API (a closed port), so nothing heavy starts after the line, and the error reaches the terminal."""
     import os
     import subprocess
     import sys
@@ -375,18 +376,67 @@ def test_train_says_where_the_logs_go_once_before_it_starts(tmp_path):
     from rlcr.cluster import ray_log_dir
 
     api = f"http://127.0.0.1:{free_port()}/api"
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(PREFECT_API_URL=api, RLCR_RAY_DASHBOARD="0", COLUMNS="400")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RLCR_LOG_DIR")}
+    env.update(PREFECT_API_URL=api, RLCR_RAY_DASHBOARD="0", COLUMNS="80")
     res = subprocess.run([sys.executable, "-m", "rlcr.cli", "train", "--run-id", "logs", f"storage.uri={tmp_path}"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     lines = [line for line in res.stdout.splitlines() if line.startswith("logs: ")]
     assert len(lines) == 1, res.stdout + res.stderr[-2000:]
-    line = lines[0]
-    assert res.stdout.strip().splitlines()[0] == line  # first, before the flow
+    assert res.stdout.strip().splitlines()[0] == lines[0]  # first, before the flow
+    match = re.fullmatch(r"logs: (rlcr-logs/logs/train-\d{8}-\d{6}\.log) \(Prefect, Ray, vLLM; -v shows them here\)",
+                         lines[0])
+    assert match, lines[0]
+    line = (tmp_path / match.group(1)).read_text().splitlines()[0]
     assert f"engines and trainer (Ray workers) → {ray_log_dir()} (worker-*.out/.err)" in line
-    assert f"flow runs → Prefect, {api}" in line and "driver → this terminal" in line
+    assert f"flow runs → Prefect, {api}" in line and f"driver → {match.group(1)}" in line
     assert line.endswith("Ray dashboard: off (RLCR_RAY_DASHBOARD=0)")
-    assert res.returncode != 0  # the flow could not reach Prefect
+    assert res.returncode != 0 and res.stderr.strip()  # the flow could not reach Prefect: said on the terminal
+
+
+NOISE = re.compile(r"Execution plan|Running Dataset|Starting execution of|streaming_executor|ray\.data"  # Ray Data
+                   r"|Task run|Finished in state|Flow run '|Starting temporary server|prefect - |Prefect collects"
+                   r"|\bvllm\b|Initializing a V1 LLM engine"  # vLLM's own lines (lower case: its logger's name)
+                   r"|Started a local Ray instance|Token authentication|usage stats|telemetry"  # Ray's banners
+                   r"|^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}|^\d\d:\d\d:\d\d\.\d{3} \| ")  # Ray's, Prefect's log format
+
+
+@pytest.mark.slow
+def test_train_on_a_terminal_shows_rlcrs_own_lines_only(tiny_model_dir, tmp_path):
+    """`rlcr train` on the tiny model, 80 columns: its start-up phases with their times, its stages and the
+    summary tables (nothing cut), and no line from Ray Data, Prefect's task runner, vLLM or Ray's start-up: those
+    are in the log file it names. Run again, the finished run is one "nothing to do" line."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from rlcr.presentation import StageProgress
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RAY_", "PREFECT_")) and k not in ("RLCR_LOG_DIR", "DO_NOT_TRACK")}
+    with tempfile.TemporaryDirectory(prefix="rlcr-q-", dir="/tmp") as tmp:  # short: Ray's socket paths
+        env.update(PYTHONPATH=str(root), RAY_TMPDIR=tmp, PREFECT_HOME=str(Path(tmp) / "prefect"),
+                   RLCR_RAY_DASHBOARD="0", COLUMNS="80")
+        cmd = [sys.executable, "-m", "rlcr.cli", "train", "--config", str(root / "configs" / "tiny.yaml"),
+               "--run-id", "quiet", f"model.name={tiny_model_dir}", f"storage.uri={tmp_path / 'store'}"]
+        first = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+        again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = first.stdout + first.stderr
+    assert first.returncode == 0, out[-4000:]
+    noisy = [line for line in out.splitlines() if NOISE.search(line)]
+    assert not noisy, noisy[:10]
+    log = re.match(r"logs: (\S+\.log) ", out).group(1)
+    text = (tmp_path / log).read_text(errors="replace")
+    assert "Task run" in text and "Execution plan" in text  # what the terminal does not show is in the file
+    for name in StageProgress.STARTUP.values():  # each phase named when it starts, and its time when it is done
+        assert f"start-up: {name}…" in out and re.search(rf"start-up: {re.escape(name)} ready in \d", out), name
+    assert "baseline evaluation: done" in out and "training: done in" in out
+    table = out[out.index("run quiet"):].splitlines()
+    assert all(len(line) <= 80 for line in table) and "…" not in "\n".join(table), table
+    assert "accuracy" in "\n".join(table) and "AUROC" in "\n".join(table)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stdout.strip() == "nothing to do: run quiet has 2 committed iterations (run.iterations = 2)"
 
 
 def test_the_demos_larger_held_out_set_is_stratified_and_apart_from_training_and_warm_start():

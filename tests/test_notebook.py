@@ -151,6 +151,30 @@ def test_notebook_opens_the_demos_run_with_no_edits(run_store, tmp_path):
     (repo / "runs-store").symlink_to(run_store.uri, target_is_directory=True)
     nb = nbformat.read(NOTEBOOK, as_version=4)
     params = next(c for c in nb.cells if c.cell_type == "code").source
-    assert 'STORAGE_URI = "./runs-store"' in params and "RUN_ID = None" in params
+    assert 'STORAGE_URI = os.environ.get("STORE") or "./runs-store"' in params
+    assert 'RUN_ID = os.environ.get("RUN") or None' in params
     out = execute({"STORAGE_URI": "./runs-store", "RUN_ID": None, "S3_ENDPOINT_URL": None}, repo / "notebooks")
     assert f"run '{RUN}'" in outputs(out)[1]
+
+
+def test_the_notebook_takes_its_run_from_the_environment(run_store, tmp_path, monkeypatch):
+    """`make notebook RUN=… STORE=…`: the notebook's own parameter cell (not replaced) reads the run and the store
+    from the environment, so a newcomer edits nothing; the Makefile target executes it with nbconvert."""
+    import subprocess
+
+    import nbclient
+    import nbformat
+
+    monkeypatch.setenv("STORE", run_store.uri)
+    monkeypatch.setenv("RUN", RUN)
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()  # the kernel inherits them
+    assert f"run '{RUN}'" in outputs(nb)[1]
+    root = NOTEBOOK.parents[1]
+    dry = subprocess.run(["make", "-n", "-B", "notebook", "RUN=first", "STORE=s3://b/p", "VENV=/nonexistent-venv"],
+                         cwd=root, capture_output=True, text=True, timeout=60)
+    assert dry.returncode == 0, dry.stderr
+    assert '-e ".[notebook]"' in dry.stdout  # installs what the notebook needs
+    assert ('RUN="first" STORE="s3://b/p" /nonexistent-venv/bin/jupyter nbconvert --to html --execute '
+            "notebooks/explore.ipynb --output explore-first") in dry.stdout

@@ -204,6 +204,27 @@ def test_local_default_backend_needs_no_server(tmp_path, monkeypatch):
     assert history(c, tracker.mlflow_run_id, "eval/ece") == [(1, pytest.approx(0.3))]
 
 
+def test_the_probe_adds_to_a_finished_run_without_reopening_it(tmp_path, monkeypatch):
+    """The experiment is marked as training (MLflow 3's UI opens it on its runs, not a GenAI overview); the probe's
+    report goes to the run without reopening it: status, end time (so the run's duration: the training's) and
+    params unchanged, and no stray ``_`` parameter from its empty params."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    store = tmp_path / "store"
+    report = tmp_path / "report.html"
+    report.write_text("<h1>probe</h1>")
+    with open_tracker("mlflow", None, str(store), "trained", {"lr": 1e-5}, timeout_s=120) as tracker:
+        tracker.log_iteration(1, iteration_metrics(1))
+    c = client(tracker.tracking_uri)
+    trained = c.get_run(tracker.mlflow_run_id).info
+    time.sleep(1.1)
+    with open_tracker("mlflow", None, str(store), "trained", {}, timeout_s=120, resume=False) as probe:
+        assert probe.mlflow_run_id == tracker.mlflow_run_id and probe.log_artifact(report, "probe")
+    after = c.get_run(tracker.mlflow_run_id)
+    assert (after.info.status, after.info.end_time) == ("FINISHED", trained.end_time)
+    assert after.data.params == {"lr": "1e-05"} and flatten_params({}) == {}
+    assert c.get_experiment(tracker.experiment_id).tags.get("mlflow.experimentKind") == "custom_model_development"
+
+
 # ----------------------------------------------------------------------------- against `mlflow server`
 
 

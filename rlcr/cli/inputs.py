@@ -171,10 +171,13 @@ def check_resume(run, cfg) -> None:
         run.check_config(cfg)  # reads only: the file is there
 
 
-def logs_line(out: Optional[Console] = None) -> None:
-    """One line at the start of a run: where the driver's, the engines' and trainer's, and the flow's logs go,
-    and the Ray dashboard."""
+def logs_line(log: Optional[Path] = None, out: Optional[Console] = None) -> str:
+    """The lines at the start of a run: where the driver's output goes (``log``, the file :mod:`rlcr.terminal`
+    routes it to, or None: this terminal), and, where it is on, the Ray dashboard. Returns the full account
+    (the Ray workers' logs, Prefect's flow runs, the dashboard), which a routed command writes atop its log file
+    and a ``-v`` one prints here."""
     from rlcr.cluster import ray_dashboard, ray_log_dir
+    from rlcr.terminal import display_path
 
     address = os.environ.get("RAY_ADDRESS")
     on, why = ray_dashboard()  # a wrong RLCR_RAY_DASHBOARD is refused here, before Ray starts
@@ -186,9 +189,18 @@ def logs_line(out: Optional[Console] = None) -> None:
         dashboard = f"http://127.0.0.1:8265 ({why})" if on else f"off ({why})"
     prefect = os.environ.get("PREFECT_API_URL") or (
         f"{os.environ.get('PREFECT_HOME') or '~/.prefect'}/prefect.db (`prefect server start` to browse)")
-    (out or console).print(f"logs: driver → this terminal; engines and trainer (Ray workers) → {workers} "
-                           f"(worker-*.out/.err); flow runs → Prefect, {prefect}; Ray dashboard: {dashboard}",
-                           markup=False, highlight=False, soft_wrap=True)
+    driver = "this terminal" if log is None else display_path(log)
+    details = (f"logs: driver → {driver}; engines and trainer (Ray workers) → {workers} (worker-*.out/.err); "
+               f"flow runs → Prefect, {prefect}; Ray dashboard: {dashboard}")
+    out = out or console
+    if log is None:
+        out.print(details, markup=False, highlight=False, soft_wrap=True)
+    else:
+        out.print(f"logs: {driver} (Prefect, Ray, vLLM; -v shows them here)", markup=False, highlight=False,
+                  soft_wrap=True)
+        if on and not address:
+            out.print("Ray dashboard: http://127.0.0.1:8265", markup=False, highlight=False)
+    return details
 
 
 def sft_overrides(tasks: Optional[int], epochs: Optional[int]) -> list[str]:

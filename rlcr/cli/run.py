@@ -12,6 +12,7 @@ import typer
 from rlcr.cli.app import app, config_app, models_app
 from rlcr.cli.inputs import (check_inputs, check_resume, check_storage, load, logs_line, override_keys, sft_overrides,
                              valid_run_id)
+from rlcr.terminal import log_file
 from rlcr.presentation import StageProgress, committed_figures, config_table, console, fmt, show, step, summary_table
 
 
@@ -64,6 +65,8 @@ def train(
     run_id: Optional[str] = typer.Option(None, help="Run name; an existing run is resumed."),
     iterations: Optional[int] = typer.Option(None, min=1, help="Total iterations (overrides the config)."),
     overrides: list[str] = typer.Argument(None, help="section.field=value overrides."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's, Ray's, Ray Data's and vLLM's "
+                                                                "output here instead of in the log file."),
 ):
     """Run (or resume) the `rlcr` training flow locally (ephemeral Prefect, local or $RAY_ADDRESS Ray).
 
@@ -80,14 +83,23 @@ def train(
     run = RunStore.open(cfg, run_id)
     check_resume(run, cfg)
     done = len(run.committed())
-    logs_line()
-    from flows.train import rlcr_train
+    if done >= cfg.run.iterations:
+        console.print(f"nothing to do: run {show(run_id)} has {done} committed iterations "
+                      f"(run.iterations = {cfg.run.iterations})", highlight=False)
+        return
+    log = None if verbose else log_file(run_id)
+    details = logs_line(log)
     from rlcr import events
+    from rlcr.terminal import routed
 
-    bar = StageProgress(cfg.run.iterations, done + 1, figures=committed_figures(cfg, run_id))
-    with events.subscribed(bar.on_event), bar:
-        rlcr_train(config=config, overrides=list(overrides or []), run_id=run_id, iterations=cfg.run.iterations)
-    console.print(summary_table(run_id, cfg))
+    with routed(log, header=details):
+        bar = StageProgress(cfg.run.iterations, done + 1, figures=committed_figures(cfg, run_id), redirect=verbose)
+        with events.subscribed(bar.on_event), bar:
+            events.started("prefect", 0)
+            from flows.train import rlcr_train
+
+            rlcr_train(config=config, overrides=list(overrides or []), run_id=run_id, iterations=cfg.run.iterations)
+        console.print(summary_table(run_id, cfg))
 
 
 @app.command()
