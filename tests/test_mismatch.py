@@ -248,3 +248,129 @@ def test_warning_past_the_threshold_and_the_progress_line():
     ev = {"accuracy": 0.25, "ece": 0.125}
     assert "logπ mismatch 0.004" in progress_line({"eval": ev, "rollout": {}, "update": quiet})
     assert "mismatch" not in progress_line({"eval": ev, "rollout": {}, "update": {}})
+
+
+# ----------------------------------------------------------------------------- in an update (the tiny model)
+
+
+def _rows_with_engine_logprobs(tiny_model_dir, shift_confidence):
+    """The synthetic rollout tree of test_train with "engine" log-probs: the trainer's own (a plain full forward)
+    for answers, shifted by ``-shift_confidence`` nats for confidences (Δ = log π_trainer − log μ = +shift)."""
+    from test_train import load_lm, make_rows
+
+    from rlcr.loss import token_logprobs
+
+    lm = load_lm(tiny_model_dir)
+    rows = make_rows(n_prompts=2, g_a=2, g_c=2)
+    for r in rows:
+        ids = torch.tensor([r["context_ids"] + r["completion_ids"]])
+        with torch.no_grad():
+            logits = lm(ids).logits[0, len(r["context_ids"]) - 1:-1]
+        lp = token_logprobs(logits, torch.tensor(r["completion_ids"]))[0]
+        r["completion_logprobs"] = (lp - (shift_confidence if r["sample_type"] == "confidence" else 0.0)).tolist()
+    return lm, rows
+
+
+def test_an_update_reports_the_mismatch_on_every_path(tiny_model_dir, tiny_tokenizer, tmp_path):
+    """One on-policy step (measured in the step), several steps (measured in the pre-pass) and ``rollout`` π_old
+    (measured on the first mini-batch): the figures per turn, with the masks respected."""
+    from test_train import cfg_for, load_lm
+
+    from rlcr.train.batching import prepare_samples
+    from rlcr.train.logprobs import CompletionLogProbs
+    from rlcr.train.update import train_update
+
+    _, rows = _rows_with_engine_logprobs(tiny_model_dir, 0.8)
+    samples = prepare_samples(rows, tiny_tokenizer)
+    tokens = {t: sum(s.masked_tokens for s in samples if s.is_confidence == (t == "confidence"))
+              for t in ("answer", "confidence")}
+    paths = {"one step": {}, "pre-pass": {"update.mini_batches_per_epoch": 2, "update.epochs_per_iteration": 2},
+             "rollout": {"update.mini_batches_per_epoch": 2, "update.old_logp_source": "rollout"}}
+    for name, kw in paths.items():
+        m = train_update(CompletionLogProbs(load_lm(tiny_model_dir)), samples, cfg_for(tmp_path, **kw),
+                         pad_id=tiny_tokenizer.pad_token_id)
+        assert m["mismatch/answer/mean_abs"] < 1e-4 and m["mismatch/answer/out_of_band"] == 0.0, name
+        assert m["mismatch/confidence/mean_abs"] == pytest.approx(0.8, abs=1e-4), name
+        assert m["mismatch/confidence/max_abs"] == pytest.approx(0.8, abs=1e-4), name
+        assert m["mismatch/confidence/out_of_band"] == 1.0 and m["mismatch/max_abs"] == m["mismatch/confidence/max_abs"]
+        if name == "rollout":  # the first mini-batch's tokens, at no extra forward
+            assert 0 < m["mismatch/tokens"] < sum(tokens.values())
+        else:
+            assert {t: m[f"mismatch/{t}/tokens"] for t in tokens} == tokens, name
+        assert not any(k.startswith("is/") for k in m), name
+
+
+def test_the_correction_caps_and_masks_in_an_update(tiny_model_dir, tiny_tokenizer, tmp_path):
+    """Confidence tokens 0.8 nats more likely under π_old than under μ: ratio e^0.8 ≈ 2.2 > C = 2 caps every one
+    of them, and their geometric mean leaves [0.5, 2] (masked); answers (ratio 1) are untouched."""
+    from test_train import cfg_for, load_lm
+
+    from rlcr.train.batching import prepare_samples
+    from rlcr.train.logprobs import CompletionLogProbs
+    from rlcr.train.update import train_update
+
+    _, rows = _rows_with_engine_logprobs(tiny_model_dir, 0.8)
+    samples = prepare_samples(rows, tiny_tokenizer)
+    conf_tokens = sum(s.masked_tokens for s in samples if s.is_confidence)
+    all_tokens = sum(s.masked_tokens for s in samples)
+    results = {}
+    for name, kw in (("off", {}), ("tis", {"loss.tis_cap": 2.0}), ("both", {"loss.tis_cap": 2.0, "loss.seq_mask_band": [0.5, 2.0]})):
+        results[name] = train_update(CompletionLogProbs(load_lm(tiny_model_dir)), samples, cfg_for(tmp_path, **kw),
+                                     pad_id=tiny_tokenizer.pad_token_id)
+    tis, both = results["tis"], results["both"]
+    assert tis["is/capped"] == pytest.approx(conf_tokens / all_tokens) and tis["is/masked_samples"] == 0.0
+    assert tis["is/weight_mean"] == pytest.approx(((all_tokens - conf_tokens) + 2.0 * conf_tokens) / all_tokens, rel=1e-5)
+    assert both["is/masked_samples"] == pytest.approx(sum(s.is_confidence for s in samples) / len(samples))
+    assert both["is/weight_mean"] == pytest.approx((all_tokens - conf_tokens) / all_tokens, rel=1e-5)
+    # confidences masked: the answer part alone is the loss; capped: the confidence part counts twice
+    assert both["answer/pg_loss"] == pytest.approx(results["off"]["answer/pg_loss"], rel=1e-5)
+    assert both["confidence/pg_loss"] == 0.0 != results["off"]["confidence/pg_loss"]
+    assert tis["confidence/pg_loss"] == pytest.approx(2.0 * results["off"]["confidence/pg_loss"], rel=1e-4)
+    rows[0]["completion_logprobs"] = None
+    with pytest.raises(ValueError, match="completion_logprobs"):
+        train_update(CompletionLogProbs(load_lm(tiny_model_dir)), prepare_samples(rows, tiny_tokenizer),
+                     cfg_for(tmp_path, **{"loss.tis_cap": 2.0}), pad_id=tiny_tokenizer.pad_token_id)
+
+
+@pytest.mark.slow
+def test_a_real_engine_and_the_trainer_agree(tiny_model_dir, tiny_tokenizer, tmp_path):
+    """Real vLLM (CPU, float32) samples answers and confidences at temperature 0.7 and records its log-probs;
+    the update's mismatch figures are finite and tiny: the engine's log-probs are the untempered model's, the
+    distribution the trainer computes (log-probs of the tempered distribution would differ by far more)."""
+    from test_rollout import tiny_cfg
+    from test_train import cfg_for, load_lm
+
+    from rlcr.rollout.engine import create_engine
+    from rlcr.rollout.sampling import sample
+    from rlcr.tasks.chat import render_prompt
+    from rlcr.tasks.countdown import generate_tasks, turn1_messages
+    from rlcr.train.batching import prepare_samples
+    from rlcr.train.logprobs import CompletionLogProbs
+    from rlcr.train.update import train_update
+
+    llm = create_engine(tiny_model_dir, tiny_cfg(tiny_model_dir, "unused"), seed=5)
+    prompts = [render_prompt(tiny_tokenizer, turn1_messages(t))[1] for t in generate_tasks(4, seed=2)]
+    kw = dict(temperature=0.7, top_p=1.0)
+    answers = sample(llm, prompts, n=2, max_tokens=24, seeds=[[10 * i, 10 * i + 1] for i in range(4)], **kw)
+    suffix = tiny_tokenizer.encode("\nConfidence:", add_special_tokens=False)
+    contexts = [(p, i, a, list(p) + s.completion_ids + suffix)
+                for i, (p, outs) in enumerate(zip(prompts, answers)) for a, s in enumerate(outs)]
+    confs = sample(llm, [c for *_, c in contexts], n=1, max_tokens=8, seeds=[[100 + j] for j in range(len(contexts))], **kw)
+    rows = []
+    for (p, i, a, ctx), (conf,) in zip(contexts, confs):
+        ans = answers[i][a]
+        for st, context, s, h in (("answer", p, ans, None), ("confidence", ctx, conf, 0)):
+            if st == "answer" or s.completion_ids:
+                rows.append(dict(iteration=0, prompt_id=i, answer_id=a, confidence_id=h, sample_type=st,
+                                 context_ids=list(context), completion_ids=s.completion_ids, completion_text="",
+                                 completion_logprobs=s.completion_logprobs, loss_mask=[1] * len(s.completion_ids),
+                                 advantage=1.0 if a else -1.0))
+    del llm
+    m = train_update(CompletionLogProbs(load_lm(tiny_model_dir)), prepare_samples(rows, tiny_tokenizer),
+                     cfg_for(tmp_path, **{"update.mini_batches_per_epoch": 2}), pad_id=tiny_tokenizer.pad_token_id)
+    assert m["mismatch/tokens"] == sum(len(r["completion_ids"]) for r in rows)
+    for t in ("answer", "confidence"):
+        assert m[f"mismatch/{t}/tokens"] > 0
+        assert 0 <= m[f"mismatch/{t}/mean_abs"] < 1e-3 and m[f"mismatch/{t}/max_abs"] < 1e-2, m
+        assert m[f"mismatch/{t}/out_of_band"] == 0.0
+    assert mismatch_warning(m) is None
