@@ -116,7 +116,8 @@ def correction_summary(steps: Sequence[dict]) -> dict[str, float]:
     if not steps or "is/capped" not in steps[0]:
         return {}
     w = [s["global_tokens"] for s in steps]
-    out = {key: sum(s[key] * wi for s, wi in zip(steps, w)) / max(sum(w), 1.0) for key in ("is/capped", "is/weight_mean")}
+    out = {key: sum(s[key] * wi for s, wi in zip(steps, w)) / max(sum(w), 1.0)
+           for key in ("is/capped", "is/weight_mean")}
     out["is/masked_samples"] = sum(s["is/masked_sequences"] for s in steps) / max(
         sum(s["global_sequences"] for s in steps), 1)
     return out
