@@ -45,6 +45,7 @@ from rlcr.runs import (AlreadyCommitted, LeaseLost, RunLease, RunStore, StateMis
                        prompts_for_iteration, task_sets)
 from rlcr.storage import validate_run_id
 from rlcr.tracking import Tracker, sync_run, tracker_from_config
+from rlcr.train.mismatch import mismatch_warning
 from rlcr.train.trainer import PolicyTrainer, StateLost, TrainerLost
 
 __all__ = ["rlcr_train", "ensure_ray", "resolve_config", "artifact_key", "run_key"]
@@ -329,6 +330,8 @@ def rlcr_train(
                 )
                 log.info("iteration %d %s: %s", k, "committed" if save and save.uri else "saving" if save else "staged",
                          progress_line(metrics))
+                if warning := mismatch_warning(metrics["update"]):
+                    log.warning("iteration %d: %s", k, warning)
                 k += 1
             assert pending is None  # the last iteration's save is waited for; the others settle before an update
         summary["final_checkpoint"] = run.committed()[-1]["checkpoint_uri"]

@@ -6,6 +6,7 @@ holding its formula. Pure PyTorch.
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -15,6 +16,9 @@ __all__ = [
     "token_logprobs",
     "kl_penalty",
     "aggregate",
+    "truncated_is_weights",
+    "sequence_band_mask",
+    "importance_weights",
     "KL_ESTIMATORS",
     "AGGREGATIONS",
 ]
@@ -211,6 +215,67 @@ def aggregate(loss, mask, agg="token-mean", *, global_tokens=None, global_sequen
     )
 
 
+# ----------------------------------------------------------------------------- behaviour-policy correction
+
+
+def truncated_is_weights(old_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor,
+                         cap: float) -> torch.Tensor:
+    """Token-level truncated importance weights (TIS), no gradient:
+
+        w_t = min(π_old(y_t) / μ(y_t), C) = min(exp(logπ_old − logμ), C)   on masked tokens, 1 elsewhere
+
+    μ is the behaviour policy (the engine's sampling log-probs), π_old the policy of the PPO ratio's
+    denominator. ``[B, T]`` in, ``[B, T]`` out; the log-ratio is clamped to ±20 like the PPO ratio's.
+    """
+    if cap < 1.0:
+        raise ValueError(f"loss.tis_cap must be >= 1 (an on-policy token has weight 1), got {cap}")
+    log_w = (old_logp.detach() - behaviour_logp.detach()).clamp(-20.0, 20.0)
+    w = torch.exp(log_w).clamp(max=cap)
+    return torch.where(mask > 0, w, torch.ones_like(w))
+
+
+def sequence_band_mask(old_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor,
+                       band: tuple[float, float]) -> torch.Tensor:
+    """Sequence-level masking, no gradient: per row ``i`` the geometric mean of its masked tokens' ratios
+
+        r_i = exp( Σ_t M_it·(logπ_old − logμ) / Σ_t M_it )
+
+    and ``keep_i = 1`` if lo ≤ r_i ≤ hi, else 0 (a row without masked tokens is kept). ``[B, T]`` in, ``[B]``
+    (float 0/1) out. The geometric mean, not the product, so the band does not depend on the length.
+    """
+    lo, hi = band
+    if not 0.0 < lo <= 1.0 <= hi:
+        raise ValueError(f"loss.seq_mask_band must be [lo, hi] with 0 < lo <= 1 <= hi, got {list(band)}")
+    m = mask.to(torch.float32)
+    n = m.sum(-1)
+    mean_log = ((old_logp.detach() - behaviour_logp.detach()).float() * m).sum(-1) / n.clamp(min=1.0)
+    keep = (mean_log >= math.log(lo)) & (mean_log <= math.log(hi))
+    return (keep | (n == 0)).to(torch.float32)
+
+
+def importance_weights(old_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor, *,
+                       tis_cap: float | None = None, seq_band: tuple[float, float] | None = None,
+                       ) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """The per-token weights of the policy-gradient term, ``w_t = TIS_t · keep_i`` (docs/design.md §8), or None
+    when both corrections are off. Metrics: ``is/capped`` (masked tokens whose weight was capped, a count),
+    ``is/masked_sequences`` (rows masked out), ``is/weight_sum`` (Σ w over masked tokens)."""
+    if tis_cap is None and seq_band is None:
+        return None, {}
+    m = mask.to(torch.float32)
+    w = torch.ones_like(m)
+    stats = {"is/capped": 0.0, "is/masked_sequences": 0.0}
+    if tis_cap is not None:
+        w = truncated_is_weights(old_logp, behaviour_logp, mask, tis_cap)
+        raw = (old_logp.detach() - behaviour_logp.detach()).clamp(-20.0, 20.0)
+        stats["is/capped"] = float(((raw > math.log(tis_cap)).float() * m).sum())
+    if seq_band is not None:
+        keep = sequence_band_mask(old_logp, behaviour_logp, mask, seq_band)
+        w = w * keep[:, None]
+        stats["is/masked_sequences"] = float(((keep == 0) & (m.sum(-1) > 0)).sum())
+    stats["is/weight_sum"] = float((w * m).sum())
+    return w, stats
+
+
 # ----------------------------------------------------------------------------- policy loss
 
 
@@ -238,13 +303,15 @@ def policy_loss(
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
     is_confidence: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Dual-clip PPO/GRPO loss over masked tokens (docs/design.md §8).
 
     Per token, ρ = exp(logπ − logπ_old) and
         ℓ = max(−A·ρ, −A·clip(ρ, 1−ε_low, 1+ε_high));  where A < 0: ℓ = min(ℓ, −A·c)
     plus β·KL(π‖π_ref) per token when ``ref_logp`` is given and β > 0, minus
-    ``entropy_coef``·H when ``entropy`` is given. Reduced with ``agg``.
+    ``entropy_coef``·H when ``entropy`` is given. Reduced with ``agg``. ``is_weights`` (``[B, T]``, no
+    gradient; :func:`importance_weights`) multiplies the policy-gradient term ℓ only: w·ℓ + β·KL − coef·H.
 
     ``logp``/``old_logp``/``mask``: ``[B, T]``; ``advantages``: ``[B]`` or ``[B, T]``.
     With ``agg="token-mean"`` and ``global_tokens`` (the masked-token count of the
@@ -267,6 +334,8 @@ def policy_loss(
     pg = torch.maximum(loss_unclipped, loss_clipped)
     if clip_c is not None:
         pg = torch.where(adv < 0, torch.minimum(pg, -adv * clip_c), pg)
+    if is_weights is not None:
+        pg = pg * is_weights.detach().to(pg.dtype)
     per_token = pg
 
     kl = None

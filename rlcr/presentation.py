@@ -246,7 +246,8 @@ def committed_figures(cfg, run_id: str) -> Callable[[str, int], Optional[str]]:
         ro, up, ev = met.get("rollout", {}), met.get("update", {}), met.get("eval", {})
         return figures_text((("answer reward", ro.get("answer/reward_mean")),
                          ("confidence reward", ro.get("confidence/reward_mean")), ("loss", up.get("loss")),
-                         ("held-out accuracy", ev.get("accuracy")), ("ECE", ev.get("ece"))))
+                         ("held-out accuracy", ev.get("accuracy")), ("ECE", ev.get("ece")),
+                         ("logπ mismatch", up.get("mismatch/answer/mean_abs"))))
 
     return figures
 
@@ -386,12 +387,16 @@ def metrics_markdown(run_id: str, iteration: int, metrics: dict[str, Any], uris:
 
 def progress_line(metrics: dict) -> str:
     """The flow's log line of an iteration: held-out accuracy and ECE when it evaluated, else the training
-    rollout's accuracy and mean confidence (labelled as such: the rollout's prompts are training prompts)."""
+    rollout's accuracy and mean confidence (labelled as such: the rollout's prompts are training prompts); then
+    the answers' mean engine–trainer log-prob mismatch |Δ log π| (docs/design.md §11) where it was measured."""
     ev, ro = metrics["eval"], metrics["rollout"]
+    mm = (metrics.get("update") or {}).get("mismatch/answer/mean_abs")
+    tail = f", logπ mismatch {short(mm)}" if mm is not None else ""
     if ev:
-        return f"held-out accuracy {short(ev.get('accuracy', math.nan))}, ECE {short(ev.get('ece', math.nan))}"
+        return f"held-out accuracy {short(ev.get('accuracy', math.nan))}, ECE {short(ev.get('ece', math.nan))}{tail}"
     conf = f", mean confidence {short(ro['confidence/mean'])}" if "confidence/mean" in ro else ""
-    return f"rollout accuracy {short(ro.get('answer/accuracy', math.nan))}{conf} (no held-out evaluation this iteration)"
+    return (f"rollout accuracy {short(ro.get('answer/accuracy', math.nan))}{conf}{tail} (no held-out evaluation this "
+            "iteration)")
 
 
 # ----------------------------------------------------------------------------- the CLI's tables

@@ -69,6 +69,9 @@ class RLCRConfig(BaseModel):
             raise ValueError(f"rollout.prompts_per_iteration ({self.rollout.prompts_per_iteration}) must be <= "
                              f"tasks.num_train ({self.tasks.num_train}): an iteration's prompts are distinct "
                              f"training tasks")
+        if self.update.old_logp_source == "rollout" and (self.loss.tis_cap or self.loss.seq_mask_band):
+            raise ValueError("loss.tis_cap / loss.seq_mask_band correct π_old against the engine's log-probs; with "
+                             "update.old_logp_source=rollout they are the same (every weight is 1): use recompute")
         return self
 
     # ------------------------------------------------------------------ fields by dotted name

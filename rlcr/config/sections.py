@@ -255,6 +255,21 @@ class LossSection(Section):
     max_response_len: int | None = changes(None, ge=1)
     """Dr. GRPO normaliser of ``seq-mean-token-sum-norm``; None: max(rollout.max_answer_tokens,
     rollout.max_confidence_tokens)."""
+    tis_cap: float | None = changes(None, ge=1.0)
+    """Truncated importance sampling against the engine–trainer mismatch (docs/design.md §8): each token's
+    policy-gradient term is weighted by min(π_old/μ, C), μ the engine's sampling log-probs, C this cap (≥ 1;
+    verl/TRL use ~2). None: off. With ``update.old_logp_source=rollout`` (π_old = μ) every weight is 1: refused."""
+    seq_mask_band: tuple[float, float] | None = changes(None)
+    """Sequence-level masking (docs/design.md §8): a sample whose geometric-mean ratio π_old/μ over its masked
+    tokens leaves [lo, hi] (0 < lo ≤ 1 ≤ hi, e.g. [0.5, 2]) gets weight 0. None: off. Refused with
+    ``update.old_logp_source=rollout``, like ``loss.tis_cap``."""
+
+    @field_validator("seq_mask_band")
+    @classmethod
+    def _band_around_one(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
+        if value is not None and not 0.0 < value[0] <= 1.0 <= value[1]:
+            raise ValueError(f"must be [lo, hi] with 0 < lo <= 1 <= hi, got {list(value)}")
+        return value
 
 
 class UpdateSection(Section):

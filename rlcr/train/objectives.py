@@ -16,7 +16,7 @@ import torch
 
 from rlcr.advantages import spread_to_tokens
 from rlcr.config import RLCRConfig
-from rlcr.loss import policy_loss
+from rlcr.loss import importance_weights, policy_loss
 from rlcr.train.batching import MicroBatch
 
 __all__ = ["LossInputs", "Objective", "OBJECTIVES", "register_objective", "get_objective"]
@@ -101,13 +101,31 @@ def grpo_objective(x: LossInputs, cfg: RLCRConfig) -> tuple[torch.Tensor, dict[s
     token_adv = spread_to_tokens(
         mb.advantages, mask, mb.is_confidence, lambda_ans=cfg.method.lambda_ans, lambda_conf=cfg.method.lambda_conf
     ).to(device)
-    return policy_loss(
+    weights, is_stats = behaviour_correction(x, old, cfg)
+    loss, metrics = policy_loss(
         x.logp, old, token_adv, mask,
         clip_low=cfg.loss.clip_low, clip_high=cfg.loss.clip_high, clip_c=cfg.loss.clip_c, agg=cfg.loss.agg,
         ref_logp=ref, kl_coef=cfg.loss.kl_coef, kl_type=cfg.loss.kl_type,
         global_tokens=x.global_tokens, global_sequences=x.global_sequences, max_response_len=x.max_response_len,
-        entropy=x.entropy, entropy_coef=cfg.loss.entropy_coef, is_confidence=mb.is_confidence,
+        entropy=x.entropy, entropy_coef=cfg.loss.entropy_coef, is_confidence=mb.is_confidence, is_weights=weights,
     )
+    metrics.update(is_stats)
+    return loss, metrics
+
+
+def behaviour_correction(x: LossInputs, old: torch.Tensor, cfg: RLCRConfig) -> tuple[torch.Tensor | None, dict]:
+    """The importance weights of ``loss.tis_cap`` / ``loss.seq_mask_band`` (docs/design.md §8): π_old (``old``,
+    the ratio's denominator) against the behaviour policy μ, the engine's sampling log-probs of the rows
+    (``completion_logprobs``); None when both are off or the micro-batch has no masked token."""
+    band = tuple(cfg.loss.seq_mask_band) if cfg.loss.seq_mask_band is not None else None
+    mb, mask = x.mb, x.mb.loss_mask
+    if (cfg.loss.tis_cap is None and band is None) or float(mask.sum()) == 0:
+        return None, {}
+    if mb.rollout_logprobs is None:
+        raise ValueError("loss.tis_cap / loss.seq_mask_band need the engine's log-probs, but some rows have null "
+                         "completion_logprobs")
+    behaviour = mb.rollout_logprobs.to(old.device) * mask
+    return importance_weights(old, behaviour, mask, tis_cap=cfg.loss.tis_cap, seq_band=band)
 
 
 @register_objective("sft", uses_old_logp=False)

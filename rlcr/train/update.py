@@ -33,7 +33,8 @@ Objectives (``cfg.update.objective``) are registered by name in :mod:`rlcr.train
 the trainer's own model and numerics, so the first step's ratio is exactly 1
 (with a single optimizer step the current log-probs themselves are detached and
 used, which saves a forward pass); ``rollout`` uses vLLM's sampling log-probs
-(raw model log-probs, no temperature), whose numerics differ slightly.
+(raw model log-probs, no temperature), whose numerics differ slightly. How far they are from the trainer's π_θ_old
+is measured every update (:mod:`rlcr.train.mismatch`, ``mismatch/…``).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from rlcr.train.batching import (
     shard_rows,
     type_stats,
 )
+from rlcr.train.mismatch import MismatchStats, check_behaviour_logprobs, correction_summary
 from rlcr.train.objectives import LossInputs, Objective, get_objective
 
 __all__ = [
@@ -297,6 +299,7 @@ def _old_logp(mb: MicroBatch, cfg: RLCRConfig, objective: Objective,
 _METRIC_KEYS = ("pg_loss", "clipfrac_high", "clipfrac_low", "clipfrac_dual", "approx_kl", "ratio_mean", "entropy", "ref_kl")
 _TYPE_KEYS = ("pg_loss", "clipfrac", "approx_kl", "entropy")
 _TYPES = ("answer", "confidence")
+_IS_COUNTS = ("is/capped", "is/masked_sequences", "is/weight_sum")  # rlcr.loss.importance_weights's counts
 
 
 class StepMetrics:
@@ -312,6 +315,7 @@ class StepMetrics:
         self.sums = {key: 0.0 for key in _METRIC_KEYS}
         self.sums.update({f"{t}/{key}": 0.0 for t in _TYPES for key in _TYPE_KEYS})
         self.weights = {"tokens": 0.0, "answer/tokens": 0.0, "confidence/tokens": 0.0}
+        self.counts = {key: 0.0 for key in _IS_COUNTS}
         self.loss = 0.0
         self.padded = 0
         self.finite = True  # every loss on this rank so far is finite
@@ -324,6 +328,8 @@ class StepMetrics:
             if key in metrics:
                 self.sums[key] += metrics[key] * metrics["tokens"]
         self.weights["tokens"] += metrics["tokens"]
+        for key in _IS_COUNTS:
+            self.counts[key] += metrics.get(key, 0.0)
         for t in _TYPES:
             self.weights[f"{t}/tokens"] += metrics[f"{t}/tokens"]
             for key in _TYPE_KEYS:
@@ -332,10 +338,12 @@ class StepMetrics:
 
     def reduce(self, device) -> tuple[dict[str, float], float, float]:
         """``(per-token means, loss, padded_tokens)`` over all ranks."""
-        keys = list(self.sums) + list(self.weights) + ["loss", "padded_tokens"]
-        red = dict(zip(keys, _reduce([*self.sums.values(), *self.weights.values(), self.loss, float(self.padded)],
-                                     device)))
+        keys = list(self.sums) + list(self.weights) + list(self.counts) + ["loss", "padded_tokens"]
+        red = dict(zip(keys, _reduce([*self.sums.values(), *self.weights.values(), *self.counts.values(), self.loss,
+                                      float(self.padded)], device)))
         means = {key: red[key] / max(red["tokens"], 1.0) for key in _METRIC_KEYS}
+        means.update({"is/capped": red["is/capped"] / max(red["tokens"], 1.0), "is/masked_sequences":
+                      red["is/masked_sequences"], "is/weight_mean": red["is/weight_sum"] / max(red["tokens"], 1.0)})
         for t in _TYPES:
             for key in _TYPE_KEYS:
                 means[f"{t}/{key}"] = red[f"{t}/{key}"] / max(red[f"{t}/tokens"], 1.0)
@@ -343,10 +351,12 @@ class StepMetrics:
 
 
 def _step(policy: nn.Module, optimizer, cfg: RLCRConfig, objective: Objective, rows: list[Sample],
-          groups: list[list[Sample]], *, old_cache, ref_cache, pad_id: int, world_size: int, device) -> dict[str, float]:
+          groups: list[list[Sample]], *, old_cache, ref_cache, pad_id: int, world_size: int, device,
+          mismatch: MismatchStats | None = None) -> dict[str, float]:
     """One optimizer step over one mini-batch: this rank's ``rows``, packed into micro-batch ``groups``.
 
-    Returns the step's metrics (``empty`` when no rank has a masked token: no forward, no step).
+    Returns the step's metrics (``empty`` when no rank has a masked token: no forward, no step). ``mismatch``:
+    where the step's current log-probs (before its optimizer step: π_θ_old) are compared with the engine's.
     """
     g_tokens, g_seqs = _reduce([float(sum(s.masked_tokens for s in rows)), float(len(rows))], device)
     g_seqs = int(g_seqs)
@@ -366,14 +376,18 @@ def _step(policy: nn.Module, optimizer, cfg: RLCRConfig, objective: Objective, r
         last = j == len(groups) - 1
         sync = contextlib.nullcontext() if last or not hasattr(policy, "no_sync") else policy.no_sync()
         with sync:
-            loss, m, _ = micro_batch_loss(
+            loss, m, logp = micro_batch_loss(
                 policy, mb, cfg, old_logp=old, ref_logp=ref_lp, global_tokens=g_tokens,
                 global_sequences=g_seqs, max_response_len=max_response_len,
             )
             (loss * world_size).backward()
         acc.add(m, float(loss.detach()), padded)
+        if mismatch is not None:
+            mismatch.add_micro_batch(group, mb, logp)
     grad_norm, stepped = optimizer_step(policy, optimizer, grad_clip=cfg.update.grad_clip, local_ok=acc.finite)
     means, loss_sum, padded_tokens = acc.reduce(device)
+    if cfg.loss.tis_cap is None and cfg.loss.seq_mask_band is None:
+        means = {k: v for k, v in means.items() if not k.startswith("is/")}
     info.update(means)
     info.update(loss=loss_sum, grad_norm=grad_norm, stepped=float(stepped), empty=0.0, padded_tokens=padded_tokens)
     return info
@@ -412,6 +426,7 @@ def train_update(
     device = _device_of(policy)
     epochs, per_epoch = cfg.update.epochs_per_iteration, cfg.update.mini_batches_per_epoch
     total_steps = epochs * per_epoch
+    check_behaviour_logprobs(samples, cfg, objective.uses_old_logp)
     if optimizer is None:
         optimizer = make_optimizer(policy, cfg)
     if schedule is None:
@@ -428,6 +443,9 @@ def train_update(
     old_cache, ref_cache = _prepass(policy, ref, cfg, objective, local, packed, total_steps=total_steps,
                                     pad_id=pad_id, device=device)
     prepass_s = time.perf_counter() - t0
+    mismatch = MismatchStats()  # π_θ_old vs the engine: from the pre-pass's π_old, else in the first step
+    if old_cache is not None:  # epoch 0 holds every sample once, over the ranks
+        mismatch.add_cache(old_cache, [s for rows in local[0] for s in rows])
 
     steps: list[dict[str, float]] = []
     t_train = time.perf_counter()
@@ -438,11 +456,13 @@ def train_update(
             info: dict[str, float] = {"epoch": epoch, "mini_batch": k, "lr": lr}
             info.update(_step(policy, optimizer, cfg, objective, local[epoch][k], packed[epoch][k],
                               old_cache=old_cache, ref_cache=ref_cache, pad_id=pad_id, world_size=world_size,
-                              device=device))
+                              device=device, mismatch=mismatch if old_cache is None and not steps else None))
             steps.append(info)
     train_s = time.perf_counter() - t_train
-    return _summary(steps, samples, cfg, train_s=train_s, prepass_s=prepass_s, world_size=world_size,
-                    has_ref=ref_cache is not None)
+    out = _summary(steps, samples, cfg, train_s=train_s, prepass_s=prepass_s, world_size=world_size,
+                   has_ref=ref_cache is not None)
+    out.update(mismatch.reduce(_reduce, device))
+    return out
 
 
 def _summary(steps: list[dict[str, float]], samples: Sequence[Sample], cfg: RLCRConfig, *, train_s: float,
@@ -470,6 +490,7 @@ def _summary(steps: list[dict[str, float]], samples: Sequence[Sample], cfg: RLCR
         out["grad_norm_last"] = done[-1]["grad_norm"]
         out["loss_first"] = done[0]["loss"]
         out["ratio_mean_first"] = done[0]["ratio_mean"]
+        out.update(correction_summary(done))
     if not has_ref:
         out.pop("ref_kl", None)
     out["lr_last"] = steps[-1]["lr"] if steps else cfg.update.learning_rate
