@@ -403,8 +403,10 @@ NOISE = re.compile(r"Execution plan|Running Dataset|Starting execution of|stream
 @pytest.mark.slow
 def test_train_on_a_terminal_shows_rlcrs_own_lines_only(tiny_model_dir, tmp_path):
     """`rlcr train` on the tiny model, 80 columns: its start-up phases with their times, its stages and the
-    summary tables (nothing cut), and no line from Ray Data, Prefect's task runner, vLLM or Ray's start-up: those
-    are in the log file it names. Run again, the finished run is one "nothing to do" line."""
+    summary tables (nothing cut), the held-out evaluations' progress (k/n tasks), and no line from Ray Data,
+    Prefect's task runner, vLLM or Ray's start-up: those are in the log file it names. Run again, the finished run
+    is one "nothing to do" line. Then `rlcr probe` of the run: the same quiet screen (one 'logs:' line, its own
+    log file) with the probe's progress (answers, confidences, forced answers: k/n)."""
     import os
     import subprocess
     import sys
@@ -422,6 +424,8 @@ def test_train_on_a_terminal_shows_rlcrs_own_lines_only(tiny_model_dir, tmp_path
                "--run-id", "quiet", f"model.name={tiny_model_dir}", f"storage.uri={tmp_path / 'store'}"]
         first = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
         again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        probe = subprocess.run([*cmd[:3], "probe", *cmd[4:]], cwd=tmp_path, env=env, capture_output=True,
+                               text=True, timeout=600) if first.returncode == 0 else first
     out = first.stdout + first.stderr
     assert first.returncode == 0, out[-4000:]
     noisy = [line for line in out.splitlines() if NOISE.search(line)]
@@ -432,11 +436,23 @@ def test_train_on_a_terminal_shows_rlcrs_own_lines_only(tiny_model_dir, tmp_path
     for name in StageProgress.STARTUP.values():  # each phase named when it starts, and its time when it is done
         assert f"start-up: {name}…" in out and re.search(rf"start-up: {re.escape(name)} ready in \d", out), name
     assert "baseline evaluation: done" in out and "training: done in" in out
+    n = re.search(r"baseline evaluation: progress (\d+)/(\d+) tasks", out)
+    assert n and re.search(rf"baseline evaluation: progress {n.group(2)}/{n.group(2)} tasks", out), out[-3000:]
     table = out[out.index("run quiet"):].splitlines()
     assert all(len(line) <= 80 for line in table) and "…" not in "\n".join(table), table
     assert "accuracy" in "\n".join(table) and "AUROC" in "\n".join(table)
     assert again.returncode == 0, again.stderr[-2000:]
     assert again.stdout.strip() == "nothing to do: run quiet has 2 committed iterations (run.iterations = 2)"
+    seen = probe.stdout + probe.stderr
+    assert probe.returncode == 0, seen[-4000:]
+    assert not [line for line in seen.splitlines() if NOISE.search(line)], seen[-3000:]
+    log = re.match(r"logs: (rlcr-logs/quiet/probe-\d{8}-\d{6}\.log) ", seen)
+    assert log and seen.count("logs: ") == 1, seen[:2000]
+    assert "vllm" in (tmp_path / log.group(1)).read_text(errors="replace").lower()  # in the file, not here
+    for part in ("answers", "confidences"):
+        assert re.search(rf"probing \(.*\): {part} (\d+)/\1 tasks", seen), (part, seen[-3000:])
+    assert re.search(r"probing \(.*\): forced answers (\d+)/\1 truncation points", seen), seen[-3000:]
+    assert "report: " in seen
 
 
 def test_the_demos_larger_held_out_set_is_stratified_and_apart_from_training_and_warm_start():

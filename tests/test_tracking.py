@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from rlcr.tracking import SENTINEL, STARTED, Tracker, flatten_metrics, flatten_params, metric_key, open_tracker
+from rlcr.tracking import (SENTINEL, STARTED, Tracker, flatten_metrics, flatten_params, metric_key, open_tracker,
+                           tracked_metrics)
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVER_START_S = 180  # `mlflow server` takes ~10 s to answer on the busy 2-core box (~30–50 s with job execution)
@@ -245,7 +246,8 @@ def test_params_and_metrics_logged_with_steps(mlflow_server, tmp_path):
     assert [s for s, _ in history(c, tracker.mlflow_run_id, "eval/ece_ci_low")] == [1, 2, 3]
     assert history(c, tracker.mlflow_run_id, "timings/update_s") == [(1, 3.5), (2, 3.5), (3, 3.5)]
     assert history(c, tracker.mlflow_run_id, SENTINEL) == [(1, 1.0), (2, 2.0), (3, 3.0)]
-    assert set(run.data.metrics) == set(flatten_metrics(iteration_metrics(1))) | {SENTINEL, STARTED}
+    assert set(run.data.metrics) == set(tracked_metrics(iteration_metrics(1))) | {SENTINEL, STARTED}
+    assert history(c, tracker.mlflow_run_id, "Summary/ece") == history(c, tracker.mlflow_run_id, "eval/ece")
     tracker.close()
     assert c.get_run(tracker.mlflow_run_id).info.status == "FINISHED"
 
