@@ -205,6 +205,8 @@ class Tracker:
     mlflow_run_id: str | None = None
     experiment_id: str | None = None
     run_url: str | None = None
+    experiment_url: str | None = None
+    """The experiment's page on its training runs (MLflow's UI, where the tracking URI is a server)."""
     """The run's page in the MLflow UI (for a Prefect link artifact); None when no UI address is known."""
     ui_hint: str | None = None
     """How to view the runs (``mlflow ui --backend-store-uri …`` for a local store)."""
@@ -309,6 +311,8 @@ class MlflowTracker(Tracker):
         base = self.tracking_uri if self.tracking_uri.startswith(("http://", "https://")) else self._ui_url
         if base:
             self.run_url = f"{base.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.mlflow_run_id}"
+            # a bare experiment link opens on the GenAI overview where the browser has not chosen "Model training"
+            self.experiment_url = f"{base.rstrip('/')}/#/experiments/{self.experiment_id}?workflowType=machine_learning"
         return True
 
     def _log_params(self, existing: Mapping[str, str], params: Mapping[str, str]) -> None:

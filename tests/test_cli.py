@@ -129,6 +129,41 @@ def test_steps_print_start_and_done_off_a_terminal_only():
     assert bar.progress.tasks[0].completed == 1 and "started" not in tty.file.getvalue()
 
 
+def test_progress_inside_a_long_stage_is_k_of_n_lines_off_a_terminal_and_the_label_on_one():
+    """Progress events (rlcr.events.progress) of the work inside a step or a training stage: off a terminal a
+    line for the first of each part, at most one per PROGRESS_EVERY_S, and the one completing it; on a terminal
+    the spinner's or the bar's label. A broken event never fails the work."""
+    from rlcr import events
+    from rlcr.events import StageEvent
+
+    out, buf = log_console()
+    with _step("probing", out=out):
+        for part, unit, n in (("answers", "tasks", 3), ("forced answers", "truncation points", 2)):
+            for k in range(n + 1):
+                events.progress("probe", 0, k, n, unit, part)
+        events.progress("probe", 0, 2, 2, "truncation points", "forced answers")  # said twice: one line
+        events.emit(StageEvent("probe", 0, "progress", figures=None))  # broken: no line, no error
+    said = [line[11:] for line in lines(buf)]
+    assert said[1:5] == ["probing: answers 0/3 tasks", "probing: answers 3/3 tasks",
+                         "probing: forced answers 0/2 truncation points", "probing: forced answers 2/2 truncation points"]
+    assert len(said) == 6 and said[5].startswith("probing: done in")
+
+    out, buf = log_console()
+    bar = StageProgress(1, 1, out=out)
+    with events.subscribed(bar.on_event), bar:
+        events.started("baseline", 0)
+        events.progress("evaluate", 0, 0, 4)
+        events.progress("evaluate", 0, 4, 4)
+    assert "baseline evaluation: 4/4 tasks" in [line[11:] for line in lines(buf)]
+
+    tty = Console(file=io.StringIO(), force_terminal=True, width=100)
+    bar = StageProgress(1, 1, out=tty)
+    with events.subscribed(bar.on_event), bar:
+        events.started("evaluate", 1)
+        events.progress("evaluate", 1, 2, 4)
+        assert bar.progress.tasks[0].description == "iteration 1: held-out evaluation 2/4 tasks"
+
+
 def test_a_cli_command_logs_plain_lines(smollm2_dir):
     """``rlcr models prepare`` through typer, its stdout a pipe (as under ``make demo > demo.log``)."""
     from typer.testing import CliRunner
@@ -436,8 +471,8 @@ def test_train_on_a_terminal_shows_rlcrs_own_lines_only(tiny_model_dir, tmp_path
     for name in StageProgress.STARTUP.values():  # each phase named when it starts, and its time when it is done
         assert f"start-up: {name}…" in out and re.search(rf"start-up: {re.escape(name)} ready in \d", out), name
     assert "baseline evaluation: done" in out and "training: done in" in out
-    n = re.search(r"baseline evaluation: progress (\d+)/(\d+) tasks", out)
-    assert n and re.search(rf"baseline evaluation: progress {n.group(2)}/{n.group(2)} tasks", out), out[-3000:]
+    n = re.search(r"baseline evaluation: (\d+)/(\d+) tasks", out)
+    assert n and re.search(rf"baseline evaluation: {n.group(2)}/{n.group(2)} tasks", out), out[-3000:]
     table = out[out.index("run quiet"):].splitlines()
     assert all(len(line) <= 80 for line in table) and "…" not in "\n".join(table), table
     assert "accuracy" in "\n".join(table) and "AUROC" in "\n".join(table)

@@ -484,23 +484,32 @@ class Chromium:
 
 
 CHART_READY = ("document.querySelectorAll('.js-plotly-plot path.js-line').length > 0 && "
-               "!!document.querySelector('[title=\"eval/ece\"]')")
+               "!!document.querySelector('[title=\"Summary/ece\"]')")
 
 
 def test_the_run_page_draws_the_metric_chart(mlflow_server, tmp_path):
+    """In headless Chromium: the run's first charts are its headline figures (Summary/: rewards, held-out
+    accuracy, ECE…), before engines/…, eval/…; the experiment's link opens on its training runs."""
     tracker = open_tracker("mlflow", mlflow_server.url, str(tmp_path), "chart run", {"lr": 1e-5})
     for k in range(1, 6):
-        tracker.log_iteration(k, {"eval": {"ece": 0.5 / k}})
+        tracker.log_iteration(k, {**iteration_metrics(k), "engines": {"sync": [{"bytes": 1e6, "load_s": 0.2}]}})
     tracker.close()
     browser = Chromium(tmp_path / "chromium-profile")
     try:
         dom = browser.render(f"{tracker.run_url}/model-metrics", CHART_READY)
         shot = tmp_path / "mlflow-run-model-metrics.png"
         browser.screenshot(shot)
+        titles = browser.evaluate("[...document.querySelectorAll('[title]')].map(e => e.getAttribute('title'))")
+        page = browser.render(tracker.experiment_url, "document.body.innerText.includes('chart run')", 60)
+        at = browser.evaluate("location.href")
+        browser.screenshot(tmp_path / "mlflow-experiment.png")
     finally:
         browser.close()
+    charts = [t for t in titles if "/" in t]
+    assert charts[:3] == ["Summary/accuracy", "Summary/answer_reward", "Summary/ece"], titles
+    assert "chart run" in page and "/runs" in at and "Token Usage" not in page, at  # the runs table, not GenAI
     assert "MLflow" in dom and "chart run" in dom
-    assert 'title="eval/ece"' in dom  # the chart card of the metric
+    assert 'title="Summary/ece"' in dom  # the chart card of the metric
     lines = re.findall(r'<path class="js-line" d="(M[^"]+)"', dom)  # plotly's drawn traces
     assert any(d.count("L") >= 4 for d in lines), lines  # one line through the 5 logged steps
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
