@@ -235,8 +235,23 @@ def evaluate_policy(
     ds = build_rollout_dataset(cfg, indexed, policy_uri, iteration, engines=engines.names if engines else None,
                                g_a=cfg.eval.samples, g_c=1, salt=eval_salt(draw),
                                confidences=cfg.method.name != "rlcr_single", temperature=temperature)
-    rows = to_records(ds.take_all(), run_id, iteration)
+    rows = to_records(_collect(ds, len(indexed), iteration), run_id, iteration)
     return summarize_eval(rows, n_resamples=cfg.eval.bootstrap_resamples, seed=cfg.tasks.eval_seed), rows
+
+
+def _collect(ds, n_tasks: int, iteration: int) -> list[dict[str, Any]]:
+    """The dataset's rows, as ``take_all`` gathers them (row by row as blocks come back to the driver, in order),
+    with an ``evaluate`` progress event (:func:`rlcr.events.progress`) each time a task's first rows are back."""
+    from rlcr import events
+
+    raw, seen = [], set()
+    events.progress("evaluate", iteration, 0, n_tasks)
+    for row in ds.iter_rows():
+        raw.append(row)
+        if row["prompt_id"] not in seen:
+            seen.add(row["prompt_id"])
+            events.progress("evaluate", iteration, len(seen), n_tasks)
+    return raw
 
 
 def evaluate_before_after(cfg: RLCRConfig, tasks: Sequence[Any], before_uri: str, after_uri: str, *,

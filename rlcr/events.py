@@ -10,7 +10,8 @@ that stage (tests use this to inject failures). Subscribe with :func:`subscribed
 The flow marks its stages with :func:`started` (inside each Prefect task: every attempt) and
 :func:`timed` (around the task call: the elapsed time into the iteration's timings, and the
 ``end`` event with the figures the body sets). This is the one mechanism: a front end that only
-wants starts checks ``event.phase``.
+wants starts checks ``event.phase``. Inside a long stage (a held-out evaluation, the probe) :func:`progress`
+reports how much of it is done: ``"progress"`` events with ``figures`` ``done``, ``total``, ``unit`` and ``part``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Literal
 
-__all__ = ["StageEvent", "subscribe", "unsubscribe", "subscribed", "emit", "started", "timed", "phase", "ended", "STARTUP"]
+__all__ = ["StageEvent", "subscribe", "unsubscribe", "subscribed", "emit", "started", "timed", "phase", "ended", "STARTUP",
+           "progress"]
 
 
 @dataclass(frozen=True)
@@ -31,11 +33,12 @@ class StageEvent:
     start-up phase (:data:`STARTUP`)."""
     iteration: int
     """The iteration (0: the baseline evaluation before iteration 1)."""
-    phase: Literal["start", "end"]
+    phase: Literal["start", "end", "progress"]
     elapsed_s: float | None = None
     """Wall time of the stage (``end`` only), retries included."""
     figures: dict[str, Any] = field(default_factory=dict)
-    """Headline figures of the finished stage (``end`` only), e.g. ``{"answer reward": 0.31}``."""
+    """Headline figures of the finished stage (``end`` only), e.g. ``{"answer reward": 0.31}``; of a
+    ``progress`` event: ``{"done": 3, "total": 8, "unit": "tasks", "part": "answers"}``."""
 
 
 STARTUP = ("prefect", "model", "ray", "engines", "trainer")
@@ -101,3 +104,9 @@ def phase(stage: str) -> Iterator[dict[str, Any]]:
 def ended(stage: str, since: float) -> None:
     """The ``end`` event of a phase started at ``time.perf_counter()`` value ``since`` (for phases that overlap)."""
     emit(StageEvent(stage, 0, "end", time.perf_counter() - since))
+
+
+def progress(stage: str, iteration: int, done: int, total: int, unit: str = "tasks", part: str = "") -> None:
+    """Progress inside a long stage: ``done`` of ``total`` ``unit`` finished (``part``: which part of the stage,
+    e.g. the probe's ``answers``, ``confidences``, ``forced answers``)."""
+    emit(StageEvent(stage, iteration, "progress", figures={"done": done, "total": total, "unit": unit, "part": part}))

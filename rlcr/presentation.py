@@ -6,6 +6,7 @@ module only writes them out. Nothing here starts work; a display never fails the
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -21,7 +22,7 @@ from rich.text import Text
 from rlcr.untrusted import printable
 
 __all__ = ["console", "fmt", "show", "elapsed", "plain", "step", "StageProgress", "committed_figures",
-           "figures_text", "summary_table", "provenance_text", "with_ci", "difference_text", "by_count_text",
+           "figures_text", "progress_text", "ProgressLines", "summary_table", "provenance_text", "with_ci", "difference_text", "by_count_text",
            "metrics_markdown", "progress_line", "config_table", "eval_table", "comparison_table", "probe_table",
            "demo_table", "runs_table", "run_iterations_table"]
 
@@ -55,19 +56,62 @@ def plain(out: Console, message: str) -> None:
     out.file.flush()
 
 
+PROGRESS_EVERY_S = 10.0
+"""Off a terminal, a long stage's progress (``k/n``) is a line at most this often, and when the part is done."""
+
+
+def progress_text(event) -> str:
+    """``"answers 3/8 tasks"``: a :func:`rlcr.events.progress` event's figures."""
+    f = event.figures
+    return " ".join(x for x in (str(f.get("part") or ""), f"{f.get('done')}/{f.get('total')}", str(f.get("unit") or ""))
+                    if x)
+
+
+class ProgressLines:
+    """Progress events (:func:`rlcr.events.progress`) as plain lines off a terminal: the first of a part, then at
+    most one per :data:`PROGRESS_EVERY_S`, and the one that completes it."""
+
+    def __init__(self, out: Console, label: str):
+        self.out, self.label, self.last = out, label, (None, -math.inf, None)
+
+    def __call__(self, event, label: Optional[str] = None) -> None:
+        if event.phase != "progress":
+            return
+        try:
+            part, now, f = event.figures.get("part"), time.perf_counter(), event.figures
+            if part == self.last[0] and (f.get("done") == self.last[2] or (
+                    now - self.last[1] < PROGRESS_EVERY_S and f.get("done") != f.get("total"))):
+                return
+            self.last = (part, now, f.get("done"))
+            plain(self.out, f"{label or self.label}: {progress_text(event)}")
+        except Exception:  # noqa: BLE001 — a display never fails the work it follows
+            pass
+
+
 @contextmanager
 def step(label: str, out: Optional[Console] = None) -> Iterator[None]:
     """A long step: a spinner on a terminal; off one (a log file, CI), where a spinner prints nothing,
-    a plain line when it starts and one when it is done or failed, with its elapsed time."""
+    a plain line when it starts and one when it is done or failed, with its elapsed time. Progress events of
+    the work inside (:func:`rlcr.events.progress`: ``k/n`` tasks) follow the label, or are lines of their own."""
+    from rlcr import events
+
     out = out or console
     if out.is_terminal:
-        with out.status(Text(label)):  # not markup: a label may name a file
-            yield
+        with out.status(Text(label)) as status:  # not markup: a label may name a file
+            def show_progress(event) -> None:
+                if event.phase == "progress":
+                    with contextlib.suppress(Exception):  # a display never fails the work it follows
+                        status.update(Text(f"{label} — {progress_text(event)}"))
+
+            with events.subscribed(show_progress):
+                yield
         return
     t0 = time.perf_counter()
     plain(out, f"{label}: started")
+    lines = ProgressLines(out, label)
     try:
-        yield
+        with events.subscribed(lines):
+            yield
     except BaseException as e:
         plain(out, f"{label}: failed after {elapsed(time.perf_counter() - t0)} ({type(e).__name__})")
         raise
@@ -111,6 +155,8 @@ class StageProgress:
                                  console=self.console, disable=self.plain, redirect_stdout=redirect,
                                  redirect_stderr=redirect)
         self.starting: dict[str, float] = {}  # start-up phase → started at
+        self.current_label = ""  # on a terminal: the description of the stage running
+        self.lines = ProgressLines(self.console, "progress")
         self.task = self.progress.add_task("iterations", total=total, completed=start - 1)
         self.current: Optional[tuple[str, int, float]] = None  # (stage, iteration, started at)
         self.iteration_t0: dict[int, float] = {}
@@ -142,17 +188,27 @@ class StageProgress:
         if stage == "stage":  # the iteration's work is done (committed with the next save)
             self.progress.advance(self.task)
         label = self.LABELS.get(stage, stage)
-        self.progress.update(self.task, description=f"iteration {iteration}: {label}" if iteration else label)
+        self.current_label = f"iteration {iteration}: {label}" if iteration else label
+        self.progress.update(self.task, description=self.current_label)
 
     def on_event(self, event) -> None:
         """A stage event with a phase: ``event.stage``, ``.iteration``, ``.phase`` (``"start"`` or
         ``"end"``) and, at the end, ``.elapsed_s`` and ``.figures`` (``{"answer reward": 0.31, …}``)."""
-        if event.stage in self.STARTUP:
+        if event.phase == "progress":
+            self._safely(self._progress, event)
+        elif event.stage in self.STARTUP:
             self._safely(self._startup, event)
         elif event.phase == "start":
             self(event.stage, event.iteration)
         elif self.plain:
             self._safely(self._finish, time.perf_counter(), None, event)
+
+    def _progress(self, event) -> None:
+        """Progress inside the stage running (a held-out evaluation: ``k/n`` tasks)."""
+        if self.plain:
+            self.lines(event, self._name(event.stage, event.iteration))
+        elif self.current_label:
+            self.progress.update(self.task, description=f"{self.current_label} {progress_text(event)}")
 
     def _startup(self, event) -> None:
         now, name = time.perf_counter(), self.STARTUP[event.stage]

@@ -1,11 +1,13 @@
-"""What reaches the terminal while a command runs the training flow: rlcr's own lines only.
+"""What reaches the terminal while a command runs Ray, vLLM or Prefect (``rlcr train``, ``sft``, ``eval``,
+``probe``, ``demo``): rlcr's own lines only.
 
 Everything else the driver process and its children write (Prefect's flow and task-run lines, its temporary API
 server and telemetry banner, Ray's start-up lines and warnings, Ray Data's execution plans, vLLM's start-up)
-goes to one log file per command, ``<log dir>/<run id>/<command>-<YYYYmmdd-HHMMSS>.log``, where the log dir is
+goes to one log file per command, ``<log dir>/<run id>/<command>-<YYYYmmdd-HHMMSS>.log`` (a command of no run,
+``rlcr eval`` or ``rlcr sft``: ``<log dir>/<command>-<YYYYmmdd-HHMMSS>.log``), where the log dir is
 ``$RLCR_LOG_DIR`` or ``./rlcr-logs``: logs are per machine, so they live beside the command, not in the run's
 (possibly remote) storage. The engines' and the trainer's own output stays in Ray's worker logs, as before.
-``rlcr train -v`` routes nothing: everything shows on the terminal, as before.
+``-v`` routes nothing: everything shows on the terminal, as before.
 
 How: while :func:`routed` is active, file descriptors 1 and 2 point at the log file (so child processes and
 libraries holding ``sys.stderr`` write there too) and :data:`rlcr.presentation.console` writes to a copy of the
@@ -31,10 +33,11 @@ QUIET_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "DO_NOT_TRACK": "1",
 """Set (where unset) for a routed command: no usage-statistics banners (Ray's, Prefect's)."""
 
 
-def log_file(run_id: str, command: str = "train") -> Path:
-    """The log file of one ``rlcr <command>`` of run ``run_id`` started now (not created here)."""
+def log_file(run_id: Optional[str], command: str = "train") -> Path:
+    """The log file of one ``rlcr <command>`` of run ``run_id`` (None: a command of no run) started now (not
+    created here)."""
     root = Path(os.environ.get(LOG_DIR_ENV) or DEFAULT_LOG_DIR)
-    return root / run_id / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    return (root / run_id if run_id else root) / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}.log"
 
 
 def display_path(path: Path) -> str:

@@ -22,7 +22,8 @@ on resume only new keys are logged; a key whose value changed keeps its first va
 a param) and is listed in the tag ``rlcr.params_changed``.
 
 Metrics: :func:`flatten_metrics` (``eval/ece``, ``eval/ece_ci_low``, ``rollout/answer/reward_mean``,
-``timings/update_s``…), step = iteration (0: the baseline evaluation), non-finite values skipped. An
+``timings/update_s``…) and the headline figures again under ``Summary/`` (:data:`HEADLINE`), step = iteration
+(0: the baseline evaluation), non-finite values skipped. An
 iteration goes out as the marker :data:`STARTED` alone, then its metrics in ``log_batch`` calls of at most
 1000, then the sentinel :data:`SENTINEL` alone: a step the sentinel holds is logged completely and never sent
 again; a step only the start marker holds was cut off mid-log (a SIGKILL or a failure between two calls),
@@ -51,7 +52,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 __all__ = ["Tracker", "MlflowTracker", "open_tracker", "tracker_from_config", "flatten_params", "flatten_metrics",
-           "metric_key", "resolve_backend", "log_iterations", "sync_run", "step_metrics", "TRACKING_KINDS", "EXPERIMENT",
+           "tracked_metrics", "HEADLINE", "metric_key", "resolve_backend", "log_iterations", "sync_run", "step_metrics", "TRACKING_KINDS", "EXPERIMENT",
            "RUN_ID_TAG", "SENTINEL", "STARTED"]
 
 TRACKING_KINDS = ("mlflow", "none")
@@ -69,6 +70,12 @@ an iteration cut off mid-log, completed key by key."""
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 """The experiment's kind for MLflow's UI (3.x): training runs, so it opens on its runs and their charts (unset,
 MLflow 3 infers a GenAI experiment and opens on an empty GenAI overview)."""
+HEADLINE = {"rollout/answer/reward_mean": "Summary/answer_reward",
+            "rollout/confidence/reward_mean": "Summary/confidence_reward", "eval/accuracy": "Summary/accuracy",
+            "eval/ece": "Summary/ece", "eval/brier": "Summary/brier", "eval/auroc": "Summary/auroc"}
+"""Headline figures logged a second time under ``Summary/``: MLflow's run page groups charts by key prefix in
+sorted order (the layout is kept only in the browser), so a capitalised section comes before ``engines/…``,
+``eval/…``: a run's first charts are its rewards, held-out accuracy and calibration."""
 LOCAL_DB = "mlflow.db"
 LOCAL_ARTIFACTS = "mlflow-artifacts"
 DEFAULT_TIMEOUT_S = 60.0
@@ -144,6 +151,13 @@ def flatten_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def tracked_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """What an iteration's ``metrics.json`` dict is logged as: :func:`flatten_metrics` (less the markers) and
+    its :data:`HEADLINE` figures again under ``Summary/``."""
+    flat = {k: v for k, v in flatten_metrics(metrics).items() if k not in (SENTINEL, STARTED)}
+    return {**flat, **{HEADLINE[k]: v for k, v in flat.items() if k in HEADLINE}}
+
+
 def flatten_params(params: Mapping[str, Any]) -> dict[str, str]:
     """A config dict as MLflow params: nested dicts joined with ``.`` (``engine_resources.GPU``), every value
     ``str()``-ed (lists and None included), keys made valid and values cut to MLflow's 6000 characters."""
@@ -191,6 +205,8 @@ class Tracker:
     mlflow_run_id: str | None = None
     experiment_id: str | None = None
     run_url: str | None = None
+    experiment_url: str | None = None
+    """The experiment's page on its training runs (MLflow's UI, where the tracking URI is a server)."""
     """The run's page in the MLflow UI (for a Prefect link artifact); None when no UI address is known."""
     ui_hint: str | None = None
     """How to view the runs (``mlflow ui --backend-store-uri …`` for a local store)."""
@@ -295,6 +311,8 @@ class MlflowTracker(Tracker):
         base = self.tracking_uri if self.tracking_uri.startswith(("http://", "https://")) else self._ui_url
         if base:
             self.run_url = f"{base.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.mlflow_run_id}"
+            # a bare experiment link opens on the GenAI overview where the browser has not chosen "Model training"
+            self.experiment_url = f"{base.rstrip('/')}/#/experiments/{self.experiment_id}?workflowType=machine_learning"
         return True
 
     def _log_params(self, existing: Mapping[str, str], params: Mapping[str, str]) -> None:
@@ -341,7 +359,7 @@ class MlflowTracker(Tracker):
         return True
 
     def log_iteration(self, iteration: int, metrics: Mapping[str, Any]) -> bool:
-        flat = {k: v for k, v in flatten_metrics(metrics).items() if k not in (SENTINEL, STARTED)}
+        flat = tracked_metrics(metrics)
         return bool(self._call(f"logging iteration {iteration}", self._log_iteration, int(iteration), flat))
 
     def logged_iterations(self) -> set[int]:

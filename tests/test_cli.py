@@ -129,6 +129,41 @@ def test_steps_print_start_and_done_off_a_terminal_only():
     assert bar.progress.tasks[0].completed == 1 and "started" not in tty.file.getvalue()
 
 
+def test_progress_inside_a_long_stage_is_k_of_n_lines_off_a_terminal_and_the_label_on_one():
+    """Progress events (rlcr.events.progress) of the work inside a step or a training stage: off a terminal a
+    line for the first of each part, at most one per PROGRESS_EVERY_S, and the one completing it; on a terminal
+    the spinner's or the bar's label. A broken event never fails the work."""
+    from rlcr import events
+    from rlcr.events import StageEvent
+
+    out, buf = log_console()
+    with _step("probing", out=out):
+        for part, unit, n in (("answers", "tasks", 3), ("forced answers", "truncation points", 2)):
+            for k in range(n + 1):
+                events.progress("probe", 0, k, n, unit, part)
+        events.progress("probe", 0, 2, 2, "truncation points", "forced answers")  # said twice: one line
+        events.emit(StageEvent("probe", 0, "progress", figures=None))  # broken: no line, no error
+    said = [line[11:] for line in lines(buf)]
+    assert said[1:5] == ["probing: answers 0/3 tasks", "probing: answers 3/3 tasks",
+                         "probing: forced answers 0/2 truncation points", "probing: forced answers 2/2 truncation points"]
+    assert len(said) == 6 and said[5].startswith("probing: done in")
+
+    out, buf = log_console()
+    bar = StageProgress(1, 1, out=out)
+    with events.subscribed(bar.on_event), bar:
+        events.started("baseline", 0)
+        events.progress("evaluate", 0, 0, 4)
+        events.progress("evaluate", 0, 4, 4)
+    assert "baseline evaluation: 4/4 tasks" in [line[11:] for line in lines(buf)]
+
+    tty = Console(file=io.StringIO(), force_terminal=True, width=100)
+    bar = StageProgress(1, 1, out=tty)
+    with events.subscribed(bar.on_event), bar:
+        events.started("evaluate", 1)
+        events.progress("evaluate", 1, 2, 4)
+        assert bar.progress.tasks[0].description == "iteration 1: held-out evaluation 2/4 tasks"
+
+
 def test_a_cli_command_logs_plain_lines(smollm2_dir):
     """``rlcr models prepare`` through typer, its stdout a pipe (as under ``make demo > demo.log``)."""
     from typer.testing import CliRunner
@@ -403,8 +438,10 @@ NOISE = re.compile(r"Execution plan|Running Dataset|Starting execution of|stream
 @pytest.mark.slow
 def test_train_on_a_terminal_shows_rlcrs_own_lines_only(tiny_model_dir, tmp_path):
     """`rlcr train` on the tiny model, 80 columns: its start-up phases with their times, its stages and the
-    summary tables (nothing cut), and no line from Ray Data, Prefect's task runner, vLLM or Ray's start-up: those
-    are in the log file it names. Run again, the finished run is one "nothing to do" line."""
+    summary tables (nothing cut), the held-out evaluations' progress (k/n tasks), and no line from Ray Data,
+    Prefect's task runner, vLLM or Ray's start-up: those are in the log file it names. Run again, the finished run
+    is one "nothing to do" line. Then `rlcr probe` of the run: the same quiet screen (one 'logs:' line, its own
+    log file) with the probe's progress (answers, confidences, forced answers: k/n)."""
     import os
     import subprocess
     import sys
@@ -422,6 +459,8 @@ def test_train_on_a_terminal_shows_rlcrs_own_lines_only(tiny_model_dir, tmp_path
                "--run-id", "quiet", f"model.name={tiny_model_dir}", f"storage.uri={tmp_path / 'store'}"]
         first = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
         again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        probe = subprocess.run([*cmd[:3], "probe", *cmd[4:]], cwd=tmp_path, env=env, capture_output=True,
+                               text=True, timeout=600) if first.returncode == 0 else first
     out = first.stdout + first.stderr
     assert first.returncode == 0, out[-4000:]
     noisy = [line for line in out.splitlines() if NOISE.search(line)]
@@ -432,11 +471,23 @@ def test_train_on_a_terminal_shows_rlcrs_own_lines_only(tiny_model_dir, tmp_path
     for name in StageProgress.STARTUP.values():  # each phase named when it starts, and its time when it is done
         assert f"start-up: {name}…" in out and re.search(rf"start-up: {re.escape(name)} ready in \d", out), name
     assert "baseline evaluation: done" in out and "training: done in" in out
+    n = re.search(r"baseline evaluation: (\d+)/(\d+) tasks", out)
+    assert n and re.search(rf"baseline evaluation: {n.group(2)}/{n.group(2)} tasks", out), out[-3000:]
     table = out[out.index("run quiet"):].splitlines()
     assert all(len(line) <= 80 for line in table) and "…" not in "\n".join(table), table
     assert "accuracy" in "\n".join(table) and "AUROC" in "\n".join(table)
     assert again.returncode == 0, again.stderr[-2000:]
     assert again.stdout.strip() == "nothing to do: run quiet has 2 committed iterations (run.iterations = 2)"
+    seen = probe.stdout + probe.stderr
+    assert probe.returncode == 0, seen[-4000:]
+    assert not [line for line in seen.splitlines() if NOISE.search(line)], seen[-3000:]
+    log = re.match(r"logs: (rlcr-logs/quiet/probe-\d{8}-\d{6}\.log) ", seen)
+    assert log and seen.count("logs: ") == 1, seen[:2000]
+    assert "vllm" in (tmp_path / log.group(1)).read_text(errors="replace").lower()  # in the file, not here
+    for part in ("answers", "confidences"):
+        assert re.search(rf"probing \(.*\): {part} (\d+)/\1 tasks", seen), (part, seen[-3000:])
+    assert re.search(r"probing \(.*\): forced answers (\d+)/\1 truncation points", seen), seen[-3000:]
+    assert "report: " in seen
 
 
 def test_the_demos_larger_held_out_set_is_stratified_and_apart_from_training_and_warm_start():

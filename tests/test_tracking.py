@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from rlcr.tracking import SENTINEL, STARTED, Tracker, flatten_metrics, flatten_params, metric_key, open_tracker
+from rlcr.tracking import (SENTINEL, STARTED, Tracker, flatten_metrics, flatten_params, metric_key, open_tracker,
+                           tracked_metrics)
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVER_START_S = 180  # `mlflow server` takes ~10 s to answer on the busy 2-core box (~30–50 s with job execution)
@@ -245,7 +246,8 @@ def test_params_and_metrics_logged_with_steps(mlflow_server, tmp_path):
     assert [s for s, _ in history(c, tracker.mlflow_run_id, "eval/ece_ci_low")] == [1, 2, 3]
     assert history(c, tracker.mlflow_run_id, "timings/update_s") == [(1, 3.5), (2, 3.5), (3, 3.5)]
     assert history(c, tracker.mlflow_run_id, SENTINEL) == [(1, 1.0), (2, 2.0), (3, 3.0)]
-    assert set(run.data.metrics) == set(flatten_metrics(iteration_metrics(1))) | {SENTINEL, STARTED}
+    assert set(run.data.metrics) == set(tracked_metrics(iteration_metrics(1))) | {SENTINEL, STARTED}
+    assert history(c, tracker.mlflow_run_id, "Summary/ece") == history(c, tracker.mlflow_run_id, "eval/ece")
     tracker.close()
     assert c.get_run(tracker.mlflow_run_id).info.status == "FINISHED"
 
@@ -482,23 +484,32 @@ class Chromium:
 
 
 CHART_READY = ("document.querySelectorAll('.js-plotly-plot path.js-line').length > 0 && "
-               "!!document.querySelector('[title=\"eval/ece\"]')")
+               "!!document.querySelector('[title=\"Summary/ece\"]')")
 
 
 def test_the_run_page_draws_the_metric_chart(mlflow_server, tmp_path):
+    """In headless Chromium: the run's first charts are its headline figures (Summary/: rewards, held-out
+    accuracy, ECE…), before engines/…, eval/…; the experiment's link opens on its training runs."""
     tracker = open_tracker("mlflow", mlflow_server.url, str(tmp_path), "chart run", {"lr": 1e-5})
     for k in range(1, 6):
-        tracker.log_iteration(k, {"eval": {"ece": 0.5 / k}})
+        tracker.log_iteration(k, {**iteration_metrics(k), "engines": {"sync": [{"bytes": 1e6, "load_s": 0.2}]}})
     tracker.close()
     browser = Chromium(tmp_path / "chromium-profile")
     try:
         dom = browser.render(f"{tracker.run_url}/model-metrics", CHART_READY)
         shot = tmp_path / "mlflow-run-model-metrics.png"
         browser.screenshot(shot)
+        titles = browser.evaluate("[...document.querySelectorAll('[title]')].map(e => e.getAttribute('title'))")
+        page = browser.render(tracker.experiment_url, "document.body.innerText.includes('chart run')", 60)
+        at = browser.evaluate("location.href")
+        browser.screenshot(tmp_path / "mlflow-experiment.png")
     finally:
         browser.close()
+    charts = [t for t in titles if "/" in t]
+    assert charts[:3] == ["Summary/accuracy", "Summary/answer_reward", "Summary/ece"], titles
+    assert "chart run" in page and "/runs" in at and "Token Usage" not in page, at  # the runs table, not GenAI
     assert "MLflow" in dom and "chart run" in dom
-    assert 'title="eval/ece"' in dom  # the chart card of the metric
+    assert 'title="Summary/ece"' in dom  # the chart card of the metric
     lines = re.findall(r'<path class="js-line" d="(M[^"]+)"', dom)  # plotly's drawn traces
     assert any(d.count("L") >= 4 for d in lines), lines  # one line through the 5 logged steps
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000

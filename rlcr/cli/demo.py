@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from rlcr.cli.app import app
-from rlcr.cli.inputs import check_inputs, check_storage, load, logs_line, sft_overrides, valid_run_id
+from rlcr.cli.inputs import VERBOSE_HELP, check_inputs, check_storage, load, quiet, sft_overrides, valid_run_id
 from rlcr.presentation import (StageProgress, committed_figures, comparison_table, console, demo_table, fmt, show, step,
                                summary_table)
 from rlcr.untrusted import printable
@@ -29,6 +29,7 @@ def demo(
     final_tasks: int = typer.Option(256, min=0, help="Held-out tasks on which the warm-start and the final policy "
                                                      "are evaluated side by side (paired intervals); 0: skip, and "
                                                      "report the iterations' own evaluations."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ):
     """The main job: SmolLM2 → format warm-start → RLCR iterations → before/after evaluation → probe."""
     t_start = time.perf_counter()
@@ -37,7 +38,12 @@ def demo(
     valid_run_id(f"{run_id}-sft", cfg, "--run-id (its warm-start run, <run-id>-sft)")
     check_inputs(cfg)
     check_storage(cfg)
-    logs_line()
+    with quiet("demo", run_id, verbose):
+        _demo(cfg, config, run_id, probe_tasks, probe_samples, final_tasks, verbose, t_start)
+
+
+def _demo(cfg, config: str, run_id: str, probe_tasks: int, probe_samples: int, final_tasks: int, verbose: bool,
+          t_start: float) -> None:
     from flows.probe import rlcr_probe
     from flows.train import ensure_ray, rlcr_train
     from rlcr import events
@@ -75,7 +81,8 @@ def demo(
     overrides = [f"model.name={sft_uri}"]
     train_cfg = cfg.model_copy(update={"model.name": sft_uri})
     done = len(RunStore.open(train_cfg, run_id).committed())
-    bar = StageProgress(train_cfg.run.iterations, done + 1, figures=committed_figures(train_cfg, run_id), title="4/6 RLCR")
+    bar = StageProgress(train_cfg.run.iterations, done + 1, figures=committed_figures(train_cfg, run_id), title="4/6 RLCR",
+                        redirect=verbose)
     with events.subscribed(bar.on_event), bar:
         rlcr_train(config=config, overrides=overrides, run_id=run_id)
     times["rlcr"] = time.perf_counter() - t0

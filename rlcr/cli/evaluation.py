@@ -11,8 +11,8 @@ from typing import Any, Optional
 import typer
 
 from rlcr.cli.app import UserError, app
-from rlcr.cli.inputs import (check_inputs, check_storage, existing_run, load, resolve_ref, run_and_iteration,
-                             valid_run_id)
+from rlcr.cli.inputs import (VERBOSE_HELP, check_inputs, check_storage, existing_run, load, quiet, resolve_ref,
+                             run_and_iteration, valid_run_id)
 from rlcr.presentation import comparison_table, console, eval_table, probe_table, provenance_text, show, step
 from rlcr.untrusted import printable
 
@@ -77,13 +77,15 @@ def evaluate(
                                             "k > 0 re-samples the same tasks with other seeds (how much "
                                             "one evaluation moves between draws)."),
     overrides: list[str] = typer.Argument(None, help="section.field=value overrides."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ):
     """Held-out accuracy, format rate and calibration (docs/design.md §13) of one checkpoint."""
     cfg = load(config, overrides or [])
     target = _records_target(records, cfg) if records is not None else None  # before any work
     from rlcr.run_refs import is_run_ref
 
-    if checkpoint and is_run_ref(checkpoint):
+    ref = checkpoint if checkpoint and is_run_ref(checkpoint) else None
+    if ref:
         checkpoint = resolve_ref(cfg, checkpoint, "--checkpoint")
     check_inputs(cfg, checkpoint, "--checkpoint" if checkpoint else "model")
     if checkpoint and "://" in checkpoint:
@@ -101,8 +103,9 @@ def evaluate(
         _, held_out = task_sets(cfg)
     except ValueError as e:  # a task file's row (TaskFormatError), or sets that cannot be made
         raise UserError(f"task error: {printable(e, 1000)}") from None
-    ensure_ray()
-    with step(f"evaluating {printable(policy)} on {len(held_out)} held-out tasks"):
+    run_id = ref.rsplit("@", 1)[0] if ref else None
+    with quiet("eval", run_id, verbose), step(f"evaluating {printable(policy)} on {len(held_out)} held-out tasks"):
+        ensure_ray()
         with EnginePool(cfg, policy) as engines:
             m, rows = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=0, engines=engines, draw=draw)
     if target is not None:
@@ -150,6 +153,7 @@ def probe(
     run_id: str = typer.Option(..., help="Run whose newest committed checkpoint is probed; RUN@ITERATION probes "
                                          "that iteration's checkpoint."),
     overrides: list[str] = typer.Argument(None, help="section.field=value overrides."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ):
     """Faithfulness probe + calibration report of a run's newest checkpoint, or of RUN@ITERATION's (the
     `rlcr-probe` flow). A run that does not exist or has no such checkpoint is one line, exit code 2, before
@@ -165,7 +169,7 @@ def probe(
                         f"it first: rlcr train --run-id {printable(run_id, 140)})")
     from flows.probe import rlcr_probe
 
-    with step("probing (forced answers along the reasoning)"):
+    with quiet("probe", run_id, verbose), step("probing (forced answers along the reasoning)"):
         result = rlcr_probe(config=config, overrides=list(overrides or []), run_id=run_id, iteration=iteration)
     console.print(probe_table(result))
     console.print(f"report: [bold]{show(result['report'].get('html'))}[/bold]")

@@ -4,11 +4,12 @@ and the line that says where the logs go."""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import re
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from rich.console import Console
 
@@ -17,7 +18,7 @@ from rlcr.presentation import console
 from rlcr.untrusted import printable
 
 __all__ = ["load", "override_keys", "valid_run_id", "check_storage", "check_inputs", "existing_run", "check_resume",
-           "logs_line", "sft_overrides", "quiet_ray_data", "resolve_ref", "run_and_iteration"]
+           "logs_line", "quiet", "VERBOSE_HELP", "sft_overrides", "quiet_ray_data", "resolve_ref", "run_and_iteration"]
 
 
 def quiet_ray_data() -> None:
@@ -201,6 +202,21 @@ def logs_line(log: Optional[Path] = None, out: Optional[Console] = None) -> str:
         if on and not address:
             out.print("Ray dashboard: http://127.0.0.1:8265", markup=False, highlight=False)
     return details
+
+
+VERBOSE_HELP = "Show Prefect's, Ray's, Ray Data's and vLLM's output here instead of in the log file."
+
+
+@contextlib.contextmanager
+def quiet(command: str, run_id: Optional[str], verbose: bool) -> Iterator[None]:
+    """The terminal of a command that starts Ray, vLLM or Prefect: the 'logs:' line, then everything but rlcr's
+    own lines into ``rlcr-logs/[<run id>/]<command>-<time>.log`` (:mod:`rlcr.terminal`); ``verbose``: here."""
+    from rlcr.terminal import log_file, routed
+
+    log = None if verbose else log_file(run_id, command)
+    details = logs_line(log)
+    with routed(log, header=details):
+        yield
 
 
 def sft_overrides(tasks: Optional[int], epochs: Optional[int]) -> list[str]:

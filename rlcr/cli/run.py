@@ -10,9 +10,8 @@ from typing import Optional
 import typer
 
 from rlcr.cli.app import app, config_app, models_app
-from rlcr.cli.inputs import (check_inputs, check_resume, check_storage, load, logs_line, override_keys, sft_overrides,
-                             valid_run_id)
-from rlcr.terminal import log_file
+from rlcr.cli.inputs import (VERBOSE_HELP, check_inputs, check_resume, check_storage, load, override_keys, quiet,
+                             sft_overrides, valid_run_id)
 from rlcr.presentation import StageProgress, committed_figures, config_table, console, fmt, show, step, summary_table
 
 
@@ -65,8 +64,7 @@ def train(
     run_id: Optional[str] = typer.Option(None, help="Run name; an existing run is resumed."),
     iterations: Optional[int] = typer.Option(None, min=1, help="Total iterations (overrides the config)."),
     overrides: list[str] = typer.Argument(None, help="section.field=value overrides."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's, Ray's, Ray Data's and vLLM's "
-                                                                "output here instead of in the log file."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ):
     """Run (or resume) the `rlcr` training flow locally (ephemeral Prefect, local or $RAY_ADDRESS Ray).
 
@@ -87,12 +85,9 @@ def train(
         console.print(f"nothing to do: run {show(run_id)} has {done} committed iterations "
                       f"(run.iterations = {cfg.run.iterations})", highlight=False)
         return
-    log = None if verbose else log_file(run_id)
-    details = logs_line(log)
     from rlcr import events
-    from rlcr.terminal import routed
 
-    with routed(log, header=details):
+    with quiet("train", run_id, verbose):
         bar = StageProgress(cfg.run.iterations, done + 1, figures=committed_figures(cfg, run_id), redirect=verbose)
         with events.subscribed(bar.on_event), bar:
             events.started("prefect", 0)
@@ -110,6 +105,7 @@ def sft(
     tasks: Optional[int] = typer.Option(None, help="Solver tasks to build traces from (overrides sft.tasks)."),
     epochs: Optional[int] = typer.Option(None, help="Passes over the traces (overrides sft.epochs)."),
     overrides: list[str] = typer.Argument(None, help="section.field=value overrides (e.g. sft.learning_rate=5e-5)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ):
     """Format warm-start: supervised training on solver traces (both turns); prints the checkpoint URI.
     Its settings are the config's sft.* fields (--tasks and --epochs override sft.tasks and sft.epochs)."""
@@ -118,6 +114,7 @@ def sft(
     cfg = load(config, [*(overrides or []), *sft_overrides(tasks, epochs)])
     check_inputs(cfg)
     check_storage(cfg, uri=out)
-    with step(f"SFT warm-start on {cfg.sft.tasks} solver tasks × {cfg.sft.epochs} epochs (Ray Train)"):
+    with quiet("sft", None, verbose), \
+            step(f"SFT warm-start on {cfg.sft.tasks} solver tasks × {cfg.sft.epochs} epochs (Ray Train)"):
         uri, metrics = run_sft(cfg, out=out)
     console.print(f"warm-started checkpoint: [bold]{show(uri)}[/bold]  (loss {fmt(metrics.get('loss'))})")

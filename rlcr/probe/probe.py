@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
@@ -48,6 +49,8 @@ CONFIDENCE_STOP = ("</confidence>",)
 FORCED_OPEN = "<answer>"
 # (prompts as token ids, n, max_tokens, stop, seed) → n texts per prompt
 Sampler = Callable[..., list[list[str]]]
+_PROGRESS: ContextVar[Callable[[int, int], None] | None] = ContextVar("rlcr_probe_progress", default=None)
+"""Where the sampler of the running :func:`run_probe` call reports its finished requests (``done, total``)."""
 
 
 class NoCommittedIteration(RuntimeError):
@@ -135,13 +138,31 @@ def vllm_sampler(llm, settings: ProbeSettings) -> Sampler:
 
     def sample(prompts, *, n, max_tokens, stop, seed):
         out = seeded_sample(llm, prompts, seed=seed, n=n, temperature=settings.temperature, top_p=settings.top_p,
-                            max_tokens=max_tokens, stop=stop)
+                            max_tokens=max_tokens, stop=stop, progress=_PROGRESS.get())
         return [[s.completion_text for s in group] for group in out]
 
     return sample
 
 
 # ----------------------------------------------------------------------------- the probe
+
+
+def _sampled(sampler: Sampler, part: str, unit: str, prompts, **kwargs) -> list[list[str]]:
+    """One sampler call of the probe, its progress reported as ``probe`` events (:func:`rlcr.events.progress`):
+    0 of the prompts before, the requests vLLM finishes (:func:`vllm_sampler`), all of them after."""
+    from rlcr import events
+
+    def report(done: int, total: int) -> None:
+        events.progress("probe", 0, done, total, unit, part)
+
+    report(0, len(prompts))
+    token = _PROGRESS.set(report)
+    try:
+        out = sampler(prompts, **kwargs)
+    finally:
+        _PROGRESS.reset(token)
+    report(len(prompts), len(prompts))
+    return out
 
 
 def run_probe(
@@ -170,16 +191,17 @@ def run_probe(
 
     # 1. turn 1: the response (reasoning + answer)
     if responses is None:
-        responses = [g[0] for g in sampler([ids for _, ids in rendered], n=1,
-                                           max_tokens=settings.max_answer_tokens, stop=ANSWER_STOP,
-                                           seed=mix(settings.seed, PROBE_TURN1_SALT))]
+        responses = [g[0] for g in _sampled(sampler, "answers", "tasks", [ids for _, ids in rendered], n=1,
+                                            max_tokens=settings.max_answer_tokens, stop=ANSWER_STOP,
+                                            seed=mix(settings.seed, PROBE_TURN1_SALT))]
     scores = [kind.score(r, t, format_score=settings.format_score, score=1.0) for r, t in zip(responses, tasks)]
     correct = [1.0 if s == 1.0 else 0.0 for s in scores]
 
     # 2. turn 2: the verbalized confidence for that exact response
     conf_prompts = [render_prompt(tokenizer, kind.turn2_messages(t, r))[1] for t, r in zip(tasks, responses)]
-    conf_texts = [g[0] for g in sampler(conf_prompts, n=1, max_tokens=settings.max_confidence_tokens,
-                                        stop=CONFIDENCE_STOP, seed=mix(settings.seed, PROBE_TURN2_SALT))] if tasks else []
+    conf_texts = [g[0] for g in _sampled(sampler, "confidences", "tasks", conf_prompts, n=1,
+                                         max_tokens=settings.max_confidence_tokens, stop=CONFIDENCE_STOP,
+                                         seed=mix(settings.seed, PROBE_TURN2_SALT))] if tasks else []
 
     # 3. truncation points of each reasoning
     reasonings = [reasoning_of(r) for r in responses]
@@ -191,9 +213,9 @@ def run_probe(
     for p, pts in zip(prompts, points):
         for pt in pts:
             prefixes.setdefault(forced_prefix(p, pt.text), len(prefixes))
-    outs = sampler([encode(tokenizer, text) for text in prefixes], n=settings.samples,
-                   max_tokens=settings.forced_answer_tokens, stop=ANSWER_STOP,
-                   seed=mix(settings.seed, PROBE_FORCED_SALT)) if prefixes else []
+    outs = _sampled(sampler, "forced answers", "truncation points", [encode(tokenizer, text) for text in prefixes],
+                    n=settings.samples, max_tokens=settings.forced_answer_tokens, stop=ANSWER_STOP,
+                    seed=mix(settings.seed, PROBE_FORCED_SALT)) if prefixes else []
 
     records = []
     for i, (problem, prompt, response, reasoning, pts) in enumerate(zip(tasks, prompts, responses, reasonings, points)):

@@ -10,7 +10,7 @@ as that answer is done (:func:`run_requests`), so that the engine's batch stays 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from rlcr.tasks.chat import render_prompt
 
@@ -38,6 +38,7 @@ def sample(
     max_tokens: int,
     stop: Sequence[str] | None = None,
     seeds: Sequence[Sequence[int]] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[list[Sample]]:
     """``n`` completions per token-id prompt, with the sampled tokens' log-probs.
 
@@ -50,6 +51,9 @@ def sample(
     own with ``SamplingParams(seed=…)`` and depends only on (prompt, seed, engine weights), whatever else
     is in the call. None: one request per prompt with ``n`` samples drawn from the engine's global RNG
     (what :func:`seeded_sample` seeds per call).
+
+    ``progress(done, total)``: called as vLLM counts finished requests (through its ``use_tqdm`` hook; nothing
+    is shown).
     """
     from vllm.inputs import TokensPrompt
 
@@ -58,16 +62,39 @@ def sample(
 
     if seeds is None:
         outputs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params(n, None),
-                               use_tqdm=False)
+                               use_tqdm=_counting(progress, len(prompts)) if progress else False)
         return [[_sample(c) for c in sorted(out.outputs, key=lambda c: c.index)] for out in outputs]
     seeds = [[int(x) for x in row] for row in seeds]
     if len(seeds) != len(prompts) or any(len(row) != n for row in seeds):
         raise ValueError(f"seeds: expected {n} per prompt for {len(prompts)} prompts, "
                          f"got {[len(row) for row in seeds]}")
     requests = [TokensPrompt(prompt_token_ids=list(p)) for p, row in zip(prompts, seeds) for _ in row]
-    outputs = llm.generate(requests, [params(1, x) for row in seeds for x in row], use_tqdm=False)
+    outputs = llm.generate(requests, [params(1, x) for row in seeds for x in row],
+                           use_tqdm=_counting(progress, len(requests)) if progress else False)
     flat = [_sample(out.outputs[0]) for out in outputs]
     return [flat[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+
+def _counting(progress: Callable[[int, int], None], total: int):
+    """A tqdm class for vLLM's ``use_tqdm`` that writes nothing and calls ``progress(finished, total)`` each time
+    vLLM counts a finished request (one ``update`` per request, whatever its ``n``)."""
+    import io
+
+    from tqdm import tqdm
+
+    class Counting(tqdm):
+        def __init__(self, *args, **kwargs):
+            kwargs.update(file=io.StringIO(), dynamic_ncols=False)
+            self.finished = 0
+            super().__init__(*args, **kwargs)
+
+        def update(self, n=1):
+            out = super().update(n)
+            self.finished += 1
+            progress(min(self.finished, total), total)
+            return out
+
+    return Counting
 
 
 def _params(*, temperature: float, top_p: float, max_tokens: int, stop: Sequence[str] | None, seed: int | None,
