@@ -13,6 +13,7 @@ How: while :func:`routed` is active, file descriptors 1 and 2 point at the log f
 libraries holding ``sys.stderr`` write there too) and :data:`rlcr.presentation.console` writes to a copy of the
 terminal's descriptor. On an exception the descriptors are restored, so the error line or traceback reaches the
 terminal; on success they stay in the log until the process ends (Prefect's and Ray's shutdown lines go there).
+Either way the console is given back to ``sys.stdout`` when the command returns.
 """
 
 from __future__ import annotations
@@ -79,9 +80,11 @@ def routed(path: Optional[Path], header: str = "") -> Iterator[None]:
         sys.stderr.flush()
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
-        console.file = None
-        terminal.close()
         raise
     finally:
+        # the console goes back to sys.stdout (a command run in-process, e.g. by a test, must not keep writing to
+        # the terminal it captured); on success the descriptors stay routed, for the shutdown lines at exit
+        console.file = None
+        terminal.close()
         os.close(saved[0])
         os.close(saved[1])

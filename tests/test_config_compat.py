@@ -30,6 +30,8 @@ def test_a_flat_record_reads_as_the_same_settings(tmp_path):
     assert dumped["rollout"].pop("pipeline_turns") is False  # the two-call way, as the record's code ran
     assert dumped["orchestration"].pop("background_save") is True  # operational: when the save is waited for
     assert dumped["orchestration"].pop("keep_checkpoints") is None  # operational: every save kept, as then
+    assert dumped["loss"].pop("tis_cap") is None and dumped["loss"].pop("seq_mask_band") is None  # no correction
+    assert dumped["placement"].pop("engine_gpus") is None and dumped["placement"].pop("trainer_gpus") is None
     assert dumped == {**nested, "storage": nested["storage"]}
     assert result_changing_diff(RECORD, _same_run(tmp_path)) == []  # operational moves (store, iterations) ignored
     assert result_changing_diff(RECORD, _same_run(tmp_path).model_copy(update={"rollout.temperature": 0.7})) == [
