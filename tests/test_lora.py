@@ -156,3 +156,58 @@ def test_lora_config_is_off_by_default_changes_results_and_refuses_fsdp():
         RLCRConfig.from_dict({"lora.enabled": True, "update.use_gpu": True, "update.fsdp": True})
     with pytest.raises(Exception, match="target_modules"):
         RLCRConfig.from_dict({"lora.target_modules": ["q_proj; rm"]})
+
+
+# ----------------------------------------------------------------------------- engines (vLLM), Ray Train
+
+
+def test_an_adapter_update_samples_exactly_as_an_engine_created_from_the_merged_checkpoint(
+        ray_local, tiny_model_dir, tiny_tokenizer, tmp_path):
+    import ray
+
+    from rlcr.rollout.engine import EnginePool
+    from test_rollout import tiny_cfg
+    from test_weight_sync import sample_answers
+
+    cfg = lora_cfg(tmp_path)
+    peft_model, _, optimizer, _ = trained(tiny_model_dir, tiny_tokenizer, cfg)
+    for layer in lora_layers(peft_model).values():  # a bigger move than one step: the samples must change
+        torch.nn.init.normal_(layer.lora_B["default"].weight, std=0.05)
+    update = adapter_update(peft_model)
+    uri = save_lora(peft_model, optimizer, tmp_path, str(tiny_model_dir))
+    with EnginePool(tiny_cfg(tiny_model_dir, tmp_path / "engine-store"), str(tiny_model_dir)) as pool:
+        base = sample_answers(pool, str(tiny_model_dir))
+        info = pool.update_weights(ray.put(update), "lora-v1")[0]
+        assert info["mode"] == "inplace" and info["adapter_bytes"] < info["bytes"]
+        synced = sample_answers(pool, "lora-v1")
+        assert synced != base
+        # the reference: an engine created from the merged checkpoint (as eval, the probe or a restart get it)
+        assert pool.load(uri, mode="recreate")[0]["mode"] == "recreate"
+        assert sample_answers(pool, uri) == synced  # same tokens, bit-identical log-probs
+        # the next version merges into the base again (not into the engine's current weights)
+        assert pool.update_weights(update, "lora-v2")[0]["mode"] == "inplace"
+        assert sample_answers(pool, "lora-v2") == synced
+        pool.load(str(tiny_model_dir))
+        assert sample_answers(pool, str(tiny_model_dir)) == base
+
+
+def test_a_lora_update_on_one_and_two_workers(ray_local, tiny_model_dir, tmp_path):
+    from rlcr.train.trainer import run_update
+
+    rows = make_rows(n_prompts=2, g_a=2, g_c=3, seed=3)[:14]
+    adapters = {}
+    for workers in (1, 2):
+        cfg = lora_cfg(tmp_path / f"w{workers}", **{"update.num_workers": workers, "update.learning_rate": 1e-3,
+                                                    "update.micro_batch_tokens": 64, "update.mini_batches_per_epoch": 4})
+        res = run_update(cfg, rows, policy_uri=str(tiny_model_dir), run_id="r", iteration=1, with_optimizer=True)
+        assert res.metrics["optimizer_steps"] == 4 and res.metrics["world_size"] == workers
+        raw = fetch_checkpoint(res.checkpoint_uri, merge=False)
+        assert is_adapter_dir(raw) and json.loads((raw / "rlcr_adapter.json").read_text())["base"] == str(tiny_model_dir)
+        state = torch.load(raw / TRAINING_STATE_FILE, weights_only=False)
+        assert len(state["optimizer"]["state"]) == 2 * 7 * 2  # A and B of 7 modules × 2 layers: nothing else
+        adapters[workers] = read_adapter(raw).factors
+    for name, (a1, b1) in adapters[1].items():
+        a2, b2 = adapters[2][name]
+        # the same seeded initialisation on every rank, the same steps up to float summation order
+        assert torch.allclose(a1, a2, atol=2e-4, rtol=0.02), name
+        assert float(b1.abs().max()) > 0 and torch.allclose(b1, b2, atol=2e-4, rtol=0.02), name

@@ -228,7 +228,7 @@ class RolloutEngine:
         else:
             tensors = check_weights(weights, self.weight_spec)
         if mode == "inplace":
-            details = self._load_in_place(tensors)
+            details.update(self._load_in_place(tensors))
         else:
             import tempfile
 
