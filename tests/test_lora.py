@@ -146,6 +146,16 @@ def test_export_writes_a_plain_hf_model_of_the_merged_weights(tiny_model_dir, ti
     with pytest.raises(FileExistsError):
         export_merged(fetch_checkpoint(uri, merge=False), out)
 
+    from typer.testing import CliRunner
+
+    from rlcr.cli import app
+
+    result = CliRunner().invoke(app, ["export", str(fetch_checkpoint(uri, merge=False)), "--out", str(tmp_path / "cli")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "cli" / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+    again = CliRunner().invoke(app, ["export", str(tiny_model_dir), "--out", str(tmp_path / "cli")])
+    assert again.exit_code == 2 and "not an empty directory" in again.output
+
 
 def test_lora_config_is_off_by_default_changes_results_and_refuses_fsdp():
     from rlcr.config.fields import changes_results
@@ -211,3 +221,49 @@ def test_a_lora_update_on_one_and_two_workers(ray_local, tiny_model_dir, tmp_pat
         # the same seeded initialisation on every rank, the same steps up to float summation order
         assert torch.allclose(a1, a2, atol=2e-4, rtol=0.02), name
         assert float(b1.abs().max()) > 0 and torch.allclose(b1, b2, atol=2e-4, rtol=0.02), name
+
+
+def test_a_lora_run_killed_during_its_update_resumes_exactly(ray_local, prefect_harness, tiny_model_dir, tmp_path):
+    """The real flow with ``lora.enabled``: one run straight through, one SIGKILLed as iteration 2's update
+    starts and resumed; both commit the same adapters, AdamW state and rollouts."""
+    import ray
+    from prefect.settings import PREFECT_API_URL
+
+    from rlcr.runs import RunStore
+    from test_kill import run_flow
+
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address,
+           "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(HERE.parent)}
+    overrides = {
+        "model.name": str(tiny_model_dir), "storage.uri": str(tmp_path / "store"), "rollout.prompts_per_iteration": 2,
+        "rollout.num_generations_answer": 2, "rollout.num_generations_confidence": 2, "tasks.num_train": 16,
+        "tasks.num_eval": 4, "rollout.temperature": 1.0, "rollout.max_answer_tokens": 16,
+        "rollout.max_confidence_tokens": 8, "engine.max_model_len": 512, "engine.kv_cache_gib": 0.25,
+        "update.learning_rate": 1e-2, "orchestration.retries": 0, "eval.every": 2, "loss.kl_coef": 0.05,
+        "lora.enabled": True, "lora.rank": 4,
+    }
+    straight = run_flow(env, overrides, "straight", 2)
+    assert straight.returncode == 0, straight.stdout[-3000:] + straight.stderr[-3000:]
+    killed = run_flow(env, overrides, "killed", 2, "update", 2, 0)
+    assert killed.returncode == -9 and "KILL update@2" in killed.stdout + killed.stderr
+    resumed = run_flow(env, overrides, "killed", 2)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+
+    cfg = RLCRConfig.from_dict(overrides)
+    runs = [RunStore.open(cfg, name) for name in ("straight", "killed")]
+    for a, b in zip(*(run.committed() for run in runs)):
+        raw_a, raw_b = (fetch_checkpoint(m["checkpoint_uri"], merge=False) for m in (a, b))
+        assert is_adapter_dir(raw_a) and not (raw_a / "model.safetensors").exists()
+        fa, fb = read_adapter(raw_a).factors, read_adapter(raw_b).factors
+        assert fa.keys() == fb.keys() and all(torch.equal(x, y) for k in fa for x, y in zip(fa[k], fb[k]))
+        sa, sb = (torch.load(d / TRAINING_STATE_FILE, weights_only=False) for d in (raw_a, raw_b))
+        assert sa["schedule"] == sb["schedule"]
+        for k, v in sa["optimizer"]["state"].items():
+            assert all(torch.equal(v[x], sb["optimizer"]["state"][k][x]) for x in ("exp_avg", "exp_avg_sq")), k
+    evals = [run.store.read_json(run.store.rel(run.committed()[-1]["metrics_uri"]))["eval"] for run in runs]
+    for key in ("accuracy", "brier", "ece"):  # the policy the engines merged, evaluated alike
+        if key in evals[0]:
+            assert evals[0][key] == evals[1][key], key
+    assert "accuracy" in evals[0]
+    last = runs[1].committed()[-1]
+    assert fetch_checkpoint(last["checkpoint_uri"]) != fetch_checkpoint(last["checkpoint_uri"], merge=False)
