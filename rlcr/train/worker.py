@@ -12,6 +12,10 @@ with ``restore``, loads the training state saved with the checkpoint. Then, for 
   :meth:`TrainerWorker.saved`; the next update waits for it, so the state being written never changes;
 * :meth:`TrainerWorker.stop`.
 
+With ``lora.enabled`` (docs/design.md §11.1) the policy is the base with ``peft`` adapters (:mod:`rlcr.train.lora`):
+AdamW holds the adapters, π_ref is the policy with its adapters disabled, the engines get the adapters
+(:class:`rlcr.adapters.AdapterUpdate`) and a save writes an adapter checkpoint naming its base.
+
 Every method is a collective under DDP/FSDP (all ranks run it); what only rank 0 returns is None elsewhere.
 """
 
