@@ -262,8 +262,8 @@ def test_a_lora_run_killed_during_its_update_resumes_exactly(ray_local, prefect_
             assert all(torch.equal(v[x], sb["optimizer"]["state"][k][x]) for x in ("exp_avg", "exp_avg_sq")), k
     evals = [run.store.read_json(run.store.rel(run.committed()[-1]["metrics_uri"]))["eval"] for run in runs]
     for key in ("accuracy", "brier", "ece"):  # the policy the engines merged, evaluated alike
-        if key in evals[0]:
-            assert evals[0][key] == evals[1][key], key
+        if key in evals[0]:  # (NaN where nothing is answered: equal as well)
+            assert json.dumps(evals[0][key]) == json.dumps(evals[1][key]), key
     assert "accuracy" in evals[0]
     last = runs[1].committed()[-1]
     assert fetch_checkpoint(last["checkpoint_uri"]) != fetch_checkpoint(last["checkpoint_uri"], merge=False)
