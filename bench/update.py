@@ -14,7 +14,11 @@ with interleaved repeats (the order rotates between rounds, each round printed a
   dense ``[T, T]`` tree mask, log-probs through plain autograd (logsumexp + gather), the
   per-parameter-loop AdamW;
 * ``plain`` (``--plain``): ``lm(input_ids).logits`` over the padded batch, cross-entropy over every
-  position, backward, AdamW — what a generic trainer does with the same rows.
+  position, backward, AdamW — what a generic trainer does with the same rows;
+* ``lora`` (``--lora``): ``new`` on a second copy of the model wrapped with LoRA adapters (``lora.enabled``,
+  rank ``--lora-rank``, alpha 2·rank, every projection: :func:`rlcr.train.lora.wrap_lora`), AdamW over the adapters
+  only. Its GFLOP/s use the same nominal 6 × parameters × tokens (the frozen weights get no gradient, so the
+  work is nearer 4 ×): compare its seconds per step with ``new``'s.
 
 Each setting keeps one AdamW across rounds, as a training run does (:mod:`rlcr.train.trainer`).
 GFLOP/s = 6 × parameters (all of them, the tied embedding once) × prefix-tree tokens (the nodes the
@@ -33,6 +37,7 @@ speed depends on the shape only).
 
 Run from the repo root:  python bench/update.py [--repeats 4] [--micro-batch-tokens 2048] [--profile]
                          [--device cuda --dtypes fp32,bf16 --model qwen2.5-1.5b --settings new --check]
+                         [--device cuda --dtypes bf16 --model qwen2.5-1.5b --settings new --lora]
 The last line is ``update/matmul GFLOP/s: <ratio>`` (the new settings' median per-round ratio; with several
 dtypes, the last dtype's, against the matmul of that dtype).
 """
@@ -311,6 +316,26 @@ def summarize(times, peaks, dtype_of, settings, dtypes, flop: float, masked: int
     return ratios
 
 
+def lora_step(args, samples, pad_id, extra):
+    """The ``lora`` setting's step: ``train_update`` on a second copy of the model (same seed) with adapters."""
+    from rlcr.train.lora import wrap_lora
+
+    cfg = RLCRConfig.from_dict({**extra, "update": {"learning_rate": 1e-7},
+                                "lora": {"enabled": True, "rank": args.lora_rank, "alpha": 2.0 * args.lora_rank}})
+    lm, _, _, _ = build_model(args.model, args.device, args.seed)
+    torch.manual_seed(args.seed)
+    peft_model = wrap_lora(lm, cfg)
+    policy = CompletionLogProbs(peft_model.base_model.model)
+    opt = make_optimizer(policy, cfg)
+    trainable = sum(p.numel() for group in opt.param_groups for p in group["params"])
+    print(f"lora: rank {args.lora_rank}, {trainable / 1e6:.2f}M trainable parameters (adapters) in AdamW")
+
+    def step():
+        m = train_update(policy, samples, cfg, pad_id=pad_id, optimizer=opt)
+        assert m["optimizer_steps"] == 1, m
+    return step
+
+
 def parse_args():
     """The command line, checked: (args, dtypes, matmul size)."""
     ap = argparse.ArgumentParser()
@@ -325,6 +350,8 @@ def parse_args():
     ap.add_argument("--micro-batch-tokens", type=int, default=None, help="default: the config's")
     ap.add_argument("--settings", default="old,new", help="comma-separated: old, new, plain")
     ap.add_argument("--plain", action="store_true", help="add the plain causal-LM step")
+    ap.add_argument("--lora", action="store_true", help="add the LoRA update (a second copy of the model, adapters only)")
+    ap.add_argument("--lora-rank", type=int, default=16)
     ap.add_argument("--profile", action="store_true", help="after the rounds, one profiled step per setting")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -392,6 +419,9 @@ def main() -> None:
 
     base = {"old": step_old, "new": step_new, "plain": lambda: run_plain(lm, samples, cfg, pad_id, opts["plain"])}
     settings = [n for n in args.settings.split(",") if n] + (["plain"] if args.plain and "plain" not in args.settings else [])
+    if args.lora or "lora" in settings:
+        base["lora"] = lora_step(args, samples, pad_id, extra)
+        settings += [] if "lora" in settings else ["lora"]
     # one AdamW per setting, shared by its dtypes (same state shapes; a GPU holds one set of moments less)
     multi = len(dtypes) > 1
 

@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 __all__ = [
     "has_gpu", "resolve_dtype", "WeightSpec", "checkpoint_weight_spec", "read_checkpoint_weights", "read_frame",
     "frame_id", "SameAs", "Bfloat16Bits", "pack_weights", "check_weights", "load_weights_in_place",
-    "write_checkpoint",
+    "write_checkpoint", "fused_groups",
 ]
 
 
@@ -183,9 +183,9 @@ def _as_tensor(name: str, value):
     raise ValueError(f"weight {name!r}: expected a torch tensor or numpy array, got {type(value).__name__}")
 
 
-def check_weights(weights: Mapping[str, Any], spec: WeightSpec) -> dict[str, Any]:
-    """The weights to load, as tensors, after checking them against ``spec``: every name known, none missing, shapes
-    equal, floating point. A tied ``lm_head.weight`` must equal the embedding and is dropped (the engine ties
+def check_weights(weights: Mapping[str, Any], spec: WeightSpec, *, partial: bool = False) -> dict[str, Any]:
+    """The weights to load, as tensors, after checking them against ``spec``: every name known, none missing (unless
+    ``partial``: a LoRA update's layers), shapes equal, floating point. A tied ``lm_head.weight`` must equal the embedding and is dropped (the engine ties
     them). Raises ValueError naming the parameter."""
     import torch
 
@@ -196,7 +196,7 @@ def check_weights(weights: Mapping[str, Any], spec: WeightSpec) -> dict[str, Any
     if unknown:
         raise ValueError(f"weights: unknown parameter(s) {unknown[:5]} (the engine's model has no such names)")
     missing = sorted(set(spec.shapes) - set(weights) - optional)
-    if missing:
+    if missing and not partial:
         raise ValueError(f"weights: missing parameter(s) {missing[:5]} ({len(missing)} of {len(spec.shapes)})")
     tensors = {}
     for name, value in weights.items():
@@ -287,6 +287,16 @@ def load_weights_in_place(llm, weights: Mapping[str, Any]) -> dict[str, Any]:
     if not llm.reset_prefix_cache():
         raise RuntimeError("new weights are loaded, but vLLM could not reset its prefix cache")
     return {"reload_s": t1 - t0, "repack_s": time.perf_counter() - t1, "repacked": repacked}
+
+
+def fused_groups(llm) -> list[list[str]]:
+    """The engine model's fused layers as groups of checkpoint module names (``[["q_proj", "k_proj", "v_proj"],
+    ["gate_proj", "up_proj"]]`` for Llama: vLLM's ``packed_modules_mapping``). A partial in-place load must give
+    every member of a group it touches: a fused layer half loaded would keep garbage in the other half."""
+    def mapping(worker):
+        return {k: list(v) for k, v in getattr(worker.model_runner.get_model(), "packed_modules_mapping", {}).items()}
+
+    return [group for group in llm.collective_rpc(mapping)[0].values() if len(group) > 1]
 
 
 def write_checkpoint(dest: str | Path, frame: Mapping[str, bytes], weights: Mapping[str, Any]) -> Path:

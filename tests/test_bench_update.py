@@ -41,3 +41,11 @@ def test_autocast_off_restores_the_update():
     with bench.autocast_off():
         assert update._autocast is not saved
     assert update._autocast is saved
+
+
+def test_the_lora_setting_runs_beside_full_fine_tuning(monkeypatch, capsys):
+    _main(monkeypatch, [*TINY, "--device", "cpu", "--settings", "new", "--lora", "--lora-rank", "4"])
+    out = capsys.readouterr().out
+    assert "lora: rank 4" in out and "trainable parameters (adapters) in AdamW" in out
+    assert "lora" in out.split("round 1/1", 1)[1]
+    assert out.strip().splitlines()[-1].startswith("update/matmul GFLOP/s: ")

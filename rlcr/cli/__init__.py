@@ -23,6 +23,7 @@ import rlcr.cli.run  # noqa: F401, I001 — registers the commands on `app`, in 
 import rlcr.cli.evaluation  # noqa: F401
 import rlcr.cli.demo  # noqa: F401
 import rlcr.cli.runs  # noqa: F401
+import rlcr.cli.export  # noqa: F401
 from rlcr.cli.app import UserError, app
 from rlcr.presentation import StageProgress, committed_figures
 from rlcr.presentation import step as _step  # the name the CLI's tests use

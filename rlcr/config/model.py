@@ -14,6 +14,7 @@ from rlcr.config.fields import changes_results
 from rlcr.config.legacy import nested_from_flat
 from rlcr.config.loading import (ConfigError, check_sections, describe, flat_name_hint, merge_dotted,
                                  parse_overrides, read_config_text, safe_yaml)
+from rlcr.config.lora import LoRASection
 from rlcr.config.operations import (EngineSection, EvalSection, OrchestrationSection, PlacementSection,
                                     ProbeSection, TrackingSection)
 from rlcr.config.sections import (LossSection, MethodSection, ModelSection, RolloutSection, RunSection,
@@ -46,6 +47,8 @@ class RLCRConfig(BaseModel):
     """The policy update on Ray Train."""
     sft: SFTSection = Field(default_factory=SFTSection)
     """The format warm-start (``rlcr sft``)."""
+    lora: LoRASection = Field(default_factory=LoRASection)
+    """Low-rank adapters instead of full fine-tuning."""
     engine: EngineSection = Field(default_factory=EngineSection)
     """The vLLM engines."""
     placement: PlacementSection = Field(default_factory=PlacementSection)
@@ -72,6 +75,8 @@ class RLCRConfig(BaseModel):
         if self.update.old_logp_source == "rollout" and (self.loss.tis_cap or self.loss.seq_mask_band):
             raise ValueError("loss.tis_cap / loss.seq_mask_band correct π_old against the engine's log-probs; with "
                              "update.old_logp_source=rollout they are the same (every weight is 1): use recompute")
+        if self.lora.enabled and self.update.fsdp:
+            raise ValueError("lora.enabled with update.fsdp: LoRA runs use DDP (the adapters are small)")
         return self
 
     # ------------------------------------------------------------------ fields by dotted name

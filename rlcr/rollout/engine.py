@@ -37,13 +37,16 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from rlcr.adapters import AdapterUpdate
 from rlcr.cluster import engine_actor_resources
 from rlcr.rollout.sampling import Sample, sample_chats, sample_tree
 from rlcr.storage import checkpoint_content_id
 from rlcr.weights import (
+    _as_tensor,
     check_weights,
     checkpoint_weight_spec,
     frame_id,
+    fused_groups,
     has_gpu,
     load_weights_in_place,
     pack_weights,
@@ -155,6 +158,8 @@ class RolloutEngine:
         self.policy_uri = self.content_id = None
         self.frame: dict[str, bytes] = {}
         self.frame_id = self.weight_spec = None
+        self.base_dir: Path | None = None  # what a LoRA update is merged into: the base of the loaded checkpoint
+        self._fused: list[list[str]] | None = None
         self.load(policy_uri)
 
     def _mode(self, mode: str | None) -> str:
@@ -178,12 +183,15 @@ class RolloutEngine:
         In place when an engine runs and the checkpoint has its config, tokenizer and parameter names; else
         the engine is (re-)created from the checkpoint directory.
         """
+        from rlcr.adapters import base_dir, is_adapter_dir, merged_dir
         from rlcr.storage import fetch_checkpoint
 
         t0 = time.perf_counter()
         mode = self._mode(mode)
-        local = fetch_checkpoint(policy_uri, endpoint_url=self.cfg.storage.s3_endpoint_url)
-        content_id = checkpoint_content_id(local)
+        endpoint = self.cfg.storage.s3_endpoint_url
+        raw = fetch_checkpoint(policy_uri, endpoint_url=endpoint, merge=False)
+        local = merged_dir(raw, endpoint_url=endpoint)  # an adapter checkpoint: merged into its base
+        content_id = checkpoint_content_id(raw)
         if policy_uri == self.policy_uri and content_id == self.content_id:
             return {"policy_uri": policy_uri, "content_id": content_id, "load_s": 0.0, "mode": "unchanged"}
         frame, spec = read_frame(local), checkpoint_weight_spec(local)
@@ -197,6 +205,7 @@ class RolloutEngine:
             self._start_engine(local)
             self.tokenizer = AutoTokenizer.from_pretrained(local)
             self.frame, self.frame_id, self.weight_spec = frame, frame_id(frame), spec
+        self.base_dir = base_dir(raw, endpoint_url=endpoint) if is_adapter_dir(raw) else local
         self.policy_uri, self.content_id = policy_uri, content_id
         return {"policy_uri": policy_uri, "content_id": content_id, "load_s": time.perf_counter() - t0, "mode": mode}
 
@@ -210,10 +219,16 @@ class RolloutEngine:
         """
         t0 = time.perf_counter()
         mode = self._mode(mode)
-        tensors = check_weights(weights, self.weight_spec)
         details = {}
+        if isinstance(weights, AdapterUpdate):  # LoRA: merge into the base, load the layers it touches
+            tensors = check_weights(self._merged_layers(weights), self.weight_spec, partial=True)
+            if mode != "inplace":
+                tensors = {**check_weights(read_checkpoint_weights(self.base_dir), self.weight_spec), **tensors}
+            details["adapter_bytes"] = sum(_as_tensor(k, v).nbytes for k, v in weights.tensors.items())
+        else:
+            tensors = check_weights(weights, self.weight_spec)
         if mode == "inplace":
-            details = self._load_in_place(tensors)
+            details.update(self._load_in_place(tensors))
         else:
             import tempfile
 
@@ -224,6 +239,17 @@ class RolloutEngine:
         return {"policy_uri": version, "content_id": None, "mode": mode, "load_s": time.perf_counter() - t0,
                 "tensors": len(tensors), "bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
                 **details}
+
+    def _merged_layers(self, update: AdapterUpdate) -> dict[str, Any]:
+        """The engine's tensors for an adapter update: its targeted weights merged into this engine's base
+        (:func:`rlcr.adapters.layer_tensors`, the merge a merged checkpoint is written with: the same bits)."""
+        from rlcr.adapters import layer_tensors
+
+        if self.base_dir is None:
+            raise RuntimeError("engine: no base model to merge an adapter into (call load first)")
+        if self._fused is None:
+            self._fused = fused_groups(self.llm)
+        return layer_tensors(self.base_dir, update.factors(), update.scale, self._fused)
 
     def _load_in_place(self, tensors: Mapping[str, Any]) -> dict[str, Any]:
         try:
@@ -357,7 +383,10 @@ class EnginePool:
         import ray
 
         self._ensure_started()
-        ref = weights if isinstance(weights, ray.ObjectRef) else ray.put(pack_weights(weights))
+        if isinstance(weights, ray.ObjectRef):
+            ref = weights
+        else:  # an adapter update goes as it is; a state dict packed (numpy: zero-copy)
+            ref = ray.put(weights if isinstance(weights, AdapterUpdate) else pack_weights(weights))
         out = ray.get([a.update_weights.remote(ref, version, mode=mode) for a in self.actors])
         self.policy_uri = version
         return out

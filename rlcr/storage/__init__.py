@@ -462,8 +462,10 @@ class Store:
             raise StorageError(f"{self.url(rel)}: {printable(name)} has the wrong size (the seal says {size:,} bytes)")
 
 
-def fetch_checkpoint(uri: str, *, endpoint_url: str | None = None, cache_dir: str | Path | None = None) -> Path:
-    """A model checkpoint URI → a local directory.
+def fetch_checkpoint(uri: str, *, endpoint_url: str | None = None, cache_dir: str | Path | None = None,
+                     merge: bool = True) -> Path:
+    """A model checkpoint URI → a local directory; an adapter checkpoint of a LoRA run merged into its base
+    (:func:`rlcr.adapters.merged_dir`) unless ``merge`` is False.
 
     Local paths are returned as they are. Remote (``s3://…``) checkpoints must be
     sealed; they are downloaded into ``cache_dir`` (default
@@ -476,6 +478,15 @@ def fetch_checkpoint(uri: str, *, endpoint_url: str | None = None, cache_dir: st
     ``<20 hex>-<24 hex>``. An entry already there is replaced only if it is a real directory with a
     seal (one this cache wrote); anything else at that name raises StorageError and is left alone.
     """
+    local = _fetch_dir(uri, endpoint_url=endpoint_url, cache_dir=cache_dir)
+    if not merge:
+        return local
+    from rlcr.adapters import merged_dir
+
+    return merged_dir(local, endpoint_url=endpoint_url)
+
+
+def _fetch_dir(uri: str, *, endpoint_url: str | None, cache_dir: str | Path | None) -> Path:
     if "://" not in uri or uri.startswith("file://"):
         path = Path(uri.removeprefix("file://")).expanduser()
         if not (path / "config.json").exists():

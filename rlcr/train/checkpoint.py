@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["NonFiniteError", "check_finite_parameters", "save_checkpoint", "TRAINING_STATE_FILE"]
+__all__ = ["NonFiniteError", "check_finite_parameters", "save_checkpoint", "save_adapter_checkpoint", "TRAINING_STATE_FILE"]
 
 TRAINING_STATE_FILE = "training_state.pt"
 """Next to the weights: AdamW state, LR-schedule position and RNG (what a resume needs to continue exactly)."""
@@ -48,6 +48,38 @@ def save_checkpoint(lm: nn.Module, tokenizer, store, rel: str, *, state_dict: di
     with store.writing_dir(rel) as d:
         lm.save_pretrained(d, state_dict=state_dict, safe_serialization=True)
         tokenizer.save_pretrained(d)
+        if extra is not None:
+            with open(f"{d}/rlcr_update.json", "w") as f:
+                json.dump(extra, f, indent=2, sort_keys=True, default=str)
+        if training_state is not None:
+            torch.save(training_state, f"{d}/{TRAINING_STATE_FILE}")
+    return store.url(rel)
+
+
+def save_adapter_checkpoint(peft_model, store, rel: str, *, frame: dict[str, bytes], base_uri: str,
+                            base_content_id: str | None, extra: dict | None = None,
+                            training_state: dict | None = None) -> str:
+    """Write a LoRA run's checkpoint (:mod:`rlcr.adapters`): ``peft``'s adapter files, the base's ``frame``
+    (config, tokenizer: the files a model directory is recognised and served by), the record naming the base
+    (:data:`rlcr.adapters.ADAPTER_FILE`) and, with ``training_state``, the adapters' AdamW state; sealed like
+    :func:`save_checkpoint`. Refuses non-finite adapters. Returns the checkpoint's URI."""
+    import json
+    import os
+
+    from rlcr.adapters import ADAPTER_FILE, ADAPTER_FORMAT
+
+    for name, p in peft_model.named_parameters():
+        if p.requires_grad and not torch.isfinite(p.detach()).all():
+            raise NonFiniteError(f"refusing to write a checkpoint: adapter {name!r} has non-finite values")
+    with store.writing_dir(rel) as d:
+        for name, data in frame.items():
+            with open(f"{d}/{name}", "wb") as f:
+                f.write(data)
+        peft_model.save_pretrained(d, safe_serialization=True)
+        if os.path.exists(f"{d}/README.md") and "README.md" not in frame:
+            os.remove(f"{d}/README.md")  # peft's model card: not ours to publish
+        with open(f"{d}/{ADAPTER_FILE}", "w") as f:
+            json.dump({"format": ADAPTER_FORMAT, "base": base_uri, "base_content_id": base_content_id}, f, indent=2)
         if extra is not None:
             with open(f"{d}/rlcr_update.json", "w") as f:
                 json.dump(extra, f, indent=2, sort_keys=True, default=str)

@@ -135,7 +135,7 @@ class PolicyTrainer:
     """
 
     def __init__(self, cfg: RLCRConfig, *, policy_uri: str, restore: bool = False, ref_uri: str | None = None):
-        if cfg.loss.kl_coef > 0 and ref_uri is None:
+        if cfg.loss.kl_coef > 0 and ref_uri is None and not cfg.lora.enabled:  # LoRA: the frozen base is π_ref
             from rlcr.model_source import import_model
             from rlcr.storage import Store
 

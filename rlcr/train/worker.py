@@ -12,6 +12,10 @@ with ``restore``, loads the training state saved with the checkpoint. Then, for 
   :meth:`TrainerWorker.saved`; the next update waits for it, so the state being written never changes;
 * :meth:`TrainerWorker.stop`.
 
+With ``lora.enabled`` (docs/design.md §11.1) the policy is the base with ``peft`` adapters (:mod:`rlcr.train.lora`):
+AdamW holds the adapters, π_ref is the policy with its adapters disabled, the engines get the adapters
+(:class:`rlcr.adapters.AdapterUpdate`) and a save writes an adapter checkpoint naming its base.
+
 Every method is a collective under DDP/FSDP (all ranks run it); what only rank 0 returns is None elsewhere.
 """
 
@@ -30,10 +34,12 @@ from rlcr.config import RLCRConfig
 from rlcr.seeds import update_seed
 from rlcr.storage import Store, fetch_checkpoint
 from rlcr.train.batching import prepare_samples
-from rlcr.train.checkpoint import TRAINING_STATE_FILE, NonFiniteError, save_checkpoint
+from rlcr.adapters import is_adapter_dir
+from rlcr.train.checkpoint import TRAINING_STATE_FILE, NonFiniteError, save_adapter_checkpoint, save_checkpoint
 from rlcr.train.logprobs import CompletionLogProbs
+from rlcr.train.lora import AdapterOff, adapter_update, load_adapter_state, wrap_lora
 from rlcr.train.update import Schedule, make_optimizer, train_update
-from rlcr.weights import pack_weights, resolve_dtype
+from rlcr.weights import pack_weights, read_frame, resolve_dtype
 
 __all__ = ["TrainerWorker", "WorkerInfo", "UpdateOut", "SaveOut", "train_loop_per_worker", "load_policy"]
 
@@ -84,16 +90,17 @@ def load_policy(uri: str, cfg: RLCRConfig, *, device: torch.device | str = "cpu"
     return tokenizer, lm
 
 
-def _fetch_first_on_local_rank0(uri: str, cfg: RLCRConfig) -> str:
-    """Download a remote checkpoint once per node before the others read the cache; its local path."""
+def _fetch_first_on_local_rank0(uri: str, cfg: RLCRConfig, *, merge: bool = True) -> str:
+    """Download a remote checkpoint (and merge an adapter checkpoint, unless not ``merge``) once per node before
+    the others read the cache; its local path."""
     import ray.train
     import torch.distributed as dist
 
     if ray.train.get_context().get_local_rank() == 0:
-        fetch_checkpoint(uri, endpoint_url=cfg.storage.s3_endpoint_url)
+        fetch_checkpoint(uri, endpoint_url=cfg.storage.s3_endpoint_url, merge=merge)
     if dist.is_initialized():
         dist.barrier()
-    return str(fetch_checkpoint(uri, endpoint_url=cfg.storage.s3_endpoint_url))
+    return str(fetch_checkpoint(uri, endpoint_url=cfg.storage.s3_endpoint_url, merge=merge))
 
 
 def _check_finite(state: dict[str, torch.Tensor], iteration: int) -> None:
@@ -122,21 +129,59 @@ class TrainerWorker:
             # Ray pins OMP_NUM_THREADS=1 per worker; give each worker its share of this node's cores.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, ctx.get_local_world_size())))
 
-        local = _fetch_first_on_local_rank0(policy_uri, cfg)
-        self.tokenizer, self.lm = load_policy(local, cfg, device=device)
-        self.ref = None
-        if cfg.loss.kl_coef > 0:
-            _fetch_first_on_local_rank0(ref_uri, cfg)
-            _, ref_lm = load_policy(ref_uri, cfg, device=device)
-            self.ref = CompletionLogProbs(ref_lm.eval().requires_grad_(False))
-        self.model = ray.train.torch.prepare_model(CompletionLogProbs(self.lm),
-                                                   parallel_strategy="fsdp" if cfg.update.fsdp else "ddp")
+        raw = _fetch_first_on_local_rank0(policy_uri, cfg, merge=False)
+        self.peft = None
+        if cfg.lora.enabled:
+            local = self._load_lora(raw, policy_uri, restore=restore, device=device)
+            policy = CompletionLogProbs(self.lm)
+            self.ref = AdapterOff(policy, self.peft) if cfg.loss.kl_coef > 0 else None  # the frozen base
+        else:
+            if is_adapter_dir(raw) and restore:
+                raise ValueError(f"{policy_uri}: an adapter checkpoint (a LoRA run's); resume it with lora.enabled")
+            local = _fetch_first_on_local_rank0(policy_uri, cfg)
+            self.tokenizer, self.lm = load_policy(local, cfg, device=device)
+            self.ref = None
+            if cfg.loss.kl_coef > 0:
+                _fetch_first_on_local_rank0(ref_uri, cfg)
+                _, ref_lm = load_policy(ref_uri, cfg, device=device)
+                self.ref = CompletionLogProbs(ref_lm.eval().requires_grad_(False))
+            policy = CompletionLogProbs(self.lm)
+        self.model = ray.train.torch.prepare_model(policy, parallel_strategy="fsdp" if cfg.update.fsdp else "ddp")
         self.optimizer = make_optimizer(self.model, cfg)
         self.schedule = Schedule.for_run(cfg)
         self.restored = bool(restore) and self._restore(local, policy_uri)
         tok = self.tokenizer
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self._save: tuple[threading.Thread, dict[str, Any]] | None = None  # a background save and its outcome
+
+    def _load_lora(self, raw: str, policy_uri: str, *, restore: bool, device) -> str:
+        """Load the base and wrap it with adapters (:func:`rlcr.train.lora.wrap_lora`); a resume (``restore`` of
+        an adapter checkpoint) loads the checkpoint's base and its adapters. Returns the directory the training
+        state is restored from (the raw checkpoint)."""
+        from rlcr.adapters import base_dir, read_adapter
+        from rlcr.storage import checkpoint_content_id
+
+        cfg = self.cfg
+        resume = bool(restore) and is_adapter_dir(raw)
+        if restore and not resume:
+            raise ValueError(f"{policy_uri}: not an adapter checkpoint; a lora.enabled run resumes from its own")
+        if resume:
+            self.base_uri = read_adapter(raw).base
+            model_dir = str(base_dir(raw, endpoint_url=cfg.storage.s3_endpoint_url))
+        else:  # a new run: the model it starts from (merged, if an adapter checkpoint) is the base
+            self.base_uri = policy_uri
+            model_dir = _fetch_first_on_local_rank0(policy_uri, cfg)
+        base_raw = fetch_checkpoint(self.base_uri, endpoint_url=cfg.storage.s3_endpoint_url, merge=False)
+        self.base_content_id = checkpoint_content_id(base_raw)
+        if self.base_content_id.startswith("unsealed-"):
+            self.base_content_id = None  # a prepared model outside the store: no seal to check it by
+        self.base_frame = read_frame(model_dir)
+        self.tokenizer, lm = load_policy(model_dir, cfg, device=device)
+        self.peft = wrap_lora(lm, cfg)  # A from torch's RNG, seeded above: the same on every rank
+        if resume:
+            load_adapter_state(self.peft, raw)
+        self.lm = lm  # the same module, its targeted linears now LoRA layers
+        return raw
 
     # ------------------------------------------------------------ the training state
     def _full_state_dict(self) -> dict[str, torch.Tensor]:
@@ -211,6 +256,8 @@ class TrainerWorker:
         other ranks: None (under FSDP they take part in the gathering)."""
         import ray
 
+        if self.peft is not None:  # LoRA: only the adapters travel; the engines merge them into their base
+            return ray.put(adapter_update(self.peft)) if self.rank == 0 else None
         state = self._full_state_dict()  # a collective under FSDP: all ranks
         if self.rank != 0:
             return None
@@ -276,8 +323,13 @@ class TrainerWorker:
                 check_fence(store, fence)
             except LeaseLost as e:
                 return SaveOut(refused=str(e), write_s=time.perf_counter() - t0)
-        uri = save_checkpoint(self.lm, self.tokenizer, store, rel, state_dict=state, extra=extra,
-                              training_state=training_state)
+        if self.peft is not None:
+            uri = save_adapter_checkpoint(self.peft, store, rel, frame=self.base_frame, base_uri=self.base_uri,
+                                          base_content_id=self.base_content_id, extra=extra,
+                                          training_state=training_state)
+        else:
+            uri = save_checkpoint(self.lm, self.tokenizer, store, rel, state_dict=state, extra=extra,
+                                  training_state=training_state)
         return SaveOut(uri=uri, write_s=time.perf_counter() - t0)
 
     def stop(self) -> None:
