@@ -32,6 +32,7 @@ def test_a_flat_record_reads_as_the_same_settings(tmp_path):
     assert dumped["orchestration"].pop("keep_checkpoints") is None  # operational: every save kept, as then
     assert dumped["loss"].pop("tis_cap") is None and dumped["loss"].pop("seq_mask_band") is None  # no correction
     assert dumped["placement"].pop("engine_gpus") is None and dumped["placement"].pop("trainer_gpus") is None
+    assert dumped.pop("lora")["enabled"] is False  # every weight trained, as then
     assert dumped == {**nested, "storage": nested["storage"]}
     assert result_changing_diff(RECORD, _same_run(tmp_path)) == []  # operational moves (store, iterations) ignored
     assert result_changing_diff(RECORD, _same_run(tmp_path).model_copy(update={"rollout.temperature": 0.7})) == [

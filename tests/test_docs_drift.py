@@ -108,7 +108,7 @@ def test_the_readme_command_table_lists_every_command_and_option():
 SECTION_TITLES = {int(m.group(1)): m.group(2) for m in re.finditer(r"^## §(\d+) (.+)$",
                                                                   (ROOT / "docs/design.md").read_text(), re.M)}
 DESIGN_REF = re.compile(r"design\.md\)?\s*§\s*(\d+)((?:\s*(?:,|and|–|-)\s*§?\s*\d+)*)")
-HELP_SECTIONS = {("eval",): {13}, ("compare",): {13}, ("probe",): {15}, ("sft",): {14}, ("train",): {12}}
+HELP_SECTIONS = {("eval",): {13}, ("compare",): {13}, ("probe",): {15}, ("sft",): {14}, ("train",): {12}, ("export",): {11}}
 """The design sections each command's help may cite (their titles: evaluation and calibration metrics, the
 faithfulness probe, the format warm-start, continuous training)."""
 
