@@ -9,6 +9,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+# Commands the tests run write their log files (rlcr/terminal.py) here, not into the checkout's ./rlcr-logs.
+import tempfile  # noqa: E402
+
+os.environ.setdefault("RLCR_LOG_DIR", tempfile.mkdtemp(prefix="rlcr-test-logs-"))
 
 import pytest
 
