@@ -251,7 +251,7 @@ def rlcr_train(
         saved = run.verified_state(done[-1]) if done else initial
         log.info("run %s: iterations %d..%d from %s", run_id, len(done) + 1, cfg.run.iterations, saved)
 
-        ensure_ray()
+        ensure_ray(cfg)
         check_storage(cfg)
         check_cluster_fits(cfg)
         opts = _opts(cfg)

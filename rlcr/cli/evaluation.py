@@ -94,7 +94,7 @@ def evaluate(
         _, held_out = task_sets(cfg)
     except ValueError as e:  # a task file's row (TaskFormatError), or sets that cannot be made
         raise UserError(f"task error: {printable(e, 1000)}") from None
-    ensure_ray()
+    ensure_ray(cfg)
     with step(f"evaluating {printable(policy)} on {len(held_out)} held-out tasks"):
         with EnginePool(cfg, policy) as engines:
             m, rows = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=0, engines=engines, draw=draw)
