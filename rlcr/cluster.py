@@ -125,7 +125,7 @@ def task_runtime_env(cfg: RLCRConfig | None, *, ship: bool) -> dict[str, Any]:
         return {}
     out: dict[str, Any] = {"env_vars": {MODULES_ENV: ",".join(modules)}}
     if ship:
-        top = sys.modules[modules[0].split(".")[0]]
+        top = sys.modules[modules[0].split("=", 1)[1].split(":")[0].split(".")[0]]
         origin = Path(top.__file__)
         out["py_modules"] = [str(origin.parent if origin.name == "__init__.py" else origin)]
     return out

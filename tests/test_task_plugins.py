@@ -106,7 +106,8 @@ def test_tasks_module_is_imported_before_the_task_is_looked_up(tmp_path, monkeyp
     (tmp_path / "pkg_tasks" / "mine.py").write_text(TASK_SOURCE.format(name="dottedtask"))
     monkeypatch.syspath_prepend(str(tmp_path))
     assert RLCRConfig(tasks={"name": "dottedtask", "module": "pkg_tasks.mine"}).tasks.module == "pkg_tasks.mine"
-    assert registry.plugin_modules("dottedtask") == ["pkg_tasks.mine"] and registry.plugin_modules("math") == []
+    assert registry.plugin_modules("dottedtask") == ["dottedtask=pkg_tasks.mine:T"]
+    assert registry.plugin_modules("math") == []
     for module, words in [("pkg_tasks.nope", "No module named 'pkg_tasks.nope'"),
                           (str(tmp_path / "absent.py"), "No module named 'absent'")]:
         with pytest.raises(ConfigError) as e:
@@ -128,14 +129,14 @@ def test_a_fresh_process_finds_the_task_as_a_ray_worker_would(tmp_path):
     assert out.stdout.split() == ["workertask"], out.stderr[-2000:]
     code = "from rlcr.tasks.registry import get_task; print(get_task('workertask').name)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**env, "RLCR_TASK_MODULES": "worker_task",
+                         env={**env, "RLCR_TASK_MODULES": "workertask=worker_task:T",
                               "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])})
     assert out.stdout.split() == ["workertask"], out.stderr[-2000:]
     from rlcr.cluster import task_runtime_env
 
     assert task_runtime_env(RLCRConfig(), ship=True) == {}  # a built-in task: nothing to carry
     env_of = task_runtime_env(cfg, ship=True)
-    assert env_of == {"env_vars": {"RLCR_TASK_MODULES": "worker_task"}, "py_modules": [str(path)]}
+    assert env_of == {"env_vars": {"RLCR_TASK_MODULES": "workertask=worker_task:T"}, "py_modules": [str(path)]}
 
 
 def test_an_unknown_task_is_one_line_exit_2_naming_where_rlcr_looked(tmp_path):

@@ -10,7 +10,7 @@ task modules, and finds the tasks from outside rlcr (issue 47):
 * the **task module** of a config, ``tasks.module``: a dotted module name or the path of a ``.py`` file,
   imported when the config is validated (in the driver and in every Ray worker, which validates the config
   it is given);
-* the modules listed in ``$RLCR_TASK_MODULES`` (comma-separated): set by :func:`rlcr.cluster.ensure_ray` in
+* the tasks listed in ``$RLCR_TASK_MODULES`` (comma-separated ``name=module:Class``): set by :func:`rlcr.cluster.ensure_ray` in
   the Ray runtime environment, so a worker on any node imports the run's task module before it looks the
   task up (on a cluster the module's code travels in the runtime environment's ``py_modules``).
 
@@ -75,17 +75,19 @@ def _load_entry_points() -> None:
     _LOOKED[f"entry points '{ENTRY_POINT_GROUP}'"] = ", ".join(found) or "none installed"
 
 
-def import_task_module(spec: str, *, required: bool = True) -> None:
+def import_task_module(spec: str, *, required: bool = True, label: str = "tasks.module") -> Any:
     """Import a task module: a dotted module name, or the path of a ``.py`` file (imported under its file's stem,
     or, where the file is absent, e.g. on another node of a cluster, by that stem from ``sys.path``, where the
     runtime environment's ``py_modules`` put it). ``required``: an import error is a ValueError (one line);
-    otherwise it is only noted for :func:`where_looked`."""
-    key = f"tasks.module {printable(repr(spec), 120)}"
+    otherwise it is only noted for :func:`where_looked`. Returns the module (None where it failed)."""
+    key = f"{label} {printable(repr(spec), 120)}"
     try:
         if spec.endswith(".py"):
             path = Path(spec).expanduser()
             name = path.stem
-            if name not in sys.modules:
+            if name in sys.modules:
+                module = sys.modules[name]
+            else:
                 if path.is_file():
                     loader_spec = importlib.util.spec_from_file_location(name, path)
                     module = importlib.util.module_from_spec(loader_spec)
@@ -96,23 +98,37 @@ def import_task_module(spec: str, *, required: bool = True) -> None:
                         sys.modules.pop(name, None)
                         raise
                 else:
-                    importlib.import_module(name)
+                    module = importlib.import_module(name)
         else:
-            importlib.import_module(spec)
+            module = importlib.import_module(spec)
         _LOOKED[key] = "imported"
+        return module
     except Exception as e:  # noqa: BLE001  (the user's module: any error is one line naming it)
         _LOOKED[key] = f"failed: {_short(e)}"
         if required:
             raise ValueError(f"tasks.module {printable(repr(spec), 120)}: cannot import it ({_short(e)})") from None
+        return None
+
+
+def _import_worker_task(entry: str) -> None:
+    """One entry of ``$RLCR_TASK_MODULES``: ``name=module:Class`` (the class registered as ``name`` unless its
+    import registered it), or a plain module."""
+    name, _, target = entry.rpartition("=")
+    module_name, _, qualname = target.partition(":")
+    module = import_task_module(module_name, required=False, label=f"${MODULES_ENV}")
+    obj = module
+    for part in qualname.split(".") if qualname and module is not None else []:
+        obj = getattr(obj, part, None)
+    if name and name not in TASKS and isinstance(obj, type) and issubclass(obj, Task):
+        register_task(name)(obj)
 
 
 def load_task_plugins(cfg: Any = None) -> None:
     """Make the tasks from outside rlcr known in this process: the ``rlcr.tasks`` entry points, the modules of
     ``$RLCR_TASK_MODULES`` and ``cfg.tasks.module`` (an ``RLCRConfig``, or None)."""
     _load_entry_points()
-    for spec in filter(None, (s.strip() for s in os.environ.get(MODULES_ENV, "").split(","))):
-        if not spec.startswith("rlcr."):
-            import_task_module(spec, required=False)
+    for entry in filter(None, (s.strip() for s in os.environ.get(MODULES_ENV, "").split(","))):
+        _import_worker_task(entry)
     module = getattr(getattr(cfg, "tasks", None), "module", None)
     if module:
         import_task_module(module)
@@ -146,12 +162,13 @@ def get_task(name: Any) -> Task:
 
 
 def plugin_modules(name: str) -> list[str]:
-    """The module a Ray worker must import for the task ``name``: its class's module unless it is rlcr's own
-    (empty then). A class defined in ``__main__`` cannot be imported elsewhere: a ValueError says so."""
-    module = task_class(name).__module__
-    if module.split(".")[0] == "rlcr":
+    """What a Ray worker imports for the task ``name`` (``$RLCR_TASK_MODULES``): ``name=module:Class`` of its
+    class unless it is rlcr's own (empty then). A class defined in ``__main__`` cannot be imported elsewhere:
+    a ValueError says so."""
+    cls = task_class(name)
+    if cls.__module__.split(".")[0] == "rlcr":
         return []
-    if module == "__main__":
+    if cls.__module__ == "__main__":
         raise ValueError(f"task {name!r} is defined in the script being run (__main__): Ray workers cannot import "
                          "it; put it in a module and name it in tasks.module (docs/tasks.md)")
-    return [module]
+    return [f"{name}={cls.__module__}:{cls.__qualname__}"]
