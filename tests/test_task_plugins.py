@@ -15,7 +15,6 @@ import pytest
 from rlcr.config import ConfigError, RLCRConfig, result_changing_diff
 from rlcr.tasks import registry
 from rlcr.tasks.base import TASKS
-from rlcr.tasks.verify import BoundedVerifier
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "sumlist"
@@ -54,6 +53,12 @@ class T(Task):
     def score(self, completion, p, *, format_score, score=1.0):
         return score
 '''
+
+
+def BoundedVerifier(*args, **kwargs):
+    from rlcr.tasks.verify import BoundedVerifier as verifier
+
+    return verifier(*args, **kwargs)
 
 
 @pytest.fixture
