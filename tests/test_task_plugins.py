@@ -272,9 +272,11 @@ def _install_example(tmp_path: Path) -> Path:
 
 
 def _rlcr(args: list[str], env: dict, cwd: Path, timeout_s: float = 900) -> str:
+    t0 = time.perf_counter()
     res = subprocess.run([sys.executable, "-m", "rlcr.cli", *args], env=env, cwd=cwd, capture_output=True,
                          text=True, timeout=timeout_s)
     assert res.returncode == 0, f"rlcr {' '.join(args[:2])}: {res.stdout[-3000:]}\n{res.stderr[-5000:]}"
+    print(f"rlcr {args[0]}: {time.perf_counter() - t0:.1f} s")
     return res.stdout
 
 
