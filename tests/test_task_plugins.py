@@ -175,6 +175,9 @@ def test_task_options_are_validated_by_the_tasks_model_and_old_names_answered():
     with pytest.raises(ConfigError, match="unknown field 'tasks.options.min_count' of task 'math'"):
         RLCRConfig.from_dict({"tasks": {"name": "math", "options": {"min_count": 2}}})
     assert RLCRConfig(tasks={"name": "math"}).tasks.options == {}
+    # a config dumped and given another task (what the flow does with overrides): that task's options
+    switched = RLCRConfig.from_dict({**RLCRConfig().model_dump(), "tasks.name": "math"})
+    assert switched.tasks.name == "math" and switched.tasks.options == {}
 
 
 def test_config_show_lists_the_tasks_options_with_their_docs():
