@@ -178,6 +178,8 @@ def test_task_options_are_validated_by_the_tasks_model_and_old_names_answered():
     # a config dumped and given another task (what the flow does with overrides): that task's options
     switched = RLCRConfig.from_dict({**RLCRConfig().model_dump(), "tasks.name": "math"})
     assert switched.tasks.name == "math" and switched.tasks.options == {}
+    again = RLCRConfig.from_dict({**switched.model_dump(), "tasks.name": "countdown", "tasks.options.max_count": 5})
+    assert again.tasks.options == {"min_count": 3, "max_count": 5, "num_range": [1, 20], "target_range": [1, 100]}
 
 
 def test_config_show_lists_the_tasks_options_with_their_docs():
