@@ -45,15 +45,15 @@ CANDIDATES: dict[str, dict] = {
     # fewer 2-number tasks are left: a harder set than the training distribution)
     "mix23-asdrawn": {"sft_from": "mix23", "tasks.eval_stratify_counts": False},
     # one number count at a time, same ranges (the mix's two ends; lower_bound: never the recommendation)
-    "two": {"sft_from": "mix23", "lower_bound": True, "tasks.min_count": 2, "tasks.max_count": 2,
+    "two": {"sft_from": "mix23", "lower_bound": True, "tasks.options.min_count": 2, "tasks.options.max_count": 2,
             "tasks.num_train": 50},
-    "three": {"sft_from": "mix23", "tasks.min_count": 3, "tasks.max_count": 3},
+    "three": {"sft_from": "mix23", "tasks.options.min_count": 3, "tasks.options.max_count": 3},
     # 3 numbers with smaller ranges: the demo's setting before the mix (numbers up to 12, targets up to 40) and
     # smaller still (numbers up to 10, targets up to 20: many solutions per target)
-    "three12": {"sft_from": "mix23", "tasks.min_count": 3, "tasks.max_count": 3, "tasks.num_range": [1, 12],
-                "tasks.target_range": [1, 40]},
-    "three10-t20": {"sft_from": "mix23", "tasks.min_count": 3, "tasks.max_count": 3, "tasks.num_range": [1, 10],
-                    "tasks.target_range": [1, 20]},
+    "three12": {"sft_from": "mix23", "tasks.options.min_count": 3, "tasks.options.max_count": 3, "tasks.options.num_range": [1, 12],
+                "tasks.options.target_range": [1, 40]},
+    "three10-t20": {"sft_from": "mix23", "tasks.options.min_count": 3, "tasks.options.max_count": 3, "tasks.options.num_range": [1, 10],
+                    "tasks.options.target_range": [1, 20]},
 }
 
 
@@ -112,8 +112,9 @@ def run_setting(name: str, spec: dict, config: str, store: str, sft_uri: str | N
         "name": name,
         "overrides": {k: v for k, v in spec.items()},
         "sft_uri": sft_uri, "sft_of_uri": sft_of_uri,
-        "held_out_tasks": {"count_range": [cfg.tasks.min_count, cfg.tasks.max_count],
-                           "num_range": list(cfg.tasks.num_range), "target_range": list(cfg.tasks.target_range)},
+        "held_out_tasks": {"count_range": [cfg.tasks.options["min_count"], cfg.tasks.options["max_count"]],
+                           "num_range": list(cfg.tasks.options["num_range"]),
+                           "target_range": list(cfg.tasks.options["target_range"])},
         "sft_from": sft_name if sft_name != name else None,
         "sft_tasks": sft_cfg.sft.tasks, "sft_epochs": sft_cfg.sft.epochs,
         "n": len(answers), "held_out_in_sft": sft_overlap,

@@ -256,7 +256,7 @@ def rlcr_train(
         log.info("run %s: iterations %d..%d from %s", run_id, len(done) + 1, cfg.run.iterations, saved)
 
         with events.phase("ray"):
-            ensure_ray()
+            ensure_ray(cfg)
             check_storage(cfg)
             check_cluster_fits(cfg)
         opts = _opts(cfg)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -112,10 +113,29 @@ def ray_log_dir() -> str:
     return str(Path(base) / "ray" / "session_latest" / "logs")
 
 
-def ensure_ray() -> str | None:
+def task_runtime_env(cfg: RLCRConfig | None, *, ship: bool) -> dict[str, Any]:
+    """The Ray runtime environment's part for a task from outside rlcr (docs/tasks.md): ``$RLCR_TASK_MODULES``
+    names its module, which every worker imports before it looks the task up; with ``ship`` (a cluster of
+    other machines) ``py_modules`` carries the module's code (its top-level package, or its ``.py`` file).
+    Empty for the built-in tasks."""
+    from rlcr.tasks.registry import MODULES_ENV, plugin_modules
+
+    modules = plugin_modules(cfg.tasks.name) if cfg is not None else []
+    if not modules:
+        return {}
+    out: dict[str, Any] = {"env_vars": {MODULES_ENV: ",".join(modules)}}
+    if ship:
+        top = sys.modules[modules[0].split("=", 1)[1].split(":")[0].split(".")[0]]
+        origin = Path(top.__file__)
+        out["py_modules"] = [str(origin.parent if origin.name == "__init__.py" else origin)]
+    return out
+
+
+def ensure_ray(cfg: RLCRConfig | None = None) -> str | None:
     """Connect to the cluster at ``RAY_ADDRESS``, or start a local Ray (with its dashboard where
     :func:`ray_dashboard` says so, and :data:`WORKER_SOFT_LIMIT` idle workers kept unless
-    ``$RAY_num_workers_soft_limit`` says otherwise). Returns the dashboard's address when this call started one."""
+    ``$RAY_num_workers_soft_limit`` says otherwise). Returns the dashboard's address when this call started one.
+    With ``cfg``, a task from outside rlcr reaches every worker (:func:`task_runtime_env`)."""
     import ray
 
     if ray.is_initialized():
@@ -124,12 +144,10 @@ def ensure_ray() -> str | None:
     dashboard = ray_dashboard()[0] if address is None else False
     if address is None:  # read by the raylet this ray.init starts (and inherited by its workers)
         os.environ.setdefault(WORKER_SOFT_LIMIT_ENV, str(WORKER_SOFT_LIMIT))
-    context = ray.init(
-        address=address,
-        include_dashboard=dashboard,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}},
-    )
+    runtime_env = task_runtime_env(cfg, ship=address is not None)
+    runtime_env["env_vars"] = {"TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                               **runtime_env.get("env_vars", {})}
+    context = ray.init(address=address, include_dashboard=dashboard, log_to_driver=False, runtime_env=runtime_env)
     if not dashboard:
         return None
     return getattr(context, "dashboard_url", None) or None

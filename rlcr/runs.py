@@ -80,9 +80,10 @@ log = logging.getLogger(__name__)
 
 def _dotted(record: dict, name: str):
     """The value of the dotted field ``name`` in a nested config record (None where absent)."""
-    section, leaf = name.split(".", 1)
-    value = record.get(section)
-    return value.get(leaf) if isinstance(value, dict) else None
+    value: Any = record
+    for part in name.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
 
 
 class RunConfigMismatch(ValueError):

@@ -99,7 +99,7 @@ def run_sft(cfg, *, out: str | None = None, run_id: str | None = None) -> tuple[
     tokenizer = AutoTokenizer.from_pretrained(fetch_checkpoint(base, endpoint_url=cfg.storage.s3_endpoint_url))
     rows = sft_rows(cfg, tokenizer)
     sft_cfg = sft_update_config(cfg, len(rows), storage_uri=out)
-    ensure_ray()
+    ensure_ray(cfg)
     result = run_update(sft_cfg, rows, policy_uri=base, run_id=run_id or f"sft-{cfg.run.seed}", iteration=0)
     return result.checkpoint_uri, result.metrics
 

@@ -10,6 +10,7 @@ engine actor of the flow's pool, :attr:`EnginePool.node_ids`).
 
 import json
 import os
+import sys
 import time
 
 import ray
@@ -31,7 +32,11 @@ class RecordingEnginePool(train.EnginePool):
 
 
 def main() -> None:
-    ensure_ray()  # what the flow does first; connected here to report the cluster
+    from rlcr.config import RLCRConfig
+
+    # what the flow does first (with the run's config: a task from outside rlcr travels in the runtime
+    # environment); connected here to report the cluster
+    ensure_ray(RLCRConfig.from_dict(json.loads(sys.argv[1])))
     nodes = [{"node_id": n["NodeID"], "head": "node:__internal_head__" in n["Resources"],
               "resources": {k: v for k, v in n["Resources"].items() if not k.startswith("node:")}}
              for n in ray.nodes() if n["Alive"]]

@@ -42,7 +42,8 @@ def test_yaml_and_overrides(tmp_path):
         ("rollout.num_generations_answr=4", "rollout.num_generations_answr"),
         ("temperature=1.0", "rollout.temperature"),  # a flat name of older rlcr: its dotted name; cfg-codemod: keep
         ("engine_block_size=32", "engine.block_size"),  # cfg-codemod: keep
-        ("tasks.min_count=5", "tasks.min_count"),
+        ("tasks.options.min_count=5", "tasks.options.min_count"),
+        ("tasks.min_count=5", "tasks.options.min_count"),  # moved into tasks.options: its new name
         ("engine.block_size=16", "engine.block_size"),  # vLLM's CPU backend takes multiples of 32
         ("engine.block_size=0", "engine.block_size"),
     ],

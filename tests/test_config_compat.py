@@ -26,6 +26,7 @@ def test_a_flat_record_reads_as_the_same_settings(tmp_path):
     dumped = RLCRConfig.from_dict(nested).model_dump(mode="json")
     # fields added after the flat layout take their defaults (the behaviour of the code that wrote the record)
     assert dumped["tasks"].pop("name") == "countdown" and dumped["tasks"].pop("field_map") is None
+    assert dumped["tasks"].pop("module") is None  # operational: where a task from outside rlcr is imported from
     assert dumped["model"].pop("chat_template") is None
     assert dumped["rollout"].pop("pipeline_turns") is False  # the two-call way, as the record's code ran
     assert dumped["orchestration"].pop("background_save") is True  # operational: when the save is waited for

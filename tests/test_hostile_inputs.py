@@ -210,8 +210,8 @@ def test_task_numbers_and_targets_share_the_scorers_limit(tmp_path):
         load_tasks(parquet)
     one_line_refusal(e.value, str(parquet), "row 1", "'nums' item 0")
     with pytest.raises(ConfigError) as e:  # generated tasks too
-        RLCRConfig.from_yaml(None, [f"tasks.num_range=[1, {10**13}]"])
-    one_line_refusal(e.value, "tasks.num_range")
+        RLCRConfig.from_yaml(None, [f"tasks.options.num_range=[1, {10**13}]"])
+    one_line_refusal(e.value, "tasks.options.num_range")
     from rlcr.tasks import countdown  # one constant: the loader's limit is the scorer's
 
     assert (countdown.MAX_LITERAL_DIGITS, countdown.MAX_TASK_NUMBER) == (MAX_LITERAL_DIGITS, MAX_TASK_NUMBER)

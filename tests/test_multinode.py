@@ -36,6 +36,7 @@ import pytest
 from rlcr.cluster import (ResourceError, StorageNotShared, check_fits, check_storage, engine_actor_resources,
                           engines_start_beside_trainer, run_demand, trainer_worker_resources)
 from rlcr.config import ConfigError, changes_results, RLCRConfig, result_changing_diff
+from test_task_plugins import _install_example
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
@@ -338,7 +339,11 @@ def _two_node_run(root: Path, s3, tiny_model_dir, *, logs: Path, t0: float) -> N
         "tasks.num_train": 16, "tasks.num_eval": 4, "rollout.temperature": 1.0, "rollout.max_answer_tokens": 16,
         "rollout.max_confidence_tokens": 8, "engine.max_model_len": 512, "engine.kv_cache_gib": 0.25,
         "update.learning_rate": 1e-4, "orchestration.retries": 0, "eval.every": 0,
+        "tasks.name": "sumlist", "tasks.options.max_len": 3,  # the example task package (examples/sumlist)
     }
+    # installed as a wheel into a layer on the driver's PYTHONPATH only: the nodes' workers get its code from
+    # the Ray runtime environment (py_modules), as on a cluster of other machines
+    layer = _install_example(root / "example")
     # the driver: its own HOME and cache, in which the model's weights are poisoned (its seal intact, so a
     # cache hit serves them): a process that read the driver's cache for weights would fail to load them
     driver = root / "driver"
@@ -352,7 +357,7 @@ def _two_node_run(root: Path, s3, tiny_model_dir, *, logs: Path, t0: float) -> N
         with two_node_cluster(root) as (address, head, worker, env):
             times["cluster start"] = time.perf_counter() - t0
             driver_env = {**env, "RAY_ADDRESS": address, "PREFECT_API_URL": PREFECT_API_URL.value(),
-                          "PYTHONPATH": str(ROOT), "HOME": str(driver / "home"),
+                          "PYTHONPATH": os.pathsep.join([str(ROOT), str(layer)]), "HOME": str(driver / "home"),
                           "RLCR_CACHE": str(driver / "cache"), "TMPDIR": str(driver / "tmp")}
 
             # refused: a local storage_uri on this two-node cluster
@@ -394,7 +399,9 @@ def _two_node_run(root: Path, s3, tiny_model_dir, *, logs: Path, t0: float) -> N
         assert engine_nodes == [worker_id]  # ... the engine pool on the second node
 
     # the committed artifacts, complete on S3
-    run = RunStore.open(RLCRConfig.from_dict(overrides), "two-nodes")
+    run = RunStore.open(RLCRConfig.from_dict({"storage.uri": overrides["storage.uri"],
+                                              "storage.s3_endpoint_url": s3.endpoint}), "two-nodes")
+    assert run.store.read_json(run.config_rel)["config"]["tasks"]["name"] == "sumlist"
     manifests = run.committed()
     assert [m["iteration"] for m in manifests] == [1, 2]
     keys = set(s3.keys(f"{prefix}/store/"))
@@ -415,7 +422,9 @@ def _two_node_run(root: Path, s3, tiny_model_dir, *, logs: Path, t0: float) -> N
                                               if isinstance(v, (int, float))})
         assert [w["node_id"] for w in metrics["update"]["workers"]] == [worker_id]  # the trainer on the second node
         assert metrics["engines"]["policy"] == m["checkpoint_uri"]
-        assert run.store.read_parquet(run.store.rel(m["rollouts_uri"])).num_rows > 0
+        rollouts = run.store.read_parquet(run.store.rel(m["rollouts_uri"]))
+        assert rollouts.num_rows > 0 and "nums" in rollouts.column_names  # the example task's rows
+        assert all(1 <= len(nums) <= 3 for nums in rollouts.column("nums").to_pylist())  # tasks.options.max_len
     assert manifests[1]["policy_in"] == manifests[0]["checkpoint_uri"]
     assert not [key for key in keys if ".tmp-" in key]
     assert not run.store.exists(run.lease_rel)

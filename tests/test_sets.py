@@ -42,7 +42,7 @@ def test_held_out_keeps_the_configured_mix_of_number_counts():
     """A 2-/3-number mix whose small 2-number space is half taken by the training pool: the held-out set still
     holds each count in equal shares (eval_stratify_counts), disjoint from training; taken as drawn, 2-number
     tasks would be a third of it (a harder held-out set than the training distribution)."""
-    cfg = RLCRConfig(tasks={"min_count": 2, "max_count": 3, "num_range": (1, 20), "target_range": (1, 60), "num_train": 600, "num_eval": 257})
+    cfg = RLCRConfig(tasks={"options": {"min_count": 2, "max_count": 3, "num_range": (1, 20), "target_range": (1, 60)}, "num_train": 600, "num_eval": 257})
     train, held_out = task_sets(cfg)
     counts = Counter(len(t.nums) for t in held_out)
     assert counts == {2: 129, 3: 128}  # the odd one goes to the smallest count
@@ -50,7 +50,7 @@ def test_held_out_keeps_the_configured_mix_of_number_counts():
     _, as_drawn = task_sets(cfg.model_copy(update={"tasks.eval_stratify_counts": False}))
     assert Counter(len(t.nums) for t in as_drawn)[2] < 0.4 * 257
     # one count: the same set either way
-    one = RLCRConfig(tasks={"min_count": 3, "max_count": 3, "num_eval": 40})
+    one = RLCRConfig(tasks={"options": {"min_count": 3, "max_count": 3}, "num_eval": 40})
     assert task_sets(one)[1] == task_sets(one.model_copy(update={"tasks.eval_stratify_counts": False}))[1]
 
 
@@ -99,7 +99,7 @@ def test_held_out_file_with_nothing_left_is_refused(tmp_path):
 
 def test_generated_held_out_skips_training_tasks_from_a_file(tmp_path):
     """A training file that holds the first generated held-out candidates: they are skipped, not reused."""
-    base = RLCRConfig(tasks={"num_eval": 6, "min_count": 3, "max_count": 3, "num_range": (1, 9), "target_range": (1, 30)}, rollout={"prompts_per_iteration": 2})
+    base = RLCRConfig(tasks={"num_eval": 6, "options": {"min_count": 3, "max_count": 3, "num_range": (1, 9), "target_range": (1, 30)}}, rollout={"prompts_per_iteration": 2})
     gen = dict(min_count=3, max_count=3, num_range=(1, 9), target_range=(1, 30))
     candidates = generate_tasks(6, base.tasks.eval_seed, **gen)
     save_tasks(candidates, tmp_path / "train.jsonl")
@@ -111,7 +111,7 @@ def test_generated_held_out_skips_training_tasks_from_a_file(tmp_path):
 
 
 def test_held_out_generation_in_a_too_small_task_space_fails_clearly():
-    cfg = RLCRConfig(tasks={"min_count": 3, "max_count": 3, "num_range": (1, 2), "target_range": (1, 3), "num_train": 300, "num_eval": 4}, rollout={"prompts_per_iteration": 1})
+    cfg = RLCRConfig(tasks={"options": {"min_count": 3, "max_count": 3, "num_range": (1, 2), "target_range": (1, 3)}, "num_train": 300, "num_eval": 4}, rollout={"prompts_per_iteration": 1})
     with pytest.raises(ValueError, match="held-out tasks apart from the .* training tasks.*too small"):
         task_sets(cfg)
 

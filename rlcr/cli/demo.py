@@ -62,7 +62,7 @@ def _demo(cfg, config: str, run_id: str, probe_tasks: int, probe_samples: int, f
         base = import_model(cfg.model.name, RunStore.open(cfg, run_id).store, chat_template=cfg.model.chat_template)
     times["prepare"] = time.perf_counter() - t0
 
-    ensure_ray()
+    ensure_ray(cfg)
     _, held_out = task_sets(cfg)
     t0 = time.perf_counter()
     with step(f"2/6 evaluating the base model on {len(held_out)} held-out tasks"):

@@ -105,7 +105,7 @@ def evaluate(
         raise UserError(f"task error: {printable(e, 1000)}") from None
     run_id = ref.rsplit("@", 1)[0] if ref else None
     with quiet("eval", run_id, verbose), step(f"evaluating {printable(policy)} on {len(held_out)} held-out tasks"):
-        ensure_ray()
+        ensure_ray(cfg)
         with EnginePool(cfg, policy) as engines:
             m, rows = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=0, engines=engines, draw=draw)
     if target is not None:

@@ -55,7 +55,7 @@ def override_keys(overrides: list[str]) -> dict[str, str]:
         if "=" not in item:
             continue  # load_config names it: expected section.field=value
         key = item.split("=", 1)[0].strip()
-        if key not in fields and key not in RLCRConfig.model_fields:
+        if key not in fields and key not in RLCRConfig.model_fields and not key.startswith("tasks.options."):
             raise ConfigError(f"unknown field {printable(repr(key), 80)} in the command-line argument "
                               f"{printable(repr(item), 120)}{_did_you_mean(key)}")
         keys[key] = item
@@ -66,10 +66,12 @@ def _did_you_mean(name: str) -> str:
     """The nearest dotted field names to ``name`` (a flat name of older rlcr: its dotted name; a field name
     without its section: the fields of that name)."""
     from rlcr.config import FLAT_NAMES, RLCRConfig
+    from rlcr.config.legacy import MOVED_NAMES
 
     fields = [dotted for dotted, _ in RLCRConfig.dotted_fields()]
     leaf = name.rsplit(".", 1)[-1]
-    close = [FLAT_NAMES[name]] if name in FLAT_NAMES else [f for f in fields if f.endswith("." + leaf)]
+    moved = FLAT_NAMES.get(name) or MOVED_NAMES.get(name)
+    close = [moved] if moved else [f for f in fields if f.endswith("." + leaf)]
     close = close or difflib.get_close_matches(name, fields, n=3, cutoff=0.6)
     close = close or [f for f in fields if f.rsplit(".", 1)[-1] in difflib.get_close_matches(
         leaf, [g.rsplit(".", 1)[-1] for g in fields], n=3, cutoff=0.6)][:3]

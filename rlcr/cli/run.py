@@ -49,13 +49,28 @@ def config_show(
     rows = [{"field": dotted, "value": values[dotted.split(".")[0]][dotted.split(".", 1)[1]],
              "set_by": set_by(dotted), "changes_results": changes_results(field),
              "doc": " ".join((field.description or "").split())}
-            for dotted, field in RLCRConfig.dotted_fields()]
+            for dotted, field in RLCRConfig.dotted_fields() if dotted != "tasks.options"]
+    rows += task_option_rows(cfg, keys)
     if as_json:
         typer.echo(json.dumps(rows, indent=1, ensure_ascii=False))
         return
     source = f"{show(config)} + defaults" if config else "defaults"
     console.print(config_table(rows, f"rlcr config ({source}{' + command line' if keys else ''}); results: whether "
                                      "a field can change a run's results (operational: may differ on resume)"))
+
+
+def task_option_rows(cfg, keys: dict) -> list[dict]:
+    """``rlcr config show``'s rows of ``tasks.options``: each option of the task's own model, with its doc."""
+    from rlcr.tasks.registry import task_class
+
+    model = task_class(cfg.tasks.name).Options
+    defaults = model().model_dump(mode="json")
+    in_file = "options" in cfg.tasks.model_fields_set
+    return [{"field": f"tasks.options.{key}", "value": cfg.tasks.options.get(key),
+             "set_by": "command line" if any(k in keys for k in (f"tasks.options.{key}", "tasks.options", "tasks"))
+             else "file" if in_file and cfg.tasks.options.get(key) != defaults.get(key) else "default",
+             "changes_results": True, "doc": " ".join((field.description or "").split())}
+            for key, field in model.model_fields.items()]
 
 
 @app.command()

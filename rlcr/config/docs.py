@@ -52,7 +52,27 @@ def render() -> str:
             default = json.dumps(field.get_default(call_default_factory=True), ensure_ascii=False)
             parts.append(f"| `{section}.{name}` | `{_cell(_type_name(field.annotation))}` | `{default}` | "
                          f"{'yes' if changes_results(field) else 'no'} | {_cell(field.description or '')} |\n")
+        if section == "tasks":
+            parts.append(_task_options())
     return "".join(parts)
+
+
+def _task_options() -> str:
+    """The ``tasks.options`` of the built-in tasks (a task's own settings, its ``Options`` model)."""
+    from rlcr.tasks.registry import task_class
+
+    out = ["\nThe built-in tasks' own settings (`tasks.options`; every one can change results):\n"]
+    for name in ("countdown", "math"):
+        options = task_class(name).Options.model_fields
+        if not options:
+            out.append(f"\n`{name}` has no options of its own.\n")
+            continue
+        out.append(f"\n| `{name}` option | type | default | description |\n|---|---|---|---|\n")
+        for key, field in options.items():
+            default = json.dumps(field.get_default(call_default_factory=True), ensure_ascii=False)
+            out.append(f"| `tasks.options.{key}` | `{_cell(_type_name(field.annotation))}` | `{default}` | "
+                       f"{_cell(field.description or '')} |\n")
+    return "".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,9 +18,9 @@ FLAT_NAMES: dict[str, str] = {
     "model": "model.name", "dtype": "model.dtype",
     "task": "tasks.name", "task_fields": "tasks.field_map", "train_tasks": "tasks.train_file", "eval_tasks": "tasks.eval_file", "num_train_tasks": "tasks.num_train",
     "num_eval_tasks": "tasks.num_eval", "eval_seed": "tasks.eval_seed",
-    "eval_stratify_counts": "tasks.eval_stratify_counts", "task_min_count": "tasks.min_count",
-    "task_max_count": "tasks.max_count", "task_num_range": "tasks.num_range",
-    "task_target_range": "tasks.target_range",
+    "eval_stratify_counts": "tasks.eval_stratify_counts", "task_min_count": "tasks.options.min_count",
+    "task_max_count": "tasks.options.max_count", "task_num_range": "tasks.options.num_range",
+    "task_target_range": "tasks.options.target_range",
     "prompts_per_iteration": "rollout.prompts_per_iteration",
     "num_generations_answer": "rollout.num_generations_answer",
     "num_generations_confidence": "rollout.num_generations_confidence", "temperature": "rollout.temperature",
@@ -60,6 +60,37 @@ FLAT_NAMES: dict[str, str] = {
 """Each field name of the flat layout → its dotted name in the sections."""
 
 
+MOVED_NAMES: dict[str, str] = {
+    "tasks.min_count": "tasks.options.min_count", "tasks.max_count": "tasks.options.max_count",
+    "tasks.num_range": "tasks.options.num_range", "tasks.target_range": "tasks.options.target_range",
+}
+"""Fields of the sections that moved (issue 47: Countdown's own settings into ``tasks.options``) → their new
+dotted names. A config that gives an old name is refused naming the new one; a stored run's record that holds
+one is read with it moved (:func:`upgraded`)."""
+
+
+def _put(out: dict[str, Any], dotted: str, value: Any) -> None:
+    *path, leaf = dotted.split(".")
+    for part in path:
+        out = out.setdefault(part, {})
+    out[leaf] = value
+
+
+def upgraded(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A nested config record (a copy) with the fields of :data:`MOVED_NAMES` at their new places: a run stored
+    before they moved resumes and compares with the same settings."""
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in record.items()}
+    for old, new in MOVED_NAMES.items():
+        section, name = old.split(".", 1)
+        values = out.get(section)
+        if isinstance(values, dict) and name in values:
+            value = values.pop(name)
+            options = values.get("options")
+            values["options"] = options = dict(options) if isinstance(options, Mapping) else {}
+            options.setdefault(new.rsplit(".", 1)[1], value)
+    return out
+
+
 def is_flat(record: Mapping[str, Any]) -> bool:
     """Whether a stored config record (the ``config`` of a run's record) is in the flat layout: it holds a flat
     name whose value is not a section (``model: "smollm2…"``, ``seed: 0``; a section's value is a mapping)."""
@@ -72,12 +103,10 @@ def nested_from_flat(record: Mapping[str, Any]) -> dict[str, Any]:
     as a copy. A key that is no flat name (a field removed before the sections) is dropped: neither layout can
     honour it. The mapping is data, not code: it is the one place that knows the old names."""
     if not is_flat(record):
-        return {k: dict(v) if isinstance(v, Mapping) else v for k, v in record.items()}
-    out: dict[str, dict[str, Any]] = {}
+        return upgraded(record)
+    out: dict[str, Any] = {}
     for key, value in record.items():
         dotted = FLAT_NAMES.get(key)
-        if dotted is None:
-            continue
-        section, name = dotted.split(".", 1)
-        out.setdefault(section, {})[name] = value
+        if dotted is not None:
+            _put(out, dotted, value)
     return out

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 from pydantic import ValidationError
 
-from rlcr.config.legacy import FLAT_NAMES
+from rlcr.config.legacy import FLAT_NAMES, MOVED_NAMES
 from rlcr.untrusted import MAX_DEPTH, InvalidInput, decode_text, printable
 
 MAX_CONFIG_BYTES = 256 * 1024
@@ -152,7 +152,9 @@ def describe(error: ValidationError, source: str) -> str:
     for err in errors[:_MAX_ERRORS]:
         loc = printable(".".join(str(p) for p in err["loc"]), 80)
         msg = printable(err["msg"], 300)
-        if not loc:  # a check across fields: its message names them
+        if err["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
+        if not loc or (err["type"] == "value_error" and f"{loc}." in msg):  # a check naming its fields
             lines.append(f"{source}: {msg}")
         elif err["type"] == "extra_forbidden":
             lines.append(f"{source}: unknown field '{loc}'")
@@ -188,7 +190,7 @@ def _bounded_repr(value: Any, limit: int = 80, depth: int = 0) -> str:
 
 def flat_name_hint(name: str) -> str | None:
     """For a field name of the flat layout (``temperature``), the line that says its dotted name now."""
-    dotted = FLAT_NAMES.get(name)
+    dotted = FLAT_NAMES.get(name) or MOVED_NAMES.get(name)
     if dotted is None:
         return None
     return f"{printable(repr(name), 80)} is now {dotted!r}: did you mean {dotted!r}? (the config is grouped in sections)"
@@ -199,6 +201,9 @@ def merge_dotted(data: dict[str, Any], updates: Mapping[str, Any], source: str) 
     field of its section, a ``section`` key with a mapping updates the section's fields. A field name of the
     flat layout is a :class:`ConfigError` naming its dotted name."""
     out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in data.items()}
+    tasks = out.get("tasks")
+    if isinstance(tasks, dict) and "tasks.name" in updates and updates["tasks.name"] != tasks.get("name"):
+        tasks.pop("options", None)  # another task: its own options (those given here), not the other task's
     for key, value in updates.items():
         key = str(key)
         section, dot, name = key.partition(".")
@@ -218,7 +223,12 @@ def merge_dotted(data: dict[str, Any], updates: Mapping[str, Any], source: str) 
         if not isinstance(current, dict):
             raise ConfigError(f"{source}: {printable(repr(section), 80)} is not a section, cannot set "
                               f"{printable(repr(key), 120)}")
-        current[name] = value
+        *inner, leaf = name.split(".")  # a field of a mapping field: tasks.options.min_count
+        for part in inner:
+            child = current.get(part)
+            current[part] = child = dict(child) if isinstance(child, Mapping) else {}
+            current = child
+        current[leaf] = value
     return out
 
 

@@ -36,7 +36,7 @@ class RLCRConfig(BaseModel):
     model: ModelSection = Field(default_factory=ModelSection)
     """The initial policy."""
     tasks: TasksSection = Field(default_factory=TasksSection)
-    """The Countdown tasks: training pool and held-out set."""
+    """The task, its problems (training pool and held-out set) and its own settings."""
     rollout: RolloutSection = Field(default_factory=RolloutSection)
     """Sampling the rollouts."""
     method: MethodSection = Field(default_factory=MethodSection)
@@ -186,7 +186,7 @@ def result_changing_diff(saved: Mapping[str, Any], current: RLCRConfig) -> list[
     default, which reproduces the older behaviour; a key of ``saved`` that is no field any more is ignored
     (the current code cannot honour it either way).
     """
-    saved = nested_from_flat(_unwrap(saved))
+    saved = nested_from_flat(_unwrap(saved))  # flat names, and fields moved since (rlcr.config.legacy)
     now = current.model_dump(mode="json")
     diff = []
     for dotted, field in type(current).dotted_fields():
@@ -194,9 +194,23 @@ def result_changing_diff(saved: Mapping[str, Any], current: RLCRConfig) -> list[
             continue
         section, name = dotted.split(".", 1)
         stored = saved.get(section)
-        if isinstance(stored, Mapping) and name in stored:
+        if dotted == "tasks.options":
+            diff += _options_diff(stored.get(name) if isinstance(stored, Mapping) else None, current)
+        elif isinstance(stored, Mapping) and name in stored:
             if stored[name] != now[section][name]:
                 diff.append(dotted)
         elif current.get(dotted) != field.get_default(call_default_factory=True):
             diff.append(dotted)
     return sorted(diff)
+
+
+def _options_diff(stored: Any, current: RLCRConfig) -> list[str]:
+    """``tasks.options.<key>`` of each option whose value differs from the stored one (an option the record lacks:
+    unchanged when it holds the task's default)."""
+    from rlcr.tasks.registry import task_class
+
+    stored = stored if isinstance(stored, Mapping) else {}
+    defaults = task_class(current.tasks.name).Options().model_dump(mode="json")
+    now = current.tasks.options
+    return [f"tasks.options.{key}" for key in sorted(set(now) | set(stored))
+            if key in now and stored.get(key, defaults.get(key)) != now[key]]

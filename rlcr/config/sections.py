@@ -5,14 +5,16 @@ format warm-start. The engine, placement, orchestration, tracking, evaluation an
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import field_validator, model_validator
 
 from rlcr.config.fields import Section, changes, operational
+from rlcr.config.legacy import MOVED_NAMES
 from rlcr.seeds import SEED_MODULUS
-from rlcr.tasks.limits import DEFAULT_FORMAT_SCORE, MAX_TASK_NUMBER
+from rlcr.tasks.limits import DEFAULT_FORMAT_SCORE
 from rlcr.untrusted import printable
 
 MAX_SEED = SEED_MODULUS
@@ -114,33 +116,30 @@ class TasksSection(Section):
     """Seed of the generated evaluation set, in [0, 2^31 − 1] (kept apart from ``run.seed``; candidates that are
     training tasks are skipped, so the set is fixed across runs with the same training pool)."""
     eval_stratify_counts: bool = changes(True)
-    """Generated held-out sets hold each number count (``tasks.min_count`` … ``tasks.max_count``) in the share the
-    generator draws it (equal shares), whatever the training pool took. Without it the candidates are taken as
-    drawn, and a count with a small task space (2 numbers) is scarcer among held-out tasks than in training,
-    because the pool already holds much of it: the held-out set is then harder than the training distribution.
-    No effect with one number count or a ``tasks.eval_file``."""
-    min_count: int = changes(3, ge=2, le=6)
-    """Fewest numbers in a generated task."""
-    max_count: int = changes(4, ge=2, le=6)
-    """Most numbers in a generated task."""
-    num_range: tuple[int, int] = changes((1, 20))
-    """Inclusive range of the numbers of generated tasks."""
-    target_range: tuple[int, int] = changes((1, 100))
-    """Inclusive range of the targets of generated tasks."""
+    """Generated held-out sets hold each stratum of the task (Countdown: each number count,
+    ``tasks.options.min_count`` … ``tasks.options.max_count``) in equal shares, whatever the training pool took.
+    Without it the candidates are taken as drawn, and a stratum with a small task space (2 numbers) is scarcer
+    among held-out tasks than in training, because the pool already holds much of it: the held-out set is then
+    harder than the training distribution. No effect with one stratum or a ``tasks.eval_file``."""
+    module: str | None = operational(None)
+    """A module that registers the task (docs/tasks.md): a dotted module name (``my_tasks.sumlist``) or the path of
+    a ``.py`` file, imported before the task is looked up, in the driver and in every Ray worker (on a cluster it
+    travels in the Ray runtime environment). None: the built-in tasks and those of installed packages (entry
+    points of group ``rlcr.tasks``). Operational: where the code is found; ``tasks.name`` says which task."""
+    options: dict[str, Any] = changes({})
+    """The task's own settings, validated by the task's ``Options`` model (unknown or mistyped keys refused);
+    holds every option, defaults included, once validated. Countdown: ``min_count``, ``max_count``,
+    ``num_range``, ``target_range`` (docs/tasks.md lists each task's options)."""
 
     @field_validator("train_file", "eval_file")
     @classmethod
     def _absolute(cls, value: str | None) -> str | None:
         return absolute_local_path(value)
 
-    @field_validator("name")
+    @field_validator("module")
     @classmethod
-    def _registered_task(cls, value: str) -> str:
-        from rlcr.tasks.registry import task_names
-
-        if value not in task_names():
-            raise ValueError(f"unknown task {printable(repr(value), 60)}; registered: {', '.join(task_names())}")
-        return value
+    def _module_path(cls, value: str | None) -> str | None:
+        return absolute_local_path(value) if value is not None and value.endswith(".py") else value
 
     @field_validator("field_map")
     @classmethod
@@ -150,20 +149,59 @@ class TasksSection(Section):
                 raise ValueError("field names and columns must be non-empty strings")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_names(cls, data: Any) -> Any:
+        """A task setting that moved into ``tasks.options`` (``tasks.min_count``) is refused naming its new name."""
+        if isinstance(data, dict):
+            for old, new in MOVED_NAMES.items():
+                if old.split(".", 1)[1] in data:
+                    raise ValueError(f"'{old}' is now '{new}': did you mean '{new}'? (a task's own settings are in "
+                                     "tasks.options)")
+        return data
+
     @model_validator(mode="after")
-    def _check_ranges(self) -> "TasksSection":
-        if self.min_count > self.max_count:
-            raise ValueError("tasks.min_count must be <= tasks.max_count")
-        for name in ("num_range", "target_range"):
-            lo, hi = getattr(self, name)
-            if lo > hi:
-                raise ValueError(f"tasks.{name} must be (low, high) with low <= high, got {(lo, hi)}")
-        if self.num_range[0] < 1:
-            raise ValueError("tasks.num_range must hold positive numbers")
-        if self.num_range[1] > MAX_TASK_NUMBER or max(map(abs, self.target_range)) > MAX_TASK_NUMBER:
-            raise ValueError(f"tasks.num_range and tasks.target_range must lie within ±{MAX_TASK_NUMBER} (the "
-                             "longest number the scorer reads)")
+    def _task_and_options(self) -> "TasksSection":
+        """Import ``tasks.module``, resolve ``tasks.name`` and validate ``tasks.options`` by the task's model."""
+        from rlcr.tasks.registry import task_class, import_task_module
+
+        if self.module is not None:
+            import_task_module(self.module)
+        try:
+            task = task_class(self.name)
+        except ValueError as e:
+            raise ValueError(f"tasks.name: {e}") from None
+        options = validate_options(task, self.options)
+        if options != self.options:
+            object.__setattr__(self, "options", options)  # holds every option, as validated
         return self
+
+
+def validate_options(task: type, raw: Any) -> dict[str, Any]:
+    """``raw`` (``tasks.options``) validated by ``task.Options``: the options as JSON, defaults included; a
+    ValueError of one line per problem, naming ``tasks.options.<key>`` (an unknown key: the nearest ones)."""
+    from pydantic import ValidationError
+
+    model = task.Options
+    try:
+        return model.model_validate(dict(raw or {})).model_dump(mode="json")
+    except ValidationError as e:
+        problems = []
+        for err in e.errors()[:5]:
+            loc = ".".join(str(p) for p in err["loc"])
+            where = f"tasks.options.{loc}" if loc else "tasks.options"
+            if err["type"] == "extra_forbidden":
+                close = difflib.get_close_matches(str(err["loc"][0]), list(model.model_fields), n=3, cutoff=0.5)
+                hint = "; did you mean " + " or ".join(repr(f"tasks.options.{c}") for c in close) + "?" if close else ""
+                known = ", ".join(model.model_fields) or "none"
+                problems.append(f"unknown field {printable(repr(where), 80)} of task {task.name!r}{hint} (its "
+                                f"options: {known})")
+            else:
+                msg = printable(err["msg"], 200).removeprefix("Value error, ")
+                got = err.get("input")
+                got = "" if isinstance(got, dict) else f" (got {printable(repr(got), 60)})"
+                problems.append(msg if "tasks.options." in msg else f"field {printable(repr(where), 80)}: {msg}{got}")
+        raise ValueError("; ".join(problems)) from None
 
 
 class RolloutSection(Section):

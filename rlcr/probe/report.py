@@ -247,8 +247,10 @@ def report_markdown(report: dict[str, Any], uris: dict[str, str]) -> str:
 
 
 def _task_cell(r: dict, e) -> str:
-    """A probed task in the report's table: Countdown's ``nums → target``, else the task's first text column."""
-    if "nums" in r:
+    """A probed task in the report's table: Countdown's ``nums → target``, math's ``question``, else the task's
+    first record field (the key after ``index``: any task's ``to_record``)."""
+    if "nums" in r and "target" in r:
         return f"{e(str(r['nums']))} → {e(str(r['target']))}"
-    text = str(r.get("question", ""))
+    first = next((k for k in r if k != "index"), "question")
+    text = str(r.get("question", r.get(first, "")))
     return e(text if len(text) <= 200 else text[:200] + " …")

@@ -18,7 +18,7 @@ import torch
 from rlcr.advantages import method_advantages
 from rlcr.rewards import accuracy_reward, answer_reward, brier_reward, parse_confidence, split_single_turn
 from rlcr.tasks.base import Task
-from rlcr.tasks.registry import get_task, task_names
+from rlcr.tasks.registry import get_task, load_task_plugins, task_names
 from rlcr.untrusted import InvalidInput
 
 __all__ = [
@@ -80,6 +80,7 @@ def record_task(columns: Iterable[str]) -> Task:
     """The registered task whose record columns ``columns`` (a row's keys, a table's column names) hold;
     Countdown first. RolloutValidationError when none fits."""
     have = set(columns)
+    load_task_plugins()  # rows of a task from outside rlcr (docs/tasks.md): its columns are its record's
     for name in sorted(task_names(), key=lambda n: n != "countdown"):
         task = get_task(name)
         try:

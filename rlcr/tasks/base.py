@@ -23,9 +23,11 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Hashable, Iterator, Mapping
 
+from pydantic import BaseModel, ConfigDict
+
 from rlcr.untrusted import DuplicateKey, InvalidInput, check_depth, decode_text, loads_unique, parse_json, printable
 
-__all__ = ["Task", "TaskFormatError", "WarmStart", "ScoringStats", "TASKS", "register_task",
+__all__ = ["Task", "TaskOptions", "TaskFormatError", "WarmStart", "ScoringStats", "TASKS", "register_task",
            "extract_answer", "read_rows", "mapped_field", "check_text", "problems_of", "CONFIDENCE_QUERY", "MAX_ROW_BYTES"]
 
 MAX_ROW_BYTES = 64 * 1024
@@ -94,6 +96,14 @@ def extract_answer(text: Any) -> str | None:
 # --------------------------------------------------------------------------- the interface
 
 
+class TaskOptions(BaseModel):
+    """The settings of a task's own, ``tasks.options`` of a config (docs/tasks.md): a task declares them as a
+    subclass assigned to :attr:`Task.Options`, each field typed and documented by the docstring under it.
+    Unknown keys are refused, floats must be finite."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False, frozen=True)
+
+
 class Task(abc.ABC):
     """One kind of problem: its rows, their identity and stratum, its prompts, its verifier.
 
@@ -111,6 +121,14 @@ class Task(abc.ABC):
     confidence_query: ClassVar[str] = CONFIDENCE_QUERY
     stratum_label: ClassVar[str] = "stratum"
     """What a stratum is, for tables (``rlcr eval``: "by number count", "by level")."""
+    Options: ClassVar[type[TaskOptions]] = TaskOptions
+    """The task's own settings (``tasks.options``): a :class:`TaskOptions` subclass; none by default."""
+
+    def options(self, cfg: Any = None) -> TaskOptions:
+        """This task's settings in ``cfg`` (an ``RLCRConfig``'s ``tasks.options``, validated when the config
+        was); the defaults without a config."""
+        raw = getattr(getattr(cfg, "tasks", None), "options", None)
+        return self.Options.model_validate(dict(raw or {}))
 
     # ---- rows
 
@@ -280,7 +298,9 @@ def register_task(name: str) -> Callable[[type[Task]], type[Task]]:
     def register(cls: type[Task]) -> type[Task]:
         if not (isinstance(cls, type) and issubclass(cls, Task)):
             raise TypeError(f"register_task({name!r}) decorates a Task subclass, got {cls!r}")
-        if name in TASKS:
+        taken = TASKS.get(name)
+        reimport = taken is not None and taken is not cls and (taken.__module__, taken.__qualname__) == (cls.__module__, cls.__qualname__)
+        if taken is not None and not reimport:  # a module imported again (by path, then by name) replaces its own
             raise ValueError(f"task {name!r} is already registered")
         cls.name = name
         TASKS[name] = cls

@@ -11,22 +11,54 @@ from __future__ import annotations
 import random
 from typing import Any, Hashable, Iterator, Mapping, Sequence
 
+from pydantic import Field, model_validator
+
 from rlcr.tasks import countdown_sft
-from rlcr.tasks.base import Task, WarmStart, register_task
+from rlcr.tasks.base import Task, TaskOptions, WarmStart, register_task
 from rlcr.tasks.countdown import (FIELDS, SINGLE_TURN_SYSTEM_PROMPT, SYSTEM_PROMPT, _task_text, compute_score,
                                   load_tasks)
 from rlcr.tasks.countdown_solver import CountdownTask, generate_tasks, solve, task_candidates
+from rlcr.tasks.limits import MAX_TASK_NUMBER
 from rlcr.untrusted import printable
 
-__all__ = ["Countdown", "generation_settings"]
+__all__ = ["Countdown", "CountdownOptions", "generation_settings"]
+
+
+class CountdownOptions(TaskOptions):
+    """Countdown's own settings (``tasks.options``): how problems are generated when there is no task file."""
+
+    min_count: int = Field(3, ge=2, le=6)
+    """Fewest numbers in a generated task."""
+    max_count: int = Field(4, ge=2, le=6)
+    """Most numbers in a generated task."""
+    num_range: tuple[int, int] = (1, 20)
+    """Inclusive range of the numbers of generated tasks."""
+    target_range: tuple[int, int] = (1, 100)
+    """Inclusive range of the targets of generated tasks."""
+
+    @model_validator(mode="after")
+    def _check_ranges(self) -> "CountdownOptions":
+        if self.min_count > self.max_count:
+            raise ValueError("tasks.options.min_count must be <= tasks.options.max_count")
+        for name in ("num_range", "target_range"):
+            lo, hi = getattr(self, name)
+            if lo > hi:
+                raise ValueError(f"tasks.options.{name} must be (low, high) with low <= high, got {(lo, hi)}")
+        if self.num_range[0] < 1:
+            raise ValueError("tasks.options.num_range must hold positive numbers")
+        if self.num_range[1] > MAX_TASK_NUMBER or max(map(abs, self.target_range)) > MAX_TASK_NUMBER:
+            raise ValueError(f"tasks.options.num_range and tasks.options.target_range must lie within "
+                             f"±{MAX_TASK_NUMBER} (the longest number the scorer reads)")
+        return self
 
 
 def generation_settings(cfg: Any = None) -> dict[str, Any]:
-    """The generator's keyword arguments from a config's ``task_*`` settings (defaults without one)."""
+    """The generator's keyword arguments from a config's ``tasks.options`` (defaults without one)."""
     if cfg is None:
         return {}
-    return dict(min_count=cfg.tasks.min_count, max_count=cfg.tasks.max_count,
-                num_range=tuple(cfg.tasks.num_range), target_range=tuple(cfg.tasks.target_range))
+    o = Countdown().options(cfg)
+    return dict(min_count=o.min_count, max_count=o.max_count, num_range=tuple(o.num_range),
+                target_range=tuple(o.target_range))
 
 
 @register_task("countdown")
@@ -36,6 +68,7 @@ class Countdown(Task):
     system_prompt = SYSTEM_PROMPT
     single_turn_system_prompt = SINGLE_TURN_SYSTEM_PROMPT
     stratum_label = "number count"
+    Options = CountdownOptions
 
     def load(self, path: str, fields: Mapping[str, str] | None = None) -> list[CountdownTask]:
         unknown = sorted(set(fields or {}) - set(FIELDS))
@@ -51,7 +84,7 @@ class Countdown(Task):
         return generate_tasks(n, seed, **generation_settings(cfg))
 
     def strata(self, cfg: Any = None) -> list[Hashable]:
-        """The number counts ``tasks.min_count..tasks.max_count``."""
+        """The number counts ``tasks.options.min_count..tasks.options.max_count``."""
         s = generation_settings(cfg)
         return list(range(s.get("min_count", 3), s.get("max_count", 4) + 1))
 

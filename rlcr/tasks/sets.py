@@ -15,6 +15,7 @@ multiset of its numbers and its target, whatever their order or the reference so
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import random
 from types import SimpleNamespace
@@ -41,8 +42,8 @@ def _task(cfg: RLCRConfig) -> Task:
 
 
 def _generation(cfg: RLCRConfig) -> tuple:
-    """The task settings generation reads (a cache key): Countdown's ``task_*`` ranges."""
-    return (cfg.tasks.name, cfg.tasks.min_count, cfg.tasks.max_count, tuple(cfg.tasks.num_range), tuple(cfg.tasks.target_range))
+    """The task settings generation reads (a cache key): the task's name and its ``tasks.options``."""
+    return (cfg.tasks.name, json.dumps(cfg.tasks.options, sort_keys=True))
 
 
 def _distinct(task: Task, problems: Iterable[Any]) -> list[Any]:
@@ -61,9 +62,8 @@ def _distinct(task: Task, problems: Iterable[Any]) -> list[Any]:
 def _generated(n: int, seed: int, settings: tuple) -> tuple:
     """Generation is deterministic and costs seconds (the solver runs per draw): the SFT warm-start and
     the run in one process share it (keyed by ``settings``, :func:`_generation`)."""
-    name, lo, hi, num_range, target_range = settings
-    view = SimpleNamespace(tasks=SimpleNamespace(name=name, min_count=lo, max_count=hi, num_range=num_range,
-                                                 target_range=target_range))  # the settings generation reads
+    name, options = settings
+    view = SimpleNamespace(tasks=SimpleNamespace(name=name, options=json.loads(options)))  # what generation reads
     return tuple(get_task(name).generate(n, seed, view))
 
 
@@ -153,7 +153,7 @@ def held_out_set(cfg: RLCRConfig, train: Sequence[Any]) -> list[Any]:
             raise ValueError(
                 f"could generate only {len(out)} of tasks.num_eval={n} held-out tasks apart from the {len(train)} "
                 f"training tasks in {attempts} draws ({overlap} were training tasks, {repeats} repeats): the task space is "
-                "too small for these ranges; widen tasks.num_range/tasks.target_range or lower tasks.num_train/"
+                "too small for these ranges; widen the task's ranges (tasks.options) or lower tasks.num_train/"
                 "tasks.num_eval" + (f" (tasks.eval_stratify_counts asks for {_count_quota(cfg)} tasks per stratum; "
                                     "false takes them as drawn)" if quota else ""))
     if overlap or repeats:

@@ -1,0 +1,201 @@
+"""A bounded verifier for any task (docs/tasks.md, "Its verifier"): a task's check of an answer run in a worker
+process under time and memory limits, so a slow or hostile verifier cannot stall or poison training.
+
+    VERIFY = BoundedVerifier("my_tasks.sumlist:check", timeout_s=1.0)
+
+    class SumList(Task):
+        def score(self, completion, problem, *, format_score, score=1.0):
+            answer = extract_answer(completion)
+            if answer is None:
+                return 0.0
+            return score if VERIFY(answer, problem.total) is True else format_score
+
+        def scoring(self, n):
+            return VERIFY.scoring(n)
+
+The function (``module:name``, importable from this process's ``sys.path``) takes and returns JSON values. Each
+call runs in the verifier's worker process (one per verifier and process, started on first use, one call at
+a time) under its own timer (``timeout_s``) and an address-space limit (``memory_bytes``). The rules, those of
+the math verifier (:mod:`rlcr.tasks.math_verifier`):
+
+* a call out of time (the worker's timer fired, or it did not answer by the deadline plus :data:`KILL_GRACE_S`:
+  then it is killed and the next call restarts it) returns ``None`` and is counted as a timeout (the rollouts'
+  ``verifier/timeouts`` when the task's :meth:`~rlcr.tasks.base.Task.scoring` is :meth:`BoundedVerifier.scoring`);
+  a call in which the worker died (out of memory, killed) is counted the same way;
+* nothing obtained through a timeout is cached: only results, per arguments (:attr:`BoundedVerifier.cache_size`);
+* a function that raises returns ``None`` (not cached, not a timeout);
+* inside :meth:`BoundedVerifier.scoring` the calls of a batch of ``n`` share ``batch_base_s + n * batch_per_call_s``
+  seconds: a call reached with the budget spent returns ``None`` without running, counted as a timeout.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from collections import OrderedDict
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from rlcr.tasks.base import ScoringStats
+
+__all__ = ["BoundedVerifier", "KILL_GRACE_S", "STARTUP_DEADLINE_S"]
+
+KILL_GRACE_S = 0.5
+"""How long past a call's deadline the worker may still answer before it is killed."""
+STARTUP_DEADLINE_S = 60.0
+"""Longest wait for a worker to import the function and say it is ready."""
+MAX_REPLY_BYTES = 1024 * 1024
+"""Longest reply line read from the worker; a longer one kills it (counted as an error)."""
+_MIN_CALL_S = 0.005
+
+
+class BoundedVerifier:
+    """The function ``target`` (``"module:name"``) run in a worker process under time and memory limits."""
+
+    def __init__(self, target: str, *, timeout_s: float = 2.0, memory_bytes: int = 1024**3,
+                 batch_base_s: float = 2.0, batch_per_call_s: float = 0.1, cache_size: int = 4096) -> None:
+        if ":" not in target:
+            raise ValueError(f"BoundedVerifier: target must be 'module:function', got {target!r}")
+        self.target, self.timeout_s, self.memory_bytes = target, float(timeout_s), int(memory_bytes)
+        self.batch_base_s, self.batch_per_call_s, self.cache_size = batch_base_s, batch_per_call_s, cache_size
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._proc: subprocess.Popen | None = None
+        self._buffer, self._ready_flag, self._spawned = b"", False, 0.0
+        self._cache: OrderedDict[str, Any] = OrderedDict()
+        self.restarts = 0  # workers started after the first (a timeout, a death)
+        self._started_once = False
+        atexit.register(self._stop)
+
+    # ---- the batch a thread scores
+
+    @contextmanager
+    def scoring(self, n: int) -> Iterator[ScoringStats]:
+        """A batch of ``n`` calls in this thread sharing one time budget; yields the :class:`ScoringStats` whose
+        ``timeouts`` it counts (return it from the task's ``scoring``)."""
+        with self._lock:
+            self._ready(time.monotonic() + STARTUP_DEADLINE_S)  # started outside the budget
+        outer, stats = getattr(self._local, "batch", None), ScoringStats()
+        self._local.batch = (stats, time.monotonic() + self.batch_base_s + self.batch_per_call_s * max(n, 0))
+        try:
+            yield stats
+        finally:
+            self._local.batch = outer
+
+    # ---- one call
+
+    def __call__(self, *args: Any) -> Any:
+        """The function's result for ``args`` (JSON values), or None: out of time or memory (counted), or raised."""
+        key = json.dumps(args, sort_keys=True)
+        batch = getattr(self._local, "batch", None)
+        until = batch[1] if batch is not None else time.monotonic() + STARTUP_DEADLINE_S + self.timeout_s
+        if not self._lock.acquire(timeout=max(until - time.monotonic(), 0.0)):
+            return self._timed_out(batch)
+        try:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+            reply = self._attempt(key, until)
+            if reply == b"t":
+                return self._timed_out(batch)
+            if reply == b"e":
+                return None
+            result = json.loads(reply)["r"]
+            self._cache[key] = result
+            if len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+            return result
+        finally:
+            self._lock.release()
+
+    @staticmethod
+    def _timed_out(batch: Any) -> None:
+        if batch is not None:
+            batch[0].timeouts += 1
+        return None
+
+    def _attempt(self, key: str, until: float) -> bytes:
+        if not self._ready(until):
+            return b"t"
+        deadline_s = min(self.timeout_s, until - time.monotonic())
+        if deadline_s < _MIN_CALL_S:
+            return b"t"
+        try:
+            self._proc.stdin.write(b'{"args": ' + key.encode() + b', "deadline": ' + repr(deadline_s).encode() + b"}\n")
+            self._proc.stdin.flush()
+        except OSError:  # the worker died: the next call restarts it
+            self._stop()
+            return b"t"
+        reply = self._readline(time.monotonic() + deadline_s + KILL_GRACE_S)
+        if reply is None:  # past the deadline (what its timer cannot stop), out of memory, or dead: kill it
+            self._stop()
+            return b"t"
+        if reply in (b"t", b"e"):
+            return reply
+        try:
+            json.loads(reply)["r"]
+        except (ValueError, KeyError, TypeError):
+            self._stop()
+            return b"e"
+        return reply
+
+    # ---- the worker process
+
+    def _spawn(self) -> None:
+        source = Path(__file__).with_name("verify_worker.py").read_text(encoding="utf-8")
+        path = json.dumps([os.path.abspath(p) if p else os.getcwd() for p in sys.path])
+        self._proc = subprocess.Popen([sys.executable, "-c", source, self.target, path, str(self.memory_bytes)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                      start_new_session=True)
+        self._buffer, self._ready_flag, self._spawned = b"", False, time.monotonic()
+        self.restarts += self._started_once
+        self._started_once = True
+
+    def _ready(self, until: float) -> bool:
+        """Start the worker if none runs; True once it said ``ready``, False if ``until`` came first."""
+        if self._proc is None or self._proc.poll() is not None:
+            self._stop()
+            self._spawn()
+        if self._ready_flag:
+            return True
+        limit = self._spawned + STARTUP_DEADLINE_S
+        line = self._readline(min(until, limit))
+        if line == b"ready":
+            self._ready_flag = True
+            return True
+        if line is None and time.monotonic() < limit and self._proc.poll() is None:
+            return False
+        self._stop()
+        raise RuntimeError(f"the verifier {self.target!r} did not start in its worker (can it be imported, and "
+                           f"within {self.memory_bytes:,} bytes?)")
+
+    def _readline(self, deadline: float) -> bytes | None:
+        fd = self._proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or len(self._buffer) > MAX_REPLY_BYTES or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.strip()
+
+    def _stop(self) -> None:
+        proc, self._proc, self._ready_flag = self._proc, None, False
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+            for pipe in (proc.stdin, proc.stdout):
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
