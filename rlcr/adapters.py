@@ -3,7 +3,7 @@
 An **adapter checkpoint** (a checkpoint of a ``lora.enabled`` run) is a sealed directory holding ``peft``'s
 ``adapter_model.safetensors`` and ``adapter_config.json``, the base's frame (``config.json``, generation config,
 tokenizer), :data:`ADAPTER_FILE` (the base's URI and content id) and, for a resume, the adapter's AdamW state.
-Everything that reads a checkpoint as a model reads it **merged**: :func:`rlcr.storage.fetch_checkpoint` hands
+Everything that reads a checkpoint as a model reads it **merged**: :func:`fetch_model` hands
 out :func:`merged_dir`, a Hugging Face directory (the base's frame, ``model.safetensors`` with every targeted
 weight replaced by :func:`merge_weight`), built once per node in the cache. So evaluation, comparison, the probe,
 the engines and ``model.name`` take an adapter checkpoint like any other; ``rlcr export`` writes that directory.
@@ -153,7 +153,7 @@ def _fetch_base(info: AdapterInfo, local: Path, endpoint_url: str | None, depth:
     from rlcr.storage import checkpoint_content_id, fetch_checkpoint
 
     try:
-        raw = fetch_checkpoint(info.base, endpoint_url=endpoint_url, merge=False)
+        raw = fetch_checkpoint(info.base, endpoint_url=endpoint_url)
     except Exception as e:  # noqa: BLE001 - one line naming the checkpoint and its base
         raise ValueError(f"{printable(str(local))}: its base model {printable(info.base, 200)} cannot be read "
                          f"({printable(e, 200)})") from None
@@ -166,6 +166,14 @@ def _fetch_base(info: AdapterInfo, local: Path, endpoint_url: str | None, depth:
 def base_dir(local: str | Path, *, endpoint_url: str | None = None) -> Path:
     """The (merged, if itself an adapter checkpoint) local directory of an adapter checkpoint's base."""
     return _fetch_base(read_adapter(local), Path(local), endpoint_url, 0)
+
+
+def fetch_model(uri: str, *, endpoint_url: str | None = None, cache_dir: str | Path | None = None) -> Path:
+    """A checkpoint URI → a local Hugging Face model directory (:func:`rlcr.storage.fetch_checkpoint`), an adapter
+    checkpoint merged into its base (:func:`merged_dir`): what every reader of a checkpoint as a model calls."""
+    from rlcr.storage import fetch_checkpoint
+
+    return merged_dir(fetch_checkpoint(uri, endpoint_url=endpoint_url, cache_dir=cache_dir), endpoint_url=endpoint_url)
 
 
 def merged_dir(local: str | Path, *, endpoint_url: str | None = None, cache_dir: str | Path | None = None,

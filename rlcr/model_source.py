@@ -411,10 +411,10 @@ def _import_remote(uri: str, store, chat_template: str | None, cache_dir) -> str
     if seal is not None:
         if not chat_template:
             return _sealed_copy(uri.rstrip("/"), source, name, seal, store, cache_dir)
-        from rlcr.storage import fetch_checkpoint
+        from rlcr.adapters import fetch_model
 
-        local = fetch_checkpoint(uri, endpoint_url=store.endpoint_url,
-                                 cache_dir=Path(cache_dir or _default_cache()) / "checkpoints")
+        local = fetch_model(uri, endpoint_url=store.endpoint_url,
+                            cache_dir=Path(cache_dir or _default_cache()) / "checkpoints")
         return _store_copy(local, store, cache_dir, chat_template)
     base = source._abs(name)
     listing = source.fs.find(base, detail=True, maxdepth=4)

@@ -91,12 +91,13 @@ def run_sft(cfg, *, out: str | None = None, run_id: str | None = None) -> tuple[
 
     from rlcr.cluster import ensure_ray
     from rlcr.model_source import import_model
-    from rlcr.storage import Store, fetch_checkpoint
+    from rlcr.adapters import fetch_model
+    from rlcr.storage import Store
     from rlcr.train import run_update
 
     store = Store(out or cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url)
     base = import_model(cfg.model.name, store, chat_template=cfg.model.chat_template)
-    tokenizer = AutoTokenizer.from_pretrained(fetch_checkpoint(base, endpoint_url=cfg.storage.s3_endpoint_url))
+    tokenizer = AutoTokenizer.from_pretrained(fetch_model(base, endpoint_url=cfg.storage.s3_endpoint_url))
     rows = sft_rows(cfg, tokenizer)
     sft_cfg = sft_update_config(cfg, len(rows), storage_uri=out)
     ensure_ray(cfg)

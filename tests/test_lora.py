@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlcr.adapters import ADAPTER_WEIGHTS, AdapterUpdate, export_merged, is_adapter_dir, merged_dir, read_adapter
+from rlcr.adapters import ADAPTER_WEIGHTS, export_merged, fetch_model, is_adapter_dir, merged_dir, read_adapter
 from rlcr.config import RLCRConfig
 from rlcr.storage import Store, fetch_checkpoint
 from rlcr.train.batching import prepare_samples
@@ -89,14 +89,14 @@ def test_an_adapter_checkpoint_is_small_and_reads_as_the_merged_model(tiny_model
     cfg = lora_cfg(tmp_path)
     peft_model, _, optimizer, _ = trained(tiny_model_dir, tiny_tokenizer, cfg)
     uri = save_lora(peft_model, optimizer, tmp_path, str(tiny_model_dir))
-    raw = fetch_checkpoint(uri, merge=False)
+    raw = fetch_checkpoint(uri)
     assert is_adapter_dir(raw) and not (raw / "model.safetensors").exists()
     # the training state (adapter + its AdamW moments) against a full one (weights + two moments)
     lora_state = _bytes(raw, [ADAPTER_WEIGHTS, TRAINING_STATE_FILE])
     full_state = 3 * (tiny_model_dir / "model.safetensors").stat().st_size
     assert lora_state < 0.15 * full_state, (lora_state, full_state)
 
-    merged = fetch_checkpoint(uri)  # what every reader of a model gets
+    merged = fetch_model(uri)  # what every reader of a model gets
     assert merged != raw and read_frame(merged) == read_frame(tiny_model_dir)
     got = read_checkpoint_weights(merged)
     expected = peft_model.merge_and_unload().state_dict()
@@ -108,13 +108,13 @@ def test_an_adapter_checkpoint_is_small_and_reads_as_the_merged_model(tiny_model
             assert torch.allclose(w, expected[name], atol=1e-6) and not torch.equal(w, base[name]), name
         else:
             assert torch.equal(w, base[name]), name
-    assert fetch_checkpoint(uri) == merged  # built once, then read from the cache
+    assert fetch_model(uri) == merged  # built once, then read from the cache
 
 
 def test_a_resumed_model_gets_the_saved_adapters(tiny_model_dir, tiny_tokenizer, tmp_path):
     cfg = lora_cfg(tmp_path)
     peft_model, _, optimizer, _ = trained(tiny_model_dir, tiny_tokenizer, cfg)
-    raw = fetch_checkpoint(save_lora(peft_model, optimizer, tmp_path, str(tiny_model_dir)), merge=False)
+    raw = fetch_checkpoint(save_lora(peft_model, optimizer, tmp_path, str(tiny_model_dir)))
     torch.manual_seed(123)  # another A initialisation: the load must replace it
     fresh = wrap_lora(load_lm(tiny_model_dir), cfg)
     load_adapter_state(fresh, raw)
@@ -132,25 +132,25 @@ def test_export_writes_a_plain_hf_model_of_the_merged_weights(tiny_model_dir, ti
     cfg = lora_cfg(tmp_path)
     peft_model, _, optimizer, _ = trained(tiny_model_dir, tiny_tokenizer, cfg)
     uri = save_lora(peft_model, optimizer, tmp_path, str(tiny_model_dir))
-    out = export_merged(fetch_checkpoint(uri, merge=False), tmp_path / "export")
+    out = export_merged(fetch_checkpoint(uri), tmp_path / "export")
     names = sorted(p.name for p in out.iterdir())
     assert "model.safetensors" in names and "config.json" in names
     assert not {ADAPTER_WEIGHTS, TRAINING_STATE_FILE, "rlcr_adapter.json", "adapter_config.json"} & set(names)
     ids = torch.tensor([[5, 17, 33, 2, 90, 7]])
     with torch.no_grad():
         exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)(ids).logits
-        via_merged = load_lm(merged_dir(fetch_checkpoint(uri, merge=False)))(ids).logits
+        via_merged = load_lm(merged_dir(fetch_checkpoint(uri)))(ids).logits
         trainer = peft_model(input_ids=ids).logits
     assert torch.equal(exported, via_merged)
     assert torch.allclose(exported, trainer, atol=1e-4)
     with pytest.raises(FileExistsError):
-        export_merged(fetch_checkpoint(uri, merge=False), out)
+        export_merged(fetch_checkpoint(uri), out)
 
     from typer.testing import CliRunner
 
     from rlcr.cli import app
 
-    result = CliRunner().invoke(app, ["export", str(fetch_checkpoint(uri, merge=False)), "--out", str(tmp_path / "cli")])
+    result = CliRunner().invoke(app, ["export", str(fetch_checkpoint(uri)), "--out", str(tmp_path / "cli")])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "cli" / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
     again = CliRunner().invoke(app, ["export", str(tiny_model_dir), "--out", str(tmp_path / "cli")])
@@ -211,7 +211,7 @@ def test_a_lora_update_on_one_and_two_workers(ray_local, tiny_model_dir, tmp_pat
                                                     "update.micro_batch_tokens": 64, "update.mini_batches_per_epoch": 4})
         res = run_update(cfg, rows, policy_uri=str(tiny_model_dir), run_id="r", iteration=1, with_optimizer=True)
         assert res.metrics["optimizer_steps"] == 4 and res.metrics["world_size"] == workers
-        raw = fetch_checkpoint(res.checkpoint_uri, merge=False)
+        raw = fetch_checkpoint(res.checkpoint_uri)
         assert is_adapter_dir(raw) and json.loads((raw / "rlcr_adapter.json").read_text())["base"] == str(tiny_model_dir)
         state = torch.load(raw / TRAINING_STATE_FILE, weights_only=False)
         assert len(state["optimizer"]["state"]) == 2 * 7 * 2  # A and B of 7 modules × 2 layers: nothing else
@@ -252,7 +252,7 @@ def test_a_lora_run_killed_during_its_update_resumes_exactly(ray_local, prefect_
     cfg = RLCRConfig.from_dict(overrides)
     runs = [RunStore.open(cfg, name) for name in ("straight", "killed")]
     for a, b in zip(*(run.committed() for run in runs)):
-        raw_a, raw_b = (fetch_checkpoint(m["checkpoint_uri"], merge=False) for m in (a, b))
+        raw_a, raw_b = (fetch_checkpoint(m["checkpoint_uri"]) for m in (a, b))
         assert is_adapter_dir(raw_a) and not (raw_a / "model.safetensors").exists()
         fa, fb = read_adapter(raw_a).factors, read_adapter(raw_b).factors
         assert fa.keys() == fb.keys() and all(torch.equal(x, y) for k in fa for x, y in zip(fa[k], fb[k]))
@@ -266,4 +266,4 @@ def test_a_lora_run_killed_during_its_update_resumes_exactly(ray_local, prefect_
             assert json.dumps(evals[0][key]) == json.dumps(evals[1][key]), key
     assert "accuracy" in evals[0]
     last = runs[1].committed()[-1]
-    assert fetch_checkpoint(last["checkpoint_uri"]) != fetch_checkpoint(last["checkpoint_uri"], merge=False)
+    assert fetch_checkpoint(last["checkpoint_uri"]) != fetch_checkpoint(last["checkpoint_uri"])

@@ -35,7 +35,7 @@ def export(
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise UserError(f"--out: {printable(str(target))} exists and is not an empty directory")
     try:
-        raw = fetch_checkpoint(uri, endpoint_url=cfg.storage.s3_endpoint_url, merge=False)
+        raw = fetch_checkpoint(uri, endpoint_url=cfg.storage.s3_endpoint_url)
         written = export_merged(raw, target, endpoint_url=cfg.storage.s3_endpoint_url)
     except (FileNotFoundError, ValueError) as e:
         raise UserError(f"CHECKPOINT: {printable(e, 300)}") from None

@@ -293,10 +293,10 @@ def probe_checkpoint(
     from transformers import AutoTokenizer
 
     from rlcr.rollout.engine import create_engine
-    from rlcr.storage import fetch_checkpoint
+    from rlcr.adapters import fetch_model
 
     settings = ProbeSettings.from_config(cfg, samples)
-    local = fetch_checkpoint(checkpoint_uri, endpoint_url=cfg.storage.s3_endpoint_url)
+    local = fetch_model(checkpoint_uri, endpoint_url=cfg.storage.s3_endpoint_url)
     tokenizer = AutoTokenizer.from_pretrained(local)
     t0 = time.perf_counter()
     llm = create_engine(local, cfg, seed=cfg.run.seed)

@@ -189,7 +189,7 @@ class RolloutEngine:
         t0 = time.perf_counter()
         mode = self._mode(mode)
         endpoint = self.cfg.storage.s3_endpoint_url
-        raw = fetch_checkpoint(policy_uri, endpoint_url=endpoint, merge=False)
+        raw = fetch_checkpoint(policy_uri, endpoint_url=endpoint)
         local = merged_dir(raw, endpoint_url=endpoint)  # an adapter checkpoint: merged into its base
         content_id = checkpoint_content_id(raw)
         if policy_uri == self.policy_uri and content_id == self.content_id:

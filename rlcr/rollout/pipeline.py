@@ -218,9 +218,9 @@ def check_prompt_lengths(cfg: RLCRConfig, tasks: Sequence[tuple[int, Any]], poli
     from transformers import AutoTokenizer
 
     from rlcr.tasks.chat import render_prompt
-    from rlcr.storage import fetch_checkpoint
+    from rlcr.adapters import fetch_model
 
-    tokenizer = AutoTokenizer.from_pretrained(fetch_checkpoint(policy_uri, endpoint_url=cfg.storage.s3_endpoint_url))
+    tokenizer = AutoTokenizer.from_pretrained(fetch_model(policy_uri, endpoint_url=cfg.storage.s3_endpoint_url))
     task = get_task(cfg.tasks.name)
     messages = task.single_turn_messages if cfg.method.name == "rlcr_single" else task.turn1_messages
     for pid, task in tasks:

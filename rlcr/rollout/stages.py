@@ -102,9 +102,9 @@ class _EngineStage:
             from transformers import AutoTokenizer
 
             from rlcr.rollout.engine import create_engine
-            from rlcr.storage import fetch_checkpoint
+            from rlcr.adapters import fetch_model
 
-            local = fetch_checkpoint(policy_uri, endpoint_url=self.cfg.storage.s3_endpoint_url)
+            local = fetch_model(policy_uri, endpoint_url=self.cfg.storage.s3_endpoint_url)
             self.tokenizer = AutoTokenizer.from_pretrained(local)
             self.llm = create_engine(local, self.cfg, seed=seed)
         self.init_s = time.perf_counter() - t0

@@ -462,10 +462,9 @@ class Store:
             raise StorageError(f"{self.url(rel)}: {printable(name)} has the wrong size (the seal says {size:,} bytes)")
 
 
-def fetch_checkpoint(uri: str, *, endpoint_url: str | None = None, cache_dir: str | Path | None = None,
-                     merge: bool = True) -> Path:
-    """A model checkpoint URI → a local directory; an adapter checkpoint of a LoRA run merged into its base
-    (:func:`rlcr.adapters.merged_dir`) unless ``merge`` is False.
+def fetch_checkpoint(uri: str, *, endpoint_url: str | None = None, cache_dir: str | Path | None = None) -> Path:
+    """A model checkpoint URI → a local directory, as stored (an adapter checkpoint of a LoRA run as its adapter:
+    :func:`rlcr.adapters.fetch_model` gives every checkpoint as a model).
 
     Local paths are returned as they are. Remote (``s3://…``) checkpoints must be
     sealed; they are downloaded into ``cache_dir`` (default
@@ -478,12 +477,7 @@ def fetch_checkpoint(uri: str, *, endpoint_url: str | None = None, cache_dir: st
     ``<20 hex>-<24 hex>``. An entry already there is replaced only if it is a real directory with a
     seal (one this cache wrote); anything else at that name raises StorageError and is left alone.
     """
-    local = _fetch_dir(uri, endpoint_url=endpoint_url, cache_dir=cache_dir)
-    if not merge:
-        return local
-    from rlcr.adapters import merged_dir
-
-    return merged_dir(local, endpoint_url=endpoint_url)
+    return _fetch_dir(uri, endpoint_url=endpoint_url, cache_dir=cache_dir)
 
 
 def _fetch_dir(uri: str, *, endpoint_url: str | None, cache_dir: str | Path | None) -> Path:

@@ -32,6 +32,7 @@ import torch
 
 from rlcr.config import RLCRConfig
 from rlcr.seeds import update_seed
+from rlcr.adapters import fetch_model
 from rlcr.storage import Store, fetch_checkpoint
 from rlcr.train.batching import prepare_samples
 from rlcr.adapters import is_adapter_dir
@@ -84,7 +85,7 @@ def load_policy(uri: str, cfg: RLCRConfig, *, device: torch.device | str = "cpu"
     """(tokenizer, causal LM in float32 on ``device``) from a checkpoint URI (local or s3://)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    local = fetch_checkpoint(uri, endpoint_url=cfg.storage.s3_endpoint_url)
+    local = fetch_model(uri, endpoint_url=cfg.storage.s3_endpoint_url)
     tokenizer = AutoTokenizer.from_pretrained(local)
     lm = AutoModelForCausalLM.from_pretrained(local, dtype=torch.float32).to(device)
     return tokenizer, lm
@@ -97,10 +98,10 @@ def _fetch_first_on_local_rank0(uri: str, cfg: RLCRConfig, *, merge: bool = True
     import torch.distributed as dist
 
     if ray.train.get_context().get_local_rank() == 0:
-        fetch_checkpoint(uri, endpoint_url=cfg.storage.s3_endpoint_url, merge=merge)
+        (fetch_model if merge else fetch_checkpoint)(uri, endpoint_url=cfg.storage.s3_endpoint_url)
     if dist.is_initialized():
         dist.barrier()
-    return str(fetch_checkpoint(uri, endpoint_url=cfg.storage.s3_endpoint_url, merge=merge))
+    return str((fetch_model if merge else fetch_checkpoint)(uri, endpoint_url=cfg.storage.s3_endpoint_url))
 
 
 def _check_finite(state: dict[str, torch.Tensor], iteration: int) -> None:
@@ -171,7 +172,7 @@ class TrainerWorker:
         else:  # a new run: the model it starts from (merged, if an adapter checkpoint) is the base
             self.base_uri = policy_uri
             model_dir = _fetch_first_on_local_rank0(policy_uri, cfg)
-        base_raw = fetch_checkpoint(self.base_uri, endpoint_url=cfg.storage.s3_endpoint_url, merge=False)
+        base_raw = fetch_checkpoint(self.base_uri, endpoint_url=cfg.storage.s3_endpoint_url)
         self.base_content_id = checkpoint_content_id(base_raw)
         if self.base_content_id.startswith("unsealed-"):
             self.base_content_id = None  # a prepared model outside the store: no seal to check it by
