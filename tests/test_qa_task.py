@@ -244,3 +244,45 @@ def test_train_flow_on_qa(ray_local, prefect_harness, tiny_model_dir, tmp_path):
     assert ev["n_tasks"] == 3 and set(ev["by_count"]) == set(EVIDENCE_STATES)
     records = pq.read_table(ev["records_uri"]).to_pylist()
     assert {r["evidence"] for r in records} == set(EVIDENCE_STATES)
+
+
+def _eval_rows(problems, right: set[int], confidences: dict[str, float]) -> list[dict]:
+    """An evaluation's rows: one answer per problem (right for the indices in ``right``), one confidence each,
+    the confidence by evidence state."""
+    from rlcr.rollout.records import rollout_row
+
+    rows = []
+    for i, p in enumerate(problems):
+        text = f"<answer>{p.answer if i in right else 'Nobody Atall'}</answer>"
+        common = dict(task=p, prompt_id=i, answer_id=0, context_text=f"c{i}", context_ids=[1], completion_ids=[2],
+                      task_name="qa", run_id="r", iteration=0, correct=float(i in right))
+        rows.append(rollout_row("answer", completion_text=text, score=1.0 if i in right else 0.1, reward=0.0, **common))
+        rows.append(rollout_row("confidence", confidence_id=0, completion_text="<confidence>c</confidence>",
+                                confidence=confidences[p.evidence], reward=0.0, **common))
+    return rows
+
+
+def test_the_qa_report_gives_figures_and_paired_changes_per_evidence_state(tmp_path, capsys):
+    from rlcr.rollout.records import rows_to_table
+    from rlcr.tasks.qa_report import main
+
+    problems = get_task("qa").generate(30, 9)
+    right = {i for i, p in enumerate(problems) if p.evidence == "full"} | {1}
+    files = []
+    for name, conf in (("a", {"full": 0.9, "partial": 0.3, "none": 0.2}), ("b", {"full": 0.7, "partial": 0.7, "none": 0.7})):
+        files.append(str(tmp_path / f"{name}.parquet"))
+        pq.write_table(rows_to_table(_eval_rows(problems, right, conf)), files[-1])
+    assert main(files) == 0
+    report = json.loads(capsys.readouterr().out)
+    a = report["A"]
+    assert a["full"]["n_answers"] == 10 and a["full"]["accuracy"] == 1.0 and a["full"]["f1"] == 1.0
+    assert a["none"]["accuracy"] == 0.0 and a["none"]["mean_confidence"] == pytest.approx(0.2)
+    assert a["partial"]["accuracy"] == pytest.approx(0.1) and a["all"]["n_answers"] == 30
+    assert a["full"]["brier"] == pytest.approx(0.01) and len(a["none"]["ci"]["brier"]) == 2
+    d = report["A-B"]
+    assert d["none"]["mean_confidence"]["difference"] == pytest.approx(-0.5)
+    assert d["none"]["mean_confidence"]["ci"] == pytest.approx([-0.5, -0.5])
+    assert d["full"]["mean_confidence"]["difference"] == pytest.approx(0.2)
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"not parquet")
+    assert main([str(bad)]) == 1 and "bad.parquet" in capsys.readouterr().err
