@@ -286,3 +286,15 @@ def test_the_qa_report_gives_figures_and_paired_changes_per_evidence_state(tmp_p
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"not parquet")
     assert main([str(bad)]) == 1 and "bad.parquet" in capsys.readouterr().err
+
+
+def test_from_record_reads_a_pandas_row():
+    """The rollout stages read problems from pandas rows: list columns are NumPy arrays, a null is None or NaN."""
+    import pandas as pd
+
+    task = get_task("qa")
+    problems = task.generate(3, 12)
+    frame = pd.DataFrame([task.to_record(p) for p in problems])
+    assert [task.from_record(r) for _, r in frame.iterrows()] == problems
+    frame["support"] = [None, float("nan"), None]
+    assert [task.from_record(r).support for _, r in frame.iterrows()] == [(), (), ()]

@@ -86,6 +86,13 @@ def answer_f1(completion: Any, problem: QAProblem) -> float:
     return token_f1(problem.answer, answer)
 
 
+def _strings(value: Any) -> tuple[str, ...]:
+    """A record's list of strings (a list, a NumPy array of a pandas row, or None / NaN for a null) as a tuple."""
+    if value is None or isinstance(value, float):
+        return ()
+    return tuple(str(p) for p in (value.tolist() if hasattr(value, "tolist") else value))
+
+
 def _text_list(value: Any, where: str, name: str, *, required: bool) -> tuple[str, ...]:
     if value is None and not required:
         return ()
@@ -167,8 +174,7 @@ class QATask(Task):
 
     def from_record(self, record: Mapping[str, Any]) -> QAProblem:
         return QAProblem(question=str(record["question"]), answer=str(record["answer"]),
-                         paragraphs=tuple(str(p) for p in record["paragraphs"]),
-                         support=tuple(str(p) for p in (record.get("support") or ())),
+                         paragraphs=_strings(record["paragraphs"]), support=_strings(record.get("support")),
                          evidence=str(record["evidence"]), hops=int(record["hops"]))
 
     def record_fields(self) -> list[Any]:
