@@ -232,6 +232,7 @@ def test_train_flow_on_qa(ray_local, prefect_harness, tiny_model_dir, tmp_path):
         "tasks.num_train": 30, "tasks.num_eval": 3,
         "rollout.prompts_per_iteration": 2, "rollout.num_generations_answer": 2, "rollout.num_generations_confidence": 2,
         "eval.samples": 1, "rollout.temperature": 1.0, "rollout.max_answer_tokens": 16, "rollout.max_confidence_tokens": 8,
+        "rollout.max_prompt_tokens": 960,  # the tiny model's tokenizer spells the paragraphs in ~3x SmolLM2's tokens
         "engine.max_model_len": 1024, "engine.kv_cache_gib": 0.25, "update.learning_rate": 1e-3, "orchestration.retries": 0,
     }
     assert rlcr_train(overrides=overrides, run_id="qa", iterations=1)["iterations"] == [1]
