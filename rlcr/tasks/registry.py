@@ -29,6 +29,7 @@ from typing import Any
 
 import rlcr.tasks.countdown_task  # noqa: F401  (registers "countdown")
 import rlcr.tasks.math  # noqa: F401  (registers "math")
+import rlcr.tasks.qa  # noqa: F401  (registers "qa")
 from rlcr.tasks.base import TASKS, Task, register_task
 from rlcr.untrusted import printable
 
