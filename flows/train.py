@@ -247,7 +247,8 @@ def rlcr_train(
         done = run.committed()
         tracker = stack.enter_context(tracker_from_config(cfg, run_id, logger=log))
         track_committed(tracker, run, None, log)
-        summary: dict[str, Any] = {"run_id": run_id, "storage": run.store.url(run.prefix), "iterations": []}
+        summary: dict[str, Any] = {"run_id": run_id, "storage": run.store.url(run.prefix), "iterations": [],
+                                   "mlflow": tracker.where()}
         if len(done) >= cfg.run.iterations:
             log.info("run %s already has %d committed iterations", run_id, len(done))
             summary["iterations"] = [m["iteration"] for m in done]

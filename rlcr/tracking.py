@@ -205,11 +205,20 @@ class Tracker:
     mlflow_run_id: str | None = None
     experiment_id: str | None = None
     run_url: str | None = None
+    """The run's page in the MLflow UI (for a Prefect link artifact); None when no UI address is known."""
     experiment_url: str | None = None
     """The experiment's page on its training runs (MLflow's UI, where the tracking URI is a server)."""
-    """The run's page in the MLflow UI (for a Prefect link artifact); None when no UI address is known."""
     ui_hint: str | None = None
     """How to view the runs (``mlflow ui --backend-store-uri …`` for a local store)."""
+
+    def where(self) -> str | None:
+        """Where a person looks at the runs: the experiment's page on its training runs, or, for a local store,
+        how to serve it and the page to open (MLflow opens a bare experiment link on its GenAI overview)."""
+        if self.experiment_url:
+            return self.experiment_url
+        if self.ui_hint and self.experiment_id is not None:
+            return f"{self.ui_hint}, then /#/experiments/{self.experiment_id}?workflowType=machine_learning"
+        return None
 
     def log_iteration(self, iteration: int, metrics: Mapping[str, Any]) -> bool:
         """Log iteration ``iteration``'s ``metrics.json`` dict (step = iteration); True if it is logged now or

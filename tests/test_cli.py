@@ -476,6 +476,8 @@ def test_train_on_a_terminal_shows_rlcrs_own_lines_only(tiny_model_dir, tmp_path
     table = out[out.index("run quiet"):].splitlines()
     assert all(len(line) <= 80 for line in table) and "…" not in "\n".join(table), table
     assert "accuracy" in "\n".join(table) and "AUROC" in "\n".join(table)
+    # where to look at the runs: MLflow's page on the training runs (a bare experiment link opens its GenAI page)
+    assert "MLflow: mlflow ui --backend-store-uri" in out and "workflowType=machine_learning" in "".join(table)
     assert again.returncode == 0, again.stderr[-2000:]
     assert again.stdout.strip() == "nothing to do: run quiet has 2 committed iterations (run.iterations = 2)"
     seen = probe.stdout + probe.stderr

@@ -108,8 +108,11 @@ def train(
             events.started("prefect", 0)
             from flows.train import rlcr_train
 
-            rlcr_train(config=config, overrides=list(overrides or []), run_id=run_id, iterations=cfg.run.iterations)
+            result = rlcr_train(config=config, overrides=list(overrides or []), run_id=run_id,
+                                iterations=cfg.run.iterations)
         console.print(summary_table(run_id, cfg))
+        if isinstance(result, dict) and result.get("mlflow"):
+            console.print(f"MLflow: {show(result['mlflow'])}", highlight=False)
 
 
 @app.command()
