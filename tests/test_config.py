@@ -217,3 +217,13 @@ def test_shipped_configs_load(name):
     from pathlib import Path
 
     load_config(Path(__file__).parent.parent / "configs" / f"{name}.yaml")
+
+
+def test_naming_the_task_a_config_already_uses_keeps_its_options(tmp_path):
+    """``tasks.name=countdown`` over a file that leaves the name at its default (countdown) and sets its options:
+    the same task, so its options stay (bench/protocol.yaml's overrides name the task); another task's name
+    drops them (they belong to the other task)."""
+    f = tmp_path / "c.yaml"
+    f.write_text("tasks:\n  options:\n    min_count: 2\n    max_count: 3\n")
+    assert load_config(f, ["tasks.name=countdown"]).tasks.options["min_count"] == 2
+    assert load_config(f, ["tasks.name=math"]).tasks.options == {}

@@ -266,4 +266,4 @@ def test_a_lora_run_killed_during_its_update_resumes_exactly(ray_local, prefect_
             assert json.dumps(evals[0][key]) == json.dumps(evals[1][key]), key
     assert "accuracy" in evals[0]
     last = runs[1].committed()[-1]
-    assert fetch_checkpoint(last["checkpoint_uri"]) != fetch_checkpoint(last["checkpoint_uri"])
+    assert fetch_model(last["checkpoint_uri"]) != fetch_checkpoint(last["checkpoint_uri"])

@@ -429,11 +429,15 @@ def _two_node_run(root: Path, s3, tiny_model_dir, *, logs: Path, t0: float) -> N
     assert not [key for key in keys if ".tmp-" in key]
     assert not run.store.exists(run.lease_rel)
 
-    # the second node fetched from S3, into its own cache, the initial model (run 1) and iteration 1's state
-    # (the resume); the driver's, the head's and this process's caches never held iteration 1's state
+    # the run holds its own copy of the sealed model it was given (models/<content id>, so that no pruning of the
+    # source can take it away); the second node fetched from S3, into its own cache, that copy (run 1) and
+    # iteration 1's state (the resume); the driver's, the head's and this process's caches never held iteration 1's
+    initial = run.initial_model()
+    assert initial["source"] == model_uri
+    copy_uri = run.store.url(initial["model"])
     ckpt1 = manifests[0]["checkpoint_uri"]
     seal1 = run.store.read_bytes(f"{run.store.rel(ckpt1)}/_COMPLETE")
-    for uri, seal in ((model_uri, model_seal), (ckpt1, seal1)):
+    for uri, seal in ((copy_uri, run.store.read_bytes(f"{initial['model']}/_COMPLETE")), (ckpt1, seal1)):
         entry = _cache_entry(worker.cache, uri, seal)
         assert (entry / "_COMPLETE").read_bytes() == seal, sorted(p.name for p in entry.parent.iterdir())
         assert (entry / "model.safetensors").stat().st_size > 1000

@@ -104,15 +104,16 @@ def evaluate(
     except ValueError as e:  # a task file's row (TaskFormatError), or sets that cannot be made
         raise UserError(f"task error: {printable(e, 1000)}") from None
     run_id = ref.rsplit("@", 1)[0] if ref else None
-    with quiet("eval", run_id, verbose), step(f"evaluating {printable(policy)} on {len(held_out)} held-out tasks"):
-        ensure_ray(cfg)
-        with EnginePool(cfg, policy) as engines:
-            m, rows = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=0, engines=engines, draw=draw)
-    if target is not None:
-        _write_records(records, target, rows, cfg, policy, draw)
     from rlcr.tasks.registry import get_task
 
-    console.print(eval_table(policy, cfg.method.name, draw, m, stratum=get_task(cfg.tasks.name).stratum_label))
+    with quiet("eval", run_id, verbose):  # rlcr's lines, the table included, inside: the console is the terminal's
+        with step(f"evaluating {printable(policy)} on {len(held_out)} held-out tasks"):
+            ensure_ray(cfg)
+            with EnginePool(cfg, policy) as engines:
+                m, rows = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=0, engines=engines, draw=draw)
+        if target is not None:
+            _write_records(records, target, rows, cfg, policy, draw)
+        console.print(eval_table(policy, cfg.method.name, draw, m, stratum=get_task(cfg.tasks.name).stratum_label))
 
 
 @app.command()
@@ -169,7 +170,8 @@ def probe(
                         f"it first: rlcr train --run-id {printable(run_id, 140)})")
     from flows.probe import rlcr_probe
 
-    with quiet("probe", run_id, verbose), step("probing (forced answers along the reasoning)"):
-        result = rlcr_probe(config=config, overrides=list(overrides or []), run_id=run_id, iteration=iteration)
-    console.print(probe_table(result))
-    console.print(f"report: [bold]{show(result['report'].get('html'))}[/bold]")
+    with quiet("probe", run_id, verbose):
+        with step("probing (forced answers along the reasoning)"):
+            result = rlcr_probe(config=config, overrides=list(overrides or []), run_id=run_id, iteration=iteration)
+        console.print(probe_table(result))
+        console.print(f"report: [bold]{show(result['report'].get('html'))}[/bold]")

@@ -132,7 +132,7 @@ def sft(
     cfg = load(config, [*(overrides or []), *sft_overrides(tasks, epochs)])
     check_inputs(cfg)
     check_storage(cfg, uri=out)
-    with quiet("sft", None, verbose), \
-            step(f"SFT warm-start on {cfg.sft.tasks} solver tasks × {cfg.sft.epochs} epochs (Ray Train)"):
-        uri, metrics = run_sft(cfg, out=out)
-    console.print(f"warm-started checkpoint: [bold]{show(uri)}[/bold]  (loss {fmt(metrics.get('loss'))})")
+    with quiet("sft", None, verbose):
+        with step(f"SFT warm-start on {cfg.sft.tasks} solver tasks × {cfg.sft.epochs} epochs (Ray Train)"):
+            uri, metrics = run_sft(cfg, out=out)
+        console.print(f"warm-started checkpoint: [bold]{show(uri)}[/bold]  (loss {fmt(metrics.get('loss'))})")

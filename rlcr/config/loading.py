@@ -202,8 +202,11 @@ def merge_dotted(data: dict[str, Any], updates: Mapping[str, Any], source: str) 
     flat layout is a :class:`ConfigError` naming its dotted name."""
     out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in data.items()}
     tasks = out.get("tasks")
-    if isinstance(tasks, dict) and "tasks.name" in updates and updates["tasks.name"] != tasks.get("name"):
-        tasks.pop("options", None)  # another task: its own options (those given here), not the other task's
+    if isinstance(tasks, dict) and "tasks.name" in updates:
+        from rlcr.config.sections import TasksSection
+
+        if updates["tasks.name"] != tasks.get("name", TasksSection.model_fields["name"].default):
+            tasks.pop("options", None)  # another task: its own options (those given here), not the other task's
     for key, value in updates.items():
         key = str(key)
         section, dot, name = key.partition(".")
