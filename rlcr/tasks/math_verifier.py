@@ -25,10 +25,7 @@ from __future__ import annotations
 
 import atexit
 import json
-import os
 import re
-import select
-import subprocess
 import sys
 import threading
 import time
@@ -36,6 +33,8 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+from rlcr.tasks.worker_process import WorkerProcess
 
 __all__ = ["equivalent", "answer_problem", "batch", "Batch", "MAX_ANSWER_CHARS", "MAX_ANSWER_DEPTH",
            "MAX_EXPONENT_DIGITS", "ANSWER_DEADLINE_S", "KILL_GRACE_S", "BATCH_BASE_S", "BATCH_PER_ANSWER_S",
@@ -195,66 +194,22 @@ def batch(n: int, *, budget_s: float | None = None) -> Iterator[Batch]:
         _LOCAL.batch = outer
 
 
-class _Worker:
+class _Worker(WorkerProcess):
     """One verifier process, used by one thread at a time (a lock), restarted after a timeout or a crash."""
 
+    startup_deadline_s = STARTUP_DEADLINE_S
+
     def __init__(self) -> None:
+        super().__init__()
         self._lock = threading.Lock()
-        self._proc: subprocess.Popen | None = None
-        self._ready = False
-        self._started = 0.0
-        self._buffer = b""
         self._cache: OrderedDict[tuple[str, str], bool] = OrderedDict()
 
-    def _spawn(self) -> None:
-        source = Path(__file__).with_name("math_worker.py").read_text(encoding="utf-8")
-        self._proc = subprocess.Popen([sys.executable, "-I", "-c", source], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
-        self._buffer, self._ready, self._started = b"", False, time.monotonic()
+    def _argv(self) -> list[str]:
+        # isolated (-I): neither the working directory nor PYTHONPATH can shadow a module of the worker's
+        return [sys.executable, "-I", "-c", Path(__file__).with_name("math_worker.py").read_text(encoding="utf-8")]
 
-    def _stop(self) -> None:
-        proc, self._proc, self._ready = self._proc, None, False
-        if proc is not None:
-            proc.kill()
-            proc.wait()
-            for pipe in (proc.stdin, proc.stdout):
-                try:
-                    pipe.close()
-                except OSError:
-                    pass
-
-    def _wait_ready(self, until: float) -> bool:
-        """Start the worker if none runs; True once it said ``ready``, False if ``until`` came first (it goes
-        on starting). Raises RuntimeError if it did not start within :data:`STARTUP_DEADLINE_S`."""
-        if self._proc is None or self._proc.poll() is not None:
-            self._stop()
-            self._spawn()
-        if self._ready:
-            return True
-        limit = self._started + STARTUP_DEADLINE_S
-        line = self._readline(min(until, limit))
-        if line == b"ready":
-            self._ready = True
-            return True
-        if line is None and time.monotonic() < limit and self._proc.poll() is None:
-            return False
-        self._stop()
-        raise RuntimeError("the math verifier worker did not start (is math-verify installed? "
-                           "pip install math-verify)")
-
-    def _readline(self, deadline: float) -> bytes | None:
-        """One line from the worker, or None at the deadline or end of output."""
-        fd = self._proc.stdout.fileno()
-        while b"\n" not in self._buffer:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                return None
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                return None
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return line.strip()
+    def _not_started(self) -> str:
+        return "the math verifier worker did not start (is math-verify installed? pip install math-verify)"
 
     def warm(self) -> None:
         with self._lock:
@@ -268,13 +223,8 @@ class _Worker:
         deadline_s = min(deadline_s, until - time.monotonic())
         if deadline_s < _MIN_ATTEMPT_S:
             return b"t"
-        try:
-            self._proc.stdin.write(json.dumps({"gold": gold, "answer": answer, "deadline": deadline_s}).encode()
-                                   + b"\n")
-            self._proc.stdin.flush()
-        except OSError:  # the worker died: restarted by the next attempt
-            self._stop()
-            return b"t"
+        if not self._send(json.dumps({"gold": gold, "answer": answer, "deadline": deadline_s}).encode()):
+            return b"t"  # the worker died: restarted by the next attempt
         reply = self._readline(time.monotonic() + deadline_s + KILL_GRACE_S)
         if reply is None:  # past the deadline (a computation the timer cannot stop) or dead: kill it
             self._stop()

@@ -33,8 +33,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import select
-import subprocess
 import sys
 import threading
 import time
@@ -44,6 +42,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from rlcr.tasks.base import ScoringStats
+from rlcr.tasks.worker_process import WorkerProcess
 
 __all__ = ["BoundedVerifier", "KILL_GRACE_S", "STARTUP_DEADLINE_S"]
 
@@ -56,8 +55,11 @@ MAX_REPLY_BYTES = 1024 * 1024
 _MIN_CALL_S = 0.005
 
 
-class BoundedVerifier:
+class BoundedVerifier(WorkerProcess):
     """The function ``target`` (``"module:name"``) run in a worker process under time and memory limits."""
+
+    startup_deadline_s = STARTUP_DEADLINE_S
+    max_reply_bytes = MAX_REPLY_BYTES
 
     def __init__(self, target: str, *, timeout_s: float = 2.0, memory_bytes: int = 1024**3,
                  batch_base_s: float = 2.0, batch_per_call_s: float = 0.1, cache_size: int = 4096) -> None:
@@ -65,13 +67,10 @@ class BoundedVerifier:
             raise ValueError(f"BoundedVerifier: target must be 'module:function', got {target!r}")
         self.target, self.timeout_s, self.memory_bytes = target, float(timeout_s), int(memory_bytes)
         self.batch_base_s, self.batch_per_call_s, self.cache_size = batch_base_s, batch_per_call_s, cache_size
+        super().__init__()  # ``restarts``: workers started after the first (a timeout, a death)
         self._lock = threading.Lock()
         self._local = threading.local()
-        self._proc: subprocess.Popen | None = None
-        self._buffer, self._ready_flag, self._spawned = b"", False, 0.0
         self._cache: OrderedDict[str, Any] = OrderedDict()
-        self.restarts = 0  # workers started after the first (a timeout, a death)
-        self._started_once = False
         atexit.register(self._stop)
 
     # ---- the batch a thread scores
@@ -81,7 +80,7 @@ class BoundedVerifier:
         """A batch of ``n`` calls in this thread sharing one time budget; yields the :class:`ScoringStats` whose
         ``timeouts`` it counts (return it from the task's ``scoring``)."""
         with self._lock:
-            self._ready(time.monotonic() + STARTUP_DEADLINE_S)  # started outside the budget
+            self._wait_ready(time.monotonic() + STARTUP_DEADLINE_S)  # started outside the budget
         outer, stats = getattr(self._local, "batch", None), ScoringStats()
         self._local.batch = (stats, time.monotonic() + self.batch_base_s + self.batch_per_call_s * max(n, 0))
         try:
@@ -122,17 +121,13 @@ class BoundedVerifier:
         return None
 
     def _attempt(self, key: str, until: float) -> bytes:
-        if not self._ready(until):
+        if not self._wait_ready(until):
             return b"t"
         deadline_s = min(self.timeout_s, until - time.monotonic())
         if deadline_s < _MIN_CALL_S:
             return b"t"
-        try:
-            self._proc.stdin.write(b'{"args": ' + key.encode() + b', "deadline": ' + repr(deadline_s).encode() + b"}\n")
-            self._proc.stdin.flush()
-        except OSError:  # the worker died: the next call restarts it
-            self._stop()
-            return b"t"
+        if not self._send(b'{"args": ' + key.encode() + b', "deadline": ' + repr(deadline_s).encode() + b"}"):
+            return b"t"  # the worker died: the next call restarts it
         reply = self._readline(time.monotonic() + deadline_s + KILL_GRACE_S)
         if reply is None:  # past the deadline (what its timer cannot stop), out of memory, or dead: kill it
             self._stop()
@@ -146,56 +141,13 @@ class BoundedVerifier:
             return b"e"
         return reply
 
-    # ---- the worker process
+    # ---- the worker process (started, read and killed by :class:`~rlcr.tasks.worker_process.WorkerProcess`)
 
-    def _spawn(self) -> None:
+    def _argv(self) -> list[str]:
         source = Path(__file__).with_name("verify_worker.py").read_text(encoding="utf-8")
         path = json.dumps([os.path.abspath(p) if p else os.getcwd() for p in sys.path])
-        self._proc = subprocess.Popen([sys.executable, "-c", source, self.target, path, str(self.memory_bytes)],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                      start_new_session=True)
-        self._buffer, self._ready_flag, self._spawned = b"", False, time.monotonic()
-        self.restarts += self._started_once
-        self._started_once = True
+        return [sys.executable, "-c", source, self.target, path, str(self.memory_bytes)]
 
-    def _ready(self, until: float) -> bool:
-        """Start the worker if none runs; True once it said ``ready``, False if ``until`` came first."""
-        if self._proc is None or self._proc.poll() is not None:
-            self._stop()
-            self._spawn()
-        if self._ready_flag:
-            return True
-        limit = self._spawned + STARTUP_DEADLINE_S
-        line = self._readline(min(until, limit))
-        if line == b"ready":
-            self._ready_flag = True
-            return True
-        if line is None and time.monotonic() < limit and self._proc.poll() is None:
-            return False
-        self._stop()
-        raise RuntimeError(f"the verifier {self.target!r} did not start in its worker (can it be imported, and "
-                           f"within {self.memory_bytes:,} bytes?)")
-
-    def _readline(self, deadline: float) -> bytes | None:
-        fd = self._proc.stdout.fileno()
-        while b"\n" not in self._buffer:
-            left = deadline - time.monotonic()
-            if left <= 0 or len(self._buffer) > MAX_REPLY_BYTES or not select.select([fd], [], [], left)[0]:
-                return None
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return None
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return line.strip()
-
-    def _stop(self) -> None:
-        proc, self._proc, self._ready_flag = self._proc, None, False
-        if proc is not None:
-            proc.kill()
-            proc.wait()
-            for pipe in (proc.stdin, proc.stdout):
-                try:
-                    pipe.close()
-                except OSError:
-                    pass
+    def _not_started(self) -> str:
+        return (f"the verifier {self.target!r} did not start in its worker (can it be imported, and within "
+                f"{self.memory_bytes:,} bytes?)")
