@@ -63,8 +63,12 @@ def routed(path: Optional[Path], header: str = "") -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
+    try:  # a command run in-process under a Python-level stdout (a test's runner): the console stays on it
+        own = sys.stdout.fileno() == 1
+    except (AttributeError, ValueError, OSError):
+        own = False
     terminal = os.fdopen(os.dup(1), "w", buffering=1, encoding=getattr(sys.stdout, "encoding", None) or "utf-8",
-                         errors="replace")
+                         errors="replace") if own else sys.stdout
     saved = os.dup(1), os.dup(2)
     with open(path, "ab") as log:
         if header:
@@ -85,6 +89,7 @@ def routed(path: Optional[Path], header: str = "") -> Iterator[None]:
         # the console goes back to sys.stdout (a command run in-process, e.g. by a test, must not keep writing to
         # the terminal it captured); on success the descriptors stay routed, for the shutdown lines at exit
         console.file = None
-        terminal.close()
+        if own:
+            terminal.close()
         os.close(saved[0])
         os.close(saved[1])

@@ -25,6 +25,14 @@ class S3Server:
         self.server = None
 
     def start(self):
+        import logging
+
+        # werkzeug binds a handler to whatever sys.stderr is at its first request log (a CLI runner's, closed when
+        # that command returns): its own handler-less logger, quiet, before the first request
+        quiet = logging.getLogger("werkzeug")
+        quiet.setLevel(logging.WARNING)
+        if not quiet.handlers:
+            quiet.addHandler(logging.NullHandler())
         self.server = self._cls(ip_address="127.0.0.1", port=self.port, verbose=False)
         self.server.start()
 
