@@ -331,11 +331,7 @@ class RunStore(RunLayout):
                 continue
             if not self.store.exists(rel):
                 continue  # removed before
-            if lease is not None:
-                lease.check()
-            self.store.rm(f"{rel}/{COMPLETE_MARKER}")
-            self.store.rm(rel)
-            removed.append(self.store.url(rel))
+            removed.append(self._remove_checkpoint(rel, lease))
         return removed
 
     def prune_dead_attempts(self, iterations: list[int], *, lease: RunLease | None = None) -> list[str]:
@@ -359,12 +355,16 @@ class RunStore(RunLayout):
                 rel = f"{self.attempt_dir(k, attempt)}/checkpoint"
                 if any(n == rel or n.startswith(rel + "/") for n in named) or not self.store.exists(rel):
                     continue
-                if lease is not None:
-                    lease.check()
-                self.store.rm(f"{rel}/{COMPLETE_MARKER}")
-                self.store.rm(rel)
-                removed.append(self.store.url(rel))
+                removed.append(self._remove_checkpoint(rel, lease))
         return removed
+
+    def _remove_checkpoint(self, rel: str, lease: RunLease | None) -> str:
+        """Delete one checkpoint folder under ``lease`` (checked first): its seal, then its files; its URI."""
+        if lease is not None:
+            lease.check()
+        self.store.rm(f"{rel}/{COMPLETE_MARKER}")
+        self.store.rm(rel)
+        return self.store.url(rel)
 
     def commit(self, iteration: int, manifest: dict[str, Any], *, lease: RunLease | None = None) -> str:
         """Write the manifest last, create-only and durably: after this, the iteration exists.

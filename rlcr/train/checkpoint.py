@@ -6,6 +6,8 @@ The update (:mod:`rlcr.train.update`) only changes weights; the trainer's worker
 
 from __future__ import annotations
 
+import json
+
 import torch
 from torch import nn
 
@@ -37,8 +39,6 @@ def save_checkpoint(lm: nn.Module, tokenizer, store, rel: str, *, state_dict: di
     uploaded) and sealed (``_COMPLETE`` written last), so readers never see a partial checkpoint. Returns the
     checkpoint's URI.
     """
-    import json
-
     if state_dict is None:
         check_finite_parameters(lm)
     else:
@@ -48,12 +48,17 @@ def save_checkpoint(lm: nn.Module, tokenizer, store, rel: str, *, state_dict: di
     with store.writing_dir(rel) as d:
         lm.save_pretrained(d, state_dict=state_dict, safe_serialization=True)
         tokenizer.save_pretrained(d)
-        if extra is not None:
-            with open(f"{d}/rlcr_update.json", "w") as f:
-                json.dump(extra, f, indent=2, sort_keys=True, default=str)
-        if training_state is not None:
-            torch.save(training_state, f"{d}/{TRAINING_STATE_FILE}")
+        _write_extras(d, extra, training_state)
     return store.url(rel)
+
+
+def _write_extras(d: str, extra: dict | None, training_state: dict | None) -> None:
+    """The update's record (``rlcr_update.json``) and the training state, where given, into checkpoint folder ``d``."""
+    if extra is not None:
+        with open(f"{d}/rlcr_update.json", "w") as f:
+            json.dump(extra, f, indent=2, sort_keys=True, default=str)
+    if training_state is not None:
+        torch.save(training_state, f"{d}/{TRAINING_STATE_FILE}")
 
 
 def save_adapter_checkpoint(peft_model, store, rel: str, *, frame: dict[str, bytes], base_uri: str,
@@ -63,7 +68,6 @@ def save_adapter_checkpoint(peft_model, store, rel: str, *, frame: dict[str, byt
     (config, tokenizer: the files a model directory is recognised and served by), the record naming the base
     (:data:`rlcr.adapters.ADAPTER_FILE`) and, with ``training_state``, the adapters' AdamW state; sealed like
     :func:`save_checkpoint`. Refuses non-finite adapters. Returns the checkpoint's URI."""
-    import json
     import os
 
     from rlcr.adapters import ADAPTER_FILE, ADAPTER_FORMAT
@@ -80,9 +84,5 @@ def save_adapter_checkpoint(peft_model, store, rel: str, *, frame: dict[str, byt
             os.remove(f"{d}/README.md")  # peft's model card: not ours to publish
         with open(f"{d}/{ADAPTER_FILE}", "w") as f:
             json.dump({"format": ADAPTER_FORMAT, "base": base_uri, "base_content_id": base_content_id}, f, indent=2)
-        if extra is not None:
-            with open(f"{d}/rlcr_update.json", "w") as f:
-                json.dump(extra, f, indent=2, sort_keys=True, default=str)
-        if training_state is not None:
-            torch.save(training_state, f"{d}/{TRAINING_STATE_FILE}")
+        _write_extras(d, extra, training_state)
     return store.url(rel)
