@@ -192,14 +192,10 @@ def _sync(device: str) -> None:
 
 
 def matmul_gflops(n: int = 2048, reps: int = 3, *, device: str = "cpu", dtype: str = "fp32") -> float:
-    """A plain ``torch.mm`` of two n×n matrices on ``device`` in ``dtype`` (fp32 at PyTorch's default matmul
-    precision: no TF32 unless the process turns it on), best of ``reps``."""
-    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
-    a = torch.randn(n, n, device=device, dtype=torch_dtype)
-    b = torch.randn(n, n, device=device, dtype=torch_dtype)
-    torch.mm(a, b)
-    best = min(_timed(lambda: torch.mm(a, b), device) for _ in range(reps))
-    return 2 * n ** 3 / best / 1e9
+    """:func:`rlcr.train.throughput.matmul_gflops` in ``dtype`` (``fp32``/``bf16``): the flow's own peak figure."""
+    from rlcr.train.throughput import matmul_gflops as peak
+
+    return peak(n, reps, device=device, dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[dtype])
 
 
 def _timed(fn, device: str = "cpu") -> float:

@@ -38,6 +38,7 @@ from rlcr.config import ConfigError, RLCRConfig, load_config
 from rlcr.evaluate import evaluate_policy
 from rlcr.model_source import run_initial_model
 from rlcr.presentation import metrics_markdown, progress_line
+from rlcr.rollout.ahead import Ahead, manifest_fields, read_ahead, seal_ahead
 from rlcr.rollout.engine import EnginePool
 from rlcr.rollout.pipeline import finalize_rollouts, generate_rollouts, rollout_seed
 from rlcr.rollout.records import rows_to_table
@@ -106,10 +107,11 @@ def rollouts_task(cfg, prompts, policy, run_id, iteration, engines, tokenizer_ur
 
 
 @task(name="advantages")
-def advantages_task(cfg, rows, run, iteration, lease):
-    """Two-level advantages (docs/design.md §7) and the rollouts Parquet (written under the run's lease)."""
+def advantages_task(cfg, rows, run, iteration, lease, version):
+    """Two-level advantages (docs/design.md §7) and the rollouts Parquet (written under the run's lease);
+    ``version``: the updates in the policy that sampled them."""
     events.started("advantages", iteration)
-    result = finalize_rollouts(cfg, rows, run_id=run.run_id, iteration=iteration)
+    result = finalize_rollouts(cfg, rows, run_id=run.run_id, iteration=iteration, policy_version=version)
     result.uri = run.write_rollouts(iteration, rows_to_table(result.rows), lease=lease)
     return result
 
@@ -276,6 +278,7 @@ def rlcr_train(
                 run.write_baseline({"policy_uri": saved, "eval": baseline}, lease=lease)
                 track_committed(tracker, run, [0], log)
             policy, staged, rewinds = saved, [], 0  # staged: the iterations applied in memory since `saved`
+            ahead = _read_ahead(cfg, run, done, train_tasks)  # one-step-off: the next rollouts, already sampled
             pending: PendingSave | None = None  # a background save not yet committed
 
             def committed(save: PendingSave) -> None:
@@ -298,8 +301,9 @@ def rlcr_train(
             k = len(done) + 1
             while k <= cfg.run.iterations:
                 try:
-                    metrics, manifest, save = _iteration(cfg, run, k, trainer, engines, (saved, policy), initial,
-                                                         train_tasks, held_out, opts, lease, staged, settle)
+                    metrics, manifest, save, ahead = _iteration(cfg, run, k, trainer, engines, (saved, policy),
+                                                                initial, train_tasks, held_out, opts, lease, staged,
+                                                                settle, ahead)
                 except StateLost as e:  # the workers died with unsaved updates: rewind to the last saved state
                     rewinds += 1
                     if rewinds > cfg.orchestration.retries:
@@ -311,6 +315,7 @@ def rlcr_train(
                     trainer.restart_from(policy, restore=bool(done))
                     engines.load(policy)
                     staged, pending, k = [], None, len(done) + 1
+                    ahead = _read_ahead(cfg, run, done, train_tasks)
                     continue
                 except Exception:
                     with contextlib.suppress(Exception):  # keep what a finished background save covers
@@ -331,7 +336,7 @@ def rlcr_train(
                 )
                 log.info("iteration %d %s: %s", k, "committed" if save and save.uri else "saving" if save else "staged",
                          progress_line(metrics))
-                if warning := mismatch_warning(metrics["update"]):
+                if warning := mismatch_warning(metrics["update"], metrics["rollout"].get("staleness", 0.0)):
                     log.warning("iteration %d: %s", k, warning)
                 k += 1
             assert pending is None  # the last iteration's save is waited for; the others settle before an update
@@ -339,34 +344,77 @@ def rlcr_train(
         return summary
 
 
+def _read_ahead(cfg, run, done, train_tasks) -> Ahead | None:
+    """One-step-off mode: the rollouts the last committed manifest names for the next iteration (checked), which
+    that iteration trains on (:mod:`rlcr.rollout.ahead`); None in ``sync`` mode or if it names none."""
+    if cfg.orchestration.mode != "one-step-off" or not done or done[-1]["iteration"] >= cfg.run.iterations:
+        return None
+    g_c = cfg.rollout.num_generations_confidence if cfg.method.name == "rlcr" else 0
+    prompts = prompts_for_iteration(cfg, train_tasks, done[-1]["iteration"] + 1)
+    return read_ahead(run, done[-1], prompts, g_a=cfg.rollout.num_generations_answer, g_c=g_c)
+
+
+def _update_and_next(cfg, run, k, trainer, engines, policy, initial, train_tasks, rows, opts, lease, t):
+    """Iteration k's update; in one-step-off mode (and unless k is the last) iteration k+1's rollouts generated
+    meanwhile by the engines' policy ``policy`` (after k − 1 updates), then scored and written (an
+    :class:`Ahead`, else None). Both are waited for before the caller syncs the new weights into the engines."""
+    ahead = cfg.orchestration.mode == "one-step-off" and k < cfg.run.iterations
+    t0 = time.perf_counter()
+    future = rollouts_task.with_options(**opts).submit(cfg, prompts_for_iteration(cfg, train_tasks, k + 1), policy,
+                                                       run.run_id, k + 1, engines, initial) if ahead else None
+    try:
+        with events.timed("update", k, t) as fig:
+            update = update_task.with_options(**opts)(trainer, rows, k)
+            fig["loss"] = update.metrics.get("loss")
+    finally:
+        if future is not None:
+            future.wait()  # never leave a generation running on the engines while the caller goes on
+    if future is None:
+        return update, None
+    next_rows, gen_timings = future.result()
+    t["overlap_s"] = time.perf_counter() - t0  # the update and the next generation, side by side
+    t_next = {"rollouts_s": gen_timings.get("rollout/pipeline_s", 0.0)}
+    with events.timed("advantages", k + 1, t_next):
+        written = advantages_task.with_options(**opts)(cfg, next_rows, run, k + 1, lease, k - 1)
+    return update, seal_ahead(run, written, k + 1, k - 1, {**gen_timings, **t_next})
+
+
 def _iteration(cfg, run, k, trainer, engines, policies, initial, train_tasks, held_out, opts, lease, staged,
-               settle):
+               settle, ahead):
     """One iteration: rollouts → advantages → (settle) → update → weight sync → evaluate → stage (→ save →
-    commit).
+    commit). ``ahead``: this iteration's rollouts if they were sampled one step off (during the previous update,
+    or named by the last committed manifest on a resume); otherwise they are sampled now.
 
     ``policies``: (the last saved state, the policy the engines hold: that state plus the updates of the
     iterations in ``staged``). ``settle()``: commits an earlier iteration's background save, if one is
     pending, and returns the state it saved (else None). Returns (metrics, manifest draft, what was saved:
-    None, or a :class:`PendingSave` — committed already unless ``orchestration.background_save``). ``staged``
-    collects the iterations staged since the last save; on a save they are committed (or will be, when the
-    background save is settled) and the caller removes them from the list.
+    None, or a :class:`PendingSave` — committed already unless ``orchestration.background_save``; and the next
+    iteration's rollouts when they were sampled one step off, else None). ``staged`` collects the iterations
+    staged since the last save; on a save they are committed (or will be, when the background save is settled)
+    and the caller removes them from the list.
     """
     base, policy = policies
     t: dict[str, float] = {}
-    prompts = prompts_for_iteration(cfg, train_tasks, k)
-    with events.timed("rollouts", k, t) as fig:
-        rows, gen_timings = rollouts_task.with_options(**opts)(cfg, prompts, policy, run.run_id, k, engines, initial)
-        fig["samples"] = len(rows)
-    with events.timed("advantages", k, t) as fig:
-        rollout = advantages_task.with_options(**opts)(cfg, rows, run, k, lease)
-        fig.update({"answer reward": rollout.stats.get("answer/reward_mean"),
-                    "confidence reward": rollout.stats.get("confidence/reward_mean")})
+    started = time.perf_counter()
+    if ahead is None:
+        with events.timed("rollouts", k, t) as fig:
+            prompts = prompts_for_iteration(cfg, train_tasks, k)
+            rows, gen_timings = rollouts_task.with_options(**opts)(cfg, prompts, policy, run.run_id, k, engines,
+                                                                   initial)
+            fig["samples"] = len(rows)
+        with events.timed("advantages", k, t) as fig:
+            rollout = advantages_task.with_options(**opts)(cfg, rows, run, k, lease, k - 1)
+            fig.update({"answer reward": rollout.stats.get("answer/reward_mean"),
+                        "confidence reward": rollout.stats.get("confidence/reward_mean")})
+        rollout_version = k - 1
+    else:  # sampled during the previous update (its generation's figures come with it, when this process ran it)
+        rollout, gen_timings, rollout_version = ahead.result, dict(ahead.timings), ahead.version
+        t.update({key: v for key, v in gen_timings.items() if key.endswith("_s") and "/" not in key})
     base = settle() or base  # an earlier iteration's background save: done and committed before the update
     if cfg.engine.release_during_update:
         engines.release()  # their memory goes to the update; the weight sync starts them again
-    with events.timed("update", k, t) as fig:
-        update = update_task.with_options(**opts)(trainer, rollout.rows, k)
-        fig["loss"] = update.metrics.get("loss")
+    update, ahead = _update_and_next(cfg, run, k, trainer, engines, policy, initial, train_tasks, rollout.rows, opts,
+                                     lease, t)
     version = run.store.url(run.checkpoint_rel(k, attempt_id(lease)))  # "the policy after k": save_task's path
     with events.timed("sync_weights", k, t) as fig:
         synced = sync_weights_task.with_options(**opts)(engines, update.weights, version, k)
@@ -383,14 +431,17 @@ def _iteration(cfg, run, k, trainer, engines, policies, initial, train_tasks, he
                "timings": {**t, **gen_timings}}
     manifest = {  # policy_in: a saved state (+ policy_in_updates applied in memory); policy_out: where it is saved
         "policy_in": base, "policy_in_updates": list(staged), "policy_out": version if save else None,
-        "rollouts_uri": rollout.uri, "records_uri": ev.get("records_uri"), "config_hash": cfg.config_hash(),
+        "rollouts_uri": rollout.uri, "rollouts_version": rollout_version, **manifest_fields(ahead),
+        "records_uri": ev.get("records_uri"), "config_hash": cfg.config_hash(),
         "seeds": {"run": cfg.run.seed, "rollout": rollout_seed(cfg, k), "eval": cfg.tasks.eval_seed},
     }
+    # from the rollouts (or those sampled ahead) to the evaluation: an iteration's wall time, its save aside
+    t["iteration_s"] = metrics["timings"]["iteration_s"] = time.perf_counter() - started
     with events.timed("stage", k, t):
         stage_task.with_options(**opts)(run, k, manifest, metrics, lease)
     staged.append(k)
     if not save:
-        return metrics, manifest, None
+        return metrics, manifest, None, ahead
     background = cfg.orchestration.background_save and k < cfg.run.iterations  # the last: nothing to overlap
     with events.timed("save", k, t):
         extra = {k_: v for k_, v in update.metrics.items() if k_ != "history"}
@@ -400,7 +451,7 @@ def _iteration(cfg, run, k, trainer, engines, policies, initial, train_tasks, he
     pending = PendingSave(k, list(staged), metrics)
     if not background:
         finish_save(run, trainer, pending, lease, opts, uri)
-    return metrics, manifest, pending  # background: written while the next rollouts run; settled before the update
+    return metrics, manifest, pending, ahead  # background: written while the next rollouts run; settled before the update
 
 
 @dataclass

@@ -155,6 +155,15 @@ def weight_sync(m: Model) -> dict:
             "t_nccl_bf16": bf16 / NCCL_BW}
 
 
+def one_step_off(gen: float, upd: float, sync: float) -> dict:
+    """A steady one-step-off iteration (``orchestration.mode: one-step-off``, docs/design.md §12.1): the next
+    rollouts are generated during the update and the weights synced once both are done, so an iteration takes
+    max(generation, update) + sync, and the device whose part is shorter waits for the other. Evaluation and
+    checkpoints are added as in sync mode (evaluation runs on the engines after the sync, the trainer waiting)."""
+    t = max(gen, upd) + sync
+    return {"t": t, "engine_idle": (t - gen) / t, "trainer_idle": (t - upd) / t}
+
+
 def fmt_s(x: float) -> str:
     return f"{x:.1f} s" if x < 100 else f"{x:.0f} s"
 
@@ -203,6 +212,12 @@ def report() -> str:
             f"**{fmt_s(c['t'])}** ({fmt_s(c['t_local'])} + {fmt_s(c['t_s3'])})")
         core = g["t"] + u["t"] + s["t_store_fp32"]
         add("**iteration: generation + update + fp32 sync**", f"**{fmt_s(core)}**")
+        add("… idle: engine GPU / trainer GPUs (sync mode)",
+            f"{(core - g['t']) / core:.0%} / {(core - u['t']) / core:.0%}")
+        off = one_step_off(g["t"], u["t"], s["t_store_fp32"])
+        add("**one-step-off iteration: max(generation, update) + fp32 sync**",
+            f"**{fmt_s(off['t'])}** ({off['t'] / core:.2f}× sync; idle: engine {off['engine_idle']:.0%}, "
+            f"trainer {off['trainer_idle']:.0%})")
         for save_every, eval_every in ((1, 1), (5, 5), (10, 10)):
             t = core + e["t"] / eval_every + c["t"] / save_every
             add(f"… + eval every {eval_every}, checkpoint every {save_every} (amortised)",

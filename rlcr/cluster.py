@@ -39,12 +39,37 @@ from rlcr.config import ConfigError, RLCRConfig
 __all__ = ["ensure_ray", "engine_actor_resources", "trainer_worker_resources", "ENGINE_ACTOR_CPUS", "STAGE_ACTOR_CPUS",
            "run_demand", "check_fits", "check_cluster_fits", "ResourceError", "check_storage", "StorageNotShared",
            "alive_nodes", "StorageUnreachable", "check_storage_reachable", "storage_problem", "ray_dashboard",
-           "DASHBOARD_ENV", "ray_log_dir", "WORKER_SOFT_LIMIT", "WORKER_SOFT_LIMIT_ENV"]
+           "DASHBOARD_ENV", "ray_log_dir", "WORKER_SOFT_LIMIT", "WORKER_SOFT_LIMIT_ENV", "pin_to_cpus"]
 
 ENGINE_ACTOR_CPUS = 0.5
 """Logical CPUs of one long-lived engine actor (it mostly waits; its threads use the node's cores)."""
 STAGE_ACTOR_CPUS = 0.1
 """Logical CPUs of a Ray Data stage actor that sends its batches to a shared engine (and of the cheap steps)."""
+
+
+def pin_to_cpus(cpus: Sequence[int] | None, what: str) -> int | None:
+    """Pin every thread of this process to the logical CPUs ``cpus`` (``placement.engine_cpus`` /
+    ``placement.trainer_cpus``; threads started later inherit it) and size torch's thread pool to their number;
+    returns it (None: ``cpus`` is None, nothing done). A CPU this process may not use is a ConfigError naming
+    ``what``. Linux only (``sched_setaffinity``)."""
+    if not cpus:
+        return None
+    if not hasattr(os, "sched_setaffinity"):
+        raise ConfigError(f"{what}: pinning to CPUs needs Linux (os.sched_setaffinity)")
+    allowed = os.sched_getaffinity(0)
+    missing = sorted(set(cpus) - allowed)
+    if missing:
+        raise ConfigError(f"{what}: CPU(s) {missing} are not among this node's usable CPUs {sorted(allowed)}")
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except (ProcessLookupError, OSError):  # a thread that ended meanwhile
+            continue
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = str(len(cpus))
+    torch.set_num_threads(len(cpus))
+    return len(cpus)
 
 
 class ResourceError(RuntimeError):

@@ -28,7 +28,8 @@ RUNS = "runs"
 """The folder of a store that holds its runs, one folder per run id."""
 MAX_ITERATION = 1_000_000
 """The largest iteration number a manifest may name."""
-URI_FIELDS = ("checkpoint_uri", "state_uri", "rollouts_uri", "metrics_uri", "records_uri", "policy_in", "policy_out")
+URI_FIELDS = ("checkpoint_uri", "state_uri", "rollouts_uri", "metrics_uri", "records_uri", "policy_in", "policy_out",
+              "next_rollouts_uri")
 """Manifest fields that name artifacts: recorded relative to the run where they lie under it."""
 
 _RUN_RELATIVE = re.compile(r"iter-(\d{4,})(/|$)")
@@ -292,6 +293,9 @@ class RunLayout:
             field(doc, key, (str, type(None)), source, default=None)
         field(doc, "policy_in_updates", list, source, default=[])
         field(doc, "config_hash", (str, type(None)), source, default=None)
+        field(doc, "next_rollouts_sha256", (str, type(None)), source, default=None)
+        field(doc, "next_rollouts_version", (int, type(None)), source, default=None, lo=0, hi=MAX_ITERATION)
+        field(doc, "rollouts_version", (int, type(None)), source, default=None, lo=0, hi=MAX_ITERATION)
         return doc
 
     def _resolve(self, value: str | None) -> str | None:

@@ -34,6 +34,8 @@ def test_a_flat_record_reads_as_the_same_settings(tmp_path):
     assert dumped["loss"].pop("tis_cap") is None and dumped["loss"].pop("seq_mask_band") is None  # no correction
     assert dumped["placement"].pop("engine_gpus") is None and dumped["placement"].pop("trainer_gpus") is None
     assert dumped.pop("lora")["enabled"] is False  # every weight trained, as then
+    assert dumped["orchestration"].pop("mode") == "sync"  # rollouts by the current policy, as then
+    assert dumped["placement"].pop("engine_cpus") is None and dumped["placement"].pop("trainer_cpus") is None
     assert dumped == {**nested, "storage": nested["storage"]}
     assert result_changing_diff(RECORD, _same_run(tmp_path)) == []  # operational moves (store, iterations) ignored
     assert result_changing_diff(RECORD, _same_run(tmp_path).model_copy(update={"rollout.temperature": 0.7})) == [

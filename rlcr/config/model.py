@@ -75,6 +75,9 @@ class RLCRConfig(BaseModel):
         if self.update.old_logp_source == "rollout" and (self.loss.tis_cap or self.loss.seq_mask_band):
             raise ValueError("loss.tis_cap / loss.seq_mask_band correct π_old against the engine's log-probs; with "
                              "update.old_logp_source=rollout they are the same (every weight is 1): use recompute")
+        if self.orchestration.mode == "one-step-off" and self.engine.release_during_update:
+            raise ValueError("orchestration.mode one-step-off generates during the update: the engines cannot be "
+                             "released then (engine.release_during_update)")
         if self.lora.enabled and self.update.fsdp:
             raise ValueError("lora.enabled with update.fsdp: LoRA runs use DDP (the adapters are small)")
         return self

@@ -95,6 +95,22 @@ class PlacementSection(Section):
     or a name such as ``smollm2-135m-instruct`` that is converted into the driver's own cache). ``s3://`` needs
     neither. Operational."""
 
+    engine_cpus: list[int] | None = Field(None, min_length=1, json_schema_extra={RESULTS_KEY: False})
+    """Pin each engine actor (every thread of its process) to these logical CPUs of its node (Linux; ids from
+    ``os.sched_getaffinity``), with as many torch/OpenMP threads. None: no pinning, a thread per core of the node.
+    Beside ``placement.trainer_cpus`` on other CPUs it keeps generation and the update off each other's cores
+    (``orchestration.mode: one-step-off`` on one machine). Operational."""
+    trainer_cpus: list[int] | None = Field(None, min_length=1, json_schema_extra={RESULTS_KEY: False})
+    """Pin each Ray Train worker to these logical CPUs of its node, with as many torch threads (None: the node's
+    cores shared among its workers). Operational."""
+
+    @field_validator("engine_cpus", "trainer_cpus")
+    @classmethod
+    def _cpu_ids(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and (any(c < 0 for c in value) or len(set(value)) != len(value)):
+            raise ValueError("must be distinct CPU ids >= 0")
+        return value
+
     @field_validator("engine_resources", "trainer_resources")
     @classmethod
     def _extra_resources(cls, value: dict[str, float]) -> dict[str, float]:
@@ -102,7 +118,16 @@ class PlacementSection(Section):
 
 
 class OrchestrationSection(Section):
-    """Checkpoints and retries of the training flow (docs/design.md §12)."""
+    """How iterations follow each other, checkpoints and retries of the training flow (docs/design.md §12)."""
+
+    mode: Literal["sync", "one-step-off"] = changes("sync")
+    """``sync``: iteration k's rollouts are sampled by the policy after k − 1 updates, then the update runs while
+    the engines wait. ``one-step-off``: iteration k+1's rollouts are generated while iteration k's update runs,
+    by the policy the engines hold then (after k − 1 updates: at most one update stale, recorded per row as
+    ``policy_version``); the weights reach the engines once both are done. The first iteration of a run (and of
+    a run extended past its last iteration) is sampled on-policy. Overlaps generation with training where the
+    engines and the trainer have their own devices (or cores: ``placement.engine_cpus``); correct the staleness
+    with ``loss.tis_cap`` / ``loss.seq_mask_band`` (docs/design.md §8, §12). Changes results."""
 
     save_every: int = changes(1, ge=1)
     """Write the full training state (weights, AdamW moments, schedule position, RNG), sealed, every this many

@@ -97,7 +97,10 @@ def create_engine(model_dir: str | Path, cfg, *, seed: int):
     # Run the engine core in this process: one process per actor, no extra spawn.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    use_this_nodes_cores()
+    from rlcr.cluster import pin_to_cpus
+
+    if not pin_to_cpus(cfg.placement.engine_cpus, "placement.engine_cpus"):
+        use_this_nodes_cores()
     from vllm import LLM
 
     kv_gib = cfg.engine.kv_cache_gib if cfg.engine.kv_cache_gib is not None else (None if has_gpu() else 1.0)

@@ -258,18 +258,25 @@ def generate_rollouts(
 
 
 def finalize_rollouts(
-    cfg: RLCRConfig, rows: list[dict[str, Any]], *, run_id: str, iteration: int, store=None
+    cfg: RLCRConfig, rows: list[dict[str, Any]], *, run_id: str, iteration: int, store=None,
+    policy_version: int | None = None,
 ) -> RolloutResult:
-    """Advantages (docs/design.md §7), a stable row order, and the Parquet file (if ``store`` is given)."""
+    """Advantages (docs/design.md §7), a stable row order, and the Parquet file (if ``store`` is given).
+    ``policy_version``: the updates in the policy that sampled the rows (recorded per row; its staleness, the
+    updates it lags behind the policy that trains on them, ``iteration − 1 − policy_version``, in the stats)."""
     t0 = time.perf_counter()
+    for r in rows:
+        r["policy_version"] = policy_version
     assign_advantages(rows, method=cfg.method.name, eps=cfg.method.adv_eps, scale_by_std=cfg.method.scale_by_std,
                       conf_mode=cfg.method.conf_norm_mode)
     rows.sort(key=lambda r: (r["sample_type"] != "answer", r["prompt_id"], r["answer_id"], r["confidence_id"] or 0))
     uri = None
     if store is not None:
         uri = store.write_parquet(RunLayout.standalone_rollouts_rel(run_id, iteration), rows_to_table(rows, cfg.tasks.name))
-    return RolloutResult(rows=rows, uri=uri, timings={"rollout/finalize_s": time.perf_counter() - t0},
-                         stats=rollout_stats(rows))
+    stats = rollout_stats(rows)
+    if policy_version is not None:
+        stats["staleness"] = float(iteration - 1 - policy_version)
+    return RolloutResult(rows=rows, uri=uri, timings={"rollout/finalize_s": time.perf_counter() - t0}, stats=stats)
 
 
 def run_rollouts(

@@ -60,7 +60,12 @@ _GENERIC_FIELDS = (
     pa.field("confidence", pa.float64(), nullable=True),  # parsed c (confidences)
     pa.field("reward", pa.float64(), nullable=False),
     pa.field("advantage", pa.float64(), nullable=True),  # filled by assign_advantages
+    # updates in the policy that sampled the row (k − 1 synchronous, k − 2 one step off; null: evaluation rows and
+    # files from before it was recorded)
+    pa.field("policy_version", pa.int32(), nullable=True),
 )
+_ADDED_LATER = frozenset({"policy_version"})
+"""Nullable columns that files written before them lack: read as null."""
 _TASK_COLUMNS_AT = 6
 """The task's columns come after ``sample_type`` (Countdown's ``nums``, ``target``: where they always were)."""
 
@@ -118,6 +123,7 @@ def rollout_row(
     confidence: float | None = None,
     reward: float | None = None,
     advantage: float | None = None,
+    policy_version: int | None = None,
 ) -> dict[str, Any]:
     """One rollout row with every :data:`ROLLOUT_SCHEMA` field: the only place a row is laid out.
 
@@ -152,6 +158,7 @@ def rollout_row(
         "confidence": confidence,
         "reward": reward,
         "advantage": advantage,
+        "policy_version": policy_version,
     }
 
 
@@ -225,6 +232,8 @@ def table_to_rows(table: pa.Table) -> list[dict[str, Any]]:
     """pyarrow Table (e.g. read from Parquet) → rows; checks the schema's columns are present (the task's
     record columns: those of the registered task the table holds, :func:`record_task`)."""
     schema = rollout_schema(record_task(table.column_names))
+    for name in sorted(_ADDED_LATER - set(table.column_names)):
+        table = table.append_column(schema.field(name), pa.nulls(table.num_rows, schema.field(name).type))
     missing = [f.name for f in schema if f.name not in table.column_names]
     if missing:
         raise RolloutValidationError(f"rollout table lacks columns {missing}")

@@ -87,15 +87,19 @@ class MismatchStats:
         return out
 
 
-def mismatch_warning(update: dict) -> str | None:
-    """One line when an update's mean |Δ| over all measured tokens exceeds :data:`WARN_MEAN_ABS`, else None."""
+def mismatch_warning(update: dict, staleness: float = 0.0) -> str | None:
+    """One line when an update's mean |Δ| over all measured tokens exceeds :data:`WARN_MEAN_ABS`, else None.
+    ``staleness``: updates between the sampling policy and the trainer's (one-step-off mode: 1), whose own change
+    is then part of the gap, which the line says."""
     mean = update.get("mismatch/mean_abs")
     if mean is None or not mean > WARN_MEAN_ABS:
         return None
     per = ", ".join(f"{t} {update[f'mismatch/{t}/mean_abs']:.3g}" for t in _TYPES if f"mismatch/{t}/mean_abs" in update)
+    cause = ("the rollouts are one update stale, so this includes that update's change; correct it with "
+             "loss.tis_cap (docs/design.md §8)" if staleness else
+             "check the engine's dtype, chat template and weight sync (docs/design.md §11)")
     return (f"engine–trainer log-prob mismatch: mean |Δ log π| {mean:.3g} nats > {WARN_MEAN_ABS} ({per}; max "
-            f"{update.get('mismatch/max_abs', math.nan):.3g}): check the engine's dtype, chat template and weight "
-            f"sync (docs/design.md §11)")
+            f"{update.get('mismatch/max_abs', math.nan):.3g}): {cause}")
 
 
 # ----------------------------------------------------------------------------- the correction (loss.tis_cap, …)

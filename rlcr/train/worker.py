@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from rlcr.config import RLCRConfig
+from rlcr.cluster import pin_to_cpus
 from rlcr.seeds import update_seed
 from rlcr.adapters import fetch_model
 from rlcr.storage import Store, fetch_checkpoint
@@ -126,7 +127,7 @@ class TrainerWorker:
         self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
         device = ray.train.torch.get_device()
         torch.manual_seed(cfg.run.seed)
-        if device.type == "cpu":
+        if device.type == "cpu" and not pin_to_cpus(cfg.placement.trainer_cpus, "placement.trainer_cpus"):
             # Ray pins OMP_NUM_THREADS=1 per worker; give each worker its share of this node's cores.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, ctx.get_local_world_size())))
 
@@ -249,8 +250,22 @@ class TrainerWorker:
             optimizer=self.optimizer, schedule=self.schedule,
         )
         metrics["schedule_step"] = self.schedule.done
+        metrics.update(self._throughput(metrics))
         weights = self.weights(iteration)
         return UpdateOut(metrics=metrics, weights=weights) if self.rank == 0 else None
+
+    def _throughput(self, metrics: dict) -> dict[str, float]:
+        """``gflops``: the update's nominal GFLOP/s over all ranks (:mod:`rlcr.train.throughput`, as
+        ``bench/update.py`` counts them); ``matmul_gflops``: this device's fp32 matmul peak, measured once per
+        worker (≈ 0.4 s on a 2-core CPU), times the ranks; ``peak_fraction``: their ratio."""
+        from rlcr.train.throughput import matmul_gflops, update_gflops
+
+        if getattr(self, "_peak", None) is None:
+            self._peak = matmul_gflops(2048, 2, device=next(self.model.parameters()).device)
+        params = sum(p.numel() for p in {id(p): p for p in self.model.parameters()}.values())
+        rate = update_gflops(params, metrics.get("padded_tokens", 0.0), metrics["train_s"] + metrics["prepass_s"])
+        peak = self._peak * self.world_size
+        return {"gflops": rate, "matmul_gflops": peak, "peak_fraction": rate / peak}
 
     def weights(self, iteration: int):
         """Rank 0: the full weights, checked finite, packed in Ray's object store for the engines (an ObjectRef);
