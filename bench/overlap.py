@@ -46,13 +46,16 @@ FIGURES = ("iter_s", "run_s", "gen_s", "update_s", "engine_idle", "trainer_idle"
            "brier")
 
 
-def figures(metrics: list[dict]) -> dict[str, float]:
-    """One run's figures from its committed metrics (iterations 1 … N, in order)."""
-    steady = metrics[1:-1] or metrics[1:] or metrics
+def figures(metrics: list[dict], ahead: bool) -> dict[str, float]:
+    """One run's figures from its committed metrics (iterations 1 … N, in order). ``ahead``: one-step-off, where
+    the generation that runs during iteration k is iteration k+1's (its metrics hold that generation's time)."""
+    first, last = 1, max(len(metrics) - 1, 2)
+    steady = metrics[first:last] or metrics
     med = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
     t = [m["timings"] for m in steady]
     it = [x["iteration_s"] for x in t]
-    gen = [x.get("rollout/pipeline_s", 0.0) for x in t]
+    during = metrics[first + 1:last + 1] if ahead else steady  # the generation inside each steady iteration
+    gen = [m["timings"].get("rollout/pipeline_s", 0.0) for m in during]
     engine = [g + x.get("sync_weights_s", 0.0) + x.get("evaluate_s", 0.0) for g, x in zip(gen, t)]
     ev = metrics[-1].get("eval") or {}
     return {"iter_s": med(it), "run_s": sum(m["timings"]["iteration_s"] for m in metrics), "gen_s": med(gen),
@@ -77,7 +80,8 @@ def one_run(args, mode: str, round_: int, model: str, store: str) -> dict[str, f
     run_id = f"bench-overlap-r{round_}-{mode}"
     rlcr_train(config=args.config, overrides=overrides, run_id=run_id, iterations=args.iterations)
     run = RunStore.open(load_config(args.config, overrides), run_id)
-    return figures([run.store.read_json(run.store.rel(m["metrics_uri"])) for m in run.committed()])
+    return figures([run.store.read_json(run.store.rel(m["metrics_uri"])) for m in run.committed()],
+                   ahead=mode == "one-step-off")
 
 
 def summary(results: dict[str, list[dict[str, float]]]) -> None:

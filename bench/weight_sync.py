@@ -49,7 +49,9 @@ def main() -> None:
     from rlcr.models import resolve_model
     from rlcr.rollout.engine import EnginePool
     from rlcr.weights import pack_weights
-    from rlcr.tasks.countdown import generate_tasks, turn1_messages
+    from rlcr.tasks.registry import get_task
+
+    countdown = get_task("countdown")
 
     model = resolve_model(args.model)
     work = Path(tempfile.mkdtemp(prefix="bench-weight-sync-"))

@@ -131,9 +131,12 @@ def test_the_overlap_benchmark_reads_steady_iterations_and_idle_fractions():
         return {"timings": {"iteration_s": iteration_s, "rollout/pipeline_s": gen, "update_s": upd,
                             "sync_weights_s": 1.0}, "update": {"mismatch/mean_abs": mismatch}, "eval": {}}
 
-    figs = overlap.figures([it(100, 40, 50, 0.0), it(60, 40, 50, 0.02), it(54, 0, 50, 0.03)])
+    runs = [it(100, 40, 50, 0.0), it(60, 40, 50, 0.02), it(54, 30, 50, 0.03)]
+    figs = overlap.figures(runs, ahead=False)
     assert figs["iter_s"] == 60 and figs["run_s"] == 214 and figs["mismatch"] == 0.02
     assert figs["engine_idle"] == 1 - 41 / 60 and figs["trainer_idle"] == 1 - 50 / 60
+    ahead = overlap.figures(runs, ahead=True)  # iteration 2 ran iteration 3's generation beside its update
+    assert ahead["gen_s"] == 30 and ahead["engine_idle"] == 1 - 31 / 60
 
 
 def test_the_cost_model_overlaps_generation_with_the_update():

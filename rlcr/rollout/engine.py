@@ -89,8 +89,9 @@ def _hidden_unscannable_modules():
         sys.modules.update(hidden)
 
 
-def create_engine(model_dir: str | Path, cfg, *, seed: int):
-    """A ``vllm.LLM`` for ``model_dir`` with the config's engine settings and an engine-level seed.
+def create_engine(model_dir: str | Path, cfg, *, seed: int, **extra_args):
+    """A ``vllm.LLM`` for ``model_dir`` with the config's engine settings and an engine-level seed (``extra_args``:
+    more ``vllm.LLM`` arguments, e.g. ``enable_lora`` for bench/lora_serving.py).
 
     Chunked prefill is off: with per-request seeds a split prefill would need the generator rewind that
     CPU generators lack (module docstring); vLLM raises ``max_num_batched_tokens`` to ``max_model_len``."""
@@ -118,6 +119,7 @@ def create_engine(model_dir: str | Path, cfg, *, seed: int):
             enable_chunked_prefill=False,
             seed=seed,
             **extra,
+            **extra_args,
         )
 
 
