@@ -105,7 +105,7 @@ def one_run(args, side: str, round_: int, model: str, store: str) -> dict[str, f
     manifests = run.committed()
     metrics = [run.store.read_json(run.store.rel(m["metrics_uri"])) for m in manifests]
     med = lambda key: statistics.median(m["timings"].get(key, float("nan")) for m in metrics)  # noqa: E731
-    last = fetch_checkpoint(manifests[-1]["checkpoint_uri"], merge=False)
+    last = fetch_checkpoint(manifests[-1]["checkpoint_uri"])  # as stored: a LoRA run's is its adapter
     ev = metrics[-1].get("eval") or {}
     return {"update_s": med("update_s"), "sync_s": med("sync_weights_s"), "save_s": med("save_s"),
             "save_mb": _dir_mb(Path(last)), "workers_gb": peak.workers / 1e9, "tree_gb": peak.tree / 1e9,
