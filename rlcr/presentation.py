@@ -159,6 +159,7 @@ class StageProgress:
         self.lines = ProgressLines(self.console, "progress")
         self.task = self.progress.add_task("iterations", total=total, completed=start - 1)
         self.current: Optional[tuple[str, int, float]] = None  # (stage, iteration, started at)
+        self.beside: Optional[tuple[str, int, float]] = None  # one-step-off: rollouts running beside the update
         self.iteration_t0: dict[int, float] = {}
         self.t0 = time.perf_counter()
 
@@ -237,6 +238,11 @@ class StageProgress:
         if self.current is not None and self.current[:2] == (stage, iteration):
             plain(self.console, f"{self._name(stage, iteration)}: failed after {elapsed(now - self.current[2])}, "
                                  "retrying")
+        elif stage == "rollouts" and self.current is not None and self.current[:2] == ("update", iteration - 1):
+            # one-step-off (orchestration.mode): the next rollouts run beside the update; both go on
+            self.beside, self.iteration_t0[iteration] = (stage, iteration, now), now
+            plain(self.console, f"{self._name(stage, iteration)}: started — {self.LABELS[stage]} (beside the update)")
+            return
         else:
             self._finish(now)
             if stage == "rollouts":
@@ -257,7 +263,7 @@ class StageProgress:
         else:
             return
         if self.current is not None and self.current[:2] == (stage, iteration):
-            self.current = None
+            self.current, self.beside = self.beside, None  # a stage running beside goes on
         name, took = self._name(stage, iteration), elapsed(now - t0)
         if exc is not None:
             plain(self.console, f"{name}: failed after {took} ({type(exc).__name__}: {printable(exc, 500)})")

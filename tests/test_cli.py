@@ -108,6 +108,28 @@ def test_end_events_give_done_lines_at_once_with_their_figures():
     assert len(text) == 10
 
 
+def test_one_step_off_rollouts_beside_the_update_leave_both_running():
+    """``orchestration.mode: one-step-off``: iteration 2's rollouts start while iteration 1's update runs; the
+    update is not reported done then, and the rollouts' done line comes when the next stage starts."""
+    from rlcr import events
+    from rlcr.events import StageEvent
+
+    out, buf = log_console()
+    bar = StageProgress(2, 1, out=out)
+    with events.subscribed(bar.on_event), bar:
+        events.emit(StageEvent("update", 1, "start"))
+        events.emit(StageEvent("rollouts", 2, "start"))
+        events.emit(StageEvent("update", 1, "end", 40.0, {"loss": 0.5}))
+        events.emit(StageEvent("advantages", 2, "start"))
+    text = [line[11:] for line in lines(buf)]
+    assert text[1:5] == ["iteration 1 update: started — GRPO update (Ray Train)",
+                         "iteration 2 rollouts: started — generating answers → confidences (beside the update)",
+                         "iteration 1 update: done in 40.0 s (loss 0.500)",
+                         text[4]]
+    assert re.fullmatch(r"iteration 2 rollouts: done in \d+\.\d s", text[4])
+    assert text[5] == "iteration 2 advantages: started — advantages + rollouts Parquet"
+
+
 def test_steps_print_start_and_done_off_a_terminal_only():
     out, buf = log_console()
     with _step("2/5 evaluating", out=out):

@@ -244,14 +244,20 @@ class TrainerWorker:
         import ray
 
         self._join_save()  # a background save may still be reading the weights and AdamW state this changes
+        t0 = time.perf_counter()
+        samples = prepare_samples(ray.get(rows), self.tokenizer)
+        prepare_s = time.perf_counter() - t0
         metrics = train_update(
-            self.model, prepare_samples(ray.get(rows), self.tokenizer), self.cfg, pad_id=self.pad_id, ref=self.ref,
-            rank=self.rank, world_size=self.world_size, seed=update_seed(self.cfg.run.seed, int(iteration)),
+            self.model, samples, self.cfg, pad_id=self.pad_id, ref=self.ref, rank=self.rank,
+            world_size=self.world_size, seed=update_seed(self.cfg.run.seed, int(iteration)),
             optimizer=self.optimizer, schedule=self.schedule,
         )
         metrics["schedule_step"] = self.schedule.done
         metrics.update(self._throughput(metrics))
+        t0 = time.perf_counter()
         weights = self.weights(iteration)
+        # where the update stage's time goes besides prepass_s and train_s (the rest is the call's transfer)
+        metrics.update(prepare_s=prepare_s, weights_s=time.perf_counter() - t0)
         return UpdateOut(metrics=metrics, weights=weights) if self.rank == 0 else None
 
     def _throughput(self, metrics: dict) -> dict[str, float]:
