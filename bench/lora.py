@@ -146,6 +146,37 @@ def summary(results: dict[str, list[dict[str, float]]]) -> None:
     say(f"lora/full update time: {statistics.median(per_round('update_s')):.3f}")
 
 
+def add_start_args(ap: argparse.ArgumentParser) -> None:
+    """The starting model, the store and the overrides: the options bench/lora.py and bench/overlap.py share."""
+    ap.add_argument("--sft", default=None, help="URI of a warm-start checkpoint to start every side from")
+    ap.add_argument("--sft-tasks", type=int, default=60)
+    ap.add_argument("--no-warm-start", action="store_true", help="start from the config's model.name")
+    ap.add_argument("--store", default=None, help="a local directory (default: a temporary one, removed)")
+    ap.add_argument("overrides", nargs="*")
+
+
+def alternating(args, sides: tuple[str, ...], one, header, show, prefix: str) -> dict[str, list[dict[str, float]]]:
+    """Each of ``args.rounds`` rounds runs ``one(args, side, round, model, store)`` for every side, the order
+    reversed every other round so that the machine's drift hits all sides alike, from one starting model
+    (:func:`starting_model`) in one store (``--store``, or a temporary one removed at the end); prints
+    ``header(model)`` first and each run as it ends. Returns {side: [figures per round]}."""
+    store = args.store or tempfile.mkdtemp(prefix=prefix, dir=".")
+    try:
+        args.overrides = [*args.overrides, f"storage.uri={store}"]
+        model = starting_model(args)
+        say(header(model))
+        results: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+        for r in range(args.rounds):
+            for side in (sides if r % 2 == 0 else sides[::-1]):
+                figs = one(args, side, r, model, store)
+                results[side].append(figs)
+                say(f"round {r + 1}/{args.rounds} {side:4s}: {show(figs)}")
+        return results
+    finally:
+        if not args.store:
+            shutil.rmtree(store, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="configs/demo.yaml")
@@ -153,34 +184,17 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=None, help="default: the config's run.iterations")
     ap.add_argument("--lora-rank", type=int, default=16)
     ap.add_argument("--lora-lr", type=float, default=5e-5, help="LoRA's update.learning_rate")
-    ap.add_argument("--sft", default=None, help="URI of a warm-start checkpoint to start both sides from")
-    ap.add_argument("--sft-tasks", type=int, default=60)
-    ap.add_argument("--no-warm-start", action="store_true", help="start from the config's model.name")
-    ap.add_argument("--store", default=None, help="a local directory (default: a temporary one, removed)")
-    ap.add_argument("overrides", nargs="*")
+    add_start_args(ap)
     args = ap.parse_args()
+    import torch
+
     from rlcr.config import load_config
 
     args.iterations = args.iterations or load_config(args.config, args.overrides).run.iterations
-    store = args.store or tempfile.mkdtemp(prefix="bench-lora-", dir=".")
-    try:
-        args.overrides = [*args.overrides, f"storage.uri={store}"]
-        model = starting_model(args)
-        import torch
-
-        say(f"config {args.config}, from {model}; {args.iterations} iteration(s) per run, {args.rounds} round(s); "
-            f"lora rank {args.lora_rank}, lr {args.lora_lr}; CPU {os.cpu_count()} cores, torch threads "
-            f"{torch.get_num_threads()}")
-        results: dict[str, list[dict[str, float]]] = {"full": [], "lora": []}
-        for r in range(args.rounds):
-            for side in (("full", "lora") if r % 2 == 0 else ("lora", "full")):
-                figs = one_run(args, side, r, model, store)
-                results[side].append(figs)
-                say(f"round {r + 1}/{args.rounds} {side:4s}: {show(figs)}")
-        summary(results)
-    finally:
-        if not args.store:
-            shutil.rmtree(store, ignore_errors=True)
+    header = (lambda model: f"config {args.config}, from {model}; {args.iterations} iteration(s) per run, "  # noqa: E731
+              f"{args.rounds} round(s); lora rank {args.lora_rank}, lr {args.lora_lr}; CPU {os.cpu_count()} cores, "
+              f"torch threads {torch.get_num_threads()}")
+    summary(alternating(args, ("full", "lora"), one_run, header, show, "bench-lora-"))
 
 
 if __name__ == "__main__":

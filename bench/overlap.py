@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -39,7 +37,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-from lora import say, starting_model  # noqa: E402  (bench/lora.py: the same starting model and output)
+from lora import add_start_args, alternating, say  # noqa: E402  (bench/lora.py: the same start and rounds)
 
 MODES = ("sync", "one-step-off")
 FIGURES = ("iter_s", "run_s", "gen_s", "update_s", "engine_idle", "trainer_idle", "mismatch", "accuracy", "ece",
@@ -108,28 +106,13 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=3, help="per run (≥ 3: iterations 2 … N−1 are steady)")
     ap.add_argument("--engine-cpu", type=int, default=0)
     ap.add_argument("--trainer-cpu", type=int, default=1)
-    ap.add_argument("--sft", default=None, help="URI of a warm-start checkpoint to start both modes from")
-    ap.add_argument("--sft-tasks", type=int, default=60)
-    ap.add_argument("--no-warm-start", action="store_true", help="start from the config's model.name")
-    ap.add_argument("--store", default=None, help="a local directory (default: a temporary one, removed)")
-    ap.add_argument("overrides", nargs="*")
+    add_start_args(ap)
     args = ap.parse_args()
-    store = args.store or tempfile.mkdtemp(prefix="bench-overlap-", dir=".")
-    try:
-        args.overrides = [*args.overrides, f"storage.uri={store}"]
-        model = starting_model(args)
-        say(f"config {args.config}, from {model}; {args.iterations} iterations per run, {args.rounds} round(s); "
-            f"engine on CPU {args.engine_cpu}, trainer on CPU {args.trainer_cpu} (of {os.cpu_count()})")
-        results: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
-        for r in range(args.rounds):
-            for mode in (MODES if r % 2 == 0 else MODES[::-1]):
-                figs = one_run(args, mode, r, model, store)
-                results[mode].append(figs)
-                say(f"round {r + 1}/{args.rounds} {mode:12s}: " + " ".join(f"{k} {figs[k]:.4g}" for k in FIGURES))
-        summary(results)
-    finally:
-        if not args.store:
-            shutil.rmtree(store, ignore_errors=True)
+    header = (lambda model: f"config {args.config}, from {model}; {args.iterations} iterations per run, "  # noqa: E731
+              f"{args.rounds} round(s); engine on CPU {args.engine_cpu}, trainer on CPU {args.trainer_cpu} (of "
+              f"{os.cpu_count()})")
+    show = lambda figs: " ".join(f"{k} {figs[k]:.4g}" for k in FIGURES)  # noqa: E731
+    summary(alternating(args, MODES, one_run, header, show, "bench-overlap-"))
 
 
 if __name__ == "__main__":
