@@ -337,6 +337,8 @@ def test_a_real_engine_and_the_trainer_agree(tiny_model_dir, tiny_tokenizer, tmp
     """Real vLLM (CPU, float32) samples answers and confidences at temperature 0.7 and records its log-probs;
     the update's mismatch figures are finite and tiny: the engine's log-probs are the untempered model's, the
     distribution the trainer computes (log-probs of the tempered distribution would differ by far more)."""
+    import gc
+
     from test_rollout import tiny_cfg
     from test_train import cfg_for, load_lm
 
@@ -366,6 +368,7 @@ def test_a_real_engine_and_the_trainer_agree(tiny_model_dir, tiny_tokenizer, tmp
                                  completion_logprobs=s.completion_logprobs, loss_mask=[1] * len(s.completion_ids),
                                  advantage=1.0 if a else -1.0))
     del llm
+    gc.collect()  # now: a dead engine collected later tears down vLLM's process-wide groups under another test's
     m = train_update(CompletionLogProbs(load_lm(tiny_model_dir)), prepare_samples(rows, tiny_tokenizer),
                      cfg_for(tmp_path, **{"update.mini_batches_per_epoch": 2}), pad_id=tiny_tokenizer.pad_token_id)
     assert m["mismatch/tokens"] == sum(len(r["completion_ids"]) for r in rows)

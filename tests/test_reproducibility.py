@@ -2,6 +2,7 @@
 checkpoint, config and seed give the same rollout tree however Ray Data bundles the rows, however fast the
 stages and engines run, and on however many engines. Real vLLM (CPU), local Ray, the tiny model."""
 
+import gc
 import subprocess
 import sys
 import time
@@ -40,6 +41,7 @@ def test_a_sample_does_not_depend_on_its_batch(tiny_model_dir, tiny_tokenizer):
     from rlcr.seeds import answer_seed
 
     cfg = tiny_cfg(tiny_model_dir, "unused")
+    gc.collect()  # an in-process engine another test dropped must not be collected while this one runs
     llm = create_engine(tiny_model_dir, cfg, seed=123)
     tasks = list(enumerate(generate_tasks(24, seed=5)))
     prompts = [render_prompt(tiny_tokenizer, turn1_messages(t))[1] for _, t in tasks]
@@ -76,6 +78,7 @@ def test_pipelined_turns_sample_the_two_call_tree_and_a_failure_leaves_the_engin
     from rlcr.tasks.countdown import turn2_messages
 
     cfg = tiny_cfg(tiny_model_dir, "unused")
+    gc.collect()  # an in-process engine another test dropped must not be collected while this one runs
     llm = create_engine(tiny_model_dir, cfg, seed=123)
     tasks = generate_tasks(6, seed=5)
     conversations = [turn1_messages(t) for t in tasks]
