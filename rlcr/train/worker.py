@@ -155,6 +155,8 @@ class TrainerWorker:
         tok = self.tokenizer
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self._save: tuple[threading.Thread, dict[str, Any]] | None = None  # a background save and its outcome
+        self._peak: float | None = None  # fp32 matmul GFLOP/s of this device, measured at the first update
+        self._params = 0
 
     def _load_lora(self, raw: str, policy_uri: str, *, restore: bool, device) -> str:
         """Load the base and wrap it with adapters (:func:`rlcr.train.lora.wrap_lora`); a resume (``restore`` of
@@ -266,9 +268,10 @@ class TrainerWorker:
         worker (≈ 0.4 s on a 2-core CPU), times the ranks; ``peak_fraction``: their ratio."""
         from rlcr.train.throughput import matmul_gflops, update_gflops
 
-        if getattr(self, "_peak", None) is None:
+        if self._peak is None:
             self._peak = matmul_gflops(2048, 2, device=next(self.model.parameters()).device)
-        params = sum(p.numel() for p in {id(p): p for p in self.model.parameters()}.values())
+            self._params = sum(p.numel() for p in {id(p): p for p in self.model.parameters()}.values())
+        params = self._params
         rate = update_gflops(params, metrics.get("padded_tokens", 0.0), metrics["train_s"] + metrics["prepass_s"])
         peak = self._peak * self.world_size
         return {"gflops": rate, "matmul_gflops": peak, "peak_fraction": rate / peak}
