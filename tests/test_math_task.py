@@ -190,6 +190,16 @@ def test_record_round_trip(task):
     assert task.stratum(MathProblem("q", "1")) == "all"
 
 
+def test_a_missing_level_from_a_mixed_batch_reads_as_none(task):
+    """GSM8K rows (no level) and MATH rows (a level) in one Ray Data batch: pandas gives the missing level as
+    ``pandas.NA`` (or NaN), which has no truth value; each reads back as no level, stratum "all"."""
+    import pandas as pd
+
+    for missing in (None, float("nan"), pd.NA):
+        back = task.from_record({"question": "q", "answer": "1", "level": missing})
+        assert back.level is None and task.stratum(back) == "all"
+
+
 # --------------------------------------------------------------------------- loaders
 
 GSM_ROW = {"question": "Tom has 3 apples and buys 2. How many?", "answer": "3 + 2 = <<3+2=5>>5\n#### 5"}

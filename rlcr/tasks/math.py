@@ -173,6 +173,14 @@ def _problem(row: Mapping[str, Any], where: str, fields: Mapping[str, str]) -> M
     return MathProblem(question=question, answer=final, solution=solution, level=level)
 
 
+def _null(value: Any) -> bool:
+    """None, NaN or ``pandas.NA`` — how a missing level comes back from a Ray Data batch of rows with and without
+    one (``pandas.NA`` has no truth value: ``NA != NA`` cannot be tested)."""
+    if value is None or type(value).__name__ == "NAType":
+        return True
+    return isinstance(value, float) and math.isnan(value)
+
+
 @register_task("math")
 class MathTask(Task):
     """Math word problems and exercises; the answer is right when math-verify finds it equal to the gold."""
@@ -213,7 +221,7 @@ class MathTask(Task):
     def from_record(self, record: Mapping[str, Any]) -> MathProblem:
         level = record.get("level")
         return MathProblem(question=str(record["question"]), answer=str(record["answer"]),
-                           level=None if level is None or level != level else str(level))  # NaN: a pandas null
+                           level=None if _null(level) else str(level))
 
     def record_fields(self) -> list[Any]:
         import pyarrow as pa
