@@ -184,6 +184,50 @@ def _list(ap, text: str | None, allowed, what: str, cast=str) -> list:
     return out
 
 
+def is_addendum(path: str) -> bool:
+    """Whether ``path`` is an addendum to a protocol (it names the protocol it ``amends``)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16).decode("utf-8", "replace")
+    except OSError:
+        return False
+    return any(line.startswith("amends:") for line in head.splitlines())
+
+
+def addendum_main(ap, a) -> None:
+    """The addendum's runs (bench/grid_addendum.py): its seeds, its policies, its records directory."""
+    from bench.grid_addendum import ADDENDUM_DIR, TRAINED, run_addendum_seed
+    from bench.grid_protocol import load_addendum
+    from rlcr.config import load_config
+
+    try:
+        addendum = load_addendum(a.protocol)
+    except ProtocolError as e:
+        ap.error(str(e))
+    if a.table_only:
+        ap.error("--table-only: the addendum's table is built once its records exist (issue 51); not yet")
+    if a.chunk < 1:
+        ap.error("--chunk must be >= 1")
+    seeds = _list(ap, a.seeds, addendum.seeds, "seeds", int)
+    methods = _list(ap, a.methods, list(TRAINED), "methods")
+    records = ADDENDUM_DIR if a.records == str(DEFAULT_DIR) else Path(a.records)
+    base = addendum.base
+    cfg = load_config(base.config, [*base.overrides("rlcr"), *([f"storage.uri={a.store}"] if a.store else [])])
+    if "://" in cfg.storage.uri:
+        ap.error(f"--store: a local directory (the split's task files go there), got {cfg.storage.uri}")
+    store = Path(cfg.storage.uri).resolve()
+    t0 = time.perf_counter()
+    try:
+        files, split = prepare_split(base, cfg, store, addendum.seeds, a.chunk)
+    except (SplitError, ValueError) as e:
+        raise SystemExit(f"split: {e}") from None
+    print(f"split: {len(split.train)} training, {len(split.test)} test, {len(split.calibration)} calibration tasks "
+          f"(split_seed {base.split_seed}); disjoint for seeds {', '.join(map(str, addendum.seeds))}", flush=True)
+    for seed in seeds:
+        run_addendum_seed(addendum, files, split, store, seed, methods, a.chunk, records)
+    print(f"addendum: seeds {', '.join(map(str, seeds))} done in {(time.perf_counter() - t0) / 3600:.2f} h", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--protocol", required=True, help="the pre-registered protocol (bench/protocol.yaml)")
@@ -199,6 +243,8 @@ def main() -> None:
     ap.add_argument("--resamples", type=int, default=None,
                     help="with --table-only: bootstrap replicates (default: the protocol's; others are exploratory)")
     a = ap.parse_args()
+    if is_addendum(a.protocol):
+        return addendum_main(ap, a)
     try:
         protocol = load_protocol(a.protocol)
     except ProtocolError as e:

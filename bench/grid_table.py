@@ -41,7 +41,9 @@ COLUMNS = ("seed", "method", "split", "protocol", "task", "stratum", "prompt_id"
            "warm_start")
 WARM_START = re.compile(r"[0-9a-f]{64}")
 """``warm_start``: the sha256 of the seed's warm-start weights (:func:`weights_digest`), the same in every record."""
-NAME = re.compile(r"s(\d+)-(warm_start|rlcr|rlvr|rlcr_single)-(test|calibration)-(primary|paper)\.parquet")
+NAME = re.compile(r"s(\d+)-(warm_start|rlcr|rlvr|rlcr_single|rlvr_g4)-(test|calibration|math)-(primary|paper)\.parquet")
+"""A record's file name. ``rlvr_g4`` and the ``math`` split are the addendum's (bench/protocol-2.yaml; its records
+live under ``bench/results/grid-2/``, bench/grid_addendum.py)."""
 BEGIN = "<!-- grid-table: begin (written by `python bench/grid.py --protocol bench/protocol.yaml --table-only " \
         "--docs docs/results.md`; do not edit by hand) -->"
 END = "<!-- grid-table: end -->"

@@ -3,7 +3,6 @@ the protocol file checked, the fixed split, the records and the table rebuilt fr
 or Prefect, except the one smoke test of the whole grid on the tiny model (marked slow)."""
 
 import collections
-import math
 import os
 import re
 import subprocess
@@ -135,6 +134,36 @@ def test_a_mistyped_addendum_field_is_a_one_line_error_naming_it(tmp_path, edit,
         load_addendum(bad, base=PROTOCOL)
     assert "\n" not in str(e.value) and str(bad) in str(e.value)
 
+
+
+def test_the_addendum_runner_trains_and_evaluates_what_the_addendum_names(tmp_path):
+    """bench/grid_addendum.py: every policy the addendum evaluates is trained on every seed (the out-of-domain
+    rule reads rlcr and rlvr on seeds 1-3 too), rlvr_g4 is rlvr's settings at G_a = 4 and λ = 1, and the math
+    evaluation reads the shipped set with the policy's settings and the math task's prompt and verifier."""
+    from bench.grid import is_addendum
+    from bench.grid_addendum import math_config, math_tasks, method_overrides, trained_here
+    from bench.grid_protocol import load_addendum
+
+    a = load_addendum(ADDENDUM)
+    assert is_addendum(str(ADDENDUM)) and not is_addendum(str(PROTOCOL))
+    assert trained_here(a, 1) == trained_here(a, 4) == ["rlcr", "rlvr", "rlvr_g4"]
+    files = {"train": tmp_path / "train.jsonl", "test": tmp_path / "test.jsonl"}
+    for f in files.values():
+        f.write_text("")
+    sizes = {"rlcr": 4, "rlvr": 9, "rlcr_single": 5}
+    cfgs = {m: load_config(ROOT / a.base.config, method_overrides(a, files, tmp_path, 4, 5, m, "/sft", sizes))
+            for m in ("rlcr", "rlvr", "rlvr_g4")}
+    g4, rlvr, rlcr = cfgs["rlvr_g4"], cfgs["rlvr"], cfgs["rlcr"]
+    assert (g4.method.name, g4.rollout.num_generations_answer, g4.method.lambda_conf) == ("rlvr", 4, 1.0)
+    assert (rlvr.method.name, rlvr.rollout.num_generations_answer) == ("rlvr", 9)
+    assert (rlcr.method.name, rlcr.rollout.num_generations_answer, rlcr.method.lambda_conf) == ("rlcr", 4, 10.0)
+    same = lambda c: (c.model.name, c.run.seed, c.update.learning_rate, c.rollout.temperature, c.tasks.train_file)  # noqa: E731
+    assert same(g4) == same(rlvr) == same(rlcr) == ("/sft", 4, 5e-6, 0.8, str(files["train"]))
+    m = math_config(g4)
+    assert (m.tasks.name, m.tasks.options, m.tasks.eval_file) == ("math", {}, None)
+    assert (m.model.name, m.method.name, m.rollout.temperature) == ("/sft", "rlvr", 0.8)
+    problems = math_tasks(a)
+    assert len(problems) == 400 and len({get_task("math").identity(p) for p in problems}) == 400
 
 # ----------------------------------------------------------------------------------------------- the split
 def _ids(tasks):

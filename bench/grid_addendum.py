@@ -1,0 +1,158 @@
+"""The runs of the pre-registered addendum, bench/protocol-2.yaml (issue 51): what it names, and nothing else.
+
+    python bench/grid.py --protocol bench/protocol-2.yaml [--seeds 4] [--methods rlvr_g4] [--store DIR]
+
+Per seed, in order (each step resumable: a re-run continues where the last one stopped):
+
+1. **The warm-start** (``grid-s<seed>-sft``), from bench/protocol.yaml's shared settings, exactly as the first
+   grid makes it. For the first grid's seeds (1–3) its weights digest is compared with the one their committed
+   records name: equal means the same starting weights (a different CPU can change the bits; it is printed, and
+   every record names the digest it started from).
+2. **The group sizes.** rlcr and rlvr_g4 have theirs fixed (4); rlvr's equal-token size comes from the seed's
+   plan: the first grid's committed ``bench/results/grid/s<seed>-plan.json`` for seeds 1–3, a new one (same
+   calibration rollout, :func:`bench.methods.group_size_plan`) kept under ``bench/results/grid-2/`` for new seeds.
+3. **The training runs** (``grid-s<seed>-<method>``, ``--chunk`` iterations per flow run), of every policy the
+   addendum evaluates on this seed: rlcr and rlvr on the new seeds, rlvr_g4 on all, and — because the
+   out-of-domain rule reads every policy on every seed and the first grid kept no checkpoints — rlcr and rlvr on
+   seeds 1–3 again, from the same seed and settings (their in-domain figures stay the committed ones).
+4. **The evaluations**, each a record under ``bench/results/grid-2/`` (bench/grid_table.py's format; an existing
+   record is never redone or replaced):
+   * in domain, the base protocol's four (test and calibration split × primary and paper protocol) for every
+     (policy, seed) the addendum's ``runs`` name — the first grid's records are not redone;
+   * out of domain, the math task's shipped set (``out_of_domain.math``: its files, its answers per task, sampling
+     at the training temperature, draw 0) for every policy it lists on every seed: ``s<seed>-<policy>-math-primary``.
+     The policy is the one trained on Countdown; only the task's prompt and verifier change (``tasks.name=math``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from bench.grid_protocol import ADDENDUM_DATA
+from bench.grid_table import DEFAULT_DIR, read_records, record_name, record_table, weights_digest, write_record
+
+ADDENDUM_DIR = DEFAULT_DIR.parent / "grid-2"
+"""Where the addendum's records go (the first grid's stay under ``bench/results/grid/``, unchanged)."""
+TRAINED = ("rlcr", "rlvr", "rlvr_g4")
+"""The policies trained from a seed's warm-start (the warm-start itself is the fourth)."""
+
+
+def math_tasks(addendum) -> list:
+    """The out-of-domain set: every row of the shipped files ``out_of_domain.math.files``, as math problems."""
+    from rlcr.tasks.registry import get_task
+
+    task = get_task("math")
+    return [p for f in addendum.out_of_domain["math"]["files"] for p in task.load(str(ADDENDUM_DATA.parents[2] / f))]
+
+
+def trained_here(addendum, seed: int) -> list[str]:
+    """The policies to train on ``seed``: those the addendum evaluates there, in domain or out of domain."""
+    ood = addendum.out_of_domain["math"]["policies"]
+    return [m for m in TRAINED if seed in addendum.runs[m] or m in ood]
+
+
+def committed_warm_start(seed: int, records: Path = DEFAULT_DIR) -> str | None:
+    """The warm-start digest the first grid's records of ``seed`` name (None: no record of that seed)."""
+    digests: dict = {}
+    read_records(records, digests)
+    named = {d for (s, *_), d in digests.items() if s == seed}
+    return next(iter(named)) if len(named) == 1 else None
+
+
+def method_overrides(addendum, files, store: Path, seed: int, chunk: int, method: str, sft_uri: str,
+                     sizes: dict[str, int]) -> list[str]:
+    """A method's settings on ``seed``: the base protocol's (rlvr_g4: rlvr's with its own group size and λ),
+    the split's task files, the store, the warm-start; rlvr's equal-token group size from the seed's plan."""
+    from bench.grid import seed_overrides
+
+    base = addendum.base
+    if method == "rlvr_g4":
+        own = [o for o in seed_overrides(base, files, str(store), seed, chunk, "rlvr")
+               if o not in base.methods["rlvr"]]
+        return [*own, *addendum.methods["rlvr_g4"], f"model.name={sft_uri}", "method.name=rlvr"]
+    extra = [f"rollout.num_generations_answer={sizes[method]}"] if method in base.equal_token else []
+    return [*seed_overrides(base, files, str(store), seed, chunk, method), f"model.name={sft_uri}",
+            f"method.name={method}", *extra]
+
+
+def math_config(cfg):
+    """``cfg`` (a policy's) for the out-of-domain set: the math task, its own options, no Countdown files."""
+    return cfg.model_copy(update={"tasks.name": "math", "tasks.options": {}, "tasks.train_file": None,
+                                  "tasks.eval_file": None})
+
+
+def evaluate_math(cfg, addendum, seed: int, policy: str, policy_uri: str, iteration: int, tasks: list,
+                  records: Path, warm_start: str) -> None:
+    """The out-of-domain record of one policy (skipped if it exists): ``answers_per_task`` sampled answers per
+    shipped math problem at the training temperature, draw 0."""
+    from flows.train import ensure_ray
+    from rlcr.evaluate import evaluate_policy
+    from rlcr.rollout.engine import EnginePool
+
+    name = record_name(seed, policy, "math", "primary")
+    if (records / name).exists():
+        return
+    ensure_ray()
+    mcfg = math_config(cfg).model_copy(update={"eval.samples": addendum.out_of_domain["math"]["answers_per_task"]})
+    t0 = time.perf_counter()
+    with EnginePool(mcfg, policy_uri) as engines:
+        _, rows = evaluate_policy(mcfg, tasks, policy_uri=policy_uri, iteration=iteration, engines=engines,
+                                  run_id=f"grid-s{seed}-{policy}", draw=0, temperature=None)
+    write_record(records, name, record_table(rows, seed=seed, policy=policy, split="math", protocol="primary",
+                                             task_name="math", warm_start=warm_start))
+    print(f"seed {seed} {policy}: {name} ({len(tasks)} math problems, {time.perf_counter() - t0:.0f} s)", flush=True)
+
+
+def run_addendum_seed(addendum, files, split, store: Path, seed: int, methods, chunk: int,
+                      records: Path = ADDENDUM_DIR) -> None:
+    """One seed of the addendum (module docstring): warm-start, group sizes, training, evaluations."""
+    from bench.grid import evaluate_records, run_id, seed_overrides
+    from bench.methods import group_size_plan
+    from flows.probe import newest_checkpoint
+    from flows.train import rlcr_train
+    from rlcr.config import load_config
+    from rlcr.sft import warm_start
+    from rlcr.storage import fetch_checkpoint
+
+    base = addendum.base
+    cfg = load_config(base.config, seed_overrides(base, files, str(store), seed, chunk))
+    t0 = time.perf_counter()
+    sft_uri, reused = warm_start(cfg, run_id=run_id(seed, "sft"))
+    digest = weights_digest(fetch_checkpoint(sft_uri, endpoint_url=cfg.storage.s3_endpoint_url))
+    before = committed_warm_start(seed) if seed in base.seeds else None
+    same = "" if before is None else (", the same as the first grid's records" if before == digest else
+                                      f", NOT the first grid's ({before[:12]}…): another CPU's bits")
+    print(f"seed {seed}: warm-start {sft_uri}, weights sha256 {digest}{same} "
+          f"({'reused' if reused else 'trained'}, {time.perf_counter() - t0:.0f} s)", flush=True)
+    records.mkdir(parents=True, exist_ok=True)
+    plan_path = (DEFAULT_DIR if seed in base.seeds else records) / f"s{seed}-plan.json"
+    plan = group_size_plan(cfg, plan_path, sft_uri, base.methods)
+    sizes = {m: plan["num_generations_answer"][m] for m in base.methods}
+    todo = [m for m in trained_here(addendum, seed) if m in methods]
+    print(f"seed {seed}: trains {', '.join(todo)}; rlvr's equal-token group size {sizes['rlvr']} ({plan_path.name})",
+          flush=True)
+    over = {m: method_overrides(addendum, files, store, seed, chunk, m, sft_uri, sizes) for m in todo}
+    for target in [*range(chunk, base.iterations, chunk), base.iterations]:
+        for m in todo:
+            t = time.perf_counter()
+            rlcr_train(config=base.config, overrides=over[m], run_id=run_id(seed, m), iterations=target)
+            print(f"seed {seed} {m}: through iteration {target} ({time.perf_counter() - t:.0f} s)", flush=True)
+    tasks = {"test": split.test, "calibration": split.calibration}
+    ood, math = addendum.out_of_domain["math"]["policies"], math_tasks(addendum)
+    wcfg = load_config(base.config, [*seed_overrides(base, files, str(store), seed, chunk), f"model.name={sft_uri}",
+                                     "method.name=rlcr"])
+    if seed in addendum.runs["warm_start"]:
+        evaluate_records(wcfg, base, seed, "warm_start", sft_uri, 0, tasks, records, digest)
+    if "warm_start" in ood:
+        evaluate_math(wcfg, addendum, seed, "warm_start", sft_uri, 0, math, records, digest)
+    for m in todo:
+        mcfg = load_config(base.config, over[m])
+        iteration, checkpoint = newest_checkpoint(mcfg, run_id(seed, m))  # its seal checked
+        if iteration != base.iterations:
+            raise SystemExit(f"{run_id(seed, m)}: at iteration {iteration}, not {base.iterations}; re-run to resume")
+        if seed in addendum.runs[m]:
+            evaluate_records(mcfg, base, seed, m, checkpoint, base.iterations, tasks, records, digest)
+        if m in ood:
+            evaluate_math(mcfg, addendum, seed, m, checkpoint, base.iterations, math, records, digest)
+    print(f"seed {seed}: {', '.join(todo)} done — commit the records under {records}", flush=True)
