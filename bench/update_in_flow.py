@@ -8,15 +8,18 @@
    ``bench/update.py`` counts them) and the fp32 matmul peak the worker measured in the same run. During every
    update stage, the CPU seconds each process of the tree used (psutil), grouped: the trainer worker, the engine
    actors, other Ray workers, Ray's own daemons, the Prefect server, this driver.
-2. **Alone.** Then, with Ray shut down, the same update (``rlcr.train.update.train_update`` with the run's config
-   and thread count) on each iteration's committed rows, from the warm start with a fresh AdamW, ``--repeats``
-   times, each next to a matmul peak measured just before it.
+2. **Alone.** Right after, with Ray shut down, the same update (``rlcr.train.update.train_update`` with the
+   run's config, thread count and the iteration's mini-batch seed) on each iteration's committed rows, from the
+   warm start with a fresh AdamW, next to a matmul peak measured just before it.
+3. ``--rounds`` rounds of 1 and 2, alternating, each flow a fresh run from the same warm start and seed (its rows
+   are checked equal to the first round's, so every round times the same work): the machine's drift between
+   rounds falls on both sides alike.
 
-Prints the flow's iterations, the CPU attribution, each alone round, then the comparison; the last line is
-``flow/alone update GFLOP/s: X`` (the median flow iteration's compute rate over the median alone rate, both as
-fractions of their own matmul peak).
+Prints each round's iterations, the CPU attribution and the update alone as they finish, then the comparison;
+the last line is ``flow/alone update speed: X``, the median over rounds and iterations of (seconds of π_old +
+steps alone) / (the same in the flow): 1.0 means the flow's update is as fast as alone.
 
-    python bench/update_in_flow.py --sft URI [--config configs/demo.yaml] [--iterations 2] [--repeats 2]
+    python bench/update_in_flow.py --sft URI [--config configs/demo.yaml] [--iterations 2] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ class UpdateCPU:
                                           {g: after[g] - before.get(g, 0.0) for g in after})
 
 
-def in_flow(args, store: str) -> tuple[list[dict], list[list[dict]], UpdateCPU]:
+def in_flow(args, store: str, run_id: str) -> tuple[list[dict], list[list[dict]], UpdateCPU]:
     """Run the flow; its committed metrics, each iteration's rows, and the CPU attribution."""
     import pyarrow.parquet as pq
 
@@ -92,20 +95,21 @@ def in_flow(args, store: str) -> tuple[list[dict], list[list[dict]], UpdateCPU]:
                  f"orchestration.save_every={args.iterations}", f"run.iterations={args.iterations}"]
     watch = UpdateCPU()
     with events.subscribed(watch):
-        rlcr_train(config=args.config, overrides=overrides, run_id="update-in-flow", iterations=args.iterations)
-    run = RunStore.open(load_config(args.config, overrides), "update-in-flow")
+        rlcr_train(config=args.config, overrides=overrides, run_id=run_id, iterations=args.iterations)
+    run = RunStore.open(load_config(args.config, overrides), run_id)
     manifests = run.committed()
     metrics = [run.store.read_json(run.store.rel(m["metrics_uri"])) for m in manifests]
     rows = [pq.read_table(m["rollouts_uri"]).to_pylist() for m in manifests]
     return metrics, rows, watch
 
 
-def alone(args, rows: list[dict]) -> tuple[float, float, float]:
-    """One update of ``rows`` from the warm start with a fresh AdamW: (seconds of prepass + steps, nominal
-    GFLOP/s, the matmul peak measured just before)."""
+def alone(args, rows: list[dict], iteration: int) -> tuple[float, float, float]:
+    """One update of ``rows`` from the warm start with a fresh AdamW and iteration ``iteration``'s mini-batch
+    seed: (seconds of prepass + steps, nominal GFLOP/s, the matmul peak measured just before)."""
     import torch
 
     from rlcr.config import load_config
+    from rlcr.seeds import update_seed
     from rlcr.train.batching import prepare_samples
     from rlcr.train.logprobs import CompletionLogProbs
     from rlcr.train.throughput import matmul_gflops, update_gflops
@@ -118,19 +122,20 @@ def alone(args, rows: list[dict]) -> tuple[float, float, float]:
     samples = prepare_samples(rows, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     peak = matmul_gflops(2048, 2)
-    metrics = train_update(policy, samples, cfg, pad_id=pad, seed=0)
+    metrics = train_update(policy, samples, cfg, pad_id=pad, seed=update_seed(cfg.run.seed, iteration))
     seconds = metrics["prepass_s"] + metrics["train_s"]
     params = sum(p.numel() for p in {id(p): p for p in lm.parameters()}.values())
     return seconds, update_gflops(params, metrics["padded_tokens"], seconds), peak
 
 
-def report_flow(metrics: list[dict], watch: UpdateCPU) -> list[float]:
-    fractions = []
+def report_flow(metrics: list[dict], watch: UpdateCPU, r: int) -> list[float]:
+    """Print the round's flow iterations; returns each one's seconds of π_old + steps."""
+    seconds = []
     for k, m in enumerate(metrics, 1):
         u, t = m["update"], m["timings"]
         rest = t["update_s"] - u["prepare_s"] - u["prepass_s"] - u["train_s"] - u["weights_s"]
-        fractions.append(u["peak_fraction"])
-        say(f"flow iteration {k}: update stage {t['update_s']:.1f} s = prepare {u['prepare_s']:.1f} + π_old "
+        seconds.append(u["prepass_s"] + u["train_s"])
+        say(f"round {r} flow iteration {k}: update stage {t['update_s']:.1f} s = prepare {u['prepare_s']:.1f} + π_old "
             f"{u['prepass_s']:.1f} + steps {u['train_s']:.1f} + weights {u['weights_s']:.1f} + call {rest:.1f}; "
             f"{u['padded_tokens']:.0f} tree tokens, {u['gflops']:.1f} GFLOP/s of a {u['matmul_gflops']:.1f} matmul "
             f"= {u['peak_fraction']:.3f}")
@@ -138,7 +143,17 @@ def report_flow(metrics: list[dict], watch: UpdateCPU) -> list[float]:
             wall, used = watch.used[k]
             say(f"  CPU seconds during it ({wall:.1f} s wall, {os.cpu_count()} cores): "
                 + ", ".join(f"{g} {s:.1f}" for g, s in sorted(used.items(), key=lambda x: -x[1]) if s >= 0.05))
-    return fractions
+    return seconds
+
+
+def rows_digest(rows: list[dict]) -> str:
+    """sha256 of the rows' token ids and advantages in order: equal across rounds = the same work."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for row in rows:
+        h.update(repr((row["context_ids"], row["completion_ids"], row["advantage"])).encode())
+    return h.hexdigest()[:16]
 
 
 def main() -> None:
@@ -146,29 +161,35 @@ def main() -> None:
     ap.add_argument("--config", default="configs/demo.yaml")
     ap.add_argument("--sft", required=True, help="URI of the warm-start checkpoint (bench/lora.py makes one)")
     ap.add_argument("--iterations", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3, help="flow, then alone, this many times")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
+    import ray
     import torch
 
     store = tempfile.mkdtemp(prefix="bench-update-in-flow-", dir=".")
-    metrics, rows, watch = in_flow(args, store)
-    flow = report_flow(metrics, watch)
-    import ray
-
-    ray.shutdown()
-    torch.set_num_threads(max(1, os.cpu_count() or 1))  # the trainer worker's count with one worker
-    lone = []
-    for r in range(args.repeats):
+    ratios, flow_s, alone_s, first = [], [], [], None
+    for r in range(1, args.rounds + 1):
+        metrics, rows, watch = in_flow(args, store, f"update-in-flow-r{r}")
+        seconds = report_flow(metrics, watch, r)
+        digests = [rows_digest(its) for its in rows]
+        first = first or digests
+        if digests != first:
+            raise SystemExit(f"round {r}: the flow's rows differ from round 1's ({digests} vs {first}): not the same work")
+        ray.shutdown()
+        torch.set_num_threads(max(1, os.cpu_count() or 1))  # the trainer worker's count with one worker
         for k, its in enumerate(rows, 1):
-            seconds, rate, peak = alone(args, its)
-            lone.append(rate / peak)
-            say(f"alone round {r + 1}/{args.repeats}, iteration {k}'s rows: {seconds:.1f} s, {rate:.1f} GFLOP/s of a "
-                f"{peak:.1f} matmul = {rate / peak:.3f}")
-    say(f"flow {statistics.median(flow):.3f} of its matmul peak (n = {len(flow)}, range {min(flow):.3f}–"
-        f"{max(flow):.3f}); alone {statistics.median(lone):.3f} (n = {len(lone)}, range {min(lone):.3f}–"
-        f"{max(lone):.3f}); torch threads {torch.get_num_threads()}")
-    say(f"flow/alone update GFLOP/s: {statistics.median(flow) / statistics.median(lone):.3f}")
+            s_alone, rate, peak = alone(args, its, k)
+            ratios.append(s_alone / seconds[k - 1])
+            flow_s.append(seconds[k - 1])
+            alone_s.append(s_alone)
+            say(f"round {r} alone, iteration {k}'s rows: {s_alone:.1f} s ({rate:.1f} GFLOP/s of a {peak:.1f} matmul = "
+                f"{rate / peak:.3f}) against {seconds[k - 1]:.1f} s in the flow: flow/alone speed {ratios[-1]:.3f}")
+    say(f"π_old + steps: flow median {statistics.median(flow_s):.1f} s ({min(flow_s):.1f}–{max(flow_s):.1f}), alone "
+        f"median {statistics.median(alone_s):.1f} s ({min(alone_s):.1f}–{max(alone_s):.1f}); n = {len(ratios)} "
+        f"(round, iteration) pairs, speed ratio range {min(ratios):.3f}–{max(ratios):.3f}; torch threads "
+        f"{torch.get_num_threads()}")
+    say(f"flow/alone update speed: {statistics.median(ratios):.3f}")
 
 
 if __name__ == "__main__":
