@@ -5,6 +5,11 @@ pre-registered table from its records.
                          [--store DIR] [--records DIR] [--chunk 5]
     python bench/grid.py --protocol bench/protocol.yaml --table-only [--docs docs/results.md]
                          [--readme README.md]
+    python bench/grid.py --protocol bench/protocol-2.yaml [--seeds 4] [--methods rlvr_g4] [--store DIR]
+    python bench/grid.py --protocol bench/protocol-2.yaml --table-only [--docs docs/results.md]
+
+The addendum (a file that ``amends:`` a protocol, bench/protocol-2.yaml) runs and tabulates through
+bench/grid_addendum.py and bench/grid_addendum_table.py; the steps below are the protocol's.
 
 1. The protocol file is read and checked (:func:`bench.grid_protocol.load_protocol`; a bad field is one line).
 2. The fixed split from ``tasks.split_seed`` (training pool, test, calibration) is written into the store as
@@ -204,13 +209,24 @@ def addendum_main(ap, a) -> None:
         addendum = load_addendum(a.protocol)
     except ProtocolError as e:
         ap.error(str(e))
+    records = ADDENDUM_DIR if a.records == str(DEFAULT_DIR) else Path(a.records)
     if a.table_only:
-        ap.error("--table-only: the addendum's table is built once its records exist (issue 51); not yet")
+        from bench.grid_addendum_table import BEGIN as A_BEGIN, END as A_END, build_addendum_table
+
+        try:
+            built = build_addendum_table(addendum, DEFAULT_DIR, records, n_resamples=a.resamples)
+        except (RecordError, ValueError) as e:
+            ap.error(str(e))
+        print(built.docs)
+        if a.docs:
+            Path(a.docs).write_text(replace_section(Path(a.docs).read_text(), built.docs, A_BEGIN, A_END))
+            print(f"written into {a.docs}")
+        print(f"addendum goals met: {built.headline}")
+        return
     if a.chunk < 1:
         ap.error("--chunk must be >= 1")
     seeds = _list(ap, a.seeds, addendum.seeds, "seeds", int)
     methods = _list(ap, a.methods, list(TRAINED), "methods")
-    records = ADDENDUM_DIR if a.records == str(DEFAULT_DIR) else Path(a.records)
     base = addendum.base
     cfg = load_config(base.config, [*base.overrides("rlcr"), *([f"storage.uri={a.store}"] if a.store else [])])
     if "://" in cfg.storage.uri:

@@ -251,6 +251,62 @@ def synthetic_records(directory, seeds=(1, 2, 3), rlcr_accuracy_drop=False):
                                  _record(seed, policy, split, protocol, correct.tolist(), c, strata.tolist()))
 
 
+
+def addendum_records(first, second, seeds=(1, 2, 3, 4, 5), g4_seeds=(1, 2, 3, 4, 5), math_seeds=(1, 2, 3, 4, 5)):
+    """The addendum's records where the answer is known (as :func:`synthetic_records`): rlcr states its
+    correctness, rlvr and rlvr_g4 0.5, the same answers right for all; seeds 1–3 of warm_start/rlcr/rlvr in
+    ``first`` (the first grid's), the rest in ``second``; on the math set rlcr again states its correctness and
+    the others 0.9 (over-confident)."""
+    rng = np.random.default_rng(1)
+    for seed in seeds:
+        for split, n_tasks in (("test", 30), ("calibration", 15), ("math", 20)):
+            strata = np.repeat([2, 3], n_tasks)
+            p = np.where(strata == 2, 0.75, 0.25)
+            base = (rng.random(strata.size) < p).astype(int)
+            base[:4], base[-2:] = [1, 0, 0, 1], [1, 0]
+            for policy in ("warm_start", "rlcr", "rlvr", "rlvr_g4"):
+                if (policy == "rlvr_g4" and seed not in g4_seeds) or (split == "math" and seed not in math_seeds):
+                    continue
+                conf = base if policy == "rlcr" else np.full(base.size, 0.9 if split == "math" else 0.5)
+                where = first if seed <= 3 and policy != "rlvr_g4" and split != "math" else second
+                write_record(Path(where), record_name(seed, policy, split, "primary"),
+                             _record(seed, policy, split, "primary", base.tolist(), conf.tolist(), strata.tolist()))
+
+
+def test_the_addendum_table_decides_its_five_goals_on_both_intervals(tmp_path):
+    """bench/grid_addendum_table.py from records alone: the first grid's and the addendum's merged, each goal's
+    figure on the bootstrap and the seed-level t-interval over seeds 1-5, met only when both hold; undecided
+    while a seed lacks a goal's records; an evaluation on record twice is refused."""
+    from bench.grid_addendum_table import build_addendum_table
+    from bench.grid_protocol import load_addendum
+
+    addendum = load_addendum(ADDENDUM)
+    first, second = tmp_path / "grid", tmp_path / "grid-2"
+    addendum_records(first, second)
+    docs, headline = build_addendum_table(addendum, first, second, n_resamples=100)
+    assert headline == "5/5"
+    goals = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in docs.splitlines()
+             if line.startswith("| ") and line.split(" | ")[0].strip("| ") in
+             ("within_stratum_auroc", "recalibrated_brier", "brier_skill", "accuracy_non_inferior", "out_of_domain_ece")}
+    assert len(goals) == 5 and all(g[4] == "yes / yes" and g[5] == "**met**" for g in goals.values())
+    assert goals["within_stratum_auroc"][1].split(": ")[1].startswith("0.500 [0.500, 0.500]")  # 1 − 0.5
+    assert goals["brier_skill"][1].split(": ")[1].startswith("1.000")
+    assert goals["accuracy_non_inferior"][1].split(": ")[1].startswith("0.000 [0.000, 0.000]")
+    assert goals["accuracy_non_inferior"][2].startswith("0.000 [0.000, 0.000]")  # seed level
+    assert "s1 " in goals["out_of_domain_ece"][1] and "s5 " in goals["out_of_domain_ece"][1]
+    assert "rlvr + Platt per stratum" in docs and "**Out of domain**" in docs
+
+    partial = tmp_path / "partial"
+    addendum_records(partial / "grid", partial / "grid-2", g4_seeds=(1, 2, 3, 4))
+    docs, headline = build_addendum_table(addendum, partial / "grid", partial / "grid-2", n_resamples=50)
+    assert headline == "undecided (4/5 goals decided)"  # rlvr_g4 lacks seed 5: accuracy waits
+    line = next(x for x in docs.splitlines() if x.startswith("| accuracy_non_inferior"))
+    assert "not decided" in line and "s4 " in line and "s5 " not in line.split(" | ")[1]
+    write_record(second, record_name(1, "rlcr", "test", "primary"),
+                 _record(1, "rlcr", "test", "primary", [1, 0], [1.0, 0.0], [2, 3]))
+    with pytest.raises(RecordError, match="s1-rlcr-test-primary is also on record"):
+        build_addendum_table(addendum, first, second, n_resamples=10)
+
 def test_the_table_rebuilds_from_records_and_decides_the_goals(tmp_path, protocol):
     synthetic_records(tmp_path)
     table, summary, headline = build_table(tmp_path, protocol, n_resamples=200)
@@ -417,6 +473,16 @@ def test_the_docs_table_is_rebuilt_from_the_committed_records(protocol):
     built = build_table(DEFAULT_DIR, protocol)
     assert docs_section((ROOT / "docs" / "results.md").read_text()) == built.docs
     assert docs_section((ROOT / "README.md").read_text(), README_BEGIN, README_END) == built.summary
+
+
+def test_the_docs_addendum_section_is_rebuilt_from_the_committed_records():
+    """docs/results.md's addendum section is exactly what bench/grid_addendum_table.py makes of the committed
+    records of both grids (the first grid's alone until the addendum's runs add theirs)."""
+    from bench.grid_addendum_table import BEGIN as A_BEGIN, END as A_END, build_addendum_table
+    from bench.grid_protocol import load_addendum
+
+    built = build_addendum_table(load_addendum(ADDENDUM))
+    assert docs_section((ROOT / "docs" / "results.md").read_text(), A_BEGIN, A_END) == built.docs
 
 
 # ----------------------------------------------------------------------------------------------- greedy decoding
