@@ -246,3 +246,28 @@ def test_each_methods_rollouts_and_evaluation(method, engine_pool, tiny_model_di
     assert texts(again) == texts(rows)  # draw 0 is the flow's draw, reproducible
     assert texts(redrawn).keys() == texts(rows).keys()  # the same tasks and answers…
     assert sum(texts(redrawn)[k] != v for k, v in texts(rows).items()) >= len(rows) // 2  # …sampled anew
+
+
+def test_an_engine_call_past_its_limit_stops_with_a_one_line_error(engine_pool, tiny_model_dir):
+    """Every wait on an engine actor is bounded by ``engine.call_timeout_s``: a call that has not answered by then
+    (here a real generation of 64 tokens given a millisecond) is an EngineTimeout naming the call and the
+    setting, and the engine itself goes on (the same call with the default limit answers)."""
+    import time
+
+    from rlcr.rollout.engine import EngineTimeout, engine_get
+
+    actor = engine_pool.actors[0]
+    call = dict(conversations=[[{"role": "user", "content": "Count to twenty."}]], policy_uri=engine_pool.policy_uri,
+                labels=["t"], mask_kind="answer", seeds=[[5]], n=1, temperature=1.0, top_p=1.0, max_tokens=64,
+                stop=None)
+    short = tiny_cfg(tiny_model_dir, "unused").model_copy(update={"engine.call_timeout_s": 0.001})
+    t0 = time.perf_counter()
+    with pytest.raises(EngineTimeout, match=r"engine call generate_chats did not answer within 0\.001 s "
+                                            r"\(engine\.call_timeout_s\)") as e:
+        engine_get(actor.generate_chats.remote(**call), short, "generate_chats")
+    assert "\n" not in str(e.value) and time.perf_counter() - t0 < 5
+    contexts, samples = engine_get(actor.generate_chats.remote(**call), tiny_cfg(tiny_model_dir, "unused"),
+                                   "generate_chats")
+    assert len(contexts) == 1 and len(samples[0]) == 1
+    with pytest.raises(ValueError, match="call_timeout_s"):
+        RLCRConfig.from_dict({"engine": {"call_timeout_s": 0}})

@@ -48,6 +48,10 @@ class EngineSection(Section):
     an engine start per iteration (~15–60 s on this CPU). Off: engines and trainer hold their memory
     throughout (separate devices or enough memory). Operational: the engines sample the same with the same
     weights."""
+    call_timeout_s: float = operational(7200.0, gt=0.0, le=86400.0)
+    """How long one call to an engine actor may take — one batch's generation, a checkpoint load, a weight sync —
+    before the run stops with an error naming the call (:class:`rlcr.rollout.engine.EngineTimeout`), instead of
+    waiting on a hung engine for ever. The default leaves hours for a large batch on a slow device."""
 
 
 def _extra_ray_resources(value: dict[str, float]) -> dict[str, float]:

@@ -57,7 +57,8 @@ from rlcr.weights import (
 )
 
 __all__ = [
-    "create_engine", "RolloutEngine", "EnginePool", "engine_runtime_env", "use_this_nodes_cores",
+    "create_engine", "RolloutEngine", "EnginePool", "engine_runtime_env", "use_this_nodes_cores", "EngineTimeout",
+    "engine_get",
 ]
 
 
@@ -297,6 +298,24 @@ class RolloutEngine:
         return self.policy_uri
 
 
+class EngineTimeout(RuntimeError):
+    """An engine actor did not answer a call within ``engine.call_timeout_s``."""
+
+
+def engine_get(refs, cfg, call: str):
+    """``ray.get(refs)`` of a call to engine actors, bounded by ``cfg.engine.call_timeout_s``: past it, a one-line
+    :class:`EngineTimeout` naming the call and the setting (the run stops instead of waiting for ever)."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    limit = cfg.engine.call_timeout_s
+    try:
+        return ray.get(refs, timeout=limit)
+    except GetTimeoutError:
+        raise EngineTimeout(f"engine call {call} did not answer within {limit:g} s (engine.call_timeout_s); the "
+                            "engine is hung or the batch needs a longer limit") from None
+
+
 class EnginePool:
     """``rollout.actors`` :class:`RolloutEngine` actors, addressed by name from the Ray Data stages."""
 
@@ -371,10 +390,8 @@ class EnginePool:
     def load(self, policy_uri: str, *, mode: str | None = None) -> list[dict]:
         """Every engine switches to the checkpoint at ``policy_uri`` (:meth:`RolloutEngine.load`); released
         engines start again first."""
-        import ray
-
         self._ensure_started()
-        out = ray.get([a.load.remote(policy_uri, mode=mode) for a in self.actors])
+        out = engine_get([a.load.remote(policy_uri, mode=mode) for a in self.actors], self.cfg, "load")
         self.policy_uri = policy_uri
         return out
 
@@ -392,7 +409,8 @@ class EnginePool:
             ref = weights
         else:  # an adapter update goes as it is; a state dict packed (numpy: zero-copy)
             ref = ray.put(weights if isinstance(weights, AdapterUpdate) else pack_weights(weights))
-        out = ray.get([a.update_weights.remote(ref, version, mode=mode) for a in self.actors])
+        out = engine_get([a.update_weights.remote(ref, version, mode=mode) for a in self.actors], self.cfg,
+                         "update_weights")
         self.policy_uri = version
         return out
 

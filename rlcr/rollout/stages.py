@@ -121,9 +121,10 @@ class _EngineStage:
                       temperature=self.temperature, top_p=self.cfg.rollout.top_p, max_tokens=max_tokens, stop=stop)
         t0 = time.perf_counter()
         if self.engine is not None:
-            import ray
+            from rlcr.rollout.engine import engine_get
 
-            out = ray.get(self.engine.generate_chats.remote(conversations, policy_uri=self.policy_uri, **kwargs))
+            out = engine_get(self.engine.generate_chats.remote(conversations, policy_uri=self.policy_uri, **kwargs),
+                             self.cfg, "generate_chats")
         else:
             out = sample_chats(self.llm, self.tokenizer, conversations, max_prompt_tokens=self.cfg.rollout.max_prompt_tokens,
                                **kwargs)
@@ -143,10 +144,11 @@ class _EngineStage:
                       stop=(ANSWER_STOP, CONFIDENCE_STOP))
         t0 = time.perf_counter()
         if self.engine is not None:
-            import ray
+            from rlcr.rollout.engine import engine_get
 
-            out = ray.get(self.engine.generate_tree.remote(conversations, policy_uri=self.policy_uri, tasks=tasks,
-                                                           prompt_ids=prompt_ids, confidence_seeds=conf_seeds, **kwargs))
+            ref = self.engine.generate_tree.remote(conversations, policy_uri=self.policy_uri, tasks=tasks,
+                                                   prompt_ids=prompt_ids, confidence_seeds=conf_seeds, **kwargs)
+            out = engine_get(ref, self.cfg, "generate_tree")
         else:
             task = get_task(self.cfg.tasks.name)
 
