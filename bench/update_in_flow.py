@@ -63,23 +63,61 @@ def cpu_seconds() -> dict[str, float]:
     return out
 
 
+def kernel_memory() -> dict[str, float]:
+    """The machine's memory reclaim so far (Linux): pages the kernel reclaimed (by kswapd and directly by the
+    faulting process), the CPU seconds of the kswapd threads (not in this process tree), and free memory (MiB)."""
+    out: dict[str, float] = defaultdict(float)
+    try:
+        with open("/proc/vmstat") as f:
+            for line in f:
+                key, value = line.split()
+                if key in ("pgsteal_kswapd", "pgsteal_direct", "pgfault"):
+                    out[key] = float(value)
+        with open("/proc/meminfo") as f:
+            out["free_mib"] = next(float(x.split()[1]) / 1024 for x in f if x.startswith("MemFree:"))
+        tick = os.sysconf("SC_CLK_TCK")
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)
+            except OSError:
+                continue
+            if "(kswapd" in fields[0]:
+                rest = fields[1].split()
+                out["kswapd_s"] += (int(rest[11]) + int(rest[12])) / tick
+    except (OSError, ValueError, StopIteration):
+        pass
+    return out
+
+
+def memory_delta(before: dict[str, float], after: dict[str, float]) -> str:
+    """One line: pages reclaimed (kswapd / direct), kswapd's CPU seconds, page faults, free memory before."""
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    return (f"reclaimed {d.get('pgsteal_kswapd', 0):.0f} pages by kswapd ({d.get('kswapd_s', 0):.1f} CPU-s) and "
+            f"{d.get('pgsteal_direct', 0):.0f} directly; {d.get('pgfault', 0) / 1e6:.2f} M page faults (machine); "
+            f"{before.get('free_mib', 0):.0f} MiB free before")
+
+
 class UpdateCPU:
-    """A stage-event subscriber: CPU seconds by group during each update stage, and its wall time."""
+    """A stage-event subscriber: CPU seconds by group during each update stage, its wall time, and the
+    machine's memory reclaim meanwhile (:func:`kernel_memory`)."""
 
     def __init__(self):
-        self.start: dict[int, tuple[float, dict[str, float]]] = {}
+        self.start: dict[int, tuple[float, dict[str, float], dict[str, float]]] = {}
         self.used: dict[int, tuple[float, dict[str, float]]] = {}
+        self.memory: dict[int, str] = {}
 
     def __call__(self, event) -> None:
         if event.stage != "update":
             return
         if event.phase == "start":
-            self.start[event.iteration] = (time.perf_counter(), cpu_seconds())
+            self.start[event.iteration] = (time.perf_counter(), cpu_seconds(), kernel_memory())
         elif event.iteration in self.start:
-            t0, before = self.start.pop(event.iteration)
+            t0, before, mem = self.start.pop(event.iteration)
             after = cpu_seconds()
             self.used[event.iteration] = (time.perf_counter() - t0,
                                           {g: after[g] - before.get(g, 0.0) for g in after})
+            self.memory[event.iteration] = memory_delta(mem, kernel_memory())
 
 
 def in_flow(args, store: str, run_id: str) -> tuple[list[dict], list[list[dict]], UpdateCPU]:
@@ -122,9 +160,11 @@ def alone(args, rows: list[dict], iteration: int) -> tuple[float, float, float]:
     samples = prepare_samples(rows, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     peak = matmul_gflops(2048, 2)
+    mem = kernel_memory()
     metrics = train_update(policy, samples, cfg, pad_id=pad, seed=update_seed(cfg.run.seed, iteration))
     seconds = metrics["prepass_s"] + metrics["train_s"]
     params = sum(p.numel() for p in {id(p): p for p in lm.parameters()}.values())
+    say(f"  memory during it: {memory_delta(mem, kernel_memory())}")
     return seconds, update_gflops(params, metrics["padded_tokens"], seconds), peak
 
 
@@ -143,6 +183,7 @@ def report_flow(metrics: list[dict], watch: UpdateCPU, r: int) -> list[float]:
             wall, used = watch.used[k]
             say(f"  CPU seconds during it ({wall:.1f} s wall, {os.cpu_count()} cores): "
                 + ", ".join(f"{g} {s:.1f}" for g, s in sorted(used.items(), key=lambda x: -x[1]) if s >= 0.05))
+            say(f"  memory during it: {watch.memory.get(k, '–')}")
     return seconds
 
 
