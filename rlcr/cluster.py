@@ -39,12 +39,26 @@ from rlcr.config import ConfigError, RLCRConfig
 __all__ = ["ensure_ray", "engine_actor_resources", "trainer_worker_resources", "ENGINE_ACTOR_CPUS", "STAGE_ACTOR_CPUS",
            "run_demand", "check_fits", "check_cluster_fits", "ResourceError", "check_storage", "StorageNotShared",
            "alive_nodes", "StorageUnreachable", "check_storage_reachable", "storage_problem", "ray_dashboard",
-           "DASHBOARD_ENV", "ray_log_dir", "WORKER_SOFT_LIMIT", "WORKER_SOFT_LIMIT_ENV", "pin_to_cpus"]
+           "DASHBOARD_ENV", "ray_log_dir", "WORKER_SOFT_LIMIT", "WORKER_SOFT_LIMIT_ENV", "pin_to_cpus",
+           "KEEP_MEMORY_ENV", "trainer_runtime_env"]
 
 ENGINE_ACTOR_CPUS = 0.5
 """Logical CPUs of one long-lived engine actor (it mostly waits; its threads use the node's cores)."""
 STAGE_ACTOR_CPUS = 0.1
 """Logical CPUs of a Ray Data stage actor that sends its batches to a shared engine (and of the cheap steps)."""
+
+
+KEEP_MEMORY_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 46)}
+"""glibc's allocator settings of a trainer worker with ``placement.trainer_keeps_memory``, read when its process
+starts: one arena (the training thread's large tensors come from the main heap, not from mmap, which a non-main
+arena falls back to), no mmap for any size, and a trim threshold of 64 TiB, so freed memory stays in the
+process and the next update reuses it without faulting pages in again."""
+
+
+def trainer_runtime_env(cfg: RLCRConfig) -> dict[str, Any]:
+    """The Ray Train workers' own runtime environment (``RunConfig(worker_runtime_env=…)``): the environment
+    variables of :data:`KEEP_MEMORY_ENV` with ``placement.trainer_keeps_memory``, else nothing."""
+    return {"env_vars": dict(KEEP_MEMORY_ENV)} if cfg.placement.trainer_keeps_memory else {}
 
 
 def pin_to_cpus(cpus: Sequence[int] | None, what: str) -> int | None:

@@ -486,6 +486,8 @@ def continuous_trainer(ray_local, tiny_model_dir, tmp_path_factory):
     cfg = RLCRConfig(storage={"uri": str(root)}, run={"iterations": 3}, update={"learning_rate": 1e-3, "micro_batch_tokens": 64, "mini_batches_per_epoch": 2, "lr_schedule": "cosine", "warmup_steps": 2})
     batches = [make_rows(n_prompts=2, g_a=2, g_c=2, seed=20 + k) for k in range(3)]
     with PolicyTrainer(cfg, policy_uri=str(tiny_model_dir)) as trainer:
+        with open(f"/proc/{trainer.workers[0]['pid']}/environ", "rb") as f:  # the worker process's start-up env
+            started_with = dict(kv.decode().split("=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
         first = trainer.update(batches[0], 1)
         trainer.update(batches[1], 2)
         saved = trainer.save("runs/c/iter-0002/checkpoint")
@@ -499,11 +501,11 @@ def continuous_trainer(ray_local, tiny_model_dir, tmp_path_factory):
         again = restored.update(batches[2], 3)
         resumed = unpacked(ray.get(again.weights))
         was_restored = restored.restored
-    return cfg, batches, first, third, again, straight, resumed, saved, was_restored, background
+    return cfg, batches, first, third, again, straight, resumed, saved, was_restored, background, started_with
 
 
 def test_iterations_share_one_adamw_like_a_single_loop(continuous_trainer, tiny_model_dir, tiny_tokenizer):
-    cfg, batches, first, third, _, straight, _, _, _, _ = continuous_trainer
+    cfg, batches, first, third, _, straight, _, _, _, _, _ = continuous_trainer
     reference = _in_process_updates(tiny_model_dir, batches, tiny_tokenizer, cfg, continuous=True)
     restarted = _in_process_updates(tiny_model_dir, batches, tiny_tokenizer, cfg, continuous=False)
     w0 = load_lm(tiny_model_dir).state_dict()
@@ -519,7 +521,7 @@ def test_iterations_share_one_adamw_like_a_single_loop(continuous_trainer, tiny_
 
 
 def test_a_trainer_restored_from_a_save_continues_exactly(continuous_trainer):
-    _, _, _, third, again, straight, resumed, saved, was_restored, _ = continuous_trainer
+    _, _, _, third, again, straight, resumed, saved, was_restored, _, _ = continuous_trainer
     assert was_restored and (Path(saved) / "training_state.pt").exists()
     assert again.metrics["loss"] == pytest.approx(third.metrics["loss"], rel=1e-6)
     for k in straight:
@@ -529,7 +531,7 @@ def test_a_trainer_restored_from_a_save_continues_exactly(continuous_trainer):
 def test_a_background_save_writes_the_state_of_its_call(continuous_trainer):
     """Started after iteration 2, collected after iteration 3's update: it holds iteration 2's state, the
     same files as the save the flow waited for (weights byte for byte, AdamW moments, schedule, RNG)."""
-    *_, saved, _, (background, write_s) = continuous_trainer
+    *_, saved, _, (background, write_s), _ = continuous_trainer
     assert write_s > 0 and background.endswith("runs/c/iter-0002/background")
     assert (Path(saved) / "model.safetensors").read_bytes() == (Path(background) / "model.safetensors").read_bytes()
     a, b = (torch.load(Path(d) / "training_state.pt", weights_only=False) for d in (saved, background))
@@ -538,6 +540,18 @@ def test_a_background_save_writes_the_state_of_its_call(continuous_trainer):
     for i, state in a["optimizer"]["state"].items():
         for key, t in state.items():
             assert torch.equal(t, b["optimizer"]["state"][i][key]), (i, key)
+
+
+def test_a_trainer_worker_keeps_its_freed_memory_for_the_next_update(continuous_trainer):
+    """``placement.trainer_keeps_memory`` (on by default): each Ray Train worker process starts with glibc's
+    allocator told to keep freed memory (one arena, no mmap, no trim), so an update reuses the last one's pages
+    instead of faulting them in again; off, the workers start with Ray's environment alone."""
+    from rlcr.cluster import KEEP_MEMORY_ENV, trainer_runtime_env
+
+    cfg, started_with = continuous_trainer[0], continuous_trainer[-1]
+    assert cfg.placement.trainer_keeps_memory
+    assert {k: started_with.get(k) for k in KEEP_MEMORY_ENV} == KEEP_MEMORY_ENV
+    assert trainer_runtime_env(cfg.model_copy(update={"placement.trainer_keeps_memory": False})) == {}
 
 
 def test_restoring_a_checkpoint_without_training_state_fails_naming_the_file(ray_local, tiny_model_dir, tmp_path):

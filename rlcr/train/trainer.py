@@ -158,7 +158,7 @@ class PolicyTrainer:
         from ray.train import FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer
 
-        from rlcr.cluster import trainer_worker_resources
+        from rlcr.cluster import trainer_runtime_env, trainer_worker_resources
 
         t0 = time.perf_counter()
         _check_workers_fit(self.cfg)
@@ -178,7 +178,8 @@ class PolicyTrainer:
                                          resources_per_worker=trainer_worker_resources(self.cfg)),
             run_config=RunConfig(name=f"rlcr-trainer-{uuid.uuid4().hex[:8]}", storage_path=self._ray_storage,
                                  failure_config=FailureConfig(max_failures=0,
-                                                              controller_failure_limit=WORKER_START_ATTEMPTS - 1)),
+                                                              controller_failure_limit=WORKER_START_ATTEMPTS - 1),
+                                 worker_runtime_env=trainer_runtime_env(self.cfg)),
         )
         self._thread = threading.Thread(target=self._fit, args=(trainer,), name="rlcr-trainer", daemon=True)
         self._thread.start()
