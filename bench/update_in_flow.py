@@ -19,7 +19,7 @@ Prints each round's iterations, the CPU attribution and the update alone as they
 the last line is ``flow/alone update speed: X``, the median over rounds and iterations of (seconds of π_old +
 steps alone) / (the same in the flow): 1.0 means the flow's update is as fast as alone.
 
-    python bench/update_in_flow.py --sft URI [--config configs/demo.yaml] [--iterations 2] [--rounds 3]
+    python bench/update_in_flow.py --sft URI [--config configs/demo.yaml] [--iterations 4] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -201,8 +201,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="configs/demo.yaml")
     ap.add_argument("--sft", required=True, help="URI of the warm-start checkpoint (bench/lora.py makes one)")
-    ap.add_argument("--iterations", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=3, help="flow, then alone, this many times")
+    ap.add_argument("--iterations", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=2, help="flow, then alone, this many times")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     import ray
