@@ -199,11 +199,28 @@ def is_addendum(path: str) -> bool:
     return any(line.startswith("amends:") for line in head.splitlines())
 
 
+def store_and_split(ap, protocol, store_arg: str | None, seeds, chunk: int):
+    """The grid's local store (``--store``, else the config's) with the protocol's split written into it and
+    checked for ``seeds`` (:func:`prepare_split`); returns (store, files, split). A remote store is refused."""
+    from rlcr.config import load_config
+
+    cfg = load_config(protocol.config, [*protocol.overrides("rlcr"), *([f"storage.uri={store_arg}"] if store_arg else [])])
+    if "://" in cfg.storage.uri:
+        ap.error(f"--store: a local directory (the split's task files go there), got {cfg.storage.uri}")
+    store = Path(cfg.storage.uri).resolve()
+    try:
+        files, split = prepare_split(protocol, cfg, store, seeds, chunk)
+    except (SplitError, ValueError) as e:
+        raise SystemExit(f"split: {e}") from None
+    print(f"split: {len(split.train)} training, {len(split.test)} test, {len(split.calibration)} calibration tasks "
+          f"(split_seed {protocol.split_seed}); disjoint for seeds {', '.join(map(str, seeds))}", flush=True)
+    return store, files, split
+
+
 def addendum_main(ap, a) -> None:
     """The addendum's runs (bench/grid_addendum.py): its seeds, its policies, its records directory."""
     from bench.grid_addendum import ADDENDUM_DIR, TRAINED, run_addendum_seed
     from bench.grid_protocol import load_addendum
-    from rlcr.config import load_config
 
     try:
         addendum = load_addendum(a.protocol)
@@ -227,18 +244,8 @@ def addendum_main(ap, a) -> None:
         ap.error("--chunk must be >= 1")
     seeds = _list(ap, a.seeds, addendum.seeds, "seeds", int)
     methods = _list(ap, a.methods, list(TRAINED), "methods")
-    base = addendum.base
-    cfg = load_config(base.config, [*base.overrides("rlcr"), *([f"storage.uri={a.store}"] if a.store else [])])
-    if "://" in cfg.storage.uri:
-        ap.error(f"--store: a local directory (the split's task files go there), got {cfg.storage.uri}")
-    store = Path(cfg.storage.uri).resolve()
     t0 = time.perf_counter()
-    try:
-        files, split = prepare_split(base, cfg, store, addendum.seeds, a.chunk)
-    except (SplitError, ValueError) as e:
-        raise SystemExit(f"split: {e}") from None
-    print(f"split: {len(split.train)} training, {len(split.test)} test, {len(split.calibration)} calibration tasks "
-          f"(split_seed {base.split_seed}); disjoint for seeds {', '.join(map(str, addendum.seeds))}", flush=True)
+    store, files, split = store_and_split(ap, addendum.base, a.store, addendum.seeds, a.chunk)
     for seed in seeds:
         run_addendum_seed(addendum, files, split, store, seed, methods, a.chunk, records)
     print(f"addendum: seeds {', '.join(map(str, seeds))} done in {(time.perf_counter() - t0) / 3600:.2f} h", flush=True)
@@ -275,19 +282,8 @@ def main() -> None:
             ap.error(str(e))
     if a.chunk < 1:
         ap.error("--chunk must be >= 1")
-    from rlcr.config import load_config
-
-    cfg = load_config(protocol.config, [*protocol.overrides("rlcr"), *([f"storage.uri={a.store}"] if a.store else [])])
-    if "://" in cfg.storage.uri:
-        ap.error(f"--store: a local directory (the split's task files go there), got {cfg.storage.uri}")
-    store = Path(cfg.storage.uri).resolve()
     t0 = time.perf_counter()
-    try:
-        files, split = prepare_split(protocol, cfg, store, sorted(set(seeds) | set(protocol.seeds)), a.chunk)
-    except (SplitError, ValueError) as e:
-        raise SystemExit(f"split: {e}") from None
-    print(f"split: {len(split.train)} training, {len(split.test)} test, {len(split.calibration)} calibration tasks "
-          f"(split_seed {protocol.split_seed}); disjoint for seeds {', '.join(map(str, protocol.seeds))}", flush=True)
+    store, files, split = store_and_split(ap, protocol, a.store, sorted(set(seeds) | set(protocol.seeds)), a.chunk)
     for seed in seeds:
         run_seed(protocol, files, split, store, seed, methods, a.chunk, records)
     print(f"grid: seeds {', '.join(map(str, seeds))} done in {(time.perf_counter() - t0) / 3600:.2f} h", flush=True)
