@@ -475,7 +475,7 @@ def test_train_on_a_terminal_shows_rlcrs_own_lines_only(tiny_model_dir, tmp_path
     import sys
     import tempfile
 
-    from rlcr.presentation import StageProgress
+    from rlcr.progress import StageProgress
 
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items()

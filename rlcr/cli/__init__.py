@@ -25,8 +25,8 @@ import rlcr.cli.demo  # noqa: F401
 import rlcr.cli.runs  # noqa: F401
 import rlcr.cli.export  # noqa: F401
 from rlcr.cli.app import UserError, app
-from rlcr.presentation import StageProgress, committed_figures
-from rlcr.presentation import step as _step  # the name the CLI's tests use
+from rlcr.progress import StageProgress, committed_figures
+from rlcr.progress import step as _step  # the name the CLI's tests use
 
 __all__ = ["app", "main", "UserError", "StageProgress", "committed_figures"]
 

@@ -13,8 +13,8 @@ import typer
 
 from rlcr.cli.app import app
 from rlcr.cli.inputs import VERBOSE_HELP, check_inputs, check_storage, load, quiet, sft_overrides, valid_run_id
-from rlcr.presentation import (StageProgress, committed_figures, comparison_table, console, demo_table, fmt, show, step,
-                               summary_table)
+from rlcr.presentation import comparison_table, console, demo_table, fmt, show, summary_table
+from rlcr.progress import StageProgress, committed_figures, step
 from rlcr.untrusted import printable
 
 

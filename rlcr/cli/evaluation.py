@@ -13,7 +13,8 @@ import typer
 from rlcr.cli.app import UserError, app
 from rlcr.cli.inputs import (VERBOSE_HELP, check_inputs, check_storage, existing_run, load, quiet, resolve_ref,
                              run_and_iteration, valid_run_id)
-from rlcr.presentation import comparison_table, console, eval_table, probe_table, provenance_text, show, step
+from rlcr.presentation import comparison_table, console, eval_table, probe_table, provenance_text, show
+from rlcr.progress import step
 from rlcr.untrusted import printable
 
 
