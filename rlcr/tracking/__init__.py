@@ -21,7 +21,7 @@ resumed run finds and continues it (status back to RUNNING). Params are the flat
 on resume only new keys are logged; a key whose value changed keeps its first value (MLflow refuses to change
 a param) and is listed in the tag ``rlcr.params_changed``.
 
-Metrics: :func:`flatten_metrics` (``eval/ece``, ``eval/ece_ci_low``, ``rollout/answer/reward_mean``,
+Metrics: :func:`flatten_metrics` (:mod:`rlcr.tracking.flatten`; ``eval/ece``, ``eval/ece_ci_low``, ``rollout/answer/reward_mean``,
 ``timings/update_s``…) and the headline figures again under ``Summary/`` (:data:`HEADLINE`), step = iteration
 (0: the baseline evaluation), non-finite values skipped. An
 iteration goes out as the marker :data:`STARTED` alone, then its metrics in ``log_batch`` calls of at most
@@ -42,14 +42,14 @@ tracker and can back-fill the missed iterations (:meth:`Tracker.log_iteration` i
 from __future__ import annotations
 
 import logging
-import math
 import os
-import posixpath
-import re
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
+
+from rlcr.tracking.flatten import (HEADLINE, MAX_TAG_VALUE, METRICS_PER_BATCH, PARAMS_PER_BATCH,
+                                  SENTINEL, STARTED, flatten_metrics, flatten_params, metric_key, tracked_metrics)
 
 __all__ = ["Tracker", "MlflowTracker", "open_tracker", "tracker_from_config", "flatten_params", "flatten_metrics",
            "tracked_metrics", "HEADLINE", "metric_key", "resolve_backend", "log_iterations", "sync_run", "step_metrics", "TRACKING_KINDS", "EXPERIMENT",
@@ -61,21 +61,9 @@ EXPERIMENT = "rlcr"
 RUN_ID_TAG = "rlcr.run_id"
 PARENT_TAG = "mlflow.parentRunId"
 CHANGED_TAG = "rlcr.params_changed"
-SENTINEL = "rlcr/iteration"
-"""Metric logged alone after all of an iteration's other metrics (value and step = the iteration): the steps
-it holds are the iterations logged completely."""
-STARTED = "rlcr/iteration_started"
-"""Metric logged alone before any of an iteration's metrics: a step it holds and :data:`SENTINEL` does not is
-an iteration cut off mid-log, completed key by key."""
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 """The experiment's kind for MLflow's UI (3.x): training runs, so it opens on its runs and their charts (unset,
 MLflow 3 infers a GenAI experiment and opens on an empty GenAI overview)."""
-HEADLINE = {"rollout/answer/reward_mean": "Summary/answer_reward",
-            "rollout/confidence/reward_mean": "Summary/confidence_reward", "eval/accuracy": "Summary/accuracy",
-            "eval/ece": "Summary/ece", "eval/brier": "Summary/brier", "eval/auroc": "Summary/auroc"}
-"""Headline figures logged a second time under ``Summary/``: MLflow's run page groups charts by key prefix in
-sorted order (the layout is kept only in the browser), so a capitalised section comes before ``engines/…``,
-``eval/…``: a run's first charts are its rewards, held-out accuracy and calibration."""
 LOCAL_DB = "mlflow.db"
 LOCAL_ARTIFACTS = "mlflow-artifacts"
 DEFAULT_TIMEOUT_S = 60.0
@@ -83,96 +71,8 @@ DEFAULT_TIMEOUT_S = 60.0
 HTTP_ENV = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
             "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
 """MLflow's HTTP client settings (environment; values already set are kept): ~10 s per request, 2 retries."""
-MAX_KEY = 250          # mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH
-MAX_PARAM_VALUE = 6000  # MAX_PARAM_VAL_LENGTH
-MAX_TAG_VALUE = 8000    # MAX_TAG_VAL_LENGTH
-PARAMS_PER_BATCH = 100  # MAX_PARAMS_TAGS_PER_BATCH
-METRICS_PER_BATCH = 1000  # MAX_METRICS_PER_BATCH
-SKIPPED_LISTS = frozenset({"history"})
-"""List-valued keys not flattened into metrics: ``update/history`` holds every optimizer step (its summaries,
-``loss_first``, ``grad_norm_last``…, are logged); it stays in ``metrics.json``."""
 
 _log = logging.getLogger(__name__)
-_BAD_CHARS = re.compile(r"[^A-Za-z0-9_./\- ]")
-
-
-# ----------------------------------------------------------------------------- flattening
-
-
-def metric_key(key: str) -> str:
-    """``key`` made a valid MLflow metric/param name: characters other than letters, digits, ``_ . / -`` and
-    space become ``_``; empty, ``.`` and ``..`` path segments are dropped or made ``_``; at most 250 chars."""
-    parts = [_BAD_CHARS.sub("_", p) for p in str(key).split("/")]
-    parts = [("_" * len(p) if p in (".", "..") else p) for p in parts if p]
-    out = "/".join(parts)[:MAX_KEY].rstrip("/") or "_"
-    return out if posixpath.normpath(out) == out else out.replace(".", "_")
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, (bool, int, float)) and not isinstance(value, complex):
-        f = float(value)
-        return f if math.isfinite(f) else None
-    return None
-
-
-def flatten_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """The finite numeric leaves of a ``metrics.json`` dict as ``{"eval/ece": 0.12, …}``: nested keys joined
-    with ``/``; ``ci: {name: [low, high]}`` → ``<name>_ci_low`` / ``<name>_ci_high`` (and ``<name>_ci: [l, h]``
-    the same); other lists by index (``eval/reliability/3/accuracy``) except :data:`SKIPPED_LISTS`; bools as
-    0/1; strings, None, NaN and ±inf skipped."""
-    out: dict[str, float] = {}
-
-    def walk(value: Any, path: str) -> None:
-        if isinstance(value, Mapping):
-            for k, v in value.items():
-                k = str(k)
-                sub = f"{path}/{k}" if path else k
-                if k == "ci" and isinstance(v, Mapping):
-                    for ck, cv in v.items():
-                        pair(cv, f"{path}/{ck}_ci" if path else f"{ck}_ci")
-                elif k.endswith("_ci"):
-                    pair(v, sub)
-                elif not (k in SKIPPED_LISTS and isinstance(v, (list, tuple))):
-                    walk(v, sub)
-        elif isinstance(value, (list, tuple)):
-            for i, v in enumerate(value):
-                walk(v, f"{path}/{i}" if path else str(i))
-        elif (f := _number(value)) is not None:
-            out[metric_key(path)] = f
-
-    def pair(value: Any, path: str) -> None:
-        if isinstance(value, (list, tuple)) and len(value) == 2:
-            walk(value[0], f"{path}_low")
-            walk(value[1], f"{path}_high")
-        else:
-            walk(value, path)
-
-    walk(metrics, "")
-    return out
-
-
-def tracked_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """What an iteration's ``metrics.json`` dict is logged as: :func:`flatten_metrics` (less the markers) and
-    its :data:`HEADLINE` figures again under ``Summary/``."""
-    flat = {k: v for k, v in flatten_metrics(metrics).items() if k not in (SENTINEL, STARTED)}
-    return {**flat, **{HEADLINE[k]: v for k, v in flat.items() if k in HEADLINE}}
-
-
-def flatten_params(params: Mapping[str, Any]) -> dict[str, str]:
-    """A config dict as MLflow params: nested dicts joined with ``.`` (``engine_resources.GPU``), every value
-    ``str()``-ed (lists and None included), keys made valid and values cut to MLflow's 6000 characters."""
-    out: dict[str, str] = {}
-
-    def walk(value: Any, path: str) -> None:
-        if isinstance(value, Mapping) and value:
-            for k, v in value.items():
-                walk(v, f"{path}.{k}" if path else str(k))
-        else:
-            out[metric_key(path)] = str(value)[:MAX_PARAM_VALUE]
-
-    if params:  # an empty config is no parameter (not ``_ = {}``)
-        walk(params, "")
-    return out
 
 
 # ----------------------------------------------------------------------------- where the run goes
