@@ -18,7 +18,8 @@ link locally) or as a compare-and-swap on their version (``If-Match`` on S3, a l
 file locally); either succeeds if refused by an object holding exactly its bytes
 (on S3, a late-answered PUT's retry finds its own first attempt: :meth:`Store._holds`).
 
-The package: :class:`Store` and the checkpoint cache (:func:`fetch_checkpoint`) here; the seal format in
+The package: :class:`Store` here; the checkpoint cache (:func:`fetch_checkpoint`) in :mod:`rlcr.storage.cache`;
+the seal format in
 :mod:`rlcr.storage.seals`; never-half-written local files and temporaries in :mod:`rlcr.storage.local`; the
 errors in :mod:`rlcr.storage.errors`. Every public name of those is importable from :mod:`rlcr.storage`.
 """
@@ -39,6 +40,7 @@ from typing import Any
 
 import fsspec
 
+from rlcr.storage.cache import default_cache_dir, fetch_checkpoint
 from rlcr.storage.errors import AlreadyExists, StorageError, VersionConflict
 from rlcr.storage.local import (_HOST_ID, atomic_directory, fsync_dir, pid_alive, safe_join, sweep_temporaries,
                                 temp_name)
@@ -54,15 +56,9 @@ __all__ = [
     "MAX_SEAL_BYTES", "MAX_SEAL_FILES", "MAX_NAME_CHARS", "MAX_FILE_BYTES", "RUN_ID_PATTERN",
 ]
 
-_CACHE_ENTRY_RE = re.compile(r"[0-9a-f]{20}-[0-9a-f]{24}")
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+,@ -]{0,127}")
 """Valid run ids: 1–128 characters, letters, digits and ``. _ = + , @ -`` and space, starting with a
 letter or digit, without ``..`` and without a trailing space or dot (no ``/``: a run id is one path segment)."""
-
-
-def default_cache_dir() -> Path:
-    """``$RLCR_CACHE`` or ``~/.cache/rlcr``: per-node caches (models, fetched checkpoints)."""
-    return Path(os.environ.get("RLCR_CACHE", Path.home() / ".cache" / "rlcr"))
 
 
 def validate_run_id(run_id: str) -> str:
@@ -460,56 +456,3 @@ class Store:
             raise StorageError(f"{self.url(rel)}: {printable(name)} is missing (the seal lists it)") from None
         if not target.is_file() or target.stat().st_size != size:
             raise StorageError(f"{self.url(rel)}: {printable(name)} has the wrong size (the seal says {size:,} bytes)")
-
-
-def fetch_checkpoint(uri: str, *, endpoint_url: str | None = None, cache_dir: str | Path | None = None) -> Path:
-    """A model checkpoint URI → a local directory, as stored (an adapter checkpoint of a LoRA run as its adapter:
-    :func:`rlcr.adapters.fetch_model` gives every checkpoint as a model).
-
-    Local paths are returned as they are. Remote (``s3://…``) checkpoints must be
-    sealed; they are downloaded into ``cache_dir`` (default
-    ``$RLCR_CACHE/checkpoints``) under a name made of the URI *and the seal's content
-    id*, so a checkpoint rewritten at the same URI is downloaded again, never served
-    stale. Each call reads the remote seal (one small GET).
-
-    The seal is checked (:func:`parse_seal`, else :class:`InvalidSeal`) before its content id names
-    anything, and the cache entry is always a direct child of the cache named
-    ``<20 hex>-<24 hex>``. An entry already there is replaced only if it is a real directory with a
-    seal (one this cache wrote); anything else at that name raises StorageError and is left alone.
-    """
-    return _fetch_dir(uri, endpoint_url=endpoint_url, cache_dir=cache_dir)
-
-
-def _fetch_dir(uri: str, *, endpoint_url: str | None, cache_dir: str | Path | None) -> Path:
-    if "://" not in uri or uri.startswith("file://"):
-        path = Path(uri.removeprefix("file://")).expanduser()
-        if not (path / "config.json").exists():
-            raise FileNotFoundError(f"{path}: not a Hugging Face checkpoint directory (no config.json)")
-        return path
-    cache = Path(cache_dir) if cache_dir else default_cache_dir() / "checkpoints"
-    parent, name = uri.rstrip("/").rsplit("/", 1)
-    store = Store(parent, endpoint_url=endpoint_url)
-    seal = store.read_seal(name)
-    if seal is None:
-        raise StorageError(f"{uri} is not a complete (sealed) directory")
-    content_id = store.parse_seal(name, seal)["content_id"]
-    local = _cache_entry(cache, uri, content_id)
-    marker = local / COMPLETE_MARKER
-    if not local.is_symlink() and marker.is_file() and read_bounded(marker) == seal:
-        return local
-    if local.is_symlink() or local.exists():
-        if local.is_symlink() or not local.is_dir() or not marker.is_file() or marker.is_symlink():
-            raise StorageError(f"{printable(str(local), 300)}: in the checkpoint cache but not a checkpoint it "
-                               f"wrote; refusing to replace it (remove it to fetch {uri} again)")
-    sweep_temporaries(cache, max_depth=0)
-    return store.get_dir(name, local, seal=seal)
-
-
-def _cache_entry(cache: Path, uri: str, content_id: str) -> Path:
-    """``cache/<sha256(uri)[:20]>-<content_id[:24]>`` for a checked content id; refuses any other shape."""
-    name = f"{hashlib.sha256(uri.encode()).hexdigest()[:20]}-{content_id[:24]}"
-    local = cache / name
-    if not _CACHE_ENTRY_RE.fullmatch(name) or local.parent != cache:
-        raise StorageError(f"refusing cache entry {printable(name)!r} for {printable(uri)}: not a plain name")
-    return local
-
