@@ -15,7 +15,7 @@ from rlcr.evaluate import check_eval_rows, compare_evaluations, pool_draws, summ
 from rlcr.untrusted import InvalidInput, printable
 
 __all__ = ["RowsRefused", "evaluated_iterations", "read_records", "check_draws", "held_out_rows",
-           "common_iteration", "compare_held_out"]
+           "side_iterations", "compare_held_out", "LATEST"]
 
 SIDES = "RUN_A/RUN_B"
 
@@ -78,7 +78,8 @@ def check_draws(files: Sequence[str], sources: Sequence[dict[str, Any]]) -> None
                               "— the same answers twice; pool different draws (`rlcr eval --draw k`)")
 
 
-def held_out_rows(side: str, run, iteration: Optional[int]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def held_out_rows(side: str, run, iteration: Optional[int],
+                  param: str = "--iteration") -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The per-answer held-out rows of one side of a comparison — a run's at ``iteration``, a .parquet file's,
     or those of several files joined by '+' (sample draws of one policy, pooled by
     :func:`rlcr.evaluate.pool_draws`) — and, for files `rlcr eval --records` wrote, where they came from."""
@@ -86,7 +87,7 @@ def held_out_rows(side: str, run, iteration: Optional[int]) -> tuple[list[dict[s
         rows = run.eval_records(iteration)
         if rows is None:
             raise RowsRefused(f"run {run.run_id!r} kept no held-out rows for iteration {iteration} "
-                              f"(it has them for {evaluated_iterations(run) or 'none'})", "--iteration")
+                              f"(it has them for {evaluated_iterations(run) or 'none'})", param)
         try:
             check_eval_rows(rows, run.store.url(run.eval_records_rel(iteration)))
         except InvalidInput as e:
@@ -109,27 +110,52 @@ def held_out_rows(side: str, run, iteration: Optional[int]) -> tuple[list[dict[s
     return rows, {**{k: v for k, v in (known[0] if known else {}).items() if k in ("policy", "method")}, **pooled}
 
 
-def common_iteration(runs: Sequence[Any], iteration: Optional[int]) -> Optional[int]:
-    """The iteration to compare the runs among the sides (None where a side is a file): the one asked for, or
-    the last one every run evaluated with per-answer rows; refused for files alone."""
-    present = [r for r in runs if r is not None]
-    if iteration is None and present:
-        common = sorted(set.intersection(*(set(evaluated_iterations(r)) for r in present)))
+LATEST = "latest"
+"""A side given as ``RUN@latest``: the run's last iteration with held-out rows."""
+
+
+def side_iterations(runs: Sequence[Any], pins: Sequence[Any], iteration: Optional[int]) -> list[Optional[int]]:
+    """The iteration each side is read at (None for a file). A side pinned by ``RUN@K`` is read at K, one pinned
+    by ``RUN@latest`` at its last evaluated iteration; the other runs at ``iteration`` (``--iteration``) or, when
+    none is asked for, at the last iteration all of them evaluated. ``--iteration`` is refused where no side is
+    a run given without ``@``."""
+    free = [r for r, pin in zip(runs, pins) if r is not None and pin is None]
+    if iteration is not None and not free:
+        pinned = any(r is not None for r in runs)
+        raise RowsRefused("applies to runs given without @ITERATION; here each run names its own" if pinned
+                          else "applies to runs, not to .parquet files", "--iteration")
+    if iteration is None and free:
+        common = sorted(set.intersection(*(set(evaluated_iterations(r)) for r in free)))
         if not common:
-            raise RowsRefused(f"{' and '.join(repr(r.run_id) for r in present)} kept per-answer "
+            raise RowsRefused(f"{' and '.join(repr(r.run_id) for r in free)} kept per-answer "
                               "held-out rows for no common iteration")
-        return common[-1]
-    if iteration is not None and not present:
-        raise RowsRefused("applies to runs, not to .parquet files", "--iteration")
-    return iteration
+        iteration = common[-1]
+    out: list[Optional[int]] = []
+    for run, pin in zip(runs, pins):
+        if run is None:
+            out.append(None)
+        elif pin == LATEST:
+            held = evaluated_iterations(run)
+            if not held:
+                raise RowsRefused(f"run {run.run_id!r} kept per-answer held-out rows for no iteration")
+            out.append(held[-1])
+        else:
+            out.append(iteration if pin is None else int(pin))
+    if len(runs) == 2 and runs[0] is not None and runs[1] is not None and runs[0].run_id == runs[1].run_id \
+            and out[0] == out[1]:
+        raise RowsRefused(f"both sides are run {runs[0].run_id!r} at iteration {out[0]}: the same answers twice")
+    return out
 
 
 def compare_held_out(sides: Sequence[str], runs: Sequence[Any], iteration: Optional[int], *, n_resamples: int,
-                     seed: int) -> dict[str, Any]:
+                     seed: int, pins: Optional[Sequence[Any]] = None) -> dict[str, Any]:
     """A − B on the held-out tasks both sides evaluated (:func:`rlcr.evaluate.compare_evaluations`), and each
-    side alone on those shared tasks, for scale: ``{"iteration", "comparison", "sides", "sources"}``."""
-    iteration = common_iteration(runs, iteration)
-    rows, sources = zip(*(held_out_rows(side, run, iteration) for side, run in zip(sides, runs)))
+    side alone on those shared tasks, for scale: ``{"iteration", "iterations", "comparison", "sides",
+    "sources"}``. ``pins``: per side, the iteration a ``RUN@K`` reference names (K or :data:`LATEST`; None: none,
+    see :func:`side_iterations`); ``iteration`` is the one both runs share, or None where they differ."""
+    its = side_iterations(runs, pins or [None] * len(runs), iteration)
+    rows, sources = zip(*(held_out_rows(side, run, k, "--iteration" if pin is None else SIDES)
+                          for side, run, k, pin in zip(sides, runs, its, pins or [None] * len(runs))))
     try:
         cmp = compare_evaluations(rows[0], rows[1], n_resamples=n_resamples, seed=seed)
     except ValueError as e:
@@ -137,4 +163,6 @@ def compare_held_out(sides: Sequence[str], runs: Sequence[Any], iteration: Optio
     shared = set.intersection(*({r["prompt_id"] for r in side if r["sample_type"] == "answer"} for side in rows))
     alone = [summarize_eval([r for r in side if r["prompt_id"] in shared], n_resamples=n_resamples, seed=seed)
              for side in rows]
-    return {"iteration": iteration, "comparison": cmp, "sides": alone, "sources": list(sources)}
+    at = {k for k in its if k is not None}
+    return {"iteration": at.pop() if len(at) == 1 else None, "iterations": its, "comparison": cmp, "sides": alone,
+            "sources": list(sources)}

@@ -220,7 +220,10 @@ def comparison_table(side_a: str, side_b: str, result: dict[str, Any]) -> Table:
     """`rlcr compare`: each side on the shared tasks, A − B with its paired interval, and whether it is resolved
     (``result``: :func:`rlcr.comparison.compare_held_out`)."""
     cmp, alone, iteration = result["comparison"], result["sides"], result["iteration"]
+    its = result.get("iterations") or []
     where = f" at iteration {iteration}" if iteration is not None else ""
+    if iteration is None and any(k is not None for k in its):  # two iterations: each side's named
+        where = " (" + ", ".join(f"{name} at iteration {k}" for name, k in zip("AB", its) if k is not None) + ")"
     table = Table(title=f"{show(side_a)} − {show(side_b)}{where}: {cmp['n_tasks']} shared held-out tasks "
                         "[paired 95% bootstrap CI]")
     table.add_column("metric")

@@ -230,29 +230,34 @@ def says(output: str, message: str) -> bool:
     return squeeze(message) in squeeze(output)
 
 
+def write_eval_rows(cfg, run_id: str, iteration: int, right: bool, tasks: int = 6) -> None:
+    """Held-out rows of run ``run_id`` after ``iteration``: one answer per task, all right or all wrong."""
+    from rlcr.rollout.records import rollout_row, rows_to_table
+    from rlcr.tasks.countdown import CountdownTask
+
+    run, rows = RunStore.open(cfg, run_id), []
+    for p in range(tasks):
+        task = CountdownTask([p + 1, 2], p + 3)
+        rows.append(rollout_row("answer", task=task, prompt_id=p, answer_id=0, context_text="c", context_ids=[1],
+                                completion_text="x", completion_ids=[1], score=1.0, correct=float(right),
+                                reward=float(right)))
+        rows.append(rollout_row("confidence", task=task, prompt_id=p, answer_id=0, confidence_id=0,
+                                context_text="c", context_ids=[1], completion_text="y", completion_ids=[1],
+                                correct=float(right), reward=0.0, confidence=0.9))
+    rows = [dict(r, run_id=run_id, iteration=iteration) for r in rows]
+    run.store.write_parquet(run.eval_records_rel(iteration), rows_to_table(rows))
+
+
 def test_compare_pairs_two_runs_evaluations_on_the_same_tasks(tmp_path):
     """`rlcr compare A B`: A − B from the per-answer rows the flow keeps, at the last iteration both evaluated;
     a run without rows is refused by name."""
     from typer.testing import CliRunner
 
     from rlcr.cli import app
-    from rlcr.rollout.records import rollout_row, rows_to_table
-    from rlcr.tasks.countdown import CountdownTask
 
     cfg = RLCRConfig(storage={"uri": str(tmp_path / "store")})
     for run_id, right in (("a", True), ("b", False)):
-        run = RunStore.open(cfg, run_id)
-        rows = []
-        for p in range(6):
-            task = CountdownTask([p + 1, 2], p + 3)
-            rows.append(rollout_row("answer", task=task, prompt_id=p, answer_id=0, context_text="c", context_ids=[1],
-                                    completion_text="x", completion_ids=[1], score=1.0, correct=float(right),
-                                    reward=float(right)))
-            rows.append(rollout_row("confidence", task=task, prompt_id=p, answer_id=0, confidence_id=0,
-                                    context_text="c", context_ids=[1], completion_text="y", completion_ids=[1],
-                                    correct=float(right), reward=0.0, confidence=0.9))
-        rows = [dict(r, run_id=run_id, iteration=0) for r in rows]
-        run.store.write_parquet(run.eval_records_rel(0), rows_to_table(rows))
+        write_eval_rows(cfg, run_id, 0, right)
     runner = CliRunner()
     res = runner.invoke(app, ["compare", "a", "b", f"storage.uri={cfg.storage.uri}"])
     assert res.exit_code == 0, res.output
@@ -329,6 +334,44 @@ def test_compare_pairs_two_runs_evaluations_on_the_same_tasks(tmp_path):
     assert res.exit_code != 0 and says(res.output, "junk.parquet: not per-answer evaluation rows")
     res = runner.invoke(app, ["compare", str(b_file), str(b_file), "--iteration", "3", f"storage.uri={cfg.storage.uri}"])
     assert res.exit_code != 0 and says(res.output, "applies to runs, not to .parquet files")
+
+
+def test_compare_reads_each_side_at_the_iteration_its_reference_names(tmp_path):
+    """`rlcr compare RUN@K RUN@J`: two iterations of one run (what training changed) or of two runs; a bare run
+    beside a pinned one is read at --iteration or its last evaluated iteration; the same rows on both sides,
+    --iteration with every run pinned, and an iteration without rows are refused naming the input."""
+    from typer.testing import CliRunner
+
+    from rlcr.cli import app
+
+    cfg = RLCRConfig(storage={"uri": str(tmp_path / "store")})
+    write_eval_rows(cfg, "a", 0, False)
+    write_eval_rows(cfg, "a", 2, True)  # an iteration's rows (not committed here: @latest still reads 0)
+    write_eval_rows(cfg, "b", 0, True)
+    store, runner = f"storage.uri={cfg.storage.uri}", CliRunner()
+
+    def accuracy(res) -> str:
+        assert res.exit_code == 0, res.output
+        return next(line for line in res.output.splitlines() if "accuracy" in line)
+
+    res = runner.invoke(app, ["compare", "a@2", "a@0", store])
+    assert "+1.000 [+1.000, +1.000]" in accuracy(res)
+    assert "a@2 − a@0 (A at iteration 2, B at iteration 0): 6 shared held-out tasks" in res.output
+    res = runner.invoke(app, ["compare", "a@0", "b", store])  # b bare: its last evaluated iteration, 0
+    assert "-1.000 [-1.000, -1.000]" in accuracy(res) and "a@0 − b at iteration 0" in res.output
+    res = runner.invoke(app, ["compare", "b", "a@2", "--iteration", "0", store])
+    assert " +0.000 [" in accuracy(res)
+    assert "b − a@2 (A at iteration 0, B at iteration 2)" in res.output
+    assert "-1.000 [" in accuracy(runner.invoke(app, ["compare", "a@latest", "b@0", store]))
+    res = runner.invoke(app, ["compare", "a@0", "a@latest", store])
+    assert res.exit_code != 0 and says(res.output, "both sides are run 'a' at iteration 0: the same answers twice")
+    res = runner.invoke(app, ["compare", "a@2", "b@0", "--iteration", "2", store])
+    assert res.exit_code != 0 and says(res.output, "applies to runs given without @ITERATION")
+    res = runner.invoke(app, ["compare", "a@5", "b", store])
+    assert res.exit_code != 0 and says(res.output, "run 'a' kept no held-out rows for iteration 5 (it has them for [0])")
+    assert "RUN_A/RUN_B" in res.output  # the side that named it, not --iteration
+    res = runner.invoke(app, ["compare", "c@1", "b", store])
+    assert res.exit_code != 0 and says(res.output, "'c'")
 
 
 def test_eval_refuses_to_overwrite_its_records_before_any_work(tmp_path):

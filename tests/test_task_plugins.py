@@ -301,9 +301,9 @@ def test_a_task_package_installed_as_a_wheel_trains_evaluates_compares_and_probe
     out = _rlcr(["train", "--run-id", "sums", *args], env, tmp_path)
     assert "sums" in out
     _rlcr(["eval", "--records", str(tmp_path / "a.parquet"), *args], env, tmp_path)
-    out = _rlcr(["compare", "sums", "sums", "--config", str(ROOT / "configs" / "tiny.yaml"),
+    out = _rlcr(["compare", "sums@latest", "sums@0", "--config", str(ROOT / "configs" / "tiny.yaml"),
                  f"storage.uri={tmp_path / 'store'}"], env, tmp_path)
-    assert "accuracy" in out.lower()
+    assert "accuracy" in out.lower() and "(A at iteration 1, B at iteration 0)" in " ".join(out.split())
     out = _rlcr(["probe", "--run-id", "sums", *args], env, tmp_path)
     stored = json.loads((tmp_path / "store" / "runs" / "sums" / "config.json").read_text())["config"]
     assert stored["tasks"]["name"] == "sumlist" and stored["tasks"]["options"] == {"min_len": 2, "max_len": 3,

@@ -12,7 +12,7 @@ import typer
 
 from rlcr.cli.app import UserError, app
 from rlcr.cli.inputs import (VERBOSE_HELP, check_inputs, check_storage, existing_run, load, quiet, resolve_ref,
-                             run_and_iteration, valid_run_id)
+                             run_and_iteration)
 from rlcr.presentation import comparison_table, console, eval_table, probe_table, provenance_text, show
 from rlcr.progress import step
 from rlcr.untrusted import printable
@@ -119,28 +119,33 @@ def evaluate(
 
 @app.command()
 def compare(
-    run_a: str = typer.Argument(..., help="Run A (the difference is A minus B), or a .parquet file of "
+    run_a: str = typer.Argument(..., help="Run A (the difference is A minus B), RUN@K for its iteration K "
+                                          "(RUN@latest: its last evaluated one), or a .parquet file of "
                                           "`rlcr eval --records`, or several such files of one policy's "
                                           "sample draws joined by '+' (pooled: more answers per task)."),
-    run_b: str = typer.Argument(..., help="Run B, or a .parquet file, or draws joined by '+'."),
-    iteration: Optional[int] = typer.Option(None, help="Iteration of both runs (0: their initial policies); "
-                                                       "default: the last one both evaluated."),
+    run_b: str = typer.Argument(..., help="Run B, RUN@K, or a .parquet file, or draws joined by '+'."),
+    iteration: Optional[int] = typer.Option(None, help="Iteration of the runs given without @K (0: their "
+                                                       "initial policies); default: the last one they all "
+                                                       "evaluated."),
     config: Optional[str] = typer.Option(None, help="YAML config file (for storage.uri)."),
     overrides: list[str] = typer.Argument(None, help="section.field=value overrides."),
 ):
     """Two runs' held-out evaluations, paired on the same tasks: each side's accuracy, ECE, Brier and AUROC on
-    those tasks, and A − B with paired bootstrap 95% intervals over tasks (docs/design.md §13)."""
+    those tasks, and A − B with paired bootstrap 95% intervals over tasks (docs/design.md §13). RUN@K sides
+    compare two iterations, of one run or of two (``first@2 first@latest``: what training changed)."""
     cfg = load(config, overrides or [])
     sides = (run_a, run_b)
     files = [s.endswith(".parquet") for s in sides]
     if not all(files):
         check_storage(cfg)
-    runs = [None if f else existing_run(cfg, valid_run_id(s, cfg, name))
-            for s, f, name in zip(sides, files, ("RUN_A", "RUN_B"))]
-    from rlcr.comparison import RowsRefused, compare_held_out
+    refs = [None if f else run_and_iteration(s, cfg, name) for s, f, name in zip(sides, files, ("RUN_A", "RUN_B"))]
+    runs = [None if r is None else existing_run(cfg, r[0]) for r in refs]
+    from rlcr.comparison import LATEST, RowsRefused, compare_held_out  # torch: after the inputs are checked
 
+    pins = [None if r is None or r[0] == s else (LATEST if r[1] is None else r[1]) for r, s in zip(refs, sides)]
     try:
-        result = compare_held_out(sides, runs, iteration, n_resamples=cfg.eval.bootstrap_resamples, seed=cfg.tasks.eval_seed)
+        result = compare_held_out(sides, runs, iteration, n_resamples=cfg.eval.bootstrap_resamples,
+                                  seed=cfg.tasks.eval_seed, pins=pins)
     except RowsRefused as e:
         raise typer.BadParameter(str(e), param_hint=e.param) from None
     console.print(comparison_table(run_a, run_b, result))
