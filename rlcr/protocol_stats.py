@@ -26,7 +26,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from rlcr.metrics import auroc, binned_calibration_error, brier, ece, mann_whitney_auroc, scored_arrays
+from rlcr.metrics import binned_calibration_error, scored_arrays
 
 __all__ = ["Answers", "ece_equal_mass", "within_stratum_auroc", "difficulty_prior", "fit_temperature",
            "apply_temperature", "fit_isotonic", "apply_isotonic", "protocol_metrics", "hierarchical_bootstrap",
@@ -88,6 +88,20 @@ class Answers:
 
 
 # ----------------------------------------------------------------------------------------------- 1. metrics
+def _tie_groups(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each confidence's tie group (the distinct values in increasing order) and the size of each group: the one
+    sort the equal-mass ECE and the AUROCs of :func:`protocol_metrics` share."""
+    _, group, counts = np.unique(c, return_inverse=True, return_counts=True)
+    return group.reshape(-1), counts
+
+
+def _ece_equal_mass(c: np.ndarray, y: np.ndarray, group: np.ndarray, counts: np.ndarray, n_bins: int) -> float:
+    ends = np.cumsum(counts)  # where each tie group ends, in the sorted order
+    centre = (ends - counts / 2.0)[group]  # centre of each answer's tie group, in [0, N]
+    bins = np.minimum((centre * n_bins / c.size).astype(int), n_bins - 1)
+    return binned_calibration_error(c, y, bins, n_bins)
+
+
 def ece_equal_mass(conf: Sequence[float], correct: Sequence[float], n_bins: int = 10) -> float:
     """ECE over ``n_bins`` bins of equal mass: Σ_b (n_b / N)·|mean c_b − acc_b|. An answer goes to bin
     ⌊n_bins · (centre of its confidence's tie group in the sorted order) / N⌋, so equal confidences always share
@@ -98,13 +112,28 @@ def ece_equal_mass(conf: Sequence[float], correct: Sequence[float], n_bins: int 
     y = np.asarray(correct, dtype=float)
     if not c.size:
         return math.nan
-    ordered = np.sort(c)
-    ends = np.append(np.flatnonzero(np.diff(ordered)) + 1, c.size)  # where each tie group ends, sorted order
-    counts = np.diff(ends, prepend=0)
-    group = np.searchsorted(ordered[ends - 1], c)  # each answer's tie group (few distinct confidences)
-    centre = (ends - counts / 2.0)[group]  # centre of each answer's tie group, in [0, N]
-    bins = np.minimum((centre * n_bins / c.size).astype(int), n_bins - 1)
-    return binned_calibration_error(c, y, bins, n_bins)
+    return _ece_equal_mass(c, y, *_tie_groups(c), n_bins)
+
+
+def _auroc_from_counts(pos: np.ndarray, neg: np.ndarray) -> float:
+    """Mann–Whitney AUROC from the positives and negatives in each tie group (groups in increasing confidence):
+    U = Σ_g pos_g · (negatives in lower groups + ½ neg_g). The same integer sums as
+    :func:`rlcr.metrics.mann_whitney_auroc`'s binary searches, so the same value bit for bit."""
+    n_pos, n_neg = int(pos.sum()), int(neg.sum())
+    if not n_pos or not n_neg:
+        return math.nan
+    below = np.cumsum(neg) - neg
+    return float(((pos * below).sum() + (pos * neg).sum() / 2) / (n_pos * n_neg))
+
+
+def _aurocs(y: np.ndarray, group: np.ndarray, n_groups: int, code: np.ndarray, n_strata: int) -> tuple[float, list[float]]:
+    """The pooled AUROC and each stratum's (``code``: each answer's stratum, 0 … n_strata − 1), from counts per
+    (stratum, tie group): no sort beyond :func:`_tie_groups`'s."""
+    right = y == 1
+    cell = code * n_groups + group
+    pos = np.bincount(cell[right], minlength=n_strata * n_groups).reshape(n_strata, n_groups)
+    neg = np.bincount(cell[~right], minlength=n_strata * n_groups).reshape(n_strata, n_groups)
+    return _auroc_from_counts(pos.sum(axis=0), neg.sum(axis=0)), [_auroc_from_counts(p, n) for p, n in zip(pos, neg)]
 
 
 def within_stratum_auroc(conf: Sequence[float], correct: Sequence[float],
@@ -115,10 +144,14 @@ def within_stratum_auroc(conf: Sequence[float], correct: Sequence[float],
     keys, code = np.unique(np.asarray(strata).astype(str), return_inverse=True)  # keys sorted
     if code.shape != c.shape:
         raise ValueError(f"strata {code.shape} and confidences {c.shape} must have the same length")
-    pos = y == 1
-    per = {str(k): mann_whitney_auroc(c[(code == i) & pos], c[(code == i) & ~pos]) for i, k in enumerate(keys)}
-    defined = [v for v in per.values() if not math.isnan(v)]
-    return {"per_stratum": per, "mean": float(np.mean(defined)) if defined else math.nan}
+    group, counts = _tie_groups(c)
+    per = dict(zip(map(str, keys), _aurocs(y, group, counts.size, code, keys.size)[1]))
+    return {"per_stratum": per, "mean": _defined_mean(per.values())}
+
+
+def _defined_mean(values) -> float:
+    defined = [v for v in values if not math.isnan(v)]
+    return float(np.mean(defined)) if defined else math.nan
 
 
 PROTOCOL_METRICS = ("accuracy", "ece", "ece_equal_mass", "brier", "brier_skill", "auroc_within", "auroc")
@@ -128,18 +161,24 @@ PROTOCOL_METRICS = ("accuracy", "ece", "ece_equal_mass", "brier", "brier_skill",
 def protocol_metrics(a: Answers, n_bins: int = 10) -> dict[str, float]:
     """The protocol's metrics of one set of answers. Accuracy is over every answer; the calibration metrics
     over those with a parsed confidence. ``brier_skill`` = 1 − Brier / Brier(prior) on the same answers
-    (NaN until a prior is applied, or when the prior is perfect)."""
+    (NaN until a prior is applied, or when the prior is perfect). ``a`` is checked :class:`Answers`: the
+    bootstrap calls this hundreds of thousands of times, so its values are not checked again and the
+    confidences are sorted once."""
     out = {"accuracy": float(a.correct.mean()) if a.correct.size else math.nan}
     has = np.isfinite(a.confidence)
     c, y = a.confidence[has], a.correct[has]
     if not c.size:
         return {**out, **{m: math.nan for m in PROTOCOL_METRICS if m != "accuracy"}}
-    b = brier(c, y)
+    b = float(np.mean((c - y) ** 2))
     prior = a.prior[has]
     b_prior = float(np.mean((prior - y) ** 2)) if np.all(np.isfinite(prior)) else math.nan
-    out.update({"ece": ece(c, y, n_bins), "ece_equal_mass": ece_equal_mass(c, y, n_bins), "brier": b,
+    group, counts = _tie_groups(c)
+    keys, code = np.unique(a.stratum[has], return_inverse=True)
+    pooled, per_stratum = _aurocs(y, group, counts.size, code.reshape(-1), keys.size)
+    out.update({"ece": binned_calibration_error(c, y, np.minimum((c * n_bins).astype(int), n_bins - 1), n_bins),
+                "ece_equal_mass": _ece_equal_mass(c, y, group, counts, n_bins), "brier": b,
                 "brier_skill": 1 - b / b_prior if b_prior > 0 else math.nan,
-                "auroc_within": within_stratum_auroc(c, y, a.stratum[has])["mean"], "auroc": auroc(c, y)})
+                "auroc_within": _defined_mean(per_stratum), "auroc": pooled})
     return out
 
 
@@ -316,6 +355,10 @@ def hierarchical_bootstrap(runs: Mapping[str, Mapping[int, Answers]], statistic:
     ``runs``: ``{method: {seed: Answers}}``; every method must have every seed, and within a seed the methods
     are paired on the tasks all of them evaluated. Returns ``{"point", "ci", "per_seed", "n_seeds",
     "n_tasks"}``: the statistic on all the data, its interval, and its value on each seed alone.
+
+    ``statistic`` sees each answer's stratum and task as integer codes numbered in the sorted order of their
+    names (so grouping by stratum, and the order of the groups, are as with the names): the bootstrap builds
+    hundreds of thousands of answer sets, and copying and sorting strings was most of their cost.
     """
     if not 0 < level < 1 or n_resamples < 1:
         raise ValueError(f"need 0 < level < 1 and n_resamples >= 1, got {level}, {n_resamples}")
@@ -328,9 +371,10 @@ def hierarchical_bootstrap(runs: Mapping[str, Mapping[int, Answers]], statistic:
     if any(not t.size for t in tasks.values()):
         raise ValueError("at some seed the methods share no evaluated task: nothing to pair")
     members = {(m, s): _TaskRows(runs[m][s], tasks[s]) for m in methods for s in seeds}
+    coded = _coded(runs)
 
     def score(draw: Sequence[tuple[int, np.ndarray]]) -> Mapping[str, float]:
-        return statistic({m: _concat([runs[m][s].take(members[m, s].rows(idx)) for s, idx in draw])
+        return statistic({m: _concat([coded[m][s].take(members[m, s].rows(idx)) for s, idx in draw])
                           for m in methods})
 
     point = dict(score([(s, np.arange(tasks[s].size)) for s in seeds]))
@@ -349,6 +393,16 @@ def hierarchical_bootstrap(runs: Mapping[str, Mapping[int, Answers]], statistic:
         ci[k] = [float(np.percentile(v, tail)), float(np.percentile(v, 100 - tail))] if v.size else None
     return {"point": point, "ci": ci, "per_seed": per_seed, "n_seeds": len(seeds),
             "n_tasks": {s: int(tasks[s].size) for s in seeds}, "level": level, "n_resamples": n_resamples}
+
+
+def _coded(runs: Mapping[str, Mapping[int, Answers]]) -> dict[str, dict[int, Answers]]:
+    """``runs`` with each answer's stratum and task as integer codes, numbered in the sorted order of the names
+    over all of ``runs`` (order-preserving: ``np.unique`` groups and orders the codes as it would the names)."""
+    names = {f: np.unique(np.concatenate([getattr(a, f) for by_seed in runs.values() for a in by_seed.values()]))
+             for f in ("stratum", "task")}
+    return {m: {s: Answers._trusted(np.searchsorted(names["task"], a.task), np.searchsorted(names["stratum"], a.stratum),
+                                    a.correct, a.confidence, a.prior) for s, a in by_seed.items()}
+            for m, by_seed in runs.items()}
 
 
 def _concat(parts: Sequence[Answers]) -> Answers:

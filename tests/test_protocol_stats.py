@@ -277,3 +277,38 @@ def test_seed_level_rules_fail_where_the_seeds_disagree_though_the_bootstrap_pas
     want = protocol_metrics(one["rlcr"])["brier"] - protocol_metrics(one["rlvr"])["brier"]
     assert stat(one) == pytest.approx({"d:brier": want, "d:ece": protocol_metrics(one["rlcr"])["ece"]
                                        - protocol_metrics(one["rlvr"])["ece"]})
+
+
+def test_protocol_metrics_equal_the_reference_metrics_bit_for_bit():
+    """protocol_metrics shares one sort between the equal-mass ECE and the AUROCs (counts per tie group): on
+    answers with many ties, unparsed confidences and uneven strata, every figure equals the one-metric-at-a-time
+    reference (rlcr.metrics; AUROC per stratum by its own binary searches) exactly, and the bootstrap's
+    integer-coded strata give the same point values as the names."""
+    from rlcr.metrics import brier, ece, mann_whitney_auroc
+
+    rng = np.random.default_rng(7)
+    for trial in range(300):
+        n = int(rng.integers(1, 200))
+        levels = int(rng.integers(1, 12))
+        conf = np.round(rng.random(n) * levels) / levels if trial % 3 else rng.random(n)
+        conf[rng.random(n) < 0.1] = np.nan
+        correct = (rng.random(n) < rng.random()).astype(float)
+        strata = rng.choice(["10", "2", "3"][:int(rng.integers(1, 4))], size=n)
+        a = Answers([f"t{i // 2:04d}" for i in range(n)], strata, correct, conf, rng.random(n))  # rows in task order
+        got = protocol_metrics(a)
+        has = np.isfinite(conf)
+        c, y, s = conf[has], correct[has], strata[has]
+        if not c.size:
+            assert math.isnan(got["auroc"]) and got["accuracy"] == correct.mean()
+            continue
+        per = [mann_whitney_auroc(c[(s == k) & (y == 1)], c[(s == k) & (y == 0)]) for k in sorted(set(s))]
+        defined = [v for v in per if not math.isnan(v)]
+        want = {"accuracy": correct.mean(), "ece": ece(c, y), "brier": brier(c, y), "auroc": auroc(c, y),
+                "auroc_within": float(np.mean(defined)) if defined else math.nan,
+                "ece_equal_mass": ece_equal_mass(c, y),
+                "brier_skill": 1 - brier(c, y) / float(np.mean((a.prior[has] - y) ** 2))}
+        for k, v in want.items():
+            assert (math.isnan(v) and math.isnan(got[k])) or got[k] == v, (trial, k, got[k], v)
+        boot = hierarchical_bootstrap({"m": {0: a}}, lambda d: protocol_metrics(d["m"]), n_resamples=1)
+        assert all((math.isnan(v) and math.isnan(got[k])) or boot["point"][k] == got[k]
+                   for k, v in boot["point"].items())
