@@ -350,32 +350,41 @@ def policy_loss(
         global_tokens=global_tokens, global_sequences=global_sequences, max_response_len=max_response_len,
     )
 
-    with torch.no_grad():
-        pos, neg = (adv > 0).to(mask.dtype), (adv < 0).to(mask.dtype)
-        clipped_high = (ratio > 1.0 + clip_high).to(mask.dtype) * pos
-        clipped_low = (ratio < 1.0 - clip_low).to(mask.dtype) * neg
-        dual = (ratio > clip_c).to(mask.dtype) * neg if clip_c is not None else torch.zeros_like(mask)
-        metrics: dict[str, float] = {
-            "tokens": float(mask.sum()),
-            "pg_loss": _masked_mean(pg, mask),
-            "clipfrac_high": _masked_mean(clipped_high, mask),
-            "clipfrac_low": _masked_mean(clipped_low, mask),
-            "clipfrac_dual": _masked_mean(dual, mask),
-            "approx_kl": _masked_mean(-log_ratio, mask),
-            "ratio_mean": _masked_mean(ratio, mask),
-        }
-        if kl is not None:
-            metrics["ref_kl"] = _masked_mean(kl, mask)
-        if entropy is not None:
-            metrics["entropy"] = _masked_mean(entropy, mask)
-        if is_confidence is not None:
-            is_conf = torch.as_tensor(is_confidence, dtype=torch.bool, device=mask.device)
-            for name, sel in (("answer", ~is_conf), ("confidence", is_conf)):
-                m = mask * sel[:, None].to(mask.dtype)
-                metrics[f"{name}/tokens"] = float(m.sum())
-                metrics[f"{name}/pg_loss"] = _masked_mean(pg, m)
-                metrics[f"{name}/clipfrac"] = _masked_mean(clipped_high + clipped_low, m)
-                metrics[f"{name}/approx_kl"] = _masked_mean(-log_ratio, m)
-                if entropy is not None:
-                    metrics[f"{name}/entropy"] = _masked_mean(entropy, m)
+    metrics = _loss_metrics(pg, ratio, log_ratio, adv, mask, clip_low, clip_high, clip_c, kl, entropy, is_confidence)
     return loss, metrics
+
+
+@torch.no_grad()
+def _loss_metrics(pg, ratio, log_ratio, adv, mask, clip_low, clip_high, clip_c, kl, entropy,
+                  is_confidence) -> dict[str, float]:
+    """What :func:`policy_loss` reports over the masked tokens: the policy-gradient term, the fraction clipped
+    on each side (and by the dual clip), the approximate KL to π_old, the ratio, the KL to π_ref and the entropy
+    when given; with ``is_confidence``, the same per sample type (``answer/…``, ``confidence/…``)."""
+    pos, neg = (adv > 0).to(mask.dtype), (adv < 0).to(mask.dtype)
+    clipped_high = (ratio > 1.0 + clip_high).to(mask.dtype) * pos
+    clipped_low = (ratio < 1.0 - clip_low).to(mask.dtype) * neg
+    dual = (ratio > clip_c).to(mask.dtype) * neg if clip_c is not None else torch.zeros_like(mask)
+    metrics: dict[str, float] = {
+        "tokens": float(mask.sum()),
+        "pg_loss": _masked_mean(pg, mask),
+        "clipfrac_high": _masked_mean(clipped_high, mask),
+        "clipfrac_low": _masked_mean(clipped_low, mask),
+        "clipfrac_dual": _masked_mean(dual, mask),
+        "approx_kl": _masked_mean(-log_ratio, mask),
+        "ratio_mean": _masked_mean(ratio, mask),
+    }
+    if kl is not None:
+        metrics["ref_kl"] = _masked_mean(kl, mask)
+    if entropy is not None:
+        metrics["entropy"] = _masked_mean(entropy, mask)
+    if is_confidence is not None:
+        is_conf = torch.as_tensor(is_confidence, dtype=torch.bool, device=mask.device)
+        for name, sel in (("answer", ~is_conf), ("confidence", is_conf)):
+            m = mask * sel[:, None].to(mask.dtype)
+            metrics[f"{name}/tokens"] = float(m.sum())
+            metrics[f"{name}/pg_loss"] = _masked_mean(pg, m)
+            metrics[f"{name}/clipfrac"] = _masked_mean(clipped_high + clipped_low, m)
+            metrics[f"{name}/approx_kl"] = _masked_mean(-log_ratio, m)
+            if entropy is not None:
+                metrics[f"{name}/entropy"] = _masked_mean(entropy, m)
+    return metrics
