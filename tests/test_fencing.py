@@ -73,7 +73,7 @@ def test_a_stalled_writer_past_its_checks_cannot_replace_what_another_committed(
     land in A's attempt's paths, which no manifest names."""
     import pyarrow as pa
 
-    from flows.train import save_task
+    from flows.tasks import save_task
     from rlcr.runs import check_fence
 
     class Uploader:  # the trainer's rank 0: its fence check (passed before the stall), then the upload
