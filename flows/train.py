@@ -181,9 +181,11 @@ def rlcr_train(
                     rewinds += 1
                     if rewinds > cfg.orchestration.retries:
                         raise
-                    done, saved, ahead = _rewind(cfg, run, trainer, engines, initial, train_tasks)
-                    log.warning("%s; rewound to %s, re-running iterations %d..%d (rewind %d of %d)",
-                                e, saved, len(done) + 1, k, rewinds, cfg.orchestration.retries)
+                    def announce(to: str, first: int, e: StateLost = e) -> None:
+                        log.warning("%s; rewinding to %s and re-running iterations %d..%d (rewind %d of %d)",
+                                    e, to, first, k, rewinds, cfg.orchestration.retries)
+
+                    done, saved, ahead = _rewind(cfg, run, trainer, engines, initial, train_tasks, announce)
                     policy, staged, pending, k = saved, [], None, len(done) + 1
                     continue
                 except Exception:
@@ -217,12 +219,13 @@ def _start_workers(cfg, workers: contextlib.ExitStack, policy: str, restore: boo
     return engines, trainer
 
 
-def _rewind(cfg, run, trainer, engines, initial: str, train_tasks):
-    """Back to the last committed state after the workers died with unsaved updates: the trainer restarted on
-    it, the engines loaded with it. Returns (the committed manifests, that state, the rollouts sampled ahead for
-    the next iteration, if any)."""
+def _rewind(cfg, run, trainer, engines, initial: str, train_tasks, announce):
+    """Back to the last committed state after the workers died with unsaved updates: ``announce(state, first
+    iteration to re-run)`` first, then the trainer restarted on it and the engines loaded with it. Returns (the
+    committed manifests, that state, the rollouts sampled ahead for the next iteration, if any)."""
     done = run.committed()
     state = run.verified_state(done[-1]) if done else initial
+    announce(state, len(done) + 1)
     trainer.restart_from(state, restore=bool(done))
     engines.load(state)
     return done, state, read_ahead_rollouts(cfg, run, done, train_tasks)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from rlcr.evaluate import check_eval_rows, compare_evaluations, pool_draws, summarize_eval
+from rlcr.run_refs import LATEST
 from rlcr.untrusted import InvalidInput, printable
 
 __all__ = ["RowsRefused", "evaluated_iterations", "read_records", "check_draws", "held_out_rows",
@@ -78,8 +79,7 @@ def check_draws(files: Sequence[str], sources: Sequence[dict[str, Any]]) -> None
                               "— the same answers twice; pool different draws (`rlcr eval --draw k`)")
 
 
-def held_out_rows(side: str, run, iteration: Optional[int],
-                  param: str = "--iteration") -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def held_out_rows(side: str, run, iteration: Optional[int]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The per-answer held-out rows of one side of a comparison — a run's at ``iteration``, a .parquet file's,
     or those of several files joined by '+' (sample draws of one policy, pooled by
     :func:`rlcr.evaluate.pool_draws`) — and, for files `rlcr eval --records` wrote, where they came from."""
@@ -87,7 +87,7 @@ def held_out_rows(side: str, run, iteration: Optional[int],
         rows = run.eval_records(iteration)
         if rows is None:
             raise RowsRefused(f"run {run.run_id!r} kept no held-out rows for iteration {iteration} "
-                              f"(it has them for {evaluated_iterations(run) or 'none'})", param)
+                              f"(it has them for {evaluated_iterations(run) or 'none'})", "--iteration")
         try:
             check_eval_rows(rows, run.store.url(run.eval_records_rel(iteration)))
         except InvalidInput as e:
@@ -110,15 +110,15 @@ def held_out_rows(side: str, run, iteration: Optional[int],
     return rows, {**{k: v for k, v in (known[0] if known else {}).items() if k in ("policy", "method")}, **pooled}
 
 
-LATEST = "latest"
-"""A side given as ``RUN@latest``: the run's last iteration with held-out rows."""
 
 
-def side_iterations(runs: Sequence[Any], pins: Sequence[Any], iteration: Optional[int]) -> list[Optional[int]]:
+def side_iterations(runs: Sequence[Any], pins: Sequence[Any], iteration: Optional[int],
+                    names: Sequence[str] = ("RUN_A", "RUN_B")) -> list[Optional[int]]:
     """The iteration each side is read at (None for a file). A side pinned by ``RUN@K`` is read at K, one pinned
     by ``RUN@latest`` at its last evaluated iteration; the other runs at ``iteration`` (``--iteration``) or, when
     none is asked for, at the last iteration all of them evaluated. ``--iteration`` is refused where no side is
-    a run given without ``@``."""
+    a run given without ``@``; a pinned iteration must be committed (or 0) with held-out rows, else one line
+    naming the side (``names``) and the iterations that have them."""
     free = [r for r, pin in zip(runs, pins) if r is not None and pin is None]
     if iteration is not None and not free:
         pinned = any(r is not None for r in runs)
@@ -131,16 +131,17 @@ def side_iterations(runs: Sequence[Any], pins: Sequence[Any], iteration: Optiona
                               "held-out rows for no common iteration")
         iteration = common[-1]
     out: list[Optional[int]] = []
-    for run, pin in zip(runs, pins):
-        if run is None:
-            out.append(None)
-        elif pin == LATEST:
-            held = evaluated_iterations(run)
-            if not held:
-                raise RowsRefused(f"run {run.run_id!r} kept per-answer held-out rows for no iteration")
-            out.append(held[-1])
-        else:
-            out.append(iteration if pin is None else int(pin))
+    for run, pin, name in zip(runs, pins, names):
+        if run is None or pin is None:
+            out.append(None if run is None else iteration)
+            continue
+        held = evaluated_iterations(run)
+        if pin == LATEST and not held:
+            raise RowsRefused(f"run {run.run_id!r} kept per-answer held-out rows for no iteration", name)
+        if pin != LATEST and pin not in held:
+            raise RowsRefused(f"run {run.run_id!r} kept no held-out rows for committed iteration {pin} (it has them "
+                              f"for {held or 'none'})", name)
+        out.append(held[-1] if pin == LATEST else int(pin))
     if len(runs) == 2 and runs[0] is not None and runs[1] is not None and runs[0].run_id == runs[1].run_id \
             and out[0] == out[1]:
         raise RowsRefused(f"both sides are run {runs[0].run_id!r} at iteration {out[0]}: the same answers twice")
@@ -154,8 +155,7 @@ def compare_held_out(sides: Sequence[str], runs: Sequence[Any], iteration: Optio
     "sources"}``. ``pins``: per side, the iteration a ``RUN@K`` reference names (K or :data:`LATEST`; None: none,
     see :func:`side_iterations`); ``iteration`` is the one both runs share, or None where they differ."""
     its = side_iterations(runs, pins or [None] * len(runs), iteration)
-    rows, sources = zip(*(held_out_rows(side, run, k, "--iteration" if pin is None else SIDES)
-                          for side, run, k, pin in zip(sides, runs, its, pins or [None] * len(runs))))
+    rows, sources = zip(*(held_out_rows(side, run, k) for side, run, k in zip(sides, runs, its)))
     try:
         cmp = compare_evaluations(rows[0], rows[1], n_resamples=n_resamples, seed=seed)
     except ValueError as e:

@@ -52,8 +52,9 @@ class Answers:
     prior: np.ndarray = field(default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        self.task = np.asarray(self.task).astype(str)
-        self.stratum = np.asarray(self.stratum).astype(str)
+        # names as strings; integer codes (the bootstrap's, :func:`hierarchical_bootstrap`) kept as they are
+        self.task, self.stratum = (x if (x := np.asarray(v)).dtype.kind in "iu" else x.astype(str)
+                                   for v in (self.task, self.stratum))
         self.correct = np.asarray(self.correct, dtype=float)
         self.confidence = np.asarray(self.confidence, dtype=float)
         n = self.task.shape[0]
@@ -129,6 +130,15 @@ def _auroc_from_counts(pos: np.ndarray, neg: np.ndarray) -> float:
 def _aurocs(y: np.ndarray, group: np.ndarray, n_groups: int, code: np.ndarray, n_strata: int) -> tuple[float, list[float]]:
     """The pooled AUROC and each stratum's (``code``: each answer's stratum, 0 … n_strata − 1), from counts per
     (stratum, tie group): no sort beyond :func:`_tie_groups`'s."""
+    if n_strata * n_groups > 4 * y.size + 1024:  # many strata × many distinct confidences: count what occurs only
+        pooled = _auroc_from_counts(*(np.bincount(group[sel], minlength=n_groups) for sel in (y == 1, y == 0)))
+        per = []
+        for i in range(n_strata):
+            inside = code == i
+            g, counts = _tie_groups(group[inside])  # the stratum's own tie groups, in the same order
+            per.append(_auroc_from_counts(*(np.bincount(g[sel], minlength=counts.size)
+                                            for sel in (y[inside] == 1, y[inside] == 0))))
+        return pooled, per
     right = y == 1
     cell = code * n_groups + group
     pos = np.bincount(cell[right], minlength=n_strata * n_groups).reshape(n_strata, n_groups)
@@ -323,7 +333,10 @@ def apply_per_stratum(apply: Callable, conf: Sequence[float], strata: Sequence[s
 
 # ----------------------------------------------------------------------------------------------- 3. bootstrap
 Statistic = Callable[[Mapping[str, Answers]], Mapping[str, float]]
-"""Scores the answers of every method on one draw: ``{method: Answers}`` → ``{name: value}``."""
+"""Scores the answers of every method on one draw: ``{method: Answers}`` → ``{name: value}``. Inside
+:func:`hierarchical_bootstrap` each answer's stratum and task are integer codes (numbered in the sorted order of
+the names), not names: a statistic groups by them (as :func:`protocol_metrics` does) but must not look a name up;
+fit anything that needs names (a difficulty prior, a recalibration map) before the bootstrap."""
 
 
 class _TaskRows:

@@ -33,8 +33,10 @@ from typing import Any
 from rlcr.untrusted import InvalidInput, field, printable
 
 __all__ = ["RunRefError", "parse_ref", "is_run_ref", "resolve_checkpoint", "run_summary", "store_summaries",
-           "iteration_rows", "MAX_LISTED_RUNS", "STATES"]
+           "iteration_rows", "MAX_LISTED_RUNS", "STATES", "LATEST"]
 
+LATEST = "latest"
+"""The iteration of ``RUN@latest``."""
 MAX_LISTED_RUNS = 200
 """Most runs ``rlcr runs`` reads (the newest by name are shown first; the table says how many were left out)."""
 STATES = ("running", "finished", "crashed", "stopped", "invalid")

@@ -337,16 +337,20 @@ def test_compare_pairs_two_runs_evaluations_on_the_same_tasks(tmp_path):
 
 
 def test_compare_reads_each_side_at_the_iteration_its_reference_names(tmp_path):
-    """`rlcr compare RUN@K RUN@J`: two iterations of one run (what training changed) or of two runs; a bare run
-    beside a pinned one is read at --iteration or its last evaluated iteration; the same rows on both sides,
-    --iteration with every run pinned, and an iteration without rows are refused naming the input."""
+    """`rlcr compare RUN@K RUN@J`: two committed iterations of one run (what training changed) or of two runs; a
+    bare run beside a pinned one is read at --iteration or its last evaluated iteration. Refused, naming the side:
+    the same rows twice, --iteration with every run pinned, an iteration not committed or without rows, and a
+    reference that is also the id of a run in the store (ambiguous)."""
+    from test_run_refs import make_run
     from typer.testing import CliRunner
 
     from rlcr.cli import app
 
     cfg = RLCRConfig(storage={"uri": str(tmp_path / "store")})
+    make_run(RunStore.open(cfg, "a").store, "a", committed=2, save_every=2, iterations=4)
     write_eval_rows(cfg, "a", 0, False)
-    write_eval_rows(cfg, "a", 2, True)  # an iteration's rows (not committed here: @latest still reads 0)
+    write_eval_rows(cfg, "a", 2, True)
+    write_eval_rows(cfg, "a", 3, True)  # rows of an iteration that was never committed
     write_eval_rows(cfg, "b", 0, True)
     store, runner = f"storage.uri={cfg.storage.uri}", CliRunner()
 
@@ -354,24 +358,26 @@ def test_compare_reads_each_side_at_the_iteration_its_reference_names(tmp_path):
         assert res.exit_code == 0, res.output
         return next(line for line in res.output.splitlines() if "accuracy" in line)
 
+    def refused(args, *messages) -> None:
+        res = runner.invoke(app, ["compare", *args, store])
+        assert res.exit_code != 0 and all(says(res.output, m) for m in messages), res.output
+
     res = runner.invoke(app, ["compare", "a@2", "a@0", store])
     assert "+1.000 [+1.000, +1.000]" in accuracy(res)
     assert "a@2 − a@0 (A at iteration 2, B at iteration 0): 6 shared held-out tasks" in res.output
-    res = runner.invoke(app, ["compare", "a@0", "b", store])  # b bare: its last evaluated iteration, 0
-    assert "-1.000 [-1.000, -1.000]" in accuracy(res) and "a@0 − b at iteration 0" in res.output
-    res = runner.invoke(app, ["compare", "b", "a@2", "--iteration", "0", store])
-    assert " +0.000 [" in accuracy(res)
-    assert "b − a@2 (A at iteration 0, B at iteration 2)" in res.output
-    assert "-1.000 [" in accuracy(runner.invoke(app, ["compare", "a@latest", "b@0", store]))
-    res = runner.invoke(app, ["compare", "a@0", "a@latest", store])
-    assert res.exit_code != 0 and says(res.output, "both sides are run 'a' at iteration 0: the same answers twice")
-    res = runner.invoke(app, ["compare", "a@2", "b@0", "--iteration", "2", store])
-    assert res.exit_code != 0 and says(res.output, "applies to runs given without @ITERATION")
-    res = runner.invoke(app, ["compare", "a@5", "b", store])
-    assert res.exit_code != 0 and says(res.output, "run 'a' kept no held-out rows for iteration 5 (it has them for [0])")
-    assert "RUN_A/RUN_B" in res.output  # the side that named it, not --iteration
-    res = runner.invoke(app, ["compare", "c@1", "b", store])
-    assert res.exit_code != 0 and says(res.output, "'c'")
+    res = runner.invoke(app, ["compare", "b@0", "a", store])  # a bare: its last evaluated iteration, 2
+    assert " +0.000 [" in accuracy(res) and "b@0 − a (A at iteration 0, B at iteration 2)" in res.output
+    res = runner.invoke(app, ["compare", "b", "a@latest", "--iteration", "0", store])
+    assert " +0.000 [" in accuracy(res) and "b − a@latest (A at iteration 0, B at iteration 2)" in res.output
+    assert "-1.000 [" in accuracy(runner.invoke(app, ["compare", "a@0", "b", store]))
+    refused(["a@2", "a@latest"], "both sides are run 'a' at iteration 2: the same answers twice")
+    refused(["a@2", "b@0", "--iteration", "2"], "applies to runs given without @ITERATION")
+    refused(["b", "a@3"], "run 'a' kept no held-out rows for committed iteration 3 (it has them for [0, 2])",
+            "RUN_B")
+    refused(["a@5", "b"], "committed iteration 5", "RUN_A")
+    refused(["c@1", "b"], "RUN_A: 'c@1' is read as iteration 1 of run 'c'", "run 'c' not found")
+    write_eval_rows(cfg, "b@0", 0, True)  # a run whose id is a reference to another
+    refused(["a", "b@0"], "RUN_B: 'b@0' is read as iteration 0 of run 'b', but a run 'b@0' exists too")
 
 
 def test_eval_refuses_to_overwrite_its_records_before_any_work(tmp_path):

@@ -279,6 +279,18 @@ def test_seed_level_rules_fail_where_the_seeds_disagree_though_the_bootstrap_pas
                                        - protocol_metrics(one["rlvr"])["ece"]})
 
 
+def _ece_equal_mass_by_search(c, y, n_bins=10):
+    """The equal-mass ECE by its definition, independently of rlcr's tie-group counting: each answer's tie group
+    found by binary search in the sorted confidences, the bin from the group's centre."""
+    from rlcr.metrics import binned_calibration_error
+
+    ordered = np.sort(c)
+    ends = np.append(np.flatnonzero(np.diff(ordered)) + 1, c.size)
+    counts = np.diff(ends, prepend=0)
+    centre = (ends - counts / 2.0)[np.searchsorted(ordered[ends - 1], c)]
+    return binned_calibration_error(c, y, np.minimum((centre * n_bins / c.size).astype(int), n_bins - 1), n_bins)
+
+
 def test_protocol_metrics_equal_the_reference_metrics_bit_for_bit():
     """protocol_metrics shares one sort between the equal-mass ECE and the AUROCs (counts per tie group): on
     answers with many ties, unparsed confidences and uneven strata, every figure equals the one-metric-at-a-time
@@ -305,10 +317,19 @@ def test_protocol_metrics_equal_the_reference_metrics_bit_for_bit():
         defined = [v for v in per if not math.isnan(v)]
         want = {"accuracy": correct.mean(), "ece": ece(c, y), "brier": brier(c, y), "auroc": auroc(c, y),
                 "auroc_within": float(np.mean(defined)) if defined else math.nan,
-                "ece_equal_mass": ece_equal_mass(c, y),
+                "ece_equal_mass": _ece_equal_mass_by_search(c, y),
                 "brier_skill": 1 - brier(c, y) / float(np.mean((a.prior[has] - y) ** 2))}
         for k, v in want.items():
             assert (math.isnan(v) and math.isnan(got[k])) or got[k] == v, (trial, k, got[k], v)
         boot = hierarchical_bootstrap({"m": {0: a}}, lambda d: protocol_metrics(d["m"]), n_resamples=1)
         assert all((math.isnan(v) and math.isnan(got[k])) or boot["point"][k] == got[k]
                    for k, v in boot["point"].items())
+
+
+def test_integer_coded_answers_stay_codes():
+    """Inside the bootstrap strata and tasks are integer codes; a statistic that rebuilds answers (a new
+    confidence) keeps them codes, so grouping and its order stay those of the names (as strings, "10" < "2")."""
+    a = Answers(np.array([0, 1, 11]), np.array([2, 10, 3]), [1, 0, 1], [0.2, 0.5, 0.9])
+    b = a.with_confidence(np.array([0.3, 0.4, 0.5]))
+    assert a.stratum.dtype.kind == b.stratum.dtype.kind == b.task.dtype.kind == "i"
+    assert Answers(["t"], ["2"], [1], [0.5]).stratum.dtype.kind == "U"

@@ -15,8 +15,8 @@ code 2, before Ray or Prefect start wherever the input alone shows it; ``rlcr --
 
 The package: :mod:`~rlcr.cli.app` (the command group and its user errors), :mod:`~rlcr.cli.inputs` (the checks
 every command makes first), the commands by group (:mod:`~rlcr.cli.run`: models, config, train, sft;
-:mod:`~rlcr.cli.evaluation`: eval, compare, probe; :mod:`~rlcr.cli.demo`). Tables and progress displays are
-:mod:`rlcr.presentation`'s.
+:mod:`~rlcr.cli.evaluation`: eval, compare, probe; :mod:`~rlcr.cli.demo`). Tables are :mod:`rlcr.presentation`'s,
+progress displays :mod:`rlcr.progress`'s.
 """
 
 import rlcr.cli.run  # noqa: F401, I001 — registers the commands on `app`, in the order --help lists them

@@ -138,11 +138,10 @@ def compare(
     files = [s.endswith(".parquet") for s in sides]
     if not all(files):
         check_storage(cfg)
-    refs = [None if f else run_and_iteration(s, cfg, name) for s, f, name in zip(sides, files, ("RUN_A", "RUN_B"))]
-    runs = [None if r is None else existing_run(cfg, r[0]) for r in refs]
-    from rlcr.comparison import LATEST, RowsRefused, compare_held_out  # torch: after the inputs are checked
+    runs, pins = zip(*((None, None) if f else _compare_side(cfg, s, name)
+                       for s, f, name in zip(sides, files, ("RUN_A", "RUN_B"))))
+    from rlcr.comparison import RowsRefused, compare_held_out  # torch: after the inputs are checked
 
-    pins = [None if r is None or r[0] == s else (LATEST if r[1] is None else r[1]) for r, s in zip(refs, sides)]
     try:
         result = compare_held_out(sides, runs, iteration, n_resamples=cfg.eval.bootstrap_resamples,
                                   seed=cfg.tasks.eval_seed, pins=pins)
@@ -152,6 +151,28 @@ def compare(
     for name, fields in zip("AB", result["sources"]):
         if fields:
             console.print(f"{name}: {provenance_text(fields)}")
+
+
+def _compare_side(cfg, side: str, name: str):
+    """A run side of `rlcr compare`: (the run, the iteration its ``@`` names: K, ``"latest"``, or None for a bare
+    run). A reference that is also the id of a run in the store is refused as ambiguous; a reference to a run
+    that is not there says how it was read."""
+    from rlcr.run_refs import LATEST
+    from rlcr.runs import RunStore
+
+    run_id, iteration = run_and_iteration(side, cfg, name)
+    if run_id == side:
+        return existing_run(cfg, run_id), None
+    at = LATEST if iteration is None else iteration
+    read = f"{name}: {printable(side, 140)!r} is read as iteration {at} of run {printable(run_id, 140)!r}"
+    literal = RunStore.open(cfg, side)
+    if literal.store.exists(literal.prefix):
+        raise UserError(f"{read}, but a run {printable(side, 140)!r} exists too: the reference is ambiguous "
+                        "(rename that run, or compare its `rlcr eval --records` file)")
+    try:
+        return existing_run(cfg, run_id), at
+    except UserError as e:
+        raise UserError(f"{read}; {e}") from None
 
 
 @app.command()
