@@ -31,7 +31,7 @@ bench/grid_addendum.py and bench/grid_addendum_table.py; the steps below are the
 4. The evaluations of the protocol — test and calibration split, primary (sampling at the training temperature,
    ``answers_per_task`` answers, draw 0) and paper protocol (greedy, 1 answer) — of the warm-start (with the
    two-turn confidence query) and of each method's last checkpoint, each written as a small Parquet record
-   under ``bench/results/grid/`` (bench/grid_table.py). An evaluation whose record exists is not redone.
+   under ``bench/results/grid/`` (bench/grid_records.py). An evaluation whose record exists is not redone.
 5. ``--table-only`` reads the records alone and prints the pre-registered table (bench/grid_table.py),
    ``--docs FILE`` also writes it into FILE's grid section and ``--readme FILE`` its short form (the primary
    protocol's headline metrics, the goals' verdicts) into FILE's grid summary. The last line is
@@ -52,8 +52,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from bench.grid_protocol import (ProtocolError, SplitError, build_split, check_disjoint, load_protocol,  # noqa: E402
                                  write_split)
-from bench.grid_table import (BEGIN, DEFAULT_DIR, END, README_BEGIN, README_END, RecordError,  # noqa: E402
-                              build_table, record_name, record_table, replace_section, weights_digest, write_record)
+from bench.grid_records import (DEFAULT_DIR, RecordError, record_name, record_table, weights_digest,  # noqa: E402
+                                write_record)
+from bench.grid_table import BEGIN, END, README_BEGIN, README_END, build_table, replace_section  # noqa: E402
 
 
 def run_id(seed: int, what: str) -> str:
@@ -95,7 +96,7 @@ def evaluate_records(cfg, protocol, seed: int, policy: str, policy_uri: str, ite
                      records: Path, warm_start: str) -> None:
     """The protocol's evaluations of one policy (test and calibration × primary and paper), each written as
     its record; those already on record are skipped. ``cfg``: the policy's method (its confidence query);
-    ``warm_start``: the digest of the seed's warm-start weights (:func:`bench.grid_table.weights_digest`)."""
+    ``warm_start``: the digest of the seed's warm-start weights (:func:`bench.grid_records.weights_digest`)."""
     from flows.train import ensure_ray
     from rlcr.evaluate import evaluate_policy
     from rlcr.rollout.engine import EnginePool

@@ -15,7 +15,7 @@ Per seed, in order (each step resumable: a re-run continues where the last one s
    addendum evaluates on this seed: rlcr and rlvr on the new seeds, rlvr_g4 on all, and — because the
    out-of-domain rule reads every policy on every seed and the first grid kept no checkpoints — rlcr and rlvr on
    seeds 1–3 again, from the same seed and settings (their in-domain figures stay the committed ones).
-4. **The evaluations**, each a record under ``bench/results/grid-2/`` (bench/grid_table.py's format; an existing
+4. **The evaluations**, each a record under ``bench/results/grid-2/`` (bench/grid_records.py's format; an existing
    record is never redone or replaced):
    * in domain, the base protocol's four (test and calibration split × primary and paper protocol) for every
      (policy, seed) the addendum's ``runs`` name — the first grid's records are not redone;
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from bench.grid_protocol import ADDENDUM_DATA
-from bench.grid_table import DEFAULT_DIR, read_records, record_name, record_table, weights_digest, write_record
+from bench.grid_records import DEFAULT_DIR, read_records, record_name, record_table, weights_digest, write_record
 
 ADDENDUM_DIR = DEFAULT_DIR.parent / "grid-2"
 """Where the addendum's records go (the first grid's stay under ``bench/results/grid/``, unchanged)."""

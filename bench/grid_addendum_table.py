@@ -22,8 +22,9 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from bench.grid_table import (DEFAULT_DIR, METRIC_COLUMNS, RecordError, _recalibrated, _scored,
-                              interval_text, metrics_table, read_records, row_results, seed_text, warm_start_lines)
+from bench.grid_records import DEFAULT_DIR, RecordError, read_records
+from bench.grid_table import (METRIC_COLUMNS, _recalibrated, _scored, interval_text, metrics_table, row_results,
+                              seed_text, warm_start_lines)
 from rlcr.protocol_stats import NON_INFERIORITY_MARGIN
 
 SECOND_DIR = DEFAULT_DIR.parent / "grid-2"

@@ -8,7 +8,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from bench.grid_table import EXPLORATORY, GOAL_TEXT, POLICIES, decide_goals, interval_text, seed_text
+from bench.grid_records import POLICIES
+from bench.grid_table import EXPLORATORY, GOAL_TEXT, decide_goals, interval_text, seed_text
 
 
 RECALIBRATION_PAIRS = {"RLCR − (RLVR + Platt per stratum)": ("rlcr", "rlvr + Platt per stratum"),

@@ -15,8 +15,8 @@ import pytest
 
 from bench.grid_protocol import (ProtocolError, Split, SplitError, build_split, check_disjoint, load_protocol,
                                  write_split)
-from bench.grid_table import (BEGIN, DEFAULT_DIR, END, MAX_RECORD_BYTES, README_BEGIN, README_END, RecordError,
-                              build_table, docs_section, read_records, record_name, replace_section, write_record)
+from bench.grid_records import DEFAULT_DIR, MAX_RECORD_BYTES, RecordError, read_records, record_name, write_record
+from bench.grid_table import BEGIN, END, README_BEGIN, README_END, build_table, docs_section, replace_section
 from rlcr.config import load_config
 from rlcr.tasks.registry import get_task
 from rlcr.tasks.sets import held_out_set, sft_tasks, training_pool
@@ -384,7 +384,7 @@ def test_goals_fail_by_their_rules_and_wait_for_every_seed(tmp_path, protocol):
 def test_each_seeds_warm_start_is_named_and_a_recomputed_one_is_flagged(tmp_path, protocol):
     """A seed spread over sessions trains its warm-start again; the records name its weights' sha256, and the
     table says whether a seed's policies share one."""
-    from bench.grid_table import weights_digest
+    from bench.grid_records import weights_digest
 
     synthetic_records(tmp_path, seeds=(1, 2))
     table = build_table(tmp_path, protocol, n_resamples=50).docs
