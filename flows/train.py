@@ -181,6 +181,7 @@ def rlcr_train(
                     rewinds += 1
                     if rewinds > cfg.orchestration.retries:
                         raise
+
                     def announce(to: str, first: int, e: StateLost = e) -> None:
                         log.warning("%s; rewinding to %s and re-running iterations %d..%d (rewind %d of %d)",
                                     e, to, first, k, rewinds, cfg.orchestration.retries)

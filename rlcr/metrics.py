@@ -39,7 +39,8 @@ def brier(conf: Sequence[float], correct: Sequence[float]) -> float:
     return float(np.mean((c - y) ** 2)) if c.size else math.nan
 
 
-def _bin_index(c: np.ndarray, n_bins: int) -> np.ndarray:
+def equal_width_bins(c: np.ndarray, n_bins: int) -> np.ndarray:
+    """Each confidence's equal-width bin, 0 … n_bins − 1."""
     # equal-width bins [0, .1), [.1, .2), …, [.9, 1.0]; c = 1 falls in the last one
     return np.minimum((c * n_bins).astype(int), n_bins - 1)
 
@@ -47,7 +48,7 @@ def _bin_index(c: np.ndarray, n_bins: int) -> np.ndarray:
 def reliability_bins(conf: Sequence[float], correct: Sequence[float], n_bins: int = 10) -> list[dict]:
     """Per equal-width bin: range, count, mean confidence and accuracy (None for empty bins)."""
     c, y = scored_arrays(conf, correct)
-    idx = _bin_index(c, n_bins)
+    idx = equal_width_bins(c, n_bins)
     out = []
     for b in range(n_bins):
         sel = idx == b
@@ -65,7 +66,7 @@ def ece(conf: Sequence[float], correct: Sequence[float], n_bins: int = 10) -> fl
     c, y = scored_arrays(conf, correct)
     if not c.size:
         return math.nan
-    return binned_calibration_error(c, y, _bin_index(c, n_bins), n_bins)
+    return binned_calibration_error(c, y, equal_width_bins(c, n_bins), n_bins)
 
 
 def binned_calibration_error(c: np.ndarray, y: np.ndarray, bins: np.ndarray, n_bins: int) -> float:

@@ -26,7 +26,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from rlcr.metrics import binned_calibration_error, scored_arrays
+from rlcr.metrics import binned_calibration_error, equal_width_bins, scored_arrays
 
 __all__ = ["Answers", "ece_equal_mass", "within_stratum_auroc", "difficulty_prior", "fit_temperature",
            "apply_temperature", "fit_isotonic", "apply_isotonic", "protocol_metrics", "hierarchical_bootstrap",
@@ -185,7 +185,7 @@ def protocol_metrics(a: Answers, n_bins: int = 10) -> dict[str, float]:
     group, counts = _tie_groups(c)
     keys, code = np.unique(a.stratum[has], return_inverse=True)
     pooled, per_stratum = _aurocs(y, group, counts.size, code.reshape(-1), keys.size)
-    out.update({"ece": binned_calibration_error(c, y, np.minimum((c * n_bins).astype(int), n_bins - 1), n_bins),
+    out.update({"ece": binned_calibration_error(c, y, equal_width_bins(c, n_bins), n_bins),
                 "ece_equal_mass": _ece_equal_mass(c, y, group, counts, n_bins), "brier": b,
                 "brier_skill": 1 - b / b_prior if b_prior > 0 else math.nan,
                 "auroc_within": _defined_mean(per_stratum), "auroc": pooled})

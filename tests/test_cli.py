@@ -376,6 +376,7 @@ def test_compare_reads_each_side_at_the_iteration_its_reference_names(tmp_path):
             "RUN_B")
     refused(["a@5", "b"], "committed iteration 5", "RUN_A")
     refused(["c@1", "b"], "RUN_A: 'c@1' is read as iteration 1 of run 'c'", "run 'c' not found")
+    refused(["c" * 128 + "@latest", "b"], "is read as iteration latest of run", "not found")  # too long for an id
     write_eval_rows(cfg, "b@0", 0, True)  # a run whose id is a reference to another
     refused(["a", "b@0"], "RUN_B: 'b@0' is read as iteration 0 of run 'b', but a run 'b@0' exists too")
 

@@ -159,14 +159,15 @@ def _compare_side(cfg, side: str, name: str):
     that is not there says how it was read."""
     from rlcr.run_refs import LATEST
     from rlcr.runs import RunStore
+    from rlcr.storage import RUN_ID_PATTERN
 
     run_id, iteration = run_and_iteration(side, cfg, name)
     if run_id == side:
         return existing_run(cfg, run_id), None
     at = LATEST if iteration is None else iteration
     read = f"{name}: {printable(side, 140)!r} is read as iteration {at} of run {printable(run_id, 140)!r}"
-    literal = RunStore.open(cfg, side)
-    if literal.store.exists(literal.prefix):
+    literal = RunStore.open(cfg, side) if RUN_ID_PATTERN.fullmatch(side) else None  # could a run have this id?
+    if literal is not None and literal.store.exists(literal.prefix):
         raise UserError(f"{read}, but a run {printable(side, 140)!r} exists too: the reference is ambiguous "
                         "(rename that run, or compare its `rlcr eval --records` file)")
     try:
