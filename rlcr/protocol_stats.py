@@ -68,17 +68,24 @@ class Answers:
         if not np.all(ok):
             raise ValueError("Answers.confidence must be NaN or in [0, 1]")
 
+    _codes = None  # not annotated: not a dataclass field
+    """A :class:`_Codes`, set only inside :func:`hierarchical_bootstrap`: the strata's number and each
+    confidence's tie group, coded once for all its draws. Answers made anew (``with_confidence``, a recalibration inside a
+    statistic) have none."""
+
     @classmethod
-    def _trusted(cls, task, stratum, correct, confidence, prior) -> "Answers":
+    def _trusted(cls, task, stratum, correct, confidence, prior, codes: "_Codes | None" = None) -> "Answers":
         """Answers from arrays taken out of already checked Answers (rows, concatenations): no second check —
         the bootstrap builds hundreds of thousands of these."""
         a = object.__new__(cls)
         a.task, a.stratum, a.correct, a.confidence, a.prior = task, stratum, correct, confidence, prior
+        a._codes = codes
         return a
 
     def take(self, rows: np.ndarray) -> "Answers":
+        codes = self._codes and self._codes.take(rows)
         return Answers._trusted(self.task[rows], self.stratum[rows], self.correct[rows], self.confidence[rows],
-                                self.prior[rows])
+                                self.prior[rows], codes)
 
     def with_confidence(self, confidence: np.ndarray) -> "Answers":
         return Answers(self.task, self.stratum, self.correct, confidence, self.prior)
@@ -182,9 +189,14 @@ def protocol_metrics(a: Answers, n_bins: int = 10) -> dict[str, float]:
     b = float(np.mean((c - y) ** 2))
     prior = a.prior[has]
     b_prior = float(np.mean((prior - y) ** 2)) if np.all(np.isfinite(prior)) else math.nan
-    group, counts = _tie_groups(c)
-    keys, code = np.unique(a.stratum[has], return_inverse=True)
-    pooled, per_stratum = _aurocs(y, group, counts.size, code.reshape(-1), keys.size)
+    if a._codes is not None:  # coded once for the whole bootstrap: no sort per draw
+        group, code, n_strata = a._codes.confidence[has], a.stratum[has], a._codes.n_strata
+        counts = np.bincount(group, minlength=a._codes.n_confidences)  # empty tie groups add nothing
+    else:
+        group, counts = _tie_groups(c)
+        keys, code = np.unique(a.stratum[has], return_inverse=True)
+        code, n_strata = code.reshape(-1), keys.size
+    pooled, per_stratum = _aurocs(y, group, counts.size, code, n_strata)  # absent strata: NaN, not averaged
     out.update({"ece": binned_calibration_error(c, y, equal_width_bins(c, n_bins), n_bins),
                 "ece_equal_mass": _ece_equal_mass(c, y, group, counts, n_bins), "brier": b,
                 "brier_skill": 1 - b / b_prior if b_prior > 0 else math.nan,
@@ -411,16 +423,39 @@ def hierarchical_bootstrap(runs: Mapping[str, Mapping[int, Answers]], statistic:
 def _coded(runs: Mapping[str, Mapping[int, Answers]]) -> dict[str, dict[int, Answers]]:
     """``runs`` with each answer's stratum and task as integer codes, numbered in the sorted order of the names
     over all of ``runs`` (order-preserving: ``np.unique`` groups and orders the codes as it would the names)."""
-    names = {f: np.unique(np.concatenate([getattr(a, f) for by_seed in runs.values() for a in by_seed.values()]))
-             for f in ("stratum", "task")}
-    return {m: {s: Answers._trusted(np.searchsorted(names["task"], a.task), np.searchsorted(names["stratum"], a.stratum),
-                                    a.correct, a.confidence, a.prior) for s, a in by_seed.items()}
-            for m, by_seed in runs.items()}
+    every = [a for by_seed in runs.values() for a in by_seed.values()]
+    names = {f: np.unique(np.concatenate([getattr(a, f) for a in every])) for f in ("stratum", "task")}
+    stated = np.unique(np.concatenate([a.confidence[np.isfinite(a.confidence)] for a in every]))
+
+    def coded(a: Answers) -> Answers:
+        tie = np.searchsorted(stated, np.where(np.isfinite(a.confidence), a.confidence, 0.0))  # NaN: never read
+        return Answers._trusted(np.searchsorted(names["task"], a.task), np.searchsorted(names["stratum"], a.stratum),
+                                a.correct, a.confidence, a.prior, _Codes(names["stratum"].size, stated.size, tie))
+
+    return {m: {s: coded(a) for s, a in by_seed.items()} for m, by_seed in runs.items()}
+
+
+@dataclass(frozen=True)
+class _Codes:
+    """What :func:`protocol_metrics` would otherwise sort out of every draw: the number of strata (the answers'
+    ``stratum`` are codes below it) and each answer's confidence tie group among the ``n_confidences`` distinct
+    parsed confidences of all the bootstrap's answers, in increasing order (the same groups, in the same order,
+    as sorting one draw's confidences: a group absent from a draw is empty and counts for nothing)."""
+
+    n_strata: int
+    n_confidences: int
+    confidence: np.ndarray
+
+    def take(self, rows: np.ndarray) -> "_Codes":
+        return _Codes(self.n_strata, self.n_confidences, self.confidence[rows])
 
 
 def _concat(parts: Sequence[Answers]) -> Answers:
+    codes = parts[0]._codes if all(p._codes is not None for p in parts) else None
     return Answers._trusted(*(np.concatenate([getattr(p, f) for p in parts])
-                              for f in ("task", "stratum", "correct", "confidence", "prior")))
+                              for f in ("task", "stratum", "correct", "confidence", "prior")),
+                            codes and _Codes(codes.n_strata, codes.n_confidences,
+                                             np.concatenate([p._codes.confidence for p in parts])))
 
 
 # ----------------------------------------------------------------------------------------------- 4. decisions
