@@ -150,57 +150,10 @@ def rlcr_train(
                 baseline = evaluate_task.with_options(**opts)(cfg, run, held_out, saved, 0, engines, initial, lease)
                 run.write_baseline({"policy_uri": saved, "eval": baseline}, lease=lease)
                 track_committed(tracker, run, [0], log)
-            policy, staged, rewinds = saved, [], 0  # staged: the iterations applied in memory since `saved`
-            ahead = read_ahead_rollouts(cfg, run, done, train_tasks)  # one-step-off: the next rollouts, already sampled
-            pending: PendingSave | None = None  # a background save not yet committed
-
-            def committed(save: PendingSave) -> None:
-                nonlocal saved
-                summary["iterations"].extend(save.covers)
-                track_committed(tracker, run, save.covers, log)
-                saved = save.uri
-                del staged[:len(save.covers)]
-                prune_task.with_options(**opts)(run, cfg.orchestration.keep_checkpoints, lease, save.covers)
-
-            def settle() -> str | None:
-                nonlocal pending
-                if pending is None:
-                    return None
-                save, pending = pending, None
-                finish_save(run, trainer, save, lease, opts)
-                committed(save)
-                return save.uri
-
-            k = len(done) + 1
-            while k <= cfg.run.iterations:
-                try:
-                    metrics, manifest, save, ahead = run_iteration(cfg, run, k, trainer, engines, (saved, policy),
-                                                                   initial, train_tasks, held_out, opts, lease,
-                                                                   staged, settle, ahead)
-                except StateLost as e:  # the workers died with unsaved updates: rewind to the last saved state
-                    rewinds += 1
-                    if rewinds > cfg.orchestration.retries:
-                        raise
-
-                    def announce(to: str, first: int, e: StateLost = e) -> None:
-                        log.warning("%s; rewinding to %s and re-running iterations %d..%d (rewind %d of %d)",
-                                    e, to, first, k, rewinds, cfg.orchestration.retries)
-
-                    done, saved, ahead = _rewind(cfg, run, trainer, engines, initial, train_tasks, announce)
-                    policy, staged, pending, k = saved, [], None, len(done) + 1
-                    continue
-                except Exception:
-                    with contextlib.suppress(Exception):  # keep what a finished background save covers
-                        settle()
-                    raise
-                policy = metrics["engines"]["policy"]
-                if save is not None and save.uri:
-                    committed(save)
-                elif save is not None:
-                    pending = save
-                _report(run_id, k, metrics, manifest, save, tracker, log)
-                k += 1
-            assert pending is None  # the last iteration's save is waited for; the others settle before an update
+            loop = _Iterations(cfg, run, lease, opts, tracker, log, trainer, engines, initial,
+                               (train_tasks, held_out), saved, summary)
+            loop.ahead = read_ahead_rollouts(cfg, run, done, train_tasks)
+            loop.run(len(done) + 1)
         summary["final_checkpoint"] = run.committed()[-1]["checkpoint_uri"]
         return summary
 
@@ -220,16 +173,80 @@ def _start_workers(cfg, workers: contextlib.ExitStack, policy: str, restore: boo
     return engines, trainer
 
 
-def _rewind(cfg, run, trainer, engines, initial: str, train_tasks, announce):
-    """Back to the last committed state after the workers died with unsaved updates: ``announce(state, first
-    iteration to re-run)`` first, then the trainer restarted on it and the engines loaded with it. Returns (the
-    committed manifests, that state, the rollouts sampled ahead for the next iteration, if any)."""
-    done = run.committed()
-    state = run.verified_state(done[-1]) if done else initial
-    announce(state, len(done) + 1)
-    trainer.restart_from(state, restore=bool(done))
-    engines.load(state)
-    return done, state, read_ahead_rollouts(cfg, run, done, train_tasks)
+class _Iterations:
+    """The flow's loop over iterations and its state between them: ``saved`` (the last committed state),
+    ``policy`` (the weights the engines sample with), ``staged`` (the iterations applied in memory since
+    ``saved``), ``pending`` (a background save not yet committed), ``ahead`` (one-step-off: the next iteration's
+    rollouts, already sampled) and the rewinds so far."""
+
+    def __init__(self, cfg, run, lease, opts, tracker, log, trainer, engines, initial: str, tasks, saved: str,
+                 summary: dict):
+        self.cfg, self.run_store, self.lease, self.opts, self.tracker, self.log = cfg, run, lease, opts, tracker, log
+        self.trainer, self.engines, self.initial, (self.train_tasks, self.held_out) = trainer, engines, initial, tasks
+        self.summary, self.saved, self.policy, self.staged = summary, saved, saved, []
+        self.pending: PendingSave | None = None
+        self.ahead = None
+        self.rewinds = 0
+
+    def run(self, k: int) -> None:
+        """Iterations ``k`` .. ``run.iterations``; a lost worker state rewinds to the last committed one (up to
+        ``orchestration.retries`` times); any other failure first keeps what a finished background save covers."""
+        cfg = self.cfg
+        while k <= cfg.run.iterations:
+            try:
+                metrics, manifest, save, self.ahead = run_iteration(
+                    cfg, self.run_store, k, self.trainer, self.engines, (self.saved, self.policy), self.initial,
+                    self.train_tasks, self.held_out, self.opts, self.lease, self.staged, self.settle, self.ahead)
+            except StateLost as e:  # the workers died with unsaved updates: rewind to the last saved state
+                k = self._rewind(e, k)
+                continue
+            except Exception:
+                with contextlib.suppress(Exception):
+                    self.settle()
+                raise
+            self.policy = metrics["engines"]["policy"]
+            if save is not None and save.uri:
+                self._committed(save)
+            elif save is not None:
+                self.pending = save
+            _report(self.run_store.run_id, k, metrics, manifest, save, self.tracker, self.log)
+            k += 1
+        assert self.pending is None  # the last iteration's save is waited for; the others settle before an update
+
+    def settle(self) -> str | None:
+        """Commit the pending background save, if any (waiting for it); returns its state's URI."""
+        if self.pending is None:
+            return None
+        save, self.pending = self.pending, None
+        finish_save(self.run_store, self.trainer, save, self.lease, self.opts)
+        self._committed(save)
+        return save.uri
+
+    def _committed(self, save: PendingSave) -> None:
+        self.summary["iterations"].extend(save.covers)
+        track_committed(self.tracker, self.run_store, save.covers, self.log)
+        self.saved = save.uri
+        del self.staged[:len(save.covers)]
+        prune_task.with_options(**self.opts)(self.run_store, self.cfg.orchestration.keep_checkpoints, self.lease,
+                                             save.covers)
+
+    def _rewind(self, e: StateLost, k: int) -> int:
+        """Back to the last committed state after the workers died with unsaved updates (``e``): the warning
+        first, then the trainer restarted on that state and the engines loaded with it. Returns the iteration
+        to run next; raises ``e`` once the rewinds exceed ``orchestration.retries``."""
+        self.rewinds += 1
+        if self.rewinds > self.cfg.orchestration.retries:
+            raise e
+        run = self.run_store
+        done = run.committed()
+        state = run.verified_state(done[-1]) if done else self.initial
+        self.log.warning("%s; rewinding to %s and re-running iterations %d..%d (rewind %d of %d)",
+                         e, state, len(done) + 1, k, self.rewinds, self.cfg.orchestration.retries)
+        self.trainer.restart_from(state, restore=bool(done))
+        self.engines.load(state)
+        self.saved, self.policy, self.staged, self.pending = state, state, [], None
+        self.ahead = read_ahead_rollouts(self.cfg, run, done, self.train_tasks)
+        return len(done) + 1
 
 
 def _report(run_id: str, k: int, metrics: dict, manifest: dict, save: PendingSave | None, tracker: Tracker,
