@@ -70,22 +70,23 @@ class Answers:
 
     _codes = None  # not annotated: not a dataclass field
     """A :class:`_Codes`, set only inside :func:`hierarchical_bootstrap`: the strata's number and each
-    confidence's tie group, coded once for all its draws. Answers made anew (``with_confidence``, a recalibration inside a
-    statistic) have none."""
+    confidence's tie group, coded once for all its draws. Answers made anew (``with_confidence``, a
+    recalibration inside a statistic) have none."""
 
     @classmethod
-    def _trusted(cls, task, stratum, correct, confidence, prior, codes: "_Codes | None" = None) -> "Answers":
+    def _trusted(cls, task, stratum, correct, confidence, prior) -> "Answers":
         """Answers from arrays taken out of already checked Answers (rows, concatenations): no second check —
         the bootstrap builds hundreds of thousands of these."""
         a = object.__new__(cls)
         a.task, a.stratum, a.correct, a.confidence, a.prior = task, stratum, correct, confidence, prior
-        a._codes = codes
         return a
 
     def take(self, rows: np.ndarray) -> "Answers":
-        codes = self._codes and self._codes.take(rows)
-        return Answers._trusted(self.task[rows], self.stratum[rows], self.correct[rows], self.confidence[rows],
-                                self.prior[rows], codes)
+        a = Answers._trusted(self.task[rows], self.stratum[rows], self.correct[rows], self.confidence[rows],
+                             self.prior[rows])
+        if self._codes is not None and self._codes.describe(self):
+            a._codes = self._codes.of(a, self._codes.confidence[rows])
+        return a
 
     def with_confidence(self, confidence: np.ndarray) -> "Answers":
         return Answers(self.task, self.stratum, self.correct, confidence, self.prior)
@@ -189,9 +190,10 @@ def protocol_metrics(a: Answers, n_bins: int = 10) -> dict[str, float]:
     b = float(np.mean((c - y) ** 2))
     prior = a.prior[has]
     b_prior = float(np.mean((prior - y) ** 2)) if np.all(np.isfinite(prior)) else math.nan
-    if a._codes is not None:  # coded once for the whole bootstrap: no sort per draw
-        group, code, n_strata = a._codes.confidence[has], a.stratum[has], a._codes.n_strata
-        counts = np.bincount(group, minlength=a._codes.n_confidences)  # empty tie groups add nothing
+    codes = a._codes
+    if codes is not None and codes.describe(a) and codes.n_confidences <= 2 * c.size:  # no sort per draw
+        group, code, n_strata = codes.confidence[has], a.stratum[has], codes.n_strata
+        counts = np.bincount(group, minlength=codes.n_confidences)  # empty tie groups add nothing
     else:
         group, counts = _tie_groups(c)
         keys, code = np.unique(a.stratum[has], return_inverse=True)
@@ -425,37 +427,57 @@ def _coded(runs: Mapping[str, Mapping[int, Answers]]) -> dict[str, dict[int, Ans
     over all of ``runs`` (order-preserving: ``np.unique`` groups and orders the codes as it would the names)."""
     every = [a for by_seed in runs.values() for a in by_seed.values()]
     names = {f: np.unique(np.concatenate([getattr(a, f) for a in every])) for f in ("stratum", "task")}
-    stated = np.unique(np.concatenate([a.confidence[np.isfinite(a.confidence)] for a in every]))
 
-    def coded(a: Answers) -> Answers:
+    def coded(a: Answers, stated: np.ndarray) -> Answers:
+        out = Answers._trusted(np.searchsorted(names["task"], a.task), np.searchsorted(names["stratum"], a.stratum),
+                               a.correct, a.confidence, a.prior)
         tie = np.searchsorted(stated, np.where(np.isfinite(a.confidence), a.confidence, 0.0))  # NaN: never read
-        return Answers._trusted(np.searchsorted(names["task"], a.task), np.searchsorted(names["stratum"], a.stratum),
-                                a.correct, a.confidence, a.prior, _Codes(names["stratum"].size, stated.size, tie))
+        out._codes = _Codes(names["stratum"].size, stated, tie, out.confidence, out.stratum)
+        return out
 
-    return {m: {s: coded(a) for s, a in by_seed.items()} for m, by_seed in runs.items()}
+    out = {}
+    for m, by_seed in runs.items():  # a draw scores each method on its own seeds' answers: its own tie groups
+        stated = np.unique(np.concatenate([a.confidence[np.isfinite(a.confidence)] for a in by_seed.values()]))
+        out[m] = {s: coded(a, stated) for s, a in by_seed.items()}
+    return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Codes:
     """What :func:`protocol_metrics` would otherwise sort out of every draw: the number of strata (the answers'
-    ``stratum`` are codes below it) and each answer's confidence tie group among the ``n_confidences`` distinct
-    parsed confidences of all the bootstrap's answers, in increasing order (the same groups, in the same order,
-    as sorting one draw's confidences: a group absent from a draw is empty and counts for nothing)."""
+    ``stratum`` are codes below it) and each answer's confidence tie group among ``stated``, the distinct parsed
+    confidences of the method's answers at every seed, in increasing order (the same groups, in the same order,
+    as sorting one draw's confidences: a group absent from a draw is empty and counts for nothing).
+
+    The codes describe the very arrays ``for_confidence`` and ``for_stratum``: answers whose confidences or strata
+    were replaced since (a statistic that rebuilds or reassigns them) are sorted afresh."""
 
     n_strata: int
-    n_confidences: int
+    stated: np.ndarray
     confidence: np.ndarray
+    for_confidence: np.ndarray
+    for_stratum: np.ndarray
 
-    def take(self, rows: np.ndarray) -> "_Codes":
-        return _Codes(self.n_strata, self.n_confidences, self.confidence[rows])
+    @property
+    def n_confidences(self) -> int:
+        return self.stated.size
+
+    def describe(self, a: Answers) -> bool:
+        return self.for_confidence is a.confidence and self.for_stratum is a.stratum
+
+    def of(self, a: Answers, confidence_codes: np.ndarray) -> "_Codes":
+        """The same code space, for ``a``'s arrays (rows of, or a concatenation of, coded answers)."""
+        return _Codes(self.n_strata, self.stated, confidence_codes, a.confidence, a.stratum)
 
 
 def _concat(parts: Sequence[Answers]) -> Answers:
-    codes = parts[0]._codes if all(p._codes is not None for p in parts) else None
-    return Answers._trusted(*(np.concatenate([getattr(p, f) for p in parts])
-                              for f in ("task", "stratum", "correct", "confidence", "prior")),
-                            codes and _Codes(codes.n_strata, codes.n_confidences,
-                                             np.concatenate([p._codes.confidence for p in parts])))
+    a = Answers._trusted(*(np.concatenate([getattr(p, f) for p in parts])
+                           for f in ("task", "stratum", "correct", "confidence", "prior")))
+    first = parts[0]._codes
+    if first is not None and all(p._codes is not None and p._codes.stated is first.stated and p._codes.describe(p)
+                                 for p in parts):  # one method's seeds: one code space
+        a._codes = first.of(a, np.concatenate([p._codes.confidence for p in parts]))
+    return a
 
 
 # ----------------------------------------------------------------------------------------------- 4. decisions

@@ -338,7 +338,10 @@ def test_integer_coded_answers_stay_codes():
 def test_a_draws_figures_are_the_same_with_the_bootstraps_codes_as_without():
     """Inside the bootstrap the confidences' tie groups and the number of strata are coded once for every draw;
     a draw lacks some tie groups and strata. Each draw's figures equal those of the same answers without the
-    codes (sorted afresh), bit for bit, over draws with ties, unparsed confidences and several seeds."""
+    codes (sorted afresh), bit for bit, over draws with ties, unparsed confidences and several seeds; a draw
+    whose confidences a statistic replaced is sorted afresh, not read through the old codes."""
+    import copy
+
     from rlcr.protocol_stats import Answers as A
 
     rng = np.random.default_rng(11)
@@ -354,6 +357,11 @@ def test_a_draws_figures_are_the_same_with_the_bootstraps_codes_as_without():
             assert all((math.isnan(v) and math.isnan(fresh[k])) or v == fresh[k] for k, v in coded.items()), \
                 (coded, fresh)
             out.update({f"{name}/{k}": v for k, v in coded.items()})
+            moved = copy.copy(a)  # a statistic that reassigns a draw's confidences: its old codes no longer apply
+            moved.confidence = np.where(np.isnan(a.confidence), np.nan, 1 - a.confidence)
+            again, fresh = protocol_metrics(moved), protocol_metrics(A._trusted(a.task, a.stratum, a.correct,
+                                                                               moved.confidence, a.prior))
+            assert all((math.isnan(v) and math.isnan(fresh[k])) or v == fresh[k] for k, v in again.items())
         checked += 1
         return out
 
