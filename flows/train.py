@@ -136,7 +136,7 @@ def rlcr_train(
             log.info("run %s already has %d committed iterations", run_id, len(done))
             summary["iterations"] = [m["iteration"] for m in done]
             return summary
-        saved = run.verified_state(done[-1]) if done else initial
+        saved = _last_state(run, done, initial)
         log.info("run %s: iterations %d..%d from %s", run_id, len(done) + 1, cfg.run.iterations, saved)
 
         with events.phase("ray"):
@@ -150,12 +150,17 @@ def rlcr_train(
                 baseline = evaluate_task.with_options(**opts)(cfg, run, held_out, saved, 0, engines, initial, lease)
                 run.write_baseline({"policy_uri": saved, "eval": baseline}, lease=lease)
                 track_committed(tracker, run, [0], log)
-            loop = _Iterations(cfg, run, lease, opts, tracker, log, trainer, engines, initial,
-                               (train_tasks, held_out), saved, summary)
-            loop.ahead = read_ahead_rollouts(cfg, run, done, train_tasks)
-            loop.run(len(done) + 1)
+            ahead = read_ahead_rollouts(cfg, run, done, train_tasks)  # one-step-off: already sampled
+            _Iterations(cfg, run, lease, opts, tracker, log, trainer, engines, initial, (train_tasks, held_out),
+                        saved, ahead, summary).run(len(done) + 1)
         summary["final_checkpoint"] = run.committed()[-1]["checkpoint_uri"]
         return summary
+
+
+def _last_state(run: RunStore, done: list[dict], initial: str) -> str:
+    """The state a run (re)starts from: the last committed iteration's, checked (``RunStore.verified_state``), or
+    the initial model before any."""
+    return run.verified_state(done[-1]) if done else initial
 
 
 def _start_workers(cfg, workers: contextlib.ExitStack, policy: str, restore: bool, initial: str):
@@ -179,13 +184,13 @@ class _Iterations:
     ``saved``), ``pending`` (a background save not yet committed), ``ahead`` (one-step-off: the next iteration's
     rollouts, already sampled) and the rewinds so far."""
 
-    def __init__(self, cfg, run, lease, opts, tracker, log, trainer, engines, initial: str, tasks, saved: str,
+    def __init__(self, cfg, run, lease, opts, tracker, log, trainer, engines, initial: str, tasks, saved: str, ahead,
                  summary: dict):
         self.cfg, self.run_store, self.lease, self.opts, self.tracker, self.log = cfg, run, lease, opts, tracker, log
         self.trainer, self.engines, self.initial, (self.train_tasks, self.held_out) = trainer, engines, initial, tasks
         self.summary, self.saved, self.policy, self.staged = summary, saved, saved, []
         self.pending: PendingSave | None = None
-        self.ahead = None
+        self.ahead = ahead
         self.rewinds = 0
 
     def run(self, k: int) -> None:
@@ -239,7 +244,7 @@ class _Iterations:
             raise e
         run = self.run_store
         done = run.committed()
-        state = run.verified_state(done[-1]) if done else self.initial
+        state = _last_state(run, done, self.initial)
         self.log.warning("%s; rewinding to %s and re-running iterations %d..%d (rewind %d of %d)",
                          e, state, len(done) + 1, k, self.rewinds, self.cfg.orchestration.retries)
         self.trainer.restart_from(state, restore=bool(done))
