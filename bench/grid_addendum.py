@@ -16,7 +16,8 @@ Per seed, in order (each step resumable: a re-run continues where the last one s
    out-of-domain rule reads every policy on every seed and the first grid kept no checkpoints — rlcr and rlvr on
    seeds 1–3 again, from the same seed and settings (their in-domain figures stay the committed ones).
 4. **The evaluations**, each a record under ``bench/results/grid-2/`` (bench/grid_records.py's format; an existing
-   record is never redone or replaced):
+   record is never redone or replaced), the trained policies' first and the warm-start's last: a session that ends
+   early loses a trained checkpoint with its store, while the warm-start is trained again by any later session:
    * in domain, the base protocol's four (test and calibration split × primary and paper protocol) for every
      (policy, seed) the addendum's ``runs`` name — the first grid's records are not redone;
    * out of domain, the math task's shipped set (``out_of_domain.math``: its files, its answers per task, sampling
@@ -140,13 +141,7 @@ def run_addendum_seed(addendum, files, split, store: Path, seed: int, methods, c
             print(f"seed {seed} {m}: through iteration {target} ({time.perf_counter() - t:.0f} s)", flush=True)
     tasks = {"test": split.test, "calibration": split.calibration}
     ood, math = addendum.out_of_domain["math"]["policies"], math_tasks(addendum)
-    wcfg = load_config(base.config, [*seed_overrides(base, files, str(store), seed, chunk), f"model.name={sft_uri}",
-                                     "method.name=rlcr"])
-    if seed in addendum.runs["warm_start"]:
-        evaluate_records(wcfg, base, seed, "warm_start", sft_uri, 0, tasks, records, digest)
-    if "warm_start" in ood:
-        evaluate_math(wcfg, addendum, seed, "warm_start", sft_uri, 0, math, records, digest)
-    for m in todo:
+    for m in todo:  # the trained policies first: their checkpoints go with the store, a warm-start is remade
         mcfg = load_config(base.config, over[m])
         iteration, checkpoint = newest_checkpoint(mcfg, run_id(seed, m))  # its seal checked
         if iteration != base.iterations:
@@ -155,4 +150,10 @@ def run_addendum_seed(addendum, files, split, store: Path, seed: int, methods, c
             evaluate_records(mcfg, base, seed, m, checkpoint, base.iterations, tasks, records, digest)
         if m in ood:
             evaluate_math(mcfg, addendum, seed, m, checkpoint, base.iterations, math, records, digest)
+    wcfg = load_config(base.config, [*seed_overrides(base, files, str(store), seed, chunk), f"model.name={sft_uri}",
+                                     "method.name=rlcr"])
+    if seed in addendum.runs["warm_start"]:
+        evaluate_records(wcfg, base, seed, "warm_start", sft_uri, 0, tasks, records, digest)
+    if "warm_start" in ood:
+        evaluate_math(wcfg, addendum, seed, "warm_start", sft_uri, 0, math, records, digest)
     print(f"seed {seed}: {', '.join(todo)} done — commit the records under {records}", flush=True)
