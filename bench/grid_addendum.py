@@ -21,8 +21,12 @@ Per seed, in order (each step resumable: a re-run continues where the last one s
    * in domain, the base protocol's four (test and calibration split × primary and paper protocol) for every
      (policy, seed) the addendum's ``runs`` name — the first grid's records are not redone;
    * out of domain, the math task's shipped set (``out_of_domain.math``: its files, its answers per task, sampling
-     at the training temperature, draw 0) for every policy it lists on every seed: ``s<seed>-<policy>-math-primary``.
-     The policy is the one trained on Countdown; only the task's prompt and verifier change (``tasks.name=math``).
+     at the training temperature, draw 0) for every policy it lists on every seed: ``s<seed>-<policy>-math-primary``;
+     and the same on the ``qa`` task's shipped set (``out_of_domain.question_answering``, since the addendum's
+     amendment 1): ``s<seed>-<policy>-qa-primary``. The policy is the one trained on Countdown; only the task's
+     prompt and verifier change (``tasks.name=math`` or ``qa``, the task's default options).
+
+A policy is trained only while a record it names is missing, so a seed whose records are all in trains nothing.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from bench.grid_protocol import ADDENDUM_DATA
+from bench.grid_protocol import ADDENDUM_DATA, OUT_OF_DOMAIN
 from bench.grid_records import DEFAULT_DIR, read_records, record_name, record_table, weights_digest, write_record
 
 ADDENDUM_DIR = DEFAULT_DIR.parent / "grid-2"
@@ -39,18 +43,31 @@ TRAINED = ("rlcr", "rlvr", "rlvr_g4")
 """The policies trained from a seed's warm-start (the warm-start itself is the fourth)."""
 
 
-def math_tasks(addendum) -> list:
-    """The out-of-domain set: every row of the shipped files ``out_of_domain.math.files``, as math problems."""
+def ood_tasks(addendum, key: str) -> list:
+    """An out-of-domain set (``out_of_domain.<key>``: ``math``, ``question_answering``): every row of its shipped
+    files, as its task's problems."""
     from rlcr.tasks.registry import get_task
 
-    task = get_task("math")
-    return [p for f in addendum.out_of_domain["math"]["files"] for p in task.load(str(ADDENDUM_DATA.parents[2] / f))]
+    ood = addendum.out_of_domain[key]
+    task = get_task(ood["task"])
+    return [p for f in ood["files"] for p in task.load(str(ADDENDUM_DATA.parents[2] / f))]
 
 
 def trained_here(addendum, seed: int) -> list[str]:
     """The policies to train on ``seed``: those the addendum evaluates there, in domain or out of domain."""
-    ood = addendum.out_of_domain["math"]["policies"]
+    ood = {p for k in OUT_OF_DOMAIN for p in addendum.out_of_domain[k]["policies"]}
     return [m for m in TRAINED if seed in addendum.runs[m] or m in ood]
+
+
+def missing(addendum, seed: int, policy: str, records: Path) -> list[str]:
+    """The records of ``policy`` on ``seed`` that the addendum names and ``records`` does not hold yet (the first
+    grid's in-domain ones count as held)."""
+    base = addendum.base
+    names = [record_name(seed, policy, split, d.name) for split in ("test", "calibration") for d in base.decodings
+             if seed in addendum.runs[policy]]
+    names += [record_name(seed, policy, OUT_OF_DOMAIN[k], "primary") for k in OUT_OF_DOMAIN
+              if policy in addendum.out_of_domain[k]["policies"]]
+    return [n for n in names if not (records / n).exists() and not (DEFAULT_DIR / n).exists()]
 
 
 def committed_warm_start(seed: int, records: Path = DEFAULT_DIR) -> str | None:
@@ -77,38 +94,53 @@ def method_overrides(addendum, files, store: Path, seed: int, chunk: int, method
             f"method.name={method}", *extra]
 
 
-def math_config(cfg):
-    """``cfg`` (a policy's) for the out-of-domain set: the math task, its own options, no Countdown files."""
-    return cfg.model_copy(update={"tasks.name": "math", "tasks.options": {}, "tasks.train_file": None,
+def ood_config(cfg, task: str):
+    """``cfg`` (a policy's) for an out-of-domain set: ``task``, its default options, no Countdown files."""
+    return cfg.model_copy(update={"tasks.name": task, "tasks.options": {}, "tasks.train_file": None,
                                   "tasks.eval_file": None})
 
 
-def evaluate_math(cfg, addendum, seed: int, policy: str, policy_uri: str, iteration: int, tasks: list,
-                  records: Path, warm_start: str) -> None:
-    """The out-of-domain record of one policy (skipped if it exists): ``answers_per_task`` sampled answers per
-    shipped math problem at the training temperature, draw 0."""
+def evaluate_ood(cfg, addendum, key: str, seed: int, policy: str, policy_uri: str, iteration: int, tasks: list,
+                 records: Path, warm_start: str) -> None:
+    """The record of one policy on the out-of-domain set ``key`` (skipped if it exists): ``answers_per_task``
+    sampled answers per shipped problem at the training temperature, draw 0."""
     from flows.train import ensure_ray
     from rlcr.evaluate import evaluate_policy
     from rlcr.rollout.engine import EnginePool
 
-    name = record_name(seed, policy, "math", "primary")
+    task = addendum.out_of_domain[key]["task"]
+    name = record_name(seed, policy, OUT_OF_DOMAIN[key], "primary")
     if (records / name).exists():
         return
     ensure_ray()
-    mcfg = math_config(cfg).model_copy(update={"eval.samples": addendum.out_of_domain["math"]["answers_per_task"]})
+    ocfg = ood_config(cfg, task).model_copy(update={"eval.samples": addendum.out_of_domain[key]["answers_per_task"]})
     t0 = time.perf_counter()
-    with EnginePool(mcfg, policy_uri) as engines:
-        _, rows = evaluate_policy(mcfg, tasks, policy_uri=policy_uri, iteration=iteration, engines=engines,
+    with EnginePool(ocfg, policy_uri) as engines:
+        _, rows = evaluate_policy(ocfg, tasks, policy_uri=policy_uri, iteration=iteration, engines=engines,
                                   run_id=f"grid-s{seed}-{policy}", draw=0, temperature=None)
-    write_record(records, name, record_table(rows, seed=seed, policy=policy, split="math", protocol="primary",
-                                             task_name="math", warm_start=warm_start))
-    print(f"seed {seed} {policy}: {name} ({len(tasks)} math problems, {time.perf_counter() - t0:.0f} s)", flush=True)
+    write_record(records, name, record_table(rows, seed=seed, policy=policy, split=OUT_OF_DOMAIN[key],
+                                             protocol="primary", task_name=task, warm_start=warm_start))
+    print(f"seed {seed} {policy}: {name} ({len(tasks)} {task} problems, {time.perf_counter() - t0:.0f} s)", flush=True)
+
+
+def evaluate_all(cfg, addendum, seed: int, policy: str, uri: str, iteration: int, sets: dict, records: Path,
+                 digest: str) -> None:
+    """Every record the addendum names for ``policy`` on ``seed``, in domain then out of domain (math, then
+    question answering); those already on record are skipped."""
+    from bench.grid import evaluate_records
+
+    if seed in addendum.runs[policy]:
+        evaluate_records(cfg, addendum.base, seed, policy, uri, iteration,
+                         {k: sets[k] for k in ("test", "calibration")}, records, digest)
+    for key in OUT_OF_DOMAIN:
+        if policy in addendum.out_of_domain[key]["policies"]:
+            evaluate_ood(cfg, addendum, key, seed, policy, uri, iteration, sets[key], records, digest)
 
 
 def run_addendum_seed(addendum, files, split, store: Path, seed: int, methods, chunk: int,
                       records: Path = ADDENDUM_DIR) -> None:
     """One seed of the addendum (module docstring): warm-start, group sizes, training, evaluations."""
-    from bench.grid import evaluate_records, run_id, seed_overrides
+    from bench.grid import run_id, seed_overrides
     from bench.methods import group_size_plan
     from flows.probe import newest_checkpoint
     from flows.train import rlcr_train
@@ -130,30 +162,24 @@ def run_addendum_seed(addendum, files, split, store: Path, seed: int, methods, c
     plan_path = (DEFAULT_DIR if seed in base.seeds else records) / f"s{seed}-plan.json"
     plan = group_size_plan(cfg, plan_path, sft_uri, base.methods)
     sizes = {m: plan["num_generations_answer"][m] for m in base.methods}
-    todo = [m for m in trained_here(addendum, seed) if m in methods]
-    print(f"seed {seed}: trains {', '.join(todo)}; rlvr's equal-token group size {sizes['rlvr']} ({plan_path.name})",
-          flush=True)
+    todo = [m for m in trained_here(addendum, seed) if m in methods and missing(addendum, seed, m, records)]
+    print(f"seed {seed}: trains {', '.join(todo) or 'nothing (every record of it is in)'}; rlvr's equal-token group "
+          f"size {sizes['rlvr']} ({plan_path.name})", flush=True)
     over = {m: method_overrides(addendum, files, store, seed, chunk, m, sft_uri, sizes) for m in todo}
     for target in [*range(chunk, base.iterations, chunk), base.iterations]:
         for m in todo:
             t = time.perf_counter()
             rlcr_train(config=base.config, overrides=over[m], run_id=run_id(seed, m), iterations=target)
             print(f"seed {seed} {m}: through iteration {target} ({time.perf_counter() - t:.0f} s)", flush=True)
-    tasks = {"test": split.test, "calibration": split.calibration}
-    ood, math = addendum.out_of_domain["math"]["policies"], math_tasks(addendum)
+    sets = {"test": split.test, "calibration": split.calibration,
+            **{k: ood_tasks(addendum, k) for k in OUT_OF_DOMAIN}}
     for m in todo:  # the trained policies first: their checkpoints go with the store, a warm-start is remade
         mcfg = load_config(base.config, over[m])
         iteration, checkpoint = newest_checkpoint(mcfg, run_id(seed, m))  # its seal checked
         if iteration != base.iterations:
             raise SystemExit(f"{run_id(seed, m)}: at iteration {iteration}, not {base.iterations}; re-run to resume")
-        if seed in addendum.runs[m]:
-            evaluate_records(mcfg, base, seed, m, checkpoint, base.iterations, tasks, records, digest)
-        if m in ood:
-            evaluate_math(mcfg, addendum, seed, m, checkpoint, base.iterations, math, records, digest)
+        evaluate_all(mcfg, addendum, seed, m, checkpoint, base.iterations, sets, records, digest)
     wcfg = load_config(base.config, [*seed_overrides(base, files, str(store), seed, chunk), f"model.name={sft_uri}",
                                      "method.name=rlcr"])
-    if seed in addendum.runs["warm_start"]:
-        evaluate_records(wcfg, base, seed, "warm_start", sft_uri, 0, tasks, records, digest)
-    if "warm_start" in ood:
-        evaluate_math(wcfg, addendum, seed, "warm_start", sft_uri, 0, math, records, digest)
+    evaluate_all(wcfg, addendum, seed, "warm_start", sft_uri, 0, sets, records, digest)
     print(f"seed {seed}: {', '.join(todo)} done — commit the records under {records}", flush=True)

@@ -2,14 +2,15 @@
 
 Records: the first grid's (``bench/results/grid/``: seeds 1–3, warm_start, rlcr and rlvr in domain) and the
 addendum's (``bench/results/grid-2/``, bench/grid_addendum.py: seeds 4–5 of those three, ``rlvr_g4`` on seeds 1–5,
-and every policy on the math task's shipped set). An evaluation on record in both directories is an error: the
+and every policy on the math and QA tasks' shipped sets). An evaluation on record in both directories is an error: the
 addendum never redoes one of the first grid's.
 
 1. **In domain** (test split, primary protocol): each policy, RLVR recalibrated per stratum (the Platt map the
    addendum names as its baseline, and the isotonic one it reports), and each policy's difficulty prior, with the
    hierarchical bootstrap (seeds, then tasks) and the per-seed values.
-2. **Out of domain** (the math set, primary protocol): each policy's accuracy and calibration.
-3. **The five goals**, each a paired figure read on both intervals the addendum fixes — the hierarchical bootstrap
+2. **Out of domain** (the math set, and the QA set since the addendum's amendment 1; primary protocol): each
+   policy's accuracy and calibration.
+3. **The six goals**, each a paired figure read on both intervals the addendum fixes — the hierarchical bootstrap
    and the seed-level t-interval (df = n − 1) over seeds 1–5 — met only if its rule holds on both; decided once
    every seed has the records the goal reads. Beside them, the same figures on the fresh seeds 4 and 5 alone
    (descriptive).
@@ -46,9 +47,17 @@ GOALS: dict[str, tuple[str, str, str, Callable[[Sequence[float]], bool], tuple[s
                               ("rlcr", "rlvr_g4")),
     "out_of_domain_ece": ("ood_ece_vs_rlvr", "math set: RLCR − RLVR, ECE (10 equal-width)", "upper bound < 0",
                           lambda i: i[1] < 0, ("rlcr", "rlvr")),
+    "out_of_domain_ece_qa": ("ood_ece_vs_rlvr", "QA set: RLCR − RLVR, ECE (10 equal-width)", "upper bound < 0",
+                             lambda i: i[1] < 0, ("rlcr", "rlvr")),
 }
 """Per goal of bench/protocol-2.yaml: (its figure's key, what it is, its rule, the rule on an interval, the rows
-it pairs — of the math records for ``out_of_domain_ece``, of the in-domain rows for the others)."""
+it pairs — of an out-of-domain set's records for the goals in :data:`OOD_GOALS`, of the in-domain rows for the
+others)."""
+OOD_GOALS = {"out_of_domain_ece": "math", "out_of_domain_ece_qa": "qa"}
+"""The out-of-domain goals, each with the split name of the set it reads."""
+OOD_SETS = {"math": ("math", "the math task's shipped set"),
+            "qa": ("question_answering", "the `qa` task's shipped set, rlcr/tasks/data/qa_heldout.jsonl")}
+"""Per out-of-domain split: its key under the addendum's ``out_of_domain`` and how the table names it."""
 
 
 def read_both(first: Path, second: Path) -> tuple[dict, dict]:
@@ -83,11 +92,12 @@ def in_domain_rows(records: Mapping) -> dict[str, dict[int, Any]]:
     return rows
 
 
-def math_rows(records: Mapping) -> dict[str, dict[int, Any]]:
-    """``{policy: {seed: Answers}}`` of the out-of-domain records (math set, primary protocol)."""
+def ood_rows(records: Mapping, which: str) -> dict[str, dict[int, Any]]:
+    """``{policy: {seed: Answers}}`` of one out-of-domain set's records (``which``: ``math``, ``qa``; primary
+    protocol)."""
     out: dict[str, dict[int, Any]] = {}
     for (s, p, split, protocol), a in sorted(records.items()):
-        if split == "math" and protocol == "primary":
+        if split == which and protocol == "primary":
             out.setdefault(p, {})[s] = a
     return out
 
@@ -123,12 +133,13 @@ def _paired(rows: Mapping, need: Sequence[str], seeds: Sequence[int], statistic,
 
 def decide_goals(rows: Mapping, ood: Mapping, seeds: Sequence[int], new_seeds: Sequence[int], n: int,
                  level: float) -> dict[str, Any]:
-    """Per goal: its figure on both intervals over those of ``seeds`` that have its rows, whether the rule holds
+    """Per goal: its figure on both intervals over those of ``seeds`` that have its rows (``ood``: per
+    out-of-domain split, its rows), whether the rule holds
     on each, and the verdict (``met``: True/False once every seed is in, None before); ``new``: the same over
     ``new_seeds`` alone (descriptive)."""
     out = {}
     for goal, (key, _, _, holds, need) in GOALS.items():
-        source = ood if goal == "out_of_domain_ece" else rows
+        source = ood.get(OOD_GOALS[goal], {}) if goal in OOD_GOALS else rows
         r = _paired(source, need, seeds, _statistic, n, level)
         new = _paired(source, need, new_seeds, _statistic, n, level)
         if r is None:
@@ -141,7 +152,7 @@ def decide_goals(rows: Mapping, ood: Mapping, seeds: Sequence[int], new_seeds: S
 
 
 def goal_lines(d: Mapping[str, Any], seeds: Sequence[int], new_seeds: Sequence[int]) -> tuple[list[str], str]:
-    """The goals as a markdown table, and the headline value (``k/5`` once all are decided)."""
+    """The goals as a markdown table, and the headline value (``k/6`` once all are decided)."""
     lines = ["| goal | figure: pooled point [bootstrap interval] (per seed; their mean) | seed level: mean "
              "[95% t-interval] | rule | holds (bootstrap / seed level) | goal | seeds "
              f"{', '.join(map(str, new_seeds))} alone (descriptive) |", "|---|---|---|---|---|---|---|"]
@@ -166,13 +177,22 @@ def goal_lines(d: Mapping[str, Any], seeds: Sequence[int], new_seeds: Sequence[i
 
 
 def presence(records: Mapping, seeds: Sequence[int]) -> list[str]:
-    """Per seed, which policies have their in-domain (test and calibration, primary) and math records."""
+    """Per seed, which policies have their in-domain (test and calibration, primary), math and QA records."""
     out = []
     for s in seeds:
         inside = [p for p in POLICIES if all((s, p, sp, "primary") in records for sp in ("test", "calibration"))]
-        ood = [p for p in POLICIES if (s, p, "math", "primary") in records]
-        out.append(f"seed {s}: in domain {', '.join(inside) or 'none'}; math {', '.join(ood) or 'none'}")
+        ood = {w: [p for p in POLICIES if (s, p, w, "primary") in records] for w in OOD_SETS}
+        out.append(f"seed {s}: in domain {', '.join(inside) or 'none'}; "
+                   + "; ".join(f"{w} {', '.join(v) or 'none'}" for w, v in ood.items()))
     return out
+
+
+def ood_section(rows: Mapping, named: str, answers: int, n: int, level: float) -> list[str]:
+    """One out-of-domain set's table: each policy's accuracy and calibration, its parse rate, per seed."""
+    rate = {p: float(np.mean([np.isfinite(a.confidence).mean() for a in runs.values()])) for p, runs in rows.items()}
+    return [f"**Out of domain** ({named}, {answers} sampled answers per problem; no difficulty prior, so no Brier "
+            "skill):", "", *metrics_table(row_results(rows, n, level), rows, per_seed=True, parse_rates=rate,
+                                          columns=[c for c in METRIC_COLUMNS if c[0] != "brier_skill"])]
 
 
 class AddendumTable(NamedTuple):
@@ -191,19 +211,16 @@ def build_addendum_table(addendum, first: Path = DEFAULT_DIR, second: Path = SEC
     if digests:
         lines += ["", "Warm-starts (sha256 of the weights): " + "; ".join(warm_start_lines(
             {k: v for k, v in digests.items() if k[1] in ("warm_start", "rlcr", "rlvr")})) + "."]
-    rows, ood = in_domain_rows(records), math_rows(records)
+    rows, ood = in_domain_rows(records), {w: ood_rows(records, w) for w in OOD_SETS}
     if rows:
         lines += ["", f"**In domain** (test split, primary protocol: sampling at the training temperature, "
                       f"{addendum.base.decodings[0].answers_per_task} answers per task). {level:.0%} intervals: "
                       f"hierarchical bootstrap, {n:,} replicates; per-seed values in brackets. `{BASELINE}` is the "
                       f"addendum's baseline; the isotonic map per stratum is reported, not used by a rule.", ""]
         lines += metrics_table(row_results(rows, n, level), rows, per_seed=True)
-    if ood:
-        rate = {p: float(np.mean([np.isfinite(a.confidence).mean() for a in runs.values()])) for p, runs in ood.items()}
-        lines += ["", f"**Out of domain** (the math task's shipped set, {addendum.out_of_domain['math']['answers_per_task']} "
-                      "sampled answers per problem; no difficulty prior, so no Brier skill):", ""]
-        lines += metrics_table(row_results(ood, n, level), ood, per_seed=True, parse_rates=rate,
-                               columns=[c for c in METRIC_COLUMNS if c[0] != "brier_skill"])
+    for w, (key, named) in OOD_SETS.items():
+        if ood[w]:
+            lines += ["", *ood_section(ood[w], named, addendum.out_of_domain[key]["answers_per_task"], n, level)]
     goals, headline = goal_lines(decide_goals(rows, ood, seeds, new, n, level), seeds, new)
     lines += ["", f"**Goals** (bench/protocol-2.yaml: met only if the rule holds on both intervals over seeds "
                   f"{', '.join(map(str, seeds))}; the last column is descriptive):", ""] + goals

@@ -340,8 +340,11 @@ def write_split(split: Split, directory: Path, task) -> dict[str, Path]:
 
 # ----------------------------------------------------------------------------------------------- the addendum
 ADDENDUM_GOALS = ("within_stratum_auroc", "recalibrated_brier", "brier_skill", "accuracy_non_inferior",
-                  "out_of_domain_ece")
-"""The decision rules of bench/protocol-2.yaml (issue 51), each read on both intervals (bootstrap, seed level)."""
+                  "out_of_domain_ece", "out_of_domain_ece_qa")
+"""The decision rules of bench/protocol-2.yaml (issue 51), each read on both intervals (bootstrap, seed level);
+the last one since its amendment 1."""
+OUT_OF_DOMAIN = {"math": "math", "question_answering": "qa"}
+"""The addendum's out-of-domain sets, each by the task it is evaluated as (also its records' split name)."""
 ADDENDUM_POLICIES = ("warm_start", "rlcr", "rlvr", "rlvr_g4")
 ADDENDUM_DATA = Path(__file__).resolve().parents[1] / "rlcr" / "tasks" / "data"
 
@@ -370,17 +373,39 @@ def _data_files(v: Any) -> Any:
     return v
 
 
+def _amendments(v: Any) -> Any:
+    spec = {"date": _date, "what": _text, "seen_before": _text, "runs": _text}
+    if not isinstance(v, list) or not v:
+        raise TypeError(f"must be a non-empty list of dated amendments, got {printable(repr(v), 80)}")
+    out = []
+    for i, a in enumerate(v, 1):
+        if not isinstance(a, dict) or set(a) != set(spec):
+            raise TypeError(f"amendment {i}: must have exactly the fields {', '.join(spec)}")
+        try:
+            out.append({k: check(a[k]) for k, check in spec.items()})
+        except TypeError as e:
+            raise TypeError(f"amendment {i}: {e}") from None
+    dates = [a["date"] for a in out]
+    if dates != sorted(dates):
+        raise TypeError(f"the amendments must be in date order, got {', '.join(dates)}")
+    return out
+
+
+def _ood_set(task: str) -> dict[str, Any]:
+    return {"task": _one_of(task), "files": _data_files, "decoding": _starts("sampling"),
+            "answers_per_task": _int(1), "policies": _policies, "seeds": _one_of("all"),
+            "unparsed_confidence": _starts("excluded")}
+
+
 ADDENDUM_SPEC: dict[str, Any] = {
     "version": _int(2), "registered": _date, "amends": _text,
     "seeds": {"previous": _seeds, "new": _seeds},
     "runs": {p: _one_of("new", "all") for p in ADDENDUM_POLICIES},
     "methods": {"rlvr_g4": {"num_generations_answer": _int(2), "lambda_conf": _number}},
     "baselines": {"stratum_recalibrated_rlvr": _text, "stratum_isotonic_rlvr": _text},
-    "out_of_domain": {"math": {"task": _one_of("math"), "files": _data_files, "decoding": _starts("sampling"),
-                               "answers_per_task": _int(1), "policies": _policies, "seeds": _one_of("all"),
-                               "unparsed_confidence": _starts("excluded")},
-                      "question_answering": _text},
+    "out_of_domain": {k: _ood_set(task) for k, task in OUT_OF_DOMAIN.items()},
     "seed_level_test": _text, "goals": {g: _text for g in ADDENDUM_GOALS}, "decision": _text,
+    "amendments": _amendments,
 }
 
 

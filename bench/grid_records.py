@@ -1,6 +1,6 @@
 """The grid's per-answer records: one small Parquet file per evaluation, ``s<seed>-<policy>-<split>-<protocol>.parquet``
 under ``bench/results/grid/`` (policy: ``warm_start``, ``rlcr``, ``rlvr``, ``rlcr_single``; split: ``test``,
-``calibration``; protocol: ``primary``, ``paper``; the addendum's ``rlvr_g4`` and ``math`` under
+``calibration``; protocol: ``primary``, ``paper``; the addendum's ``rlvr_g4``, ``math`` and ``qa`` under
 ``bench/results/grid-2/``), holding :data:`COLUMNS` only. A record is written once (create-only); the confidence
 is the one stated, NaN where none parsed: the paper protocol's "unparsed = 0" is applied when a table is built
 (bench/grid_table.py, bench/grid_addendum_table.py), not in the record. Reading checks every file (size, name,
@@ -23,9 +23,9 @@ COLUMNS = ("seed", "method", "split", "protocol", "task", "stratum", "prompt_id"
            "warm_start")
 WARM_START = re.compile(r"[0-9a-f]{64}")
 """``warm_start``: the sha256 of the seed's warm-start weights (:func:`weights_digest`), the same in every record."""
-NAME = re.compile(r"s(\d+)-(warm_start|rlcr|rlvr|rlcr_single|rlvr_g4)-(test|calibration|math)-(primary|paper)\.parquet")
-"""A record's file name. ``rlvr_g4`` and the ``math`` split are the addendum's (bench/protocol-2.yaml; its records
-live under ``bench/results/grid-2/``, bench/grid_addendum.py)."""
+NAME = re.compile(r"s(\d+)-(warm_start|rlcr|rlvr|rlcr_single|rlvr_g4)-(test|calibration|math|qa)-(primary|paper)\.parquet")
+"""A record's file name. ``rlvr_g4`` and the ``math`` and ``qa`` splits are the addendum's (bench/protocol-2.yaml;
+its records live under ``bench/results/grid-2/``, bench/grid_addendum.py)."""
 DEFAULT_DIR = Path(__file__).resolve().parent / "results" / "grid"
 MAX_RECORD_BYTES = 16 * 1024 * 1024
 """The largest record file read (one evaluation: 256 tasks × 8 answers is ~40 kB; the whole grid ~0.6 MB)."""

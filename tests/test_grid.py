@@ -122,6 +122,9 @@ def test_the_committed_addendum_reads_as_registered():
     (("  rlcr: new\n", "  rlcr: some\n"), r"runs\.rlcr: must be one of new, all"),
     (("  brier_skill: RLCR", "  brier_skil: RLCR"), r"goals\.brier_skil: unknown field"),
     (("decision: >-", "decisions: >-"), r"decisions: unknown field"),
+    (("    task: qa\n", "    task: math\n"), r"out_of_domain\.question_answering\.task: must be one of qa"),
+    (("  - date: 2026-11-28\n", "  - date: 28 Nov 2026\n"), r"amendments: amendment 1: must be a date"),
+    (("    seen_before: >-", "    seen: >-"), r"amendments: amendment 1: must have exactly the fields"),
 ])
 def test_a_mistyped_addendum_field_is_a_one_line_error_naming_it(tmp_path, edit, message):
     from bench.grid_protocol import load_addendum
@@ -141,7 +144,7 @@ def test_the_addendum_runner_trains_and_evaluates_what_the_addendum_names(tmp_pa
     rule reads rlcr and rlvr on seeds 1-3 too), rlvr_g4 is rlvr's settings at G_a = 4 and λ = 1, and the math
     evaluation reads the shipped set with the policy's settings and the math task's prompt and verifier."""
     from bench.grid import is_addendum
-    from bench.grid_addendum import math_config, math_tasks, method_overrides, trained_here
+    from bench.grid_addendum import method_overrides, ood_config, ood_tasks, trained_here
     from bench.grid_protocol import load_addendum
 
     a = load_addendum(ADDENDUM)
@@ -159,11 +162,48 @@ def test_the_addendum_runner_trains_and_evaluates_what_the_addendum_names(tmp_pa
     assert (rlcr.method.name, rlcr.rollout.num_generations_answer, rlcr.method.lambda_conf) == ("rlcr", 4, 10.0)
     same = lambda c: (c.model.name, c.run.seed, c.update.learning_rate, c.rollout.temperature, c.tasks.train_file)  # noqa: E731
     assert same(g4) == same(rlvr) == same(rlcr) == ("/sft", 4, 5e-6, 0.8, str(files["train"]))
-    m = math_config(g4)
-    assert (m.tasks.name, m.tasks.options, m.tasks.eval_file) == ("math", {}, None)
-    assert (m.model.name, m.method.name, m.rollout.temperature) == ("/sft", "rlvr", 0.8)
-    problems = math_tasks(a)
+    for task in ("math", "qa"):
+        m = ood_config(g4, task)
+        assert (m.tasks.name, m.tasks.options, m.tasks.eval_file, m.tasks.train_file) == (task, {}, None, None)
+        assert (m.model.name, m.method.name, m.rollout.temperature) == ("/sft", "rlvr", 0.8)
+    problems = ood_tasks(a, "math")
     assert len(problems) == 400 and len({get_task("math").identity(p) for p in problems}) == 400
+    qa = ood_tasks(a, "question_answering")
+    assert len(qa) == 120 and len({get_task("qa").identity(p) for p in qa}) == 120
+    assert collections.Counter(p.evidence for p in qa) == {"full": 40, "partial": 40, "none": 40}
+
+
+def test_the_qa_set_is_the_generator_s_bytes_and_the_amendment_names_it(tmp_path):
+    """Amendment 1 of bench/protocol-2.yaml: the question-answering set is rlcr/tasks/data/qa_heldout.jsonl, which
+    `python -m rlcr.tasks.qa_data` writes byte for byte (pure Python: the same on any CPU), from a generator seed no
+    run draws from; a changed row would change the file."""
+    from bench.grid_protocol import load_addendum
+    from rlcr.tasks import qa_data
+
+    shipped = ROOT / "rlcr" / "tasks" / "data" / qa_data.HELD_OUT_FILE
+    assert qa_data.write_held_out(tmp_path).read_bytes() == shipped.read_bytes()
+    a = load_addendum(ADDENDUM)
+    qa = a.out_of_domain["question_answering"]
+    assert (qa["task"], qa["files"], qa["answers_per_task"]) == ("qa", ["rlcr/tasks/data/qa_heldout.jsonl"], 4)
+    assert [x["date"] for x in a.raw["amendments"]] == ["2026-11-28"]
+    assert "out_of_domain_ece_qa" in a.raw["goals"]
+
+
+def test_a_policy_is_trained_only_while_a_record_it_names_is_missing(tmp_path):
+    """bench/grid_addendum.py's `missing`: on a new seed, every policy's in-domain (4), math and QA records; on a
+    first-grid seed, rlvr_g4's in-domain ones and every policy's out-of-domain ones; a record on file is not
+    missing."""
+    from bench.grid_addendum import missing
+    from bench.grid_protocol import load_addendum
+
+    a = load_addendum(ADDENDUM)
+    assert len(missing(a, 5, "rlcr", tmp_path)) == 6 and len(missing(a, 5, "warm_start", tmp_path)) == 6
+    assert sorted(missing(a, 1, "rlcr", tmp_path)) == ["s1-rlcr-math-primary.parquet", "s1-rlcr-qa-primary.parquet"]
+    assert len(missing(a, 1, "rlvr_g4", tmp_path)) == 6
+    for name in missing(a, 2, "rlvr", tmp_path):
+        (tmp_path / name).write_bytes(b"")
+    assert missing(a, 2, "rlvr", tmp_path) == []
+    assert missing(a, 2, "rlcr", tmp_path) == ["s2-rlcr-math-primary.parquet", "s2-rlcr-qa-primary.parquet"]
 
 # ----------------------------------------------------------------------------------------------- the split
 def _ids(tasks):
@@ -252,28 +292,31 @@ def synthetic_records(directory, seeds=(1, 2, 3), rlcr_accuracy_drop=False):
 
 
 
-def addendum_records(first, second, seeds=(1, 2, 3, 4, 5), g4_seeds=(1, 2, 3, 4, 5), math_seeds=(1, 2, 3, 4, 5)):
+def addendum_records(first, second, seeds=(1, 2, 3, 4, 5), g4_seeds=(1, 2, 3, 4, 5), math_seeds=(1, 2, 3, 4, 5),
+                     qa_seeds=(1, 2, 3, 4, 5)):
     """The addendum's records where the answer is known (as :func:`synthetic_records`): rlcr states its
     correctness, rlvr and rlvr_g4 0.5, the same answers right for all; seeds 1–3 of warm_start/rlcr/rlvr in
     ``first`` (the first grid's), the rest in ``second``; on the math set rlcr again states its correctness and
-    the others 0.9 (over-confident)."""
+    the others 0.9 (over-confident); on the QA set the other way round: rlvr states its correctness, rlcr 0.9."""
     rng = np.random.default_rng(1)
+    ood = {"math": math_seeds, "qa": qa_seeds}
     for seed in seeds:
-        for split, n_tasks in (("test", 30), ("calibration", 15), ("math", 20)):
+        for split, n_tasks in (("test", 30), ("calibration", 15), ("math", 20), ("qa", 12)):
             strata = np.repeat([2, 3], n_tasks)
             p = np.where(strata == 2, 0.75, 0.25)
             base = (rng.random(strata.size) < p).astype(int)
             base[:4], base[-2:] = [1, 0, 0, 1], [1, 0]
             for policy in ("warm_start", "rlcr", "rlvr", "rlvr_g4"):
-                if (policy == "rlvr_g4" and seed not in g4_seeds) or (split == "math" and seed not in math_seeds):
+                if (policy == "rlvr_g4" and seed not in g4_seeds) or seed not in ood.get(split, seeds):
                     continue
-                conf = base if policy == "rlcr" else np.full(base.size, 0.9 if split == "math" else 0.5)
-                where = first if seed <= 3 and policy != "rlvr_g4" and split != "math" else second
+                knows = "rlvr" if split == "qa" else "rlcr"
+                conf = base if policy == knows else np.full(base.size, 0.9 if split in ood else 0.5)
+                where = first if seed <= 3 and policy != "rlvr_g4" and split not in ood else second
                 write_record(Path(where), record_name(seed, policy, split, "primary"),
                              _record(seed, policy, split, "primary", base.tolist(), conf.tolist(), strata.tolist()))
 
 
-def test_the_addendum_table_decides_its_five_goals_on_both_intervals(tmp_path):
+def test_the_addendum_table_decides_its_six_goals_on_both_intervals(tmp_path):
     """bench/grid_addendum_table.py from records alone: the first grid's and the addendum's merged, each goal's
     figure on the bootstrap and the seed-level t-interval over seeds 1-5, met only when both hold; undecided
     while a seed lacks a goal's records; an evaluation on record twice is refused."""
@@ -284,24 +327,33 @@ def test_the_addendum_table_decides_its_five_goals_on_both_intervals(tmp_path):
     first, second = tmp_path / "grid", tmp_path / "grid-2"
     addendum_records(first, second)
     docs, headline = build_addendum_table(addendum, first, second, n_resamples=100)
-    assert headline == "5/5"
+    assert headline == "5/6"
     goals = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in docs.splitlines()
              if line.startswith("| ") and line.split(" | ")[0].strip("| ") in
-             ("within_stratum_auroc", "recalibrated_brier", "brier_skill", "accuracy_non_inferior", "out_of_domain_ece")}
+             ("within_stratum_auroc", "recalibrated_brier", "brier_skill", "accuracy_non_inferior", "out_of_domain_ece",
+              "out_of_domain_ece_qa")}
+    qa = goals.pop("out_of_domain_ece_qa")  # the QA set's records, not the math set's: rlvr knows there
+    assert qa[4] == "no / no" and qa[5] == "**not met**" and qa[1].startswith("QA set: RLCR − RLVR, ECE")
     assert len(goals) == 5 and all(g[4] == "yes / yes" and g[5] == "**met**" for g in goals.values())
     assert goals["within_stratum_auroc"][1].split(": ")[1].startswith("0.500 [0.500, 0.500]")  # 1 − 0.5
     assert goals["brier_skill"][1].split(": ")[1].startswith("1.000")
     assert goals["accuracy_non_inferior"][1].split(": ")[1].startswith("0.000 [0.000, 0.000]")
     assert goals["accuracy_non_inferior"][2].startswith("0.000 [0.000, 0.000]")  # seed level
     assert "s1 " in goals["out_of_domain_ece"][1] and "s5 " in goals["out_of_domain_ece"][1]
-    assert "rlvr + Platt per stratum" in docs and "**Out of domain**" in docs
+    assert "rlvr + Platt per stratum" in docs and docs.count("**Out of domain**") == 2 and "qa_heldout.jsonl" in docs
+    assert "seed 5: in domain warm_start, rlcr, rlvr, rlvr_g4; math warm_start, rlcr, rlvr, rlvr_g4; qa warm_start" in docs
 
     partial = tmp_path / "partial"
     addendum_records(partial / "grid", partial / "grid-2", g4_seeds=(1, 2, 3, 4))
     docs, headline = build_addendum_table(addendum, partial / "grid", partial / "grid-2", n_resamples=50)
-    assert headline == "undecided (4/5 goals decided)"  # rlvr_g4 lacks seed 5: accuracy waits
+    assert headline == "undecided (5/6 goals decided)"  # rlvr_g4 lacks seed 5: accuracy waits
     line = next(x for x in docs.splitlines() if x.startswith("| accuracy_non_inferior"))
     assert "not decided" in line and "s4 " in line and "s5 " not in line.split(" | ")[1]
+    addendum_records(partial / "qa" / "grid", partial / "qa" / "grid-2", qa_seeds=(4, 5))
+    docs, headline = build_addendum_table(addendum, partial / "qa" / "grid", partial / "qa" / "grid-2", n_resamples=50)
+    assert headline == "undecided (5/6 goals decided)"  # the QA set on seeds 4 and 5 only: its goal waits
+    line = next(x for x in docs.splitlines() if x.startswith("| out_of_domain_ece_qa"))
+    assert "not decided" in line and "s4 " in line and "s1 " not in line.split(" | ")[1]
     write_record(second, record_name(1, "rlcr", "test", "primary"),
                  _record(1, "rlcr", "test", "primary", [1, 0], [1.0, 0.0], [2, 3]))
     with pytest.raises(RecordError, match="s1-rlcr-test-primary is also on record"):

@@ -15,18 +15,35 @@ with one of its two missing), ``none`` (all missing). Distractor objects are dra
 holds the gold answer, so with missing evidence a guess among the names in the context can still be right.
 
 Everything here is pure Python and deterministic in the seed (``random.Random``): a test checks it.
+
+``python -m rlcr.tasks.qa_data [OUT_DIR]`` writes ``qa_heldout.jsonl`` (default: ``rlcr/tasks/data``, the file
+shipped with the package): :data:`HELD_OUT_PROBLEMS` distinct problems from seed :data:`HELD_OUT_SEED`, in equal
+shares per evidence state, the same bytes on every run. It is the question-answering set the methods grid's
+addendum evaluates out of domain (bench/protocol-2.yaml); ``tasks.name=qa tasks.eval_file=...`` reads it.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import string
+import sys
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator, Sequence
 
-__all__ = ["QAProblem", "EVIDENCE_STATES", "problem_stream", "normalize_answer", "exact_match", "token_f1"]
+__all__ = ["QAProblem", "EVIDENCE_STATES", "problem_stream", "normalize_answer", "exact_match", "token_f1",
+           "held_out_rows", "write_held_out", "HELD_OUT_FILE", "HELD_OUT_SEED", "HELD_OUT_PROBLEMS"]
+
+DATA_DIR = Path(__file__).with_name("data")
+HELD_OUT_FILE = "qa_heldout.jsonl"
+HELD_OUT_SEED = 9_000_051
+"""The shipped set's generator seed: used by nothing else (training pools and held-out sets draw from ``run.seed``
+and ``tasks.eval_seed``), so no run of rlcr trains on these questions unless it is pointed at the file."""
+HELD_OUT_PROBLEMS = 120
+"""Problems in the shipped set: 40 per evidence state."""
 
 EVIDENCE_STATES = ("full", "partial", "none")
 """The evidence strata, in order: every supporting paragraph; one of two missing; all missing."""
@@ -201,3 +218,34 @@ def token_f1(gold: str, answer: str) -> float:
         return 0.0
     precision, recall = common / len(a), common / len(g)
     return 2 * precision * recall / (precision + recall)
+
+
+# --------------------------------------------------------------------------- the shipped held-out set
+
+
+def held_out_rows(n: int = HELD_OUT_PROBLEMS, seed: int = HELD_OUT_SEED) -> list[dict]:
+    """The first ``n`` problems of :func:`problem_stream` (default settings) with distinct questions and answers
+    (a repeat is skipped, so the evidence states stay in equal shares only while none repeats), as file rows
+    (the ``qa`` task's fields)."""
+    rows, seen = [], set()
+    for p in problem_stream(seed):
+        if len(rows) == n:
+            return rows
+        key = (" ".join(p.question.split()), normalize_answer(p.answer))
+        if key in seen:
+            continue
+        seen.add(key)
+        rows.append({"question": p.question, "answer": p.answer, "paragraphs": list(p.paragraphs),
+                     "support": list(p.support), "evidence": p.evidence, "hops": p.hops})
+    raise AssertionError("unreachable: the stream is endless")
+
+
+def write_held_out(directory: Path = DATA_DIR) -> Path:
+    """:func:`held_out_rows` to ``directory/qa_heldout.jsonl``, one JSON object a line, byte-for-byte reproducible."""
+    path = Path(directory) / HELD_OUT_FILE
+    path.write_text("".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in held_out_rows()))
+    return path
+
+
+if __name__ == "__main__":
+    print(write_held_out(Path(sys.argv[1]) if len(sys.argv) > 1 else DATA_DIR))
