@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from bench.grid_protocol import OUT_OF_DOMAIN
 from bench.grid_records import DEFAULT_DIR, RecordError, read_records
 from bench.grid_table import (METRIC_COLUMNS, _recalibrated, _scored, interval_text, metrics_table, row_results,
                               seed_text, warm_start_lines)
@@ -55,9 +56,10 @@ it pairs — of an out-of-domain set's records for the goals in :data:`OOD_GOALS
 others)."""
 OOD_GOALS = {"out_of_domain_ece": "math", "out_of_domain_ece_qa": "qa"}
 """The out-of-domain goals, each with the split name of the set it reads."""
-OOD_SETS = {"math": ("math", "the math task's shipped set"),
-            "qa": ("question_answering", "the `qa` task's shipped set, rlcr/tasks/data/qa_heldout.jsonl")}
-"""Per out-of-domain split: its key under the addendum's ``out_of_domain`` and how the table names it."""
+OOD_NAMES = {"math": "the math task's shipped set", "qa": "the `qa` task's shipped set, rlcr/tasks/data/qa_heldout.jsonl"}
+OOD_SETS = {split: (key, OOD_NAMES[split]) for key, split in OUT_OF_DOMAIN.items()}
+"""Per out-of-domain split (bench/grid_protocol.py's :data:`OUT_OF_DOMAIN`): its key under the addendum's
+``out_of_domain`` and how the table names it."""
 
 
 def read_both(first: Path, second: Path) -> tuple[dict, dict]:
