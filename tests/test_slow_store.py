@@ -14,6 +14,9 @@ from s3server import BUCKET, SlowProxy
 
 READ_TIMEOUT_S = 1.0  # the client gives up on an answer after this long, and retries
 HELD_S = 2.5  # how long the proxy holds the chosen answer: longer than the read timeout
+# The tests below that are not about the lease's timing hold it with a long timeout: a 6 s lease on the moto
+# server of a loaded 2-core machine missed its heartbeat once (CI, 2026-11-28) and the test failed with LeaseLost.
+CALM = {"timeout_s": 120.0, "heartbeat_s": 2.0}
 
 
 @pytest.fixture
@@ -92,7 +95,7 @@ def test_a_renew_that_landed_unanswered_is_not_a_takeover(store):
     import json
 
     run = RunStore(store, "renew")
-    lease = RunLease(run, owner="A", timeout_s=6.0, heartbeat_s=2.0).acquire()
+    lease = RunLease(run, owner="A", **CALM).acquire()
     lease._stop.set()  # renew by hand, not from the heartbeat thread
     lease._thread.join()
     try:
@@ -115,7 +118,7 @@ def test_a_commit_retried_after_its_manifest_landed_unanswered_succeeds(store):
     import json
 
     run = RunStore(store, "retry")
-    lease = RunLease(run, owner="A", timeout_s=6.0, heartbeat_s=2.0).acquire()
+    lease = RunLease(run, owner="A", **CALM).acquire()
     try:
         run.stage(1, {"policy_in": "m"}, {"loss": 1.0}, lease=lease)
         with store.writing_dir(run.checkpoint_rel(1, lease.attempt)) as tmp:
@@ -143,14 +146,14 @@ def test_an_acquire_retried_after_its_create_landed_unanswered_is_not_locked_by_
     acquire again, with a fresh document: the lease there carries this writer's own token, so it is taken as
     acquired, not as a live holder (``RunLocked`` naming this very process)."""
     run = RunStore(store, "again")
-    lease = RunLease(run, owner="A", timeout_s=6.0, heartbeat_s=2.0).acquire()  # the create that landed
+    lease = RunLease(run, owner="A", **CALM).acquire()  # the create that landed
     lease._stop.set()  # and no heartbeat: this writer does not know it holds the lease
     lease._thread.join()
     try:
         lease.acquire()
         lease.check()
         with pytest.raises(RunLocked, match="A "):
-            RunLease(run, owner="B", timeout_s=6.0, heartbeat_s=2.0).acquire()
+            RunLease(run, owner="B", **CALM).acquire()
     finally:
         lease.release()
     assert not store.exists(run.lease_rel)
