@@ -50,13 +50,14 @@ def records(run: RunStore, manifest) -> list[dict]:
 
 
 def reference_run(tiny_model_dir, tmp_path):
-    """The uninterrupted 3-iteration one-step-off run, in this process: its RunStore and committed manifests."""
+    """The uninterrupted 3-iteration one-step-off run, in this process: its RunStore, committed manifests, config."""
     from flows.train import rlcr_train
 
     ref_over = overrides(tiny_model_dir, tmp_path / "ref")
     rlcr_train(overrides=ref_over, run_id="r", iterations=3)
-    ref = RunStore.open(RLCRConfig.from_dict(ref_over), "r")
-    return ref, ref.committed()
+    cfg = RLCRConfig.from_dict(ref_over)
+    ref = RunStore.open(cfg, "r")
+    return ref, ref.committed(), cfg
 
 
 def test_one_step_off_samples_one_update_ahead_and_a_resume_reads_exactly_those_rollouts(
@@ -64,7 +65,7 @@ def test_one_step_off_samples_one_update_ahead_and_a_resume_reads_exactly_those_
     from rlcr.rollout.ahead import read_ahead
     from rlcr.tasks.sets import prompts_for_iteration, task_sets
 
-    ref, m = reference_run(tiny_model_dir, tmp_path)
+    ref, m, cfg = reference_run(tiny_model_dir, tmp_path)
     assert [x["rollouts_version"] for x in m] == [0, 0, 1]  # iteration k+1 sampled by the policy after k − 1
     assert [ref.metrics(k)["rollout"]["staleness"] for k in (1, 2, 3)] == [0.0, 1.0, 1.0]
     for k in (1, 2):  # each manifest names the next iteration's rollouts, which that iteration trained on
@@ -79,7 +80,6 @@ def test_one_step_off_samples_one_update_ahead_and_a_resume_reads_exactly_those_
     assert gap[1] > 100 * gap[0] and gap[2] > 100 * gap[0], gap  # sampled by an older policy than the trainer's
 
     # what a resume reads is checked: an altered or missing file is refused, naming it, never re-sampled
-    cfg = RLCRConfig.from_dict(overrides(tiny_model_dir, tmp_path / "ref"))
     prompts = prompts_for_iteration(cfg, task_sets(cfg)[0], 2)
     got = read_ahead(ref, m[0], prompts, g_a=2, g_c=2)
     assert got.version == 0 and [r["completion_ids"] for r in got.result.rows] == \
@@ -105,7 +105,7 @@ def test_one_step_off_trains_each_rollout_exactly_once_across_sigkills(ray_local
     from prefect.settings import PREFECT_API_URL
     from safetensors.torch import load_file
 
-    ref, m = reference_run(tiny_model_dir, tmp_path)
+    ref, m, _ = reference_run(tiny_model_dir, tmp_path)
     env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address,
            "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(HERE.parent)}
     over = overrides(tiny_model_dir, tmp_path / "killed")
