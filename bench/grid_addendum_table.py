@@ -78,7 +78,7 @@ def read_both(first: Path, second: Path) -> tuple[dict, dict]:
 def in_domain_rows(records: Mapping) -> dict[str, dict[int, Any]]:
     """``{label: {seed: Answers}}`` of the primary protocol's test answers: each policy (its difficulty prior set),
     RLVR mapped per stratum (Platt, isotonic: fitted on its calibration answers of the same seed), each prior."""
-    from rlcr.protocol_stats import apply_isotonic, apply_platt, fit_isotonic, fit_platt
+    from rlcr.recalibration import apply_isotonic, apply_platt, fit_isotonic, fit_platt
 
     seeds = sorted({k[0] for k in records})
     scored = {p: {s: x for s in seeds if (x := _scored(records, p, s, "primary", False)) is not None}

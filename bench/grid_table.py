@@ -57,8 +57,8 @@ def table_rows(records: Mapping, protocol: str, as_zero: bool) -> dict[str, dict
     """``{row label: {seed: Answers}}``: each policy, RLVR recalibrated (temperature, isotonic: fitted on its
     calibration answers of the same seed) and each policy's difficulty prior (confidence = its accuracy on the
     task's stratum on the calibration split). Every row's ``prior`` is its policy's prior."""
-    from rlcr.protocol_stats import (apply_isotonic, apply_platt, apply_temperature, fit_isotonic, fit_platt,
-                                     fit_temperature)
+    from rlcr.recalibration import (apply_isotonic, apply_platt, apply_temperature, fit_isotonic, fit_platt,
+                                    fit_temperature)
 
     seeds = sorted({k[0] for k in records})
     scored = {p: {s: x for s in seeds if (x := _scored(records, p, s, protocol, as_zero)) is not None}
@@ -84,7 +84,7 @@ def _recalibrated(test, cal, fit, apply, per_stratum: bool = False):
     """``test`` with its confidences mapped by ``fit`` on the calibration answers (``per_stratum``: one map per
     stratum, :func:`rlcr.protocol_stats.fit_per_stratum`); all NaN (no calibration metric) where the
     calibration split has no parsed confidence to fit on."""
-    from rlcr.protocol_stats import apply_per_stratum, fit_per_stratum
+    from rlcr.recalibration import apply_per_stratum, fit_per_stratum
 
     try:
         if per_stratum:

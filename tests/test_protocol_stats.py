@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from rlcr.protocol_stats import (Answers, apply_isotonic, apply_temperature, decide, difficulty_prior,
-                             ece_equal_mass, fit_isotonic, fit_temperature, goals_statistic,
-                             hierarchical_bootstrap, protocol_metrics, within_stratum_auroc)
+from rlcr.protocol_stats import (Answers, decide, difficulty_prior, ece_equal_mass, goals_statistic,
+                                 hierarchical_bootstrap, protocol_metrics, within_stratum_auroc)
+from rlcr.recalibration import apply_isotonic, apply_temperature, fit_isotonic, fit_temperature
 from rlcr.metrics import auroc
 
 
@@ -178,7 +178,7 @@ def test_platt_scaling_is_the_maximum_likelihood_logistic_fit_on_the_logit():
     """Against an independent fit: scipy's optimiser on the same log-likelihood."""
     from scipy.optimize import minimize
 
-    from rlcr.protocol_stats import apply_platt, fit_platt
+    from rlcr.recalibration import apply_platt, fit_platt
 
     rng = np.random.default_rng(5)
     c = np.clip(rng.beta(2, 3, 800), 0.01, 0.99)
@@ -205,7 +205,7 @@ def test_per_stratum_maps_are_fitted_on_each_stratum_alone_and_keep_within_strat
     from sklearn.isotonic import IsotonicRegression
     from sklearn.linear_model import LogisticRegression
 
-    from rlcr.protocol_stats import apply_per_stratum, apply_platt, fit_per_stratum, fit_platt
+    from rlcr.recalibration import apply_per_stratum, apply_platt, fit_per_stratum, fit_platt
 
     rng = np.random.default_rng(6)
     cal = _answers(rng, 80, prefix="c", skill=0.3, conf_noise=0.1)  # not separable: the fit is unique
