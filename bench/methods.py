@@ -228,7 +228,8 @@ def finish_tracking(parent, curves, last_common, ratio, files) -> None:
     parent.close()
 
 
-def main() -> None:
+def parse_args() -> tuple[argparse.ArgumentParser, argparse.Namespace, list[str]]:
+    """The parser (for its one-line errors), the arguments, and the methods to run (checked)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="configs/methods.yaml")
     ap.add_argument("--iterations", type=int, default=20)
@@ -249,19 +250,115 @@ def main() -> None:
         ap.error(f"--methods: unknown {unknown} (one of {', '.join(METHODS)})")
     if "rlcr" not in methods or "rlvr" not in methods:
         ap.error("--methods must include rlcr and rlvr (the headline compares them)")
+    if a.variant and not all(c.isalnum() or c in "_." for c in a.variant):
+        ap.error(f"--variant {a.variant!r}: letters, digits, '_' and '.' only (it names runs and files)")
+    return ap, a, methods
 
+
+def results_table(methods, curves, costs, group_sizes, last_common) -> list[str]:
+    """Markdown rows: each method at iteration 0, the last common evaluation and its own last one (metrics with
+    their CIs, accuracy / AUROC per number count, parse rate, tokens and seconds per iteration, eval seconds)."""
+    counts = sorted({n for m in methods for _, ev, _ in curves[m] for n in (ev.get("by_count") or {})}, key=int)
+    lines = ["| method | G_a | iteration | accuracy | ECE | Brier | AUROC | "
+             + "".join(f"acc. / AUROC, {n} numbers | " for n in counts)
+             + "conf. parse rate | tokens generated / trained per it. | s per it. | eval s |",
+             "|---|---|---|---|---|---|---|" + "---|" * len(counts) + "---|---|---|---|"]
+    for m in methods:
+        c = costs[m]
+        for it, ev, _ in curves[m]:
+            if it in (0, last_common, curves[m][-1][0]):
+                lines.append(f"| {m} | {group_sizes[m]} | {it} | " + " | ".join(cell(ev, k) for k in KEYS)
+                             + " | " + "".join(f"{count_cell(ev, n)} | " for n in counts)
+                             + f"{ev.get('confidence_parse_rate', math.nan):.2f} | {c['generated']:.0f} ± "
+                             f"{c['generated_sd']:.0f} / {c['trained']:.0f} | {c['seconds']:.0f} ± {c['seconds_sd']:.0f} | "
+                             + (f"{ev['seconds']:.0f} |" if "seconds" in ev else "– |"))
+    return lines
+
+
+def table_note(a, resamples: int, methods, curves) -> str:
+    """The line under the table: the held-out set's size, the CIs' kind, and the variant's settings."""
+    n_tasks = next((ev.get("n_tasks") for m in methods for _, ev, _ in curves[m]), None)
+    n_answers = next((ev.get("n_answers") for m in methods for _, ev, _ in curves[m]), None)
+    return (f"Held-out: {n_tasks} tasks × {(n_answers or 0) // max(n_tasks or 1, 1)} answers; [95% bootstrap CI, "
+            f"{resamples} resamples of tasks]. Iteration 0 = the shared warm-start, evaluated with each method's own "
+            "confidence query." + (f" Variant '{a.variant}' of {a.config}: {' '.join(a.overrides)}." if a.variant else ""))
+
+
+def _ci_bound(ev: dict, key: str, side: int) -> float:
+    bounds = (ev.get("ci") or {}).get(key)
+    return bounds[side] if bounds else math.nan
+
+
+def plot_curves(methods, curves, png: Path) -> None:
+    """Held-out accuracy, ECE and AUROC per iteration with their 95% CIs, and each method's reliability diagram
+    at its last evaluation (accuracy per confidence bin, marker area ∝ answers), written to ``png``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from flows.train import rlcr_train
-    from rlcr.config import load_config
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4))
+    for ax, key in zip(axes, ("accuracy", "ece", "auroc")):
+        for m in methods:
+            its = [it for it, _, _ in curves[m]]
+            ax.plot(its, [ev.get(key, math.nan) for _, ev, _ in curves[m]], marker="o", label=m)
+            ax.fill_between(its, [_ci_bound(ev, key, 0) for _, ev, _ in curves[m]],
+                            [_ci_bound(ev, key, 1) for _, ev, _ in curves[m]], alpha=0.15)
+        ax.set_title(f"held-out {key} (95% CI)")
+        ax.set_xlabel("iteration")
+        ax.legend()
+    ax = axes[3]
+    ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--")
+    for m in (m for m in methods if curves[m]):
+        it, ev, _ = curves[m][-1]
+        bins = [b for b in ev.get("reliability") or [] if b.get("count")]
+        ax.plot([b["mean_confidence"] for b in bins], [b["accuracy"] for b in bins], marker="o", label=f"{m} (it {it})")
+        ax.scatter([b["mean_confidence"] for b in bins], [b["accuracy"] for b in bins],
+                   s=[4 + 300 * b["count"] / max(ev.get("n", 1), 1) for b in bins], alpha=0.3)
+    ax.set(xlim=(0, 1), ylim=(0, 1), title="reliability at the last evaluation", xlabel="stated confidence (bin mean)",
+           ylabel="accuracy")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
+def ece_ratio(curves) -> tuple[int | None, dict[str, float], float]:
+    """The headline: rlcr's ECE over rlvr's at the last iteration both evaluated (NaN where undefined)."""
+    common = sorted(set(it for it, _, _ in curves["rlcr"]) & set(it for it, _, _ in curves["rlvr"]))
+    last = common[-1] if common else None
+    ece = {m: dict((it, ev) for it, ev, _ in curves[m]).get(last, {}).get("ece", math.nan) for m in ("rlcr", "rlvr")}
+    return last, ece, (ece["rlcr"] / ece["rlvr"] if ece["rlvr"] else math.nan)
+
+
+def warm_start_and_plan(ap, a, cfg, plan_path: Path, methods) -> tuple[str, dict]:
+    """The shared warm-start (trained, or reused when sealed) and the kept group sizes; with ``--table-only`` both
+    must exist already (nothing is trained or rolled out)."""
     from rlcr.sft import warm_start
 
+    if a.table_only:
+        from rlcr.runs import RunStore
+
+        sft_run = RunStore.open(cfg, f"{a.prefix}-sft")
+        if not sft_run.store.is_complete(sft_run.checkpoint_rel(0)) or not plan_path.exists():
+            ap.error(f"--table-only: no sealed warm-start '{a.prefix}-sft' or no {plan_path} in {cfg.storage.uri}; "
+                     "run the benchmark first")
+    t0 = time.perf_counter()
+    sft_uri, reused = warm_start(cfg, run_id=f"{a.prefix}-sft")
+    print(f"warm-start: {sft_uri} ({'reused' if reused else 'trained'}, {time.perf_counter() - t0:.0f} s)", flush=True)
+    plan = group_size_plan(cfg, plan_path, sft_uri, methods)
+    print(f"group sizes (equal generated tokens per prompt): {plan['num_generations_answer']}; "
+          f"mean lengths {', '.join(f'{k} {v:.1f}' for k, v in plan['mean_lengths'].items())}", flush=True)
+    return sft_uri, plan
+
+
+def main() -> None:
+    ap, a, methods = parse_args()
+    from flows.train import rlcr_train
+    from rlcr.config import load_config
+
+    # ----------------------------------------------------------------- 1. warm-start and group sizes
     shared, per_method = split_overrides(ap, a.overrides)
-    if a.variant and not all(c.isalnum() or c in "_." for c in a.variant):
-        ap.error(f"--variant {a.variant!r}: letters, digits, '_' and '.' only (it names runs and files)")
     overrides = shared + ([f"storage.uri={a.store}"] if a.store else [])
     out_name = f"{a.prefix}-{a.variant}" if a.variant else a.prefix
 
@@ -274,20 +371,7 @@ def main() -> None:
     t_start = time.perf_counter()
 
     plan_path = store / f"{a.prefix}-plan.json"
-    if a.table_only:  # read only: neither a warm-start nor a calibration rollout is run
-        from rlcr.runs import RunStore
-
-        sft_run = RunStore.open(cfg, f"{a.prefix}-sft")
-        if not sft_run.store.is_complete(sft_run.checkpoint_rel(0)) or not plan_path.exists():
-            ap.error(f"--table-only: no sealed warm-start '{a.prefix}-sft' or no {plan_path} in {cfg.storage.uri}; "
-                     "run the benchmark first")
-    sft_uri, reused = warm_start(cfg, run_id=f"{a.prefix}-sft")
-    print(f"warm-start: {sft_uri} ({'reused' if reused else 'trained'}, {time.perf_counter() - t_start:.0f} s)",
-          flush=True)
-
-    plan = group_size_plan(cfg, plan_path, sft_uri, methods)
-    print(f"group sizes (equal generated tokens per prompt): {plan['num_generations_answer']}; "
-          f"mean lengths {', '.join(f'{k} {v:.1f}' for k, v in plan['mean_lengths'].items())}", flush=True)
+    sft_uri, plan = warm_start_and_plan(ap, a, cfg, plan_path, methods)
 
     def method_overrides(method: str) -> list[str]:
         return [*overrides, f"model.name={sft_uri}", f"method.name={method}", f"eval.every={a.chunk}",
@@ -299,6 +383,7 @@ def main() -> None:
 
     parent = open_tracking(cfg, a, methods, out_name, sft_uri, plan, method_cfg, run_id)
 
+    # ----------------------------------------------------------------- 2. the methods in turns, chunk by chunk
     seen: set[tuple[str, int]] = set()
 
     def report_new() -> None:
@@ -324,77 +409,23 @@ def main() -> None:
         if target == a.iterations:
             break
 
-    # ----------------------------------------------------------------- table, picture, headline
+    # ----------------------------------------------------------------- 3. table, picture, headline
     curves = {m: evaluations(method_cfg(m), run_id(m)) for m in methods}
     costs = {m: per_iteration(method_cfg(m), run_id(m)) for m in methods}
-    # the last iteration every method has evaluated: the headline and the table compare there
+    # the last iteration every method has evaluated: the table compares there
     common = sorted(set.intersection(*(set(it for it, _, _ in curves[m]) for m in methods)))
     last_common = common[-1] if common else None
-    counts = sorted({n for m in methods for _, ev, _ in curves[m] for n in (ev.get("by_count") or {})}, key=int)
-    lines = ["| method | G_a | iteration | accuracy | ECE | Brier | AUROC | "
-             + "".join(f"acc. / AUROC, {n} numbers | " for n in counts)
-             + "conf. parse rate | tokens generated / trained per it. | s per it. | eval s |",
-             "|---|---|---|---|---|---|---|" + "---|" * len(counts) + "---|---|---|---|"]
-    for m in methods:
-        c = costs[m]
-        for it, ev, _ in curves[m]:
-            if it in (0, last_common, curves[m][-1][0]):
-                lines.append(f"| {m} | {plan['num_generations_answer'][m]} | {it} | " + " | ".join(cell(ev, k) for k in KEYS)
-                             + " | " + "".join(f"{count_cell(ev, n)} | " for n in counts)
-                             + f"{ev.get('confidence_parse_rate', math.nan):.2f} | {c['generated']:.0f} ± "
-                             f"{c['generated_sd']:.0f} / {c['trained']:.0f} | {c['seconds']:.0f} ± {c['seconds_sd']:.0f} | "
-                             + (f"{ev['seconds']:.0f} |" if "seconds" in ev else "– |"))
-    n_tasks = next((ev.get("n_tasks") for m in methods for _, ev, _ in curves[m]), None)
-    n_answers = next((ev.get("n_answers") for m in methods for _, ev, _ in curves[m]), None)
-    table = "\n".join(lines)
-    paired = paired_lines(methods, method_cfg, run_id, last_common)
-    if paired:
-        table += "\n\n" + "\n".join(paired)
-    note = (f"Held-out: {n_tasks} tasks × {(n_answers or 0) // max(n_tasks or 1, 1)} answers; [95% bootstrap CI, "
-            f"{cfg.eval.bootstrap_resamples} resamples of tasks]. Iteration 0 = the shared warm-start, evaluated "
-            f"with each method's own confidence query."
-            + (f" Variant '{a.variant}' of {a.config}: {' '.join(a.overrides)}." if a.variant else ""))
+    table = "\n".join([*results_table(methods, curves, costs, plan["num_generations_answer"], last_common),
+                       *(["", *paired] if (paired := paired_lines(methods, method_cfg, run_id, last_common)) else [])])
+    note = table_note(a, cfg.eval.bootstrap_resamples, methods, curves)
     print(table)
     print(note)
     (store / f"{out_name}.md").write_text(table + "\n\n" + note + "\n")
-
-    fig, axes = plt.subplots(1, 4, figsize=(20, 4))
-    for ax, key in zip(axes, ("accuracy", "ece", "auroc")):
-        for m in methods:
-            its = [it for it, _, _ in curves[m]]
-            vals = [ev.get(key, math.nan) for _, ev, _ in curves[m]]
-            lo = [(ev.get("ci") or {}).get(key, [math.nan] * 2)[0] if (ev.get("ci") or {}).get(key) else math.nan
-                  for _, ev, _ in curves[m]]
-            hi = [(ev.get("ci") or {}).get(key, [math.nan] * 2)[1] if (ev.get("ci") or {}).get(key) else math.nan
-                  for _, ev, _ in curves[m]]
-            ax.plot(its, vals, marker="o", label=m)
-            ax.fill_between(its, lo, hi, alpha=0.15)
-        ax.set_title(f"held-out {key} (95% CI)")
-        ax.set_xlabel("iteration")
-        ax.legend()
-    ax = axes[3]  # reliability at each method's last evaluation: accuracy per confidence bin, marker area ∝ answers
-    ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--")
-    for m in (m for m in methods if curves[m]):
-        it, ev, _ = curves[m][-1]
-        bins = [b for b in ev.get("reliability") or [] if b.get("count")]
-        ax.plot([b["mean_confidence"] for b in bins], [b["accuracy"] for b in bins], marker="o", label=f"{m} (it {it})")
-        ax.scatter([b["mean_confidence"] for b in bins], [b["accuracy"] for b in bins],
-                   s=[4 + 300 * b["count"] / max(ev.get("n", 1), 1) for b in bins], alpha=0.3)
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1)
-    ax.set_title("reliability at the last evaluation")
-    ax.set_xlabel("stated confidence (bin mean)")
-    ax.set_ylabel("accuracy")
-    ax.legend()
-    fig.tight_layout()
     png = store / f"{out_name}.png"
-    fig.savefig(png, dpi=100)
+    plot_curves(methods, curves, png)
     print(f"table: {store / (out_name + '.md')}  picture: {png}  ({(time.perf_counter() - t_start) / 60:.1f} min)")
 
-    common = sorted(set(it for it, _, _ in curves["rlcr"]) & set(it for it, _, _ in curves["rlvr"]))
-    last = common[-1] if common else None
-    ece = {m: dict((it, ev) for it, ev, _ in curves[m]).get(last, {}).get("ece", math.nan) for m in ("rlcr", "rlvr")}
-    ratio = ece["rlcr"] / ece["rlvr"] if ece["rlvr"] else math.nan
+    last, ece, ratio = ece_ratio(curves)
     print(f"(at iteration {last}: ECE rlcr {ece['rlcr']:.3f}, rlvr {ece['rlvr']:.3f})")
     print(f"methods ECE rlcr/rlvr: {ratio:.3f}")
     finish_tracking(parent, curves, last_common, ratio, [store / f"{out_name}.md", png, plan_path])
