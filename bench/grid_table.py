@@ -254,7 +254,7 @@ class GridTable(NamedTuple):
     docs: str
     """docs/results.md's section: both protocols' full tables, per-seed values, the goals."""
     summary: str
-    """README.md's section: the primary protocol's headline metrics and the goals' verdicts."""
+    """README.md's section: the set-up in one line and the goals' verdicts with their figures."""
     headline: str
     """``grid goals met: …``'s value: "k/4" once decided, else "undecided (n/3 seeds)"."""
 
@@ -309,12 +309,10 @@ def build_table(directory: Path, protocol, n_resamples: int | None = None) -> Gr
     if flags:
         lines += ["", f"**{EXPLORATORY} The goals' figures under the paper protocol** (greedy, one answer per task, "
                       "unparsed = 0; exploratory, no decision):", ""] + flags
-    summary = summary_lines(protocol, n, primary_results, primary, decided, recal, flag_line)
+    summary = summary_lines(protocol, n, primary_results, decided, recal, flag_line)
     return GridTable("\n".join(lines), "\n".join(summary), headline)
 
 
-SUMMARY_COLUMNS = (("accuracy", "accuracy"), ("ece", "ECE"), ("brier_skill", "Brier skill vs difficulty prior"),
-                   ("auroc_within", "AUROC within stratum"))
 SUMMARY_GOALS = {"brier_skill": "RLCR's Brier skill over its difficulty prior is above 0",
                  "within_stratum_auroc": "RLCR's mean within-stratum AUROC is above RLVR's and recalibrated RLVR's",
                  "ece": "RLCR's ECE is below RLVR's",
@@ -324,20 +322,19 @@ SUMMARY_FIGURES = {"brier_skill": "", "auroc_within_vs_rlvr": "vs RLVR ", "auroc
                    "vs RLVR + temperature ", "ece_vs_rlvr": "", "accuracy_vs_rlvr": ""}
 
 
-def summary_lines(protocol, n: int, results: Mapping, rows: Mapping, decided: Mapping[str, Any] | None,
+def summary_lines(protocol, n: int, results: Mapping, decided: Mapping[str, Any] | None,
                   recal: Mapping[str, Any] | None = None, flag_line: str = "") -> list[str]:
-    """README's short form: the primary protocol's table without per-seed values, one line per goal with its
-    seed-level reading, and the exploratory lines (stratum-aware recalibration, greedy decoding)."""
+    """README's short form: the set-up in one line, one line per goal with its figures and seed-level reading,
+    and the exploratory lines (stratum-aware recalibration, greedy decoding); the tables stay in docs/results.md."""
     out = [f"Pre-registered in [bench/protocol.yaml](bench/protocol.yaml) before the runs: training seeds "
            f"{', '.join(map(str, protocol.seeds))} (each with its own warm-start), {protocol.iterations} iterations per "
            f"method at equal generated tokens, {protocol.sizes['test']} held-out test tasks × "
-           f"{protocol.decodings[0].answers_per_task} sampled answers per seed. {protocol.level:.0%} intervals: "
-           f"hierarchical bootstrap over seeds, then tasks ({n:,} replicates). Per-seed values, the paper's "
-           "protocol (greedy, one answer) and the equal-mass ECE: [docs/results.md](docs/results.md).", ""]
-    out += metrics_table(results, rows, per_seed=False, columns=SUMMARY_COLUMNS)
+           f"{protocol.decodings[0].answers_per_task} sampled answers per seed; {protocol.level:.0%} intervals by a "
+           f"hierarchical bootstrap over seeds, then tasks ({n:,} replicates). Every policy's and baseline's figures, "
+           "per seed and under the paper's protocol: [docs/results.md](docs/results.md).", ""]
     if decided is None:
-        return out
-    out += ["", "Goals (RLCR = two-turn RLCR; differences paired over the same seeds and tasks):", ""]
+        return out + ["Undecided: the goals are read once every seed's records are in."]
+    out += ["Goals (RLCR = two-turn RLCR; differences paired over the same seeds and tasks):", ""]
     df = len(decided["seeds"]) - 1
     for goal, items in decided["parts"].items():
         figures = ", ".join(SUMMARY_FIGURES[key] + interval_text(decided["result"], key, per_seed=False)
