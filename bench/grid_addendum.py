@@ -94,10 +94,13 @@ def method_overrides(addendum, files, store: Path, seed: int, chunk: int, method
             f"method.name={method}", *extra]
 
 
-def ood_config(cfg, task: str):
-    """``cfg`` (a policy's) for an out-of-domain set: ``task``, its default options, no Countdown files."""
-    return cfg.model_copy(update={"tasks.name": task, "tasks.options": {}, "tasks.train_file": None,
-                                  "tasks.eval_file": None})
+def ood_config(cfg, ood: dict):
+    """``cfg`` (a policy's) for the out-of-domain set ``ood`` (``addendum.out_of_domain[key]``): its task with the
+    task's default options, no Countdown files, its answers per task, and its ``max_prompt_tokens`` where it names
+    one (amendment 2)."""
+    bound = {"rollout.max_prompt_tokens": ood["max_prompt_tokens"]} if "max_prompt_tokens" in ood else {}
+    return cfg.model_copy(update={"tasks.name": ood["task"], "tasks.options": {}, "tasks.train_file": None,
+                                  "tasks.eval_file": None, "eval.samples": ood["answers_per_task"], **bound})
 
 
 def evaluate_ood(cfg, addendum, key: str, seed: int, policy: str, policy_uri: str, iteration: int, tasks: list,
@@ -113,7 +116,7 @@ def evaluate_ood(cfg, addendum, key: str, seed: int, policy: str, policy_uri: st
     if (records / name).exists():
         return
     ensure_ray()
-    ocfg = ood_config(cfg, task).model_copy(update={"eval.samples": addendum.out_of_domain[key]["answers_per_task"]})
+    ocfg = ood_config(cfg, addendum.out_of_domain[key])
     t0 = time.perf_counter()
     with EnginePool(ocfg, policy_uri) as engines:
         _, rows = evaluate_policy(ocfg, tasks, policy_uri=policy_uri, iteration=iteration, engines=engines,

@@ -393,8 +393,13 @@ def _amendments(v: Any) -> Any:
 
 def _ood_set(task: str) -> dict[str, Any]:
     return {"task": _one_of(task), "files": _data_files, "decoding": _starts("sampling"),
-            "answers_per_task": _int(1), "policies": _policies, "seeds": _one_of("all"),
-            "unparsed_confidence": _starts("excluded")}
+            "answers_per_task": _int(1), "max_prompt_tokens": _int(16), "policies": _policies,
+            "seeds": _one_of("all"), "unparsed_confidence": _starts("excluded")}
+
+
+ADDENDUM_OPTIONAL = frozenset({"registered", *(f"out_of_domain.{k}.max_prompt_tokens" for k in OUT_OF_DOMAIN)})
+"""Fields the addendum may leave out: an out-of-domain set's ``max_prompt_tokens`` (amendment 2; absent: the
+policy's ``rollout.max_prompt_tokens``)."""
 
 
 ADDENDUM_SPEC: dict[str, Any] = {
@@ -435,7 +440,7 @@ def load_addendum(path: str | Path, base: str | Path | None = None) -> Addendum:
 
     source = printable(path)
     try:
-        doc = _check(safe_yaml(read_config_text(path), source), ADDENDUM_SPEC, "", source, frozenset({"registered"}))
+        doc = _check(safe_yaml(read_config_text(path), source), ADDENDUM_SPEC, "", source, ADDENDUM_OPTIONAL)
     except ConfigError as e:
         raise ProtocolError(str(e)) from None
     protocol = load_protocol(base or ADDENDUM_DATA.parents[2] / doc["amends"])

@@ -162,10 +162,16 @@ def test_the_addendum_runner_trains_and_evaluates_what_the_addendum_names(tmp_pa
     assert (rlcr.method.name, rlcr.rollout.num_generations_answer, rlcr.method.lambda_conf) == ("rlcr", 4, 10.0)
     same = lambda c: (c.model.name, c.run.seed, c.update.learning_rate, c.rollout.temperature, c.tasks.train_file)  # noqa: E731
     assert same(g4) == same(rlvr) == same(rlcr) == ("/sft", 4, 5e-6, 0.8, str(files["train"]))
-    for task in ("math", "qa"):
-        m = ood_config(g4, task)
+    bounds = {}
+    for key, task in (("math", "math"), ("question_answering", "qa")):
+        m = ood_config(g4, a.out_of_domain[key])
         assert (m.tasks.name, m.tasks.options, m.tasks.eval_file, m.tasks.train_file) == (task, {}, None, None)
-        assert (m.model.name, m.method.name, m.rollout.temperature) == ("/sft", "rlvr", 0.8)
+        assert (m.model.name, m.method.name, m.rollout.temperature, m.eval.samples) == ("/sft", "rlvr", 0.8, 4)
+        bounds[task] = m.rollout.max_prompt_tokens
+    # amendment 2: the QA set's turn 2 needs a larger prompt bound, which the engine's context holds beside a
+    # confidence; the math set keeps the policy's
+    assert bounds == {"math": g4.rollout.max_prompt_tokens, "qa": 480} and g4.rollout.max_prompt_tokens == 384
+    assert 480 + g4.rollout.max_confidence_tokens <= g4.engine.max_model_len
     problems = ood_tasks(a, "math")
     assert len(problems) == 400 and len({get_task("math").identity(p) for p in problems}) == 400
     qa = ood_tasks(a, "question_answering")
@@ -185,7 +191,7 @@ def test_the_qa_set_is_the_generator_s_bytes_and_the_amendment_names_it(tmp_path
     a = load_addendum(ADDENDUM)
     qa = a.out_of_domain["question_answering"]
     assert (qa["task"], qa["files"], qa["answers_per_task"]) == ("qa", ["rlcr/tasks/data/qa_heldout.jsonl"], 4)
-    assert [x["date"] for x in a.raw["amendments"]] == ["2026-11-28"]
+    assert [x["date"] for x in a.raw["amendments"]] == ["2026-11-28", "2026-11-29"]
     assert "out_of_domain_ece_qa" in a.raw["goals"]
 
 

@@ -191,6 +191,28 @@ def test_prompt_too_long_is_a_clear_error(ray_local, tiny_model_dir, tmp_path):
         run_rollouts(cfg, [(0, CountdownTask([1, 2, 3], 6))], policy_uri=str(tiny_model_dir), run_id="x", iteration=0)
 
 
+def test_a_turn2_prompt_that_a_long_answer_can_overflow_is_refused_before_any_ray_work(tiny_model_dir, tmp_path):
+    """The turn-2 prompt holds the answer: with room for the first turn but not for turn 2 with an answer of
+    rollout.max_answer_tokens, the check refuses up front (it stopped a 4-hour evaluation at its end before), naming
+    the row and the fields; one more token of room passes, and rlcr_single, which has no turn 2, passes."""
+    from transformers import AutoTokenizer
+
+    from rlcr.rollout.pipeline import check_prompt_lengths
+    from rlcr.tasks.chat import render_prompt
+    from rlcr.tasks.countdown import turn2_messages
+
+    task = CountdownTask([1, 2, 3], 6)
+    empty = len(render_prompt(AutoTokenizer.from_pretrained(tiny_model_dir), turn2_messages(task, ""))[1])
+    base = tiny_cfg(tiny_model_dir, tmp_path)
+    room = empty + base.rollout.max_answer_tokens
+    short = base.model_copy(update={"rollout.max_prompt_tokens": room - 1})
+    with pytest.raises(ValueError, match=rf"^prompt_id=7: its turn-2 prompt can reach {room} tokens .* "
+                                         rf"> rollout.max_prompt_tokens={room - 1}: raise rollout.max_prompt_tokens"):
+        check_prompt_lengths(short, [(7, task)], str(tiny_model_dir))
+    check_prompt_lengths(base.model_copy(update={"rollout.max_prompt_tokens": room}), [(7, task)], str(tiny_model_dir))
+    check_prompt_lengths(short.model_copy(update={"method.name": "rlcr_single"}), [(7, task)], str(tiny_model_dir))
+
+
 def test_turn2_prompt_too_long_names_its_row(tiny_tokenizer):
     """Turn-2 contexts are rendered where the engine is; an overlong one names prompt and answer."""
     from rlcr.tasks.chat import render_prompt

@@ -214,17 +214,29 @@ def rollout_stats(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 
 def check_prompt_lengths(cfg: RLCRConfig, tasks: Sequence[tuple[int, Any]], policy_uri: str) -> None:
-    """Fail before any Ray work if a first-turn prompt (``method``'s) is longer than ``max_prompt_tokens``."""
+    """Fail before any Ray work if a prompt can be longer than ``rollout.max_prompt_tokens``: a first-turn prompt
+    (``method``'s), or, for the methods with a turn 2, a turn-2 prompt holding the longest answer the engine may
+    write (the task's turn 2 with an empty answer + ``rollout.max_answer_tokens``). Otherwise a long answer would
+    stop the run hours in, at the turn-2 prompt that holds it."""
     from transformers import AutoTokenizer
 
     from rlcr.tasks.chat import render_prompt
     from rlcr.adapters import fetch_model
 
     tokenizer = AutoTokenizer.from_pretrained(fetch_model(policy_uri, endpoint_url=cfg.storage.s3_endpoint_url))
-    task = get_task(cfg.tasks.name)
-    messages = task.single_turn_messages if cfg.method.name == "rlcr_single" else task.turn1_messages
+    kind, r = get_task(cfg.tasks.name), cfg.rollout
+    two_turn = cfg.method.name != "rlcr_single"
+    messages = kind.turn1_messages if two_turn else kind.single_turn_messages
     for pid, task in tasks:
-        render_prompt(tokenizer, messages(task), where=f"prompt_id={pid}", max_prompt_tokens=cfg.rollout.max_prompt_tokens)
+        render_prompt(tokenizer, messages(task), where=f"prompt_id={pid}", max_prompt_tokens=r.max_prompt_tokens)
+        if two_turn:
+            empty = len(render_prompt(tokenizer, kind.turn2_messages(task, ""))[1])
+            if empty + r.max_answer_tokens > r.max_prompt_tokens:
+                raise ValueError(
+                    f"prompt_id={pid}: its turn-2 prompt can reach {empty + r.max_answer_tokens} tokens ({empty} with "
+                    f"an empty answer + rollout.max_answer_tokens={r.max_answer_tokens}) > rollout.max_prompt_tokens="
+                    f"{r.max_prompt_tokens}: raise rollout.max_prompt_tokens (engine.max_model_len must hold it + "
+                    "rollout.max_confidence_tokens) or lower rollout.max_answer_tokens")
 
 
 def generate_rollouts(
