@@ -220,8 +220,8 @@ class RolloutSection(Section):
     """Nucleus sampling threshold for both turns."""
     max_prompt_tokens: int = changes(512, ge=16)
     """Longest rendered prompt accepted, turn-2 context included; checked before any Ray work for each first-turn
-    prompt and each turn-2 prompt at its longest (an empty answer + ``rollout.max_answer_tokens``): a run whose turn 2 may
-    not fit is refused up front."""
+    prompt and each turn-2 prompt at its longest (an empty answer + ``rollout.max_answer_tokens``): a run whose
+    turn 2 may not fit is refused up front."""
     max_answer_tokens: int = changes(256, ge=8)
     """Most tokens generated for a turn-1 answer (reasoning + equation)."""
     max_confidence_tokens: int = changes(64, ge=4)
