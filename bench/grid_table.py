@@ -82,7 +82,7 @@ def table_rows(records: Mapping, protocol: str, as_zero: bool) -> dict[str, dict
 
 def _recalibrated(test, cal, fit, apply, per_stratum: bool = False):
     """``test`` with its confidences mapped by ``fit`` on the calibration answers (``per_stratum``: one map per
-    stratum, :func:`rlcr.protocol_stats.fit_per_stratum`); all NaN (no calibration metric) where the
+    stratum, :func:`rlcr.recalibration.fit_per_stratum`); all NaN (no calibration metric) where the
     calibration split has no parsed confidence to fit on."""
     from rlcr.recalibration import apply_per_stratum, fit_per_stratum
 
