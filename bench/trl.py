@@ -269,6 +269,34 @@ def run_trl(args, store: str, model: str, extra: list[str], path: str | None) ->
     return out
 
 
+def check_prompt_ids(tokenizer, spec: dict) -> None:
+    """The prompts TRL will give the model are rlcr's: same chat template, same ids (else the run stops)."""
+    from rlcr.tasks.chat import render_prompt
+
+    for row in spec["rows"]:
+        ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True,
+                                            return_dict=True)["input_ids"]
+        ref = render_prompt(tokenizer, row["prompt"], max_prompt_tokens=spec["max_prompt_tokens"])[1]
+        if list(ids) != list(ref):
+            raise SystemExit(f"TRL's prompt ids differ from render_prompt's for prompt {row['prompt_id']}")
+
+
+def grpo_config(GRPOConfig, spec: dict):
+    """TRL's GRPOConfig with rlcr's update (the spec's settings): DAPO token-mean loss, no KL, CPU fp32."""
+    P, G = spec["P"], spec["G"]
+    return GRPOConfig(
+        output_dir=spec["output_dir"], per_device_train_batch_size=P * G, gradient_accumulation_steps=1,
+        num_generations=G, max_completion_length=spec["max_completion"], temperature=spec["temperature"],
+        top_p=spec["top_p"], top_k=0, learning_rate=spec["lr"], lr_scheduler_type="constant", warmup_steps=0,
+        weight_decay=spec["weight_decay"], adam_beta1=spec["betas"][0], adam_beta2=spec["betas"][1],
+        max_grad_norm=spec["grad_clip"], beta=0.0, epsilon=spec["clip_low"], epsilon_high=spec["clip_high"],
+        loss_type="dapo", scale_rewards="group" if spec["scale_by_std"] else "none", num_iterations=1,
+        max_steps=spec["steps"], logging_steps=1, save_strategy="no", report_to="none", bf16=False, fp16=False,
+        use_cpu=True, gradient_checkpointing=spec["gradient_checkpointing"], shuffle_dataset=False, seed=spec["seed"],
+        dataloader_num_workers=0, disable_tqdm=True, log_completions=False, remove_unused_columns=False,
+    )
+
+
 def trl_worker(spec_file: str) -> None:
     """``--trl-worker SPEC``: the TRL side, in its own process."""
     spec = json.loads(Path(spec_file).read_text())
@@ -284,7 +312,6 @@ def trl_worker(spec_file: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlcr.tasks.chat import render_prompt
     from rlcr.tasks.registry import get_task
 
     def emit(doc: dict) -> None:
@@ -295,12 +322,7 @@ def trl_worker(spec_file: str) -> None:
                  f"{torch.get_num_threads()} threads), model {spec['model_dir']}"})
     task = get_task(spec["task"])
     tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
-    # the prompts TRL will give the model are rlcr's: same chat template, same ids
-    for row in spec["rows"]:
-        ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
-        ref = render_prompt(tokenizer, row["prompt"], max_prompt_tokens=spec["max_prompt_tokens"])[1]
-        if list(ids) != list(ref):
-            raise SystemExit(f"TRL's prompt ids differ from render_prompt's for prompt {row['prompt_id']}")
+    check_prompt_ids(tokenizer, spec)
     model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32)
 
     def accuracy(completions, record, **_):
@@ -311,17 +333,7 @@ def trl_worker(spec_file: str) -> None:
         return out
 
     P, G = spec["P"], spec["G"]
-    config = GRPOConfig(
-        output_dir=spec["output_dir"], per_device_train_batch_size=P * G, gradient_accumulation_steps=1,
-        num_generations=G, max_completion_length=spec["max_completion"], temperature=spec["temperature"],
-        top_p=spec["top_p"], top_k=0, learning_rate=spec["lr"], lr_scheduler_type="constant", warmup_steps=0,
-        weight_decay=spec["weight_decay"], adam_beta1=spec["betas"][0], adam_beta2=spec["betas"][1],
-        max_grad_norm=spec["grad_clip"], beta=0.0, epsilon=spec["clip_low"], epsilon_high=spec["clip_high"],
-        loss_type="dapo", scale_rewards="group" if spec["scale_by_std"] else "none", num_iterations=1,
-        max_steps=spec["steps"], logging_steps=1, save_strategy="no", report_to="none", bf16=False, fp16=False,
-        use_cpu=True, gradient_checkpointing=spec["gradient_checkpointing"], shuffle_dataset=False, seed=spec["seed"],
-        dataloader_num_workers=0, disable_tqdm=True, log_completions=False, remove_unused_columns=False,
-    )
+    config = grpo_config(GRPOConfig, spec)
     data = Dataset.from_list([{"prompt": r["prompt"], "record": r["record"]} for r in spec["rows"]])
 
     class Timer(TrainerCallback):

@@ -35,6 +35,51 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 SIDES = ("checkpoint", "recreate", "inplace-torch", "inplace")
 
 
+def sync_round(pool, weights, ckpt: Path, r: int, samples) -> tuple[dict, dict]:
+    """Round ``r``: each side takes ``weights`` (``ckpt`` holds them as a checkpoint), then the engine samples.
+    Returns (seconds per side, the in-place sides' (put, load, vLLM reload, tied-head repack) seconds); stops the
+    run if any side's samples differ from the checkpoint engine's."""
+    import ray
+
+    from rlcr.weights import pack_weights
+
+    took, detail, got = {}, {}, {}
+    t0 = time.perf_counter()
+    pool.load(str(ckpt), mode="recreate")
+    took["checkpoint"] = time.perf_counter() - t0
+    got["checkpoint"] = samples(str(ckpt))
+
+    t0 = time.perf_counter()
+    pool.update_weights(ray.put(pack_weights(weights)), f"r{r}-recreate", mode="recreate")
+    took["recreate"] = time.perf_counter() - t0
+    got["recreate"] = samples(f"r{r}-recreate")
+
+    for side, pack in (("inplace-torch", dict), ("inplace", pack_weights)):
+        t0 = time.perf_counter()
+        ref = ray.put(pack(weights))
+        put_s = time.perf_counter() - t0
+        info = pool.update_weights(ref, f"r{r}-{side}", mode="inplace")[0]
+        took[side] = time.perf_counter() - t0
+        detail[side] = (put_s, info["load_s"], info["reload_s"], info["repack_s"])
+        del ref
+        got[side] = samples(f"r{r}-{side}")
+
+    if any(got[s] != got["checkpoint"] for s in SIDES):
+        raise SystemExit(f"round {r}: samples differ from the checkpoint engine's: "
+                         + ", ".join(s for s in SIDES if got[s] != got["checkpoint"]))
+    return took, detail
+
+
+def round_line(r: int, took: dict, detail: dict) -> str:
+    """One round's line: every side's seconds, then where the in-place sides' time went."""
+    ip, it = detail["inplace"], detail["inplace-torch"]
+    return (f"round {r}: " + "  ".join(f"{s} {took[s]:.2f}s" for s in SIDES)
+            + f"  | inplace = put {ip[0]:.2f} + transfer {took['inplace'] - sum(ip[:2]):.2f} + load {ip[1]:.2f}"
+            + f" (vLLM reload {ip[2]:.2f}, tied head {ip[3]:.2f})"
+            + f"  | inplace-torch = put {it[0]:.2f} + transfer {took['inplace-torch'] - sum(it[:2]):.2f}"
+            + f" + load {it[1]:.2f}  | samples identical")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
@@ -48,7 +93,6 @@ def main() -> None:
     from rlcr.config import RLCRConfig
     from rlcr.models import resolve_model
     from rlcr.rollout.engine import EnginePool
-    from rlcr.weights import pack_weights
     from rlcr.tasks.registry import get_task
 
     countdown = get_task("countdown")
@@ -80,43 +124,13 @@ def main() -> None:
             with torch.no_grad():
                 for name, p in lm.state_dict().items():
                     p.copy_(base[name] * (1 + 1e-3 * (r + 1)))
-            weights = lm.state_dict()
             ckpt = work / f"round-{r}"
             lm.save_pretrained(ckpt, safe_serialization=True)
             tokenizer.save_pretrained(ckpt)
-            got, detail = {}, {}
-
-            t0 = time.perf_counter()
-            pool.load(str(ckpt), mode="recreate")
-            times["checkpoint"].append(time.perf_counter() - t0)
-            got["checkpoint"] = samples(str(ckpt))
-
-            t0 = time.perf_counter()
-            pool.update_weights(ray.put(pack_weights(weights)), f"r{r}-recreate", mode="recreate")
-            times["recreate"].append(time.perf_counter() - t0)
-            got["recreate"] = samples(f"r{r}-recreate")
-
-            for side, pack in (("inplace-torch", dict), ("inplace", pack_weights)):
-                t0 = time.perf_counter()
-                ref = ray.put(pack(weights))
-                put_s = time.perf_counter() - t0
-                info = pool.update_weights(ref, f"r{r}-{side}", mode="inplace")[0]
-                times[side].append(time.perf_counter() - t0)
-                detail[side] = (put_s, info["load_s"], info["reload_s"], info["repack_s"])
-                del ref
-                got[side] = samples(f"r{r}-{side}")
-
-            if any(got[s] != got["checkpoint"] for s in SIDES):
-                raise SystemExit(f"round {r}: samples differ from the checkpoint engine's: "
-                                 + ", ".join(s for s in SIDES if got[s] != got["checkpoint"]))
-            print(f"round {r}: " + "  ".join(f"{s} {times[s][-1]:.2f}s" for s in SIDES)
-                  + "  | inplace = put {:.2f} + transfer {:.2f} + load {:.2f} (vLLM reload {:.2f}, tied head {:.2f})"
-                  .format(detail["inplace"][0], times["inplace"][-1] - sum(detail["inplace"][:2]),
-                          *detail["inplace"][1:])
-                  + "  | inplace-torch = put {:.2f} + transfer {:.2f} + load {:.2f}".format(
-                      detail["inplace-torch"][0], times["inplace-torch"][-1] - sum(detail["inplace-torch"][:2]),
-                      detail["inplace-torch"][1])
-                  + "  | samples identical", flush=True)
+            took, detail = sync_round(pool, lm.state_dict(), ckpt, r, samples)
+            for side in SIDES:
+                times[side].append(took[side])
+            print(round_line(r, took, detail), flush=True)
             shutil.rmtree(ckpt)
     finally:
         pool.shutdown()
