@@ -94,14 +94,15 @@ def prepare_split(protocol, base_cfg, store: Path, seeds, chunk: int):
 
 def evaluate_records(cfg, protocol, seed: int, policy: str, policy_uri: str, iteration: int, tasks: dict,
                      records: Path, warm_start: str) -> None:
-    """The protocol's evaluations of one policy (test and calibration × primary and paper), each written as
-    its record; those already on record are skipped. ``cfg``: the policy's method (its confidence query);
+    """The protocol's evaluations of one policy (primary then paper protocol × test and calibration: the goals
+    rest on the primary records, so they land first), each written as its record; those already on record are
+    skipped. ``cfg``: the policy's method (its confidence query);
     ``warm_start``: the digest of the seed's warm-start weights (:func:`bench.grid_records.weights_digest`)."""
     from flows.train import ensure_ray
     from rlcr.evaluate import evaluate_policy
     from rlcr.rollout.engine import EnginePool
 
-    todo = [(split, d) for split in ("test", "calibration") for d in protocol.decodings
+    todo = [(split, d) for d in protocol.decodings for split in ("test", "calibration")
             if not (records / record_name(seed, policy, split, d.name)).exists()]
     if not todo:
         return
