@@ -128,15 +128,16 @@ def evaluate_ood(cfg, addendum, key: str, seed: int, policy: str, policy_uri: st
 
 def evaluate_all(cfg, addendum, seed: int, policy: str, uri: str, iteration: int, sets: dict, records: Path,
                  digest: str) -> None:
-    """Every record the addendum names for ``policy`` on ``seed``, in domain then out of domain (question
-    answering, then math: the shorter evaluation first, so a session that ends mid-way loses less); those already
+    """Every record the addendum names for ``policy`` on ``seed``, in domain then out of domain, the set
+    with fewer answers first (question answering before math: a session that ends mid-way loses less); those already
     on record are skipped."""
     from bench.grid import evaluate_records
 
     if seed in addendum.runs[policy]:
         evaluate_records(cfg, addendum.base, seed, policy, uri, iteration,
                          {k: sets[k] for k in ("test", "calibration")}, records, digest)
-    for key in ("question_answering", "math"):
+    size = {k: len(sets[k]) * addendum.out_of_domain[k]["answers_per_task"] for k in OUT_OF_DOMAIN}
+    for key in sorted(OUT_OF_DOMAIN, key=size.__getitem__):
         if policy in addendum.out_of_domain[key]["policies"]:
             evaluate_ood(cfg, addendum, key, seed, policy, uri, iteration, sets[key], records, digest)
 
