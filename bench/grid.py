@@ -27,7 +27,7 @@ bench/grid_addendum.py and bench/grid_addendum_table.py; the steps below are the
    A seed can be spread over sessions, a method (``--methods``) at a time: the store need not survive, the
    warm-start is trained again from the same seed, and every record names the sha256 of the warm-start
    weights its policy started from, so the table says whether a seed's policies share one (it differs in the
-   bits only if a session ran on another CPU).
+   bits only if a session ran on another CPU) and, where they do not, which records came from which.
 4. The evaluations of the protocol — test and calibration split, primary (sampling at the training temperature,
    ``answers_per_task`` answers, draw 0) and paper protocol (greedy, 1 answer) — of the warm-start (with the
    two-turn confidence query) and of each method's last checkpoint, each written as a small Parquet record

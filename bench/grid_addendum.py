@@ -70,12 +70,11 @@ def missing(addendum, seed: int, policy: str, records: Path) -> list[str]:
     return [n for n in names if not (records / n).exists() and not (DEFAULT_DIR / n).exists()]
 
 
-def committed_warm_start(seed: int, records: Path = DEFAULT_DIR) -> str | None:
-    """The warm-start digest the first grid's records of ``seed`` name (None: no record of that seed)."""
+def committed_warm_starts(seed: int, records: Path) -> set[str]:
+    """The warm-start digests the records under ``records`` of ``seed`` name (empty: no record of that seed)."""
     digests: dict = {}
     read_records(records, digests)
-    named = {d for (s, *_), d in digests.items() if s == seed}
-    return next(iter(named)) if len(named) == 1 else None
+    return {d for (s, *_), d in digests.items() if s == seed}
 
 
 def method_overrides(addendum, files, store: Path, seed: int, chunk: int, method: str, sft_uri: str,
@@ -158,9 +157,10 @@ def run_addendum_seed(addendum, files, split, store: Path, seed: int, methods, c
     t0 = time.perf_counter()
     sft_uri, reused = warm_start(cfg, run_id=run_id(seed, "sft"))
     digest = weights_digest(fetch_checkpoint(sft_uri, endpoint_url=cfg.storage.s3_endpoint_url))
-    before = committed_warm_start(seed) if seed in base.seeds else None
-    same = "" if before is None else (", the same as the first grid's records" if before == digest else
-                                      f", NOT the first grid's ({before[:12]}…): another CPU's bits")
+    before = committed_warm_starts(seed, DEFAULT_DIR if seed in base.seeds else records)
+    same = "" if not before else (", the same as its committed records'" if digest in before else
+                                  f", NOT its committed records' ({', '.join(sorted(d[:12] for d in before))}): "
+                                  "another CPU's bits, named in the table")
     print(f"seed {seed}: warm-start {sft_uri}, weights sha256 {digest}{same} "
           f"({'reused' if reused else 'trained'}, {time.perf_counter() - t0:.0f} s)", flush=True)
     records.mkdir(parents=True, exist_ok=True)

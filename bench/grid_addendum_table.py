@@ -212,7 +212,7 @@ def build_addendum_table(addendum, first: Path = DEFAULT_DIR, second: Path = SEC
              + "."]
     if digests:
         lines += ["", "Warm-starts (sha256 of the weights): " + "; ".join(warm_start_lines(
-            {k: v for k, v in digests.items() if k[1] in ("warm_start", "rlcr", "rlvr")})) + "."]
+            {k: v for k, v in digests.items() if k[1] in POLICIES})) + "."]
     rows, ood = in_domain_rows(records), {w: ood_rows(records, w) for w in OOD_SETS}
     if rows:
         lines += ["", f"**In domain** (test split, primary protocol: sampling at the training temperature, "

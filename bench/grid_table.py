@@ -231,20 +231,28 @@ def presence_lines(records: Mapping, protocol_seeds: Sequence[int], methods: Seq
     return out
 
 
+ORDER = (*POLICIES, "rlvr_g4")
+"""The order in which :func:`warm_start_lines` names policies (the addendum's ``rlvr_g4`` after the first grid's)."""
+
+
 def warm_start_lines(warm_starts: Mapping[tuple[int, str, str, str], str]) -> list[str]:
     """Per seed, the warm-start its records' policies started from: one (the protocol's design), or several —
-    the seed's runs were spread over sessions whose recomputed warm-starts differ in their bits (another CPU)."""
+    the seed's runs were spread over sessions whose recomputed warm-starts differ in their bits (another CPU);
+    then a policy whose records span several names its records (split and protocol) under each."""
     out = []
     for s in sorted({k[0] for k in warm_starts}):
-        by: dict[str, list[str]] = {}
-        for (seed, policy, _, _), digest in sorted(warm_starts.items(), key=lambda kv: (POLICIES.index(kv[0][1]), kv[0])):
-            if seed == s and policy not in by.setdefault(digest, []):
-                by[digest].append(policy)
+        mine = sorted(((k, d) for k, d in warm_starts.items() if k[0] == s),
+                      key=lambda kv: (ORDER.index(kv[0][1]) if kv[0][1] in ORDER else len(ORDER), kv[0]))
+        spans = {p: {d for (_, q, _, _), d in mine if q == p} for (_, p, _, _), _ in mine}  # a policy's digests
+        by: dict[str, dict[str, list[str]]] = {}
+        for (_, policy, split, protocol), digest in mine:
+            by.setdefault(digest, {}).setdefault(policy, []).append(f"{split} {protocol}")
         if len(by) == 1:
             out.append(f"seed {s}: one warm-start ({next(iter(by))[:12]}) for {', '.join(next(iter(by.values())))}")
         else:
-            out.append(f"seed {s}: **{len(by)} different warm-starts** (recomputed in sessions on other CPUs): "
-                       + "; ".join(f"{d[:12]} for {', '.join(p)}" for d, p in by.items()))
+            named = ("; ".join(f"{d[:12]} for " + ", ".join(p if len(spans[p]) == 1 else f"{p} ({', '.join(r)})"
+                                                            for p, r in ps.items()) for d, ps in by.items()))
+            out.append(f"seed {s}: **{len(by)} different warm-starts** (recomputed in sessions on other CPUs): {named}")
     return out
 
 

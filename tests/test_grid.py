@@ -365,6 +365,31 @@ def test_the_addendum_table_decides_its_six_goals_on_both_intervals(tmp_path):
     with pytest.raises(RecordError, match="s1-rlcr-test-primary is also on record"):
         build_addendum_table(addendum, first, second, n_resamples=10)
 
+def test_the_addendum_names_which_records_came_from_a_recomputed_warm_start(tmp_path):
+    """A seed's policies retrained in a later session on another CPU start from a warm-start with other bits:
+    the addendum's table names, per seed, each warm-start with the policies (rlvr_g4 included) and, for a
+    policy on both, the records (split and protocol) that came from each."""
+    import pyarrow.parquet as pq
+
+    from bench.grid_addendum_table import build_addendum_table
+    from bench.grid_protocol import load_addendum
+
+    first, second = tmp_path / "grid", tmp_path / "grid-2"
+    addendum_records(first, second, seeds=(4, 5), g4_seeds=(4, 5), math_seeds=(4, 5), qa_seeds=(4, 5))
+    for policy in ("rlcr", "rlvr", "rlvr_g4"):  # seed 4's QA records retrained from a recomputed warm-start
+        path = second / record_name(4, policy, "qa", "primary")
+        t = pq.read_table(path)
+        path.unlink()
+        write_record(second, path.name, t.set_column(t.schema.get_field_index("warm_start"), "warm_start",
+                                                     pa.array(["f" * 64] * t.num_rows)))
+    docs, _ = build_addendum_table(load_addendum(ADDENDUM), first, second, n_resamples=20)
+    assert re.search(r"seed 5: one warm-start \(\w{12}\) for warm_start, rlcr, rlvr, rlvr_g4\.", docs)
+    assert ("seed 4: **2 different warm-starts** (recomputed in sessions on other CPUs): "
+            f"{WARM.get(4, 'd' * 64)[:12]} for warm_start, rlcr (calibration primary, math primary, test primary), "
+            "rlvr (calibration primary, math primary, test primary), rlvr_g4 (calibration primary, math primary, "
+            "test primary); ffffffffffff for rlcr (qa primary), rlvr (qa primary), rlvr_g4 (qa primary)") in docs
+
+
 def test_the_table_rebuilds_from_records_and_decides_the_goals(tmp_path, protocol):
     synthetic_records(tmp_path)
     table, summary, headline = build_table(tmp_path, protocol, n_resamples=200)
@@ -451,7 +476,8 @@ def test_each_seeds_warm_start_is_named_and_a_recomputed_one_is_flagged(tmp_path
                  _record(2, "rlvr", "test", "paper", [1, 0], [0.5, 0.5], [2, 3], warm_start="e" * 64))
     table = build_table(tmp_path, protocol, n_resamples=50).docs
     assert "seed 2: **2 different warm-starts** (recomputed in sessions on other CPUs): bbbbbbbbbbbb for " \
-           "warm_start, rlcr, rlvr, rlcr_single; eeeeeeeeeeee for rlvr" in table
+           "warm_start, rlcr, rlvr (calibration paper, calibration primary, test primary), rlcr_single; " \
+           "eeeeeeeeeeee for rlvr (test paper)" in table
     bad = tmp_path / "bad"
     write_record(bad, record_name(1, "rlcr", "test", "primary"),
                  _record(1, "rlcr", "test", "primary", [1], [0.5], [2], warm_start="../../etc"))
