@@ -24,6 +24,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from bench.grid_protocol import ADDENDUM_POLICIES
 from bench.grid_records import DEFAULT_DIR, POLICIES, PROTOCOLS, SPLITS, read_records
 from rlcr.protocol_stats import NON_INFERIORITY_MARGIN
 from rlcr.untrusted import printable
@@ -231,8 +232,8 @@ def presence_lines(records: Mapping, protocol_seeds: Sequence[int], methods: Seq
     return out
 
 
-ORDER = (*POLICIES, "rlvr_g4")
-"""The order in which :func:`warm_start_lines` names policies (the addendum's ``rlvr_g4`` after the first grid's)."""
+ORDER = (*POLICIES, *(p for p in ADDENDUM_POLICIES if p not in POLICIES))
+"""The order in which :func:`warm_start_lines` names policies (the addendum's own after the first grid's)."""
 
 
 def warm_start_lines(warm_starts: Mapping[tuple[int, str, str, str], str]) -> list[str]:
