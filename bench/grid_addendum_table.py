@@ -189,12 +189,39 @@ def presence(records: Mapping, seeds: Sequence[int]) -> list[str]:
     return out
 
 
+MIN_AUROC_CLASS = 5
+"""An AUROC interval is shown only where at least this many answers are right and as many wrong, pooled over the
+seeds: an AUROC ranks the right answers against the wrong ones, and from one or two right answers its bootstrap
+interval only says which few were drawn (added after the records were seen; it changes no figure)."""
+
+
+def _auroc_intervals_withheld(results: Mapping[str, Any], rows: Mapping) -> tuple[dict[str, Any], list[str]]:
+    """``results`` with the AUROC intervals of rows with too few right (or wrong) answers removed, and a note per
+    such row naming the counts."""
+    out, notes = dict(results), []
+    for label, runs in rows.items():
+        right = int(sum(float(a.correct.sum()) for a in runs.values()))
+        wrong = int(sum(a.correct.size for a in runs.values())) - right
+        if min(right, wrong) >= MIN_AUROC_CLASS:
+            continue
+        r = dict(results[label])
+        r["ci"] = {k: (None if k.startswith("auroc") else v) for k, v in r["ci"].items()}
+        out[label] = r
+        notes.append(f"{label}: {right} right and {wrong} wrong answers")
+    return out, notes
+
+
 def ood_section(rows: Mapping, named: str, answers: int, n: int, level: float) -> list[str]:
     """One out-of-domain set's table: each policy's accuracy and calibration, its parse rate, per seed."""
     rate = {p: float(np.mean([np.isfinite(a.confidence).mean() for a in runs.values()])) for p, runs in rows.items()}
-    return [f"**Out of domain** ({named}, {answers} sampled answers per problem; no difficulty prior, so no Brier "
-            "skill):", "", *metrics_table(row_results(rows, n, level), rows, per_seed=True, parse_rates=rate,
-                                          columns=[c for c in METRIC_COLUMNS if c[0] != "brier_skill"])]
+    results, withheld = _auroc_intervals_withheld(row_results(rows, n, level), rows)
+    lines = [f"**Out of domain** ({named}, {answers} sampled answers per problem; no difficulty prior, so no Brier "
+             "skill):", "", *metrics_table(results, rows, per_seed=True, parse_rates=rate,
+                                           columns=[c for c in METRIC_COLUMNS if c[0] != "brier_skill"])]
+    if withheld:
+        lines += ["", f"AUROC shown without an interval where fewer than {MIN_AUROC_CLASS} answers are right (or "
+                      "wrong), pooled over the seeds: " + "; ".join(withheld) + "."]
+    return lines
 
 
 class AddendumTable(NamedTuple):
