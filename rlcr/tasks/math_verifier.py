@@ -36,9 +36,9 @@ from typing import Iterator
 
 from rlcr.tasks.worker_process import WorkerProcess
 
-__all__ = ["equivalent", "answer_problem", "batch", "Batch", "MAX_ANSWER_CHARS", "MAX_ANSWER_DEPTH",
-           "MAX_EXPONENT_DIGITS", "ANSWER_DEADLINE_S", "KILL_GRACE_S", "BATCH_BASE_S", "BATCH_PER_ANSWER_S",
-           "STARTUP_DEADLINE_S"]
+__all__ = ["equivalent", "answer_problem", "read_as_answer", "batch", "Batch", "MAX_ANSWER_CHARS", "MAX_ANSWER_DEPTH",
+           "MAX_EXPONENT_DIGITS", "MAX_SYMBOLIC_EXPONENT", "MAX_BOUND_DIGITS", "ANSWER_DEADLINE_S", "KILL_GRACE_S",
+           "BATCH_BASE_S", "BATCH_PER_ANSWER_S", "STARTUP_DEADLINE_S"]
 
 MAX_ANSWER_CHARS = 256
 """An answer (or gold answer) longer than this is refused unparsed."""
@@ -47,6 +47,11 @@ MAX_ANSWER_DEPTH = 12
 MAX_EXPONENT_DIGITS = 4
 """Longest integer literal accepted in an exponent, a factorial or a binomial (``2^{2005}`` is fine,
 ``10^{100000}`` is not); a power of a power must keep its combined exponent under ``10**4`` too."""
+MAX_SYMBOLIC_EXPONENT = 100
+"""Largest exponent of a power whose base is an expression rather than a number (``(x+1)^{100}`` is fine,
+``(x+1)^{999}`` is refused: sympy expands it for seconds)."""
+MAX_BOUND_DIGITS = 2
+"""Longest literal accepted in a sum or product (``\\sum_{k=1}^{99}``): more terms are refused unparsed."""
 ANSWER_DEADLINE_S = 2.0
 """Longest attempt at one verification (gold parse, answer parse, comparison) on the worker's timer."""
 KILL_GRACE_S = 0.5
@@ -61,6 +66,12 @@ _CACHE_SIZE = 8192
 _DOLLAR = re.compile(r"(?<!\\)\$")
 _DIGITS = re.compile(r"\d+")
 _CLOSING = {"}": "{", ")": "(", "]": "["}
+_NUMBER = re.compile(r"\s*[\d.,]*\s*")
+_RELATION = re.compile(r"=|<|>|≤|≥|≠|≈|∨|∧|¬|→|⇒|⇔|∈|\\(?:le|leq|ge|geq|ne|neq|approx|sim|simeq|cong|equiv|lor|land|vee|wedge|"
+                       r"lnot|neg|to|implies|impliedby|iff|Rightarrow|Leftarrow|Leftrightarrow|rightarrow|leftarrow|"
+                       r"in|notin|gt|lt|mid|propto)(?![A-Za-z])")
+_NAMED = re.compile(r"\s*[A-Za-z](?:_\{?\w+\}?)?\s*(?:=|\\in(?![A-Za-z]))(.*)", re.S)
+_PERCENT = re.compile(r"\\text\{\s*\\?%\s*\}|\\?%|\\percent(?![A-Za-z])")
 
 
 def answer_problem(text: str) -> str | None:
@@ -78,8 +89,13 @@ def answer_problem(text: str) -> str | None:
             if depth < 0:
                 return "a closing bracket before its opening one"
     spaced = text.replace("**", "^")
-    if ("binom" in spaced or "choose" in spaced) and _longest_literal(spaced) > MAX_EXPONENT_DIGITS:
-        return f"a binomial of a number over {MAX_EXPONENT_DIGITS} digits"
+    if "binom" in spaced or "choose" in spaced:
+        if _longest_literal(spaced) > MAX_EXPONENT_DIGITS:
+            return f"a binomial of a number over {MAX_EXPONENT_DIGITS} digits"
+        if "^" in spaced or "!" in spaced:  # \binom{10^{999}}{10^{998}}
+            return "a binomial with a power or a factorial"
+    if ("\\sum" in spaced or "\\prod" in spaced) and _longest_literal(spaced) > MAX_BOUND_DIGITS:
+        return f"a sum or product with a number over {MAX_BOUND_DIGITS} digits"  # \prod_{n=1}^{9999} n^{9999}
     for i, ch in enumerate(spaced):
         if ch == "^":
             problem = _power_problem(spaced, i)
@@ -100,10 +116,15 @@ def _power_problem(text: str, i: int) -> str | None:
     if _longest_literal(exponent) > MAX_EXPONENT_DIGITS:
         return f"an exponent over {MAX_EXPONENT_DIGITS} digits"
     base = _group_before(text, i)
-    if base is not None and "^" in base:  # (a^{m})^{n}: the exponent is m·n
-        inner = max((_largest_literal(_exponent(base, j + 1)[0]) for j, c in enumerate(base) if c == "^"), default=1)
-        if inner * _largest_literal(exponent) >= 10 ** MAX_EXPONENT_DIGITS:
+    if base is not None and "^" in base:  # (a^{m})^{n}: the exponent is m·n; ((a^{m})^{n})^{k}: m·n·k
+        combined = _largest_literal(exponent)
+        for j, c in enumerate(base):
+            if c == "^":
+                combined *= _largest_literal(_exponent(base, j + 1)[0])
+        if combined >= 10 ** MAX_EXPONENT_DIGITS:
             return f"a power of a power over {MAX_EXPONENT_DIGITS} digits"
+    if base is not None and not _NUMBER.fullmatch(base) and _largest_literal(exponent) > MAX_SYMBOLIC_EXPONENT:
+        return f"a power of an expression with an exponent over {MAX_SYMBOLIC_EXPONENT}"  # (x+1)^{999}
     return None
 
 
@@ -118,6 +139,22 @@ def _factorial_problem(text: str, i: int) -> str | None:
     if i - j > MAX_EXPONENT_DIGITS or (j > 0 and text[j - 1] == "!"):
         return f"a factorial of a number over {MAX_EXPONENT_DIGITS} digits, or of a factorial"
     return None
+
+
+def read_as_answer(gold: str, answer: str) -> str | None:
+    """The part of ``answer`` compared with ``gold`` under rlcr's semantics (docs/tasks.md), or None when it
+    cannot match whatever math-verify would say:
+
+    * a relation or connective (``=``, ``<``, ``\\le``, ``\\approx``, ``\\lor``, ``\\land``, ``\\in``, …) in an
+      answer whose gold has none: only ``x = value`` (one variable named on the left) is read, as its value;
+      ``2 = 3``, ``2 \\lor 3`` and ``3 \\approx 4`` match nothing (math-verify reads the last side);
+    * a percent sign is a label: ``25\\%`` is read as ``25``, in the gold too, so ``300\\%`` is not ``3``."""
+    if _RELATION.search(answer) and not _RELATION.search(gold):
+        named = _NAMED.fullmatch(answer)
+        if named is None or _RELATION.search(named.group(1)):
+            return None
+        answer = named.group(1).strip()
+    return _PERCENT.sub("", answer).strip() or None
 
 
 def _longest_literal(text: str) -> int:
@@ -172,6 +209,14 @@ class Batch:
         self.timeouts = 0
         self.retries = 0  # attempts that timed out and were tried again
         self.timed_out: set[tuple[str, str]] = set()  # this batch only: each such answer costs once
+        self.n, self.reached = max(n, 0), set()  # the answers begun: those not yet begun keep their share
+        self.share_s = min(BATCH_PER_ANSWER_S, self.budget_s / max(self.n, 1))
+
+    def until(self, key: tuple[str, str]) -> float:
+        """When the attempts at ``key`` must be over: the batch's end less the shares of the answers not yet
+        begun (a slow answer spends the slack and its own share, never that of an answer after it)."""
+        self.reached.add(key)
+        return self.end - self.share_s * max(self.n - len(self.reached), 0)
 
     def left(self) -> float:
         return self.end - time.monotonic()
@@ -233,9 +278,9 @@ class _Worker(WorkerProcess):
 
     def equivalent(self, gold: str, answer: str, deadline_s: float, current: Batch | None) -> bool:
         key = (gold, answer)
-        until = current.end if current is not None else time.monotonic() + STARTUP_DEADLINE_S
         if current is not None and key in current.timed_out:
             return False
+        until = current.until(key) if current is not None else time.monotonic() + STARTUP_DEADLINE_S
         if not self._lock.acquire(timeout=max(until - time.monotonic(), 0.0)):
             return _timed_out(current, key)
         try:
@@ -281,5 +326,8 @@ def equivalent(gold: str, answer: str, *, deadline_s: float = ANSWER_DEADLINE_S)
         return False
     gold, answer = _DOLLAR.sub("", gold).strip(), _DOLLAR.sub("", answer).strip()
     if not answer or not gold or answer_problem(answer) is not None or answer_problem(gold) is not None:
+        return False
+    answer, gold = read_as_answer(gold, answer), _PERCENT.sub("", gold).strip()
+    if not answer or not gold:
         return False
     return _WORKER.equivalent(gold, answer, deadline_s, getattr(_LOCAL, "batch", None))

@@ -19,13 +19,17 @@ a time) under its own timer (``timeout_s``) and an address-space limit (``memory
 the math verifier (:mod:`rlcr.tasks.math_verifier`):
 
 * a call out of time (the worker's timer fired, or it did not answer by the deadline plus :data:`KILL_GRACE_S`:
-  then it is killed and the next call restarts it) returns ``None`` and is counted as a timeout (the rollouts'
-  ``verifier/timeouts`` when the task's :meth:`~rlcr.tasks.base.Task.scoring` is :meth:`BoundedVerifier.scoring`);
-  a call in which the worker died (out of memory, killed) is counted the same way;
+  then it and its process group are killed and the next call restarts it) returns ``None`` and is counted as a
+  timeout (the rollouts' ``verifier/timeouts`` when the task's :meth:`~rlcr.tasks.base.Task.scoring` is
+  :meth:`BoundedVerifier.scoring`); a call in which the worker died (out of memory, killed) is counted the same way;
 * nothing obtained through a timeout is cached: only results, per arguments (:attr:`BoundedVerifier.cache_size`);
 * a function that raises returns ``None`` (not cached, not a timeout);
 * inside :meth:`BoundedVerifier.scoring` the calls of a batch of ``n`` share ``batch_base_s + n * batch_per_call_s``
-  seconds: a call reached with the budget spent returns ``None`` without running, counted as a timeout.
+  seconds, and each of the ``n`` distinct calls (arguments) keeps its own ``batch_per_call_s`` until it is reached:
+  a slow call spends the shared ``batch_base_s`` and its own share, never the share of a call after it, so a stall
+  costs at most the calls it hit. A call reached with no time left returns ``None`` without running, counted as a
+  timeout. Within the batch a call that timed out or raised is not run again: the same arguments return ``None``
+  at once, counted once (the rollouts ask for the score, the accuracy and the answer reward of each answer).
 """
 
 from __future__ import annotations
@@ -55,6 +59,22 @@ MAX_REPLY_BYTES = 1024 * 1024
 _MIN_CALL_S = 0.005
 
 
+class _Batch:
+    """One :meth:`BoundedVerifier.scoring` batch of ``n`` calls: its :class:`ScoringStats`, its end, the calls
+    reached so far (by arguments) and those that timed out or raised in it."""
+
+    def __init__(self, n: int, base_s: float, share_s: float) -> None:
+        self.stats, self.n, self.share_s = ScoringStats(), max(n, 0), share_s
+        self.end = time.monotonic() + base_s + share_s * self.n
+        self.reached: set[str] = set()
+        self.failed: set[str] = set()
+
+    def until(self, key: str) -> float:
+        """When the call ``key`` must be over: the batch's end less the shares of the calls not yet reached."""
+        self.reached.add(key)
+        return self.end - self.share_s * max(self.n - len(self.reached), 0)
+
+
 class BoundedVerifier(WorkerProcess):
     """The function ``target`` (``"module:name"``) run in a worker process under time and memory limits."""
 
@@ -81,10 +101,10 @@ class BoundedVerifier(WorkerProcess):
         ``timeouts`` it counts (return it from the task's ``scoring``)."""
         with self._lock:
             self._wait_ready(time.monotonic() + STARTUP_DEADLINE_S)  # started outside the budget
-        outer, stats = getattr(self._local, "batch", None), ScoringStats()
-        self._local.batch = (stats, time.monotonic() + self.batch_base_s + self.batch_per_call_s * max(n, 0))
+        outer, current = getattr(self._local, "batch", None), _Batch(n, self.batch_base_s, self.batch_per_call_s)
+        self._local.batch = current
         try:
-            yield stats
+            yield current.stats
         finally:
             self._local.batch = outer
 
@@ -94,18 +114,18 @@ class BoundedVerifier(WorkerProcess):
         """The function's result for ``args`` (JSON values), or None: out of time or memory (counted), or raised."""
         key = json.dumps(args, sort_keys=True)
         batch = getattr(self._local, "batch", None)
-        until = batch[1] if batch is not None else time.monotonic() + STARTUP_DEADLINE_S + self.timeout_s
+        if batch is not None and key in batch.failed:
+            return None  # timed out or raised earlier in this batch: not run again, not counted again
+        until = batch.until(key) if batch is not None else time.monotonic() + STARTUP_DEADLINE_S + self.timeout_s
         if not self._lock.acquire(timeout=max(until - time.monotonic(), 0.0)):
-            return self._timed_out(batch)
+            return self._failed(batch, key, timed_out=True)
         try:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
             reply = self._attempt(key, until)
-            if reply == b"t":
-                return self._timed_out(batch)
-            if reply == b"e":
-                return None
+            if reply in (b"t", b"e"):
+                return self._failed(batch, key, timed_out=reply == b"t")
             result = json.loads(reply)["r"]
             self._cache[key] = result
             if len(self._cache) > self.cache_size:
@@ -115,9 +135,11 @@ class BoundedVerifier(WorkerProcess):
             self._lock.release()
 
     @staticmethod
-    def _timed_out(batch: Any) -> None:
+    def _failed(batch: _Batch | None, key: str, *, timed_out: bool) -> None:
+        """None for a call that timed out (counted) or raised, remembered for the rest of the batch."""
         if batch is not None:
-            batch[0].timeouts += 1
+            batch.failed.add(key)
+            batch.stats.timeouts += timed_out
         return None
 
     def _attempt(self, key: str, until: float) -> bytes:
@@ -146,7 +168,8 @@ class BoundedVerifier(WorkerProcess):
     def _argv(self) -> list[str]:
         source = Path(__file__).with_name("verify_worker.py").read_text(encoding="utf-8")
         path = json.dumps([os.path.abspath(p) if p else os.getcwd() for p in sys.path])
-        return [sys.executable, "-c", source, self.target, path, str(self.memory_bytes)]
+        # isolated (-I): neither the working directory nor PYTHONPATH can shadow a module the worker runs on
+        return [sys.executable, "-I", "-c", source, self.target, path, str(self.memory_bytes)]
 
     def _not_started(self) -> str:
         return (f"the verifier {self.target!r} did not start in its worker (can it be imported, and within "
