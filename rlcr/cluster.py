@@ -164,10 +164,26 @@ def task_runtime_env(cfg: RLCRConfig | None, *, ship: bool) -> dict[str, Any]:
         return {}
     out: dict[str, Any] = {"env_vars": {MODULES_ENV: ",".join(modules)}}
     if ship:
-        top = sys.modules[modules[0].split("=", 1)[1].split(":")[0].split(".")[0]]
-        origin = Path(top.__file__)
-        out["py_modules"] = [str(origin.parent if origin.name == "__init__.py" else origin)]
+        out["py_modules"] = [_module_code(modules[0].split("=", 1)[1].split(":")[0])]
     return out
+
+
+def _module_code(module: str) -> str:
+    """The path that carries the code of the imported module ``module`` to other nodes: its top-level package's
+    directory, its file for a top-level module, or, for a namespace package (no ``__init__.py``, no
+    ``__file__``), the directory of the portion that holds ``module``'s file. One-line ValueError otherwise."""
+    top_name = module.split(".")[0]
+    top = sys.modules.get(top_name)
+    origin = getattr(top, "__file__", None)
+    if origin:
+        origin_path = Path(origin)
+        return str(origin_path.parent if origin_path.name == "__init__.py" else origin_path)
+    own = getattr(sys.modules.get(module), "__file__", None)
+    for portion in getattr(top, "__path__", None) or []:
+        if own and Path(own).resolve().is_relative_to(Path(portion).resolve()):
+            return str(portion)
+    raise ValueError(f"task module {module!r}: no file or directory holds its code, so it cannot be carried to the "
+                     "cluster's nodes; install it on every node, or make it a package or a .py file")
 
 
 def ensure_ray(cfg: RLCRConfig | None = None) -> str | None:
@@ -333,30 +349,33 @@ def check_storage(cfg: RLCRConfig, nodes: Sequence[Mapping[str, Any]] | None = N
 # ----------------------------------------------------------------------------- storage reachability
 
 
-def check_storage_reachable(cfg: RLCRConfig, timeout_s: float = 15.0, *, uri: str | None = None) -> None:
+def check_storage_reachable(cfg: RLCRConfig, timeout_s: float = 15.0, *, uri: str | None = None,
+                            read_only: bool = False) -> None:
     """Raise :class:`StorageUnreachable` naming the field, the URI and what to do unless the run's storage
-    (``storage.uri``, or ``uri``) and an ``s3://`` ``model`` can be used (:func:`storage_problem`); each
-    check answers within about ``timeout_s`` seconds and writes nothing."""
+    (``storage.uri``, or ``uri``) and an ``s3://`` ``model`` can be used (:func:`storage_problem`; ``read_only``:
+    by a command that only reads); each check answers within about ``timeout_s`` seconds and writes nothing."""
     checks = [("storage.uri", uri or cfg.storage.uri)]
     if cfg.model.name.startswith("s3://"):
         checks.append(("model.name", cfg.model.name))
     for name, value in checks:
-        problem = storage_problem(value, cfg.storage.s3_endpoint_url, timeout_s)
+        problem = storage_problem(value, cfg.storage.s3_endpoint_url, timeout_s, read_only=read_only)
         if problem:
             from rlcr.untrusted import printable
 
             raise StorageUnreachable(f"{name} {printable(value, 300)}: {problem}")
 
 
-def storage_problem(uri: str, endpoint_url: str | None = None, timeout_s: float = 15.0) -> str | None:
+def storage_problem(uri: str, endpoint_url: str | None = None, timeout_s: float = 15.0, *,
+                    read_only: bool = False) -> str | None:
     """What keeps ``uri`` from being used as a store (one line: the cause and what to do), or None.
 
     A local directory must exist and be writable, or be creatable (its nearest existing parent writable);
+    ``read_only`` (a command that only reads): exist and be readable (a read-only store is fine, nothing is created);
     an ``s3://bucket/prefix`` must answer a one-key listing within ``timeout_s`` (one attempt, at
     ``endpoint_url``, else ``$AWS_ENDPOINT_URL_S3``/``$AWS_ENDPOINT_URL`` as :class:`rlcr.storage.Store`
     reads them, else AWS); any other protocol must be one fsspec has installed."""
     if "://" not in uri or uri.startswith("file://"):
-        return _local_problem(Path(uri.removeprefix("file://")).expanduser())
+        return _local_problem(Path(uri.removeprefix("file://")).expanduser(), read_only)
     protocol = uri.split("://", 1)[0]
     if protocol in ("s3", "s3a"):
         endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
@@ -372,7 +391,15 @@ def storage_problem(uri: str, endpoint_url: str | None = None, timeout_s: float 
     return None
 
 
-def _local_problem(path: Path) -> str | None:
+def _local_problem(path: Path, read_only: bool = False) -> str | None:
+    from rlcr.storage.local import KERNEL_TREES
+
+    if any(str(path.resolve()) == t or str(path.resolve()).startswith(t + "/") for t in KERNEL_TREES):
+        return "a kernel file system (/proc, /sys, /dev) cannot hold a store"
+    if read_only:
+        if not path.is_dir():
+            return "no such directory (a command that only reads creates nothing: check the path)"
+        return None if os.access(path, os.R_OK | os.X_OK) else "the directory is not readable by this user"
     if path.exists():
         if not path.is_dir():
             return "exists and is not a directory"

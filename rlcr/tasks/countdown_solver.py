@@ -8,6 +8,7 @@ prompts, the registered ``countdown`` task) is :mod:`rlcr.tasks.countdown`.
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -15,7 +16,8 @@ from itertools import combinations
 from math import gcd
 from typing import Any, Iterable, Iterator, Sequence
 
-__all__ = ["CountdownTask", "solve", "task_candidates", "generate_tasks"]
+__all__ = ["CountdownTask", "solve", "task_candidates", "generate_tasks", "magnitude_bound", "unreachable_targets",
+           "FIRST_DRAWS"]
 
 
 # --------------------------------------------------------------------------- tasks
@@ -185,7 +187,9 @@ def task_candidates(
 
     Each item is a solvable task, or None where the drawn numbers reach no integer target in
     ``target_range`` (so a consumer can bound its attempts). ``generate_tasks(n, seed)`` is the
-    first ``n`` tasks of this stream. The ranges are checked here, before the first item.
+    first ``n`` tasks of this stream. The ranges are checked here, before the first item, and so is
+    whether any target is within reach (:func:`unreachable_targets`); a ValueError while drawing when
+    the first :data:`FIRST_DRAWS` draws give no solvable task.
     """
     if not 2 <= min_count <= max_count <= 6:
         raise ValueError(f"need 2 <= min_count <= max_count <= 6, got {min_count}, {max_count}")
@@ -195,18 +199,51 @@ def task_candidates(
         raise ValueError(f"num_range must be positive and ordered, got {num_range}")
     if tlo > thi:
         raise ValueError(f"target_range must be ordered, got {target_range}")
+    reason = unreachable_targets(min_count, max_count, (lo, hi), (tlo, thi))
+    if reason is not None:
+        raise ValueError(reason)
     return _candidates(random.Random(seed), min_count, max_count, lo, hi, tlo, thi)
+
+
+FIRST_DRAWS = 1000
+"""Draws a candidate stream makes before its first solvable task at most: options whose numbers reach no target
+in range (or so rarely that no task set could be drawn) are refused within a second or so, not after the
+thousands of draws per task that its consumers allow."""
+
+
+def magnitude_bound(max_count: int, hi: int) -> int:
+    """The largest absolute value (numerator, in lowest terms) an expression over at most ``max_count``
+    numbers of at most ``hi`` can take: ``2**(count-1) * hi**count`` (by induction: a sum at most doubles the
+    product of the parts' bounds, a product, difference or quotient of fractions does not exceed it)."""
+    return 2 ** (max_count - 1) * max(hi, 1) ** max_count
+
+
+def unreachable_targets(min_count: int, max_count: int, num_range: tuple[int, int], target_range: tuple[int, int]
+                        ) -> str | None:
+    """Why no task can be drawn with these settings, or None where some may be: every target lies beyond
+    what the numbers can reach (:func:`magnitude_bound`). A cheap check made before any draw."""
+    bound = magnitude_bound(max_count, num_range[1])
+    if target_range[0] > bound or target_range[1] < -bound:
+        return (f"target_range {tuple(target_range)} lies beyond ±{bound:,}, the most {max_count} numbers of at "
+                f"most {num_range[1]} can reach: no task can be drawn")
+    return None
 
 
 def _candidates(rng: random.Random, min_count: int, max_count: int, lo: int, hi: int, tlo: int, thi: int
                 ) -> Iterator[CountdownTask | None]:
-    while True:
+    first = True
+    for draw in itertools.count(1):
         count = rng.randint(min_count, max_count)
         nums = [rng.randint(lo, hi) for _ in range(count)]
         targets = sorted(n for n, d in _values(nums) if d == 1 and tlo <= n <= thi)
         if not targets:
+            if first and draw >= FIRST_DRAWS:
+                raise ValueError(f"no solvable task in the first {FIRST_DRAWS:,} draws of {min_count}-{max_count} "
+                                 f"numbers in {(lo, hi)}: targets in {(tlo, thi)} are out of their reach (or too "
+                                 "rarely in it); widen num_range or target_range")
             yield None
             continue
+        first = False
         target = rng.choice(targets)
         yield CountdownTask(nums=nums, target=target, solution=solve(nums, target))
 

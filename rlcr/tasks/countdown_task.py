@@ -8,6 +8,7 @@ traces), so a run on ``task: countdown`` is the run of before the interface, bit
 
 from __future__ import annotations
 
+import functools
 import random
 from typing import Any, Hashable, Iterator, Mapping, Sequence
 
@@ -17,7 +18,7 @@ from rlcr.tasks import countdown_sft
 from rlcr.tasks.base import Task, TaskOptions, WarmStart, register_task
 from rlcr.tasks.countdown import (FIELDS, SINGLE_TURN_SYSTEM_PROMPT, SYSTEM_PROMPT, _task_text, compute_score,
                                   load_tasks)
-from rlcr.tasks.countdown_solver import CountdownTask, generate_tasks, solve, task_candidates
+from rlcr.tasks.countdown_solver import CountdownTask, generate_tasks, solve, task_candidates, unreachable_targets
 from rlcr.tasks.limits import MAX_TASK_NUMBER
 from rlcr.untrusted import printable
 
@@ -49,7 +50,32 @@ class CountdownOptions(TaskOptions):
         if self.num_range[1] > MAX_TASK_NUMBER or max(map(abs, self.target_range)) > MAX_TASK_NUMBER:
             raise ValueError(f"tasks.options.num_range and tasks.options.target_range must lie within "
                              f"±{MAX_TASK_NUMBER} (the longest number the scorer reads)")
+        reason = _unsolvable(self.min_count, self.max_count, tuple(self.num_range), tuple(self.target_range))
+        if reason is not None:
+            raise ValueError(f"tasks.options.num_range and tasks.options.target_range: {reason}")
         return self
+
+
+PROBE_MAX_COUNT = 4
+"""Options of at most this many numbers are tried with a few draws when validated (each draw takes well under a
+millisecond); larger counts are checked by the bound alone, and by the candidate stream when drawn."""
+
+
+@functools.lru_cache(maxsize=64)
+def _unsolvable(min_count: int, max_count: int, num_range: tuple[int, int], target_range: tuple[int, int]
+                ) -> str | None:
+    """Why these generation settings give no task (no target within reach, or none in the first
+    :data:`~rlcr.tasks.countdown_solver.FIRST_DRAWS` draws of a seeded stream), or None. Bounded: a second
+    or so where nothing is found, the first draw where something is."""
+    reason = unreachable_targets(min_count, max_count, num_range, target_range)
+    if reason is not None or max_count > PROBE_MAX_COUNT:
+        return reason
+    try:
+        next(t for t in task_candidates(0, min_count=min_count, max_count=max_count, num_range=num_range,
+                                        target_range=target_range) if t is not None)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def generation_settings(cfg: Any = None) -> dict[str, Any]:
