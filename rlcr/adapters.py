@@ -2,7 +2,8 @@
 
 An **adapter checkpoint** (a checkpoint of a ``lora.enabled`` run) is a sealed directory holding ``peft``'s
 ``adapter_model.safetensors`` and ``adapter_config.json``, the base's frame (``config.json``, generation config,
-tokenizer), :data:`ADAPTER_FILE` (the base's URI and content id) and, for a resume, the adapter's AdamW state.
+tokenizer), :data:`ADAPTER_FILE` (the base — its URI, or a built-in model's name — and its content id, checked
+whenever the base is read: :func:`base_reference`) and, for a resume, the adapter's AdamW state.
 Everything that reads a checkpoint as a model reads it **merged**: :func:`fetch_model` hands
 out :func:`merged_dir`, a Hugging Face directory (the base's frame, ``model.safetensors`` with every targeted
 weight replaced by :func:`merge_weight`), built once per node in the cache. So evaluation, comparison, the probe,
@@ -27,15 +28,18 @@ from typing import Any, Mapping
 from rlcr.untrusted import InvalidInput, field, parse_json, printable, read_local
 
 __all__ = ["ADAPTER_FILE", "ADAPTER_WEIGHTS", "ADAPTER_CONFIG", "AdapterInfo", "AdapterUpdate", "merge_weight",
-           "is_adapter_dir", "read_adapter", "base_dir", "merged_dir", "merge_into", "layer_tensors", "export_merged"]
+           "is_adapter_dir", "read_adapter", "base_content_id", "base_reference", "base_dir", "merged_dir", "merge_into",
+           "layer_tensors", "export_merged"]
 
 ADAPTER_FILE = "rlcr_adapter.json"
-"""rlcr's record in an adapter checkpoint: ``{"format": 1, "base": URI, "base_content_id": …}``."""
+"""rlcr's record in an adapter checkpoint: ``{"format": 1, "base": URI or built-in name, "base_content_id": …}``
+(:func:`base_reference`)."""
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_FORMAT = 1
 MAX_NESTING = 8
 """Most adapter checkpoints stacked on one another (a LoRA run started from a LoRA run's checkpoint, …)."""
+_BASE_ID = re.compile(r"(sha256:)?[0-9a-f]{32}")
 _PEFT_KEY = re.compile(r"base_model\.model\.(?P<module>[A-Za-z0-9_.]+)\.lora_(?P<ab>[AB])\.weight")
 
 
@@ -103,6 +107,8 @@ def read_adapter(local: str | Path) -> AdapterInfo:
         raise InvalidInput(f"{printable(rec_src)}: format {record.get('format')!r}, expected {ADAPTER_FORMAT}")
     base = field(record, "base", str, rec_src)
     content_id = field(record, "base_content_id", (str, type(None)), rec_src, default=None)
+    if content_id is not None and not _BASE_ID.fullmatch(content_id):
+        raise InvalidInput(f"{printable(rec_src)}: base_content_id is not a seal's content id or sha256:<digest>")
     cfg_src = f"{local}/{ADAPTER_CONFIG}"
     scale = _scale(parse_json(read_local(local / ADAPTER_CONFIG, 1 << 20, cfg_src), cfg_src), cfg_src)
     tensors = load_file(str(local / ADAPTER_WEIGHTS))
@@ -149,17 +155,68 @@ def merge_into(base_dir: str | Path, factors: Mapping[str, tuple[Any, Any]], sca
     return out
 
 
-def _fetch_base(info: AdapterInfo, local: Path, endpoint_url: str | None, depth: int) -> Path:
-    from rlcr.storage import checkpoint_content_id, fetch_checkpoint
+def base_content_id(local: str | Path) -> str:
+    """The content id an adapter checkpoint records for its base at ``local``: the seal's, when the base is sealed
+    (a store's ``models/`` copy, a checkpoint); else ``sha256:`` and the digest of its weight files
+    (:func:`weights_digest`: a built-in model, built on each node, has no seal)."""
+    from rlcr.storage import COMPLETE_MARKER, checkpoint_content_id
 
+    if (Path(local) / COMPLETE_MARKER).exists():
+        return checkpoint_content_id(local)
+    return "sha256:" + weights_digest(local)
+
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin")
+
+
+def weights_digest(root: str | Path) -> str:
+    """A digest of a model directory's weight files alone (each top-level ``*.safetensors``/``*.bin`` file's name
+    and SHA-256; not its config, tokenizer or training state): what identifies a LoRA run's base that is not
+    sealed in a store (a built-in model, rebuilt on each node), whose frame the adapter checkpoint carries
+    itself. A directory without weight files raises ValueError."""
+    names = sorted(p.name for p in Path(root).iterdir() if p.name.endswith(_WEIGHT_SUFFIXES) and p.is_file())
+    if not names:
+        raise ValueError(f"{printable(str(root), 200)}: holds no weights (*.safetensors or *.bin)")
+    total = hashlib.sha256()
+    for name in names:
+        h = hashlib.sha256()
+        with open(Path(root) / name, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        total.update(f"{name}\0{h.hexdigest()}\n".encode())
+    return total.hexdigest()[:32]
+
+
+def base_reference(base_uri: str, local: str | Path) -> tuple[str, str]:
+    """What a new LoRA run records for its base ``base_uri`` (fetched to ``local``): a reference every node can
+    resolve — the built-in model's name when ``local`` is this node's build of it (its path is node-local), else
+    the URI — and :func:`base_content_id`, which every reader checks."""
+    from rlcr.models import builtin_name
+
+    return builtin_name(local) or base_uri, base_content_id(local)
+
+
+def _fetch_base(info: AdapterInfo, local: Path, endpoint_url: str | None, depth: int) -> Path:
+    """The adapter checkpoint ``local``'s base, fetched (a built-in name: built or found on this node) and checked
+    against the content id recorded for it; a base that is not the one the adapter was trained on is refused."""
+    from rlcr.models import BUILTIN_MODELS, resolve_model
+    from rlcr.storage import fetch_checkpoint
+
+    shown = f"{printable(str(local))}: its base {printable(info.base, 200)}"
+    if info.base_content_id is None:
+        raise ValueError(f"{shown} is recorded without a content id, so the base it was trained on cannot be "
+                         f"checked; refusing to merge it into whatever is there now")
     try:
-        raw = fetch_checkpoint(info.base, endpoint_url=endpoint_url)
+        if info.base in BUILTIN_MODELS:
+            raw = Path(resolve_model(info.base))
+        else:
+            raw = fetch_checkpoint(info.base, endpoint_url=endpoint_url)
+        actual = base_content_id(raw)
     except Exception as e:  # noqa: BLE001 - one line naming the checkpoint and its base
-        raise ValueError(f"{printable(str(local))}: its base model {printable(info.base, 200)} cannot be read "
-                         f"({printable(e, 200)})") from None
-    if info.base_content_id and checkpoint_content_id(raw) != info.base_content_id:
-        raise ValueError(f"{printable(str(local))}: its base {printable(info.base, 200)} has content id "
-                         f"{checkpoint_content_id(raw)}, the adapter was trained on {info.base_content_id}")
+        raise ValueError(f"{shown} cannot be read ({printable(e, 200)})") from None
+    if actual != info.base_content_id:
+        raise ValueError(f"{shown} has content id {printable(actual, 80)}, the adapter was trained on "
+                         f"{printable(info.base_content_id, 80)}; refusing to merge it into another base")
     return merged_dir(raw, endpoint_url=endpoint_url, _depth=depth + 1)
 
 

@@ -66,11 +66,10 @@ class ModelSourceError(ConfigError):
 def model_kind(model: str) -> Kind:
     """Which of the four sources ``model`` is (see the module docstring). A string that is neither a
     directory nor a URI nor a hub-shaped ``org/name`` raises :class:`ModelSourceError`."""
-    from rlcr.models import SMOLLM2
-
+    from rlcr.models import BUILTIN_MODELS
     from rlcr.run_refs import is_run_ref
 
-    if model in (SMOLLM2, "tiny"):
+    if model in BUILTIN_MODELS:
         return "builtin"
     if is_run_ref(model):  # RUN@K has no '/': never a hub id; a directory of that name is written ./RUN@K
         return "run"
@@ -417,11 +416,10 @@ def _import_remote(uri: str, store, chat_template: str | None, cache_dir) -> str
                             cache_dir=Path(cache_dir or _default_cache()) / "checkpoints")
         return _store_copy(local, store, cache_dir, chat_template)
     base = source._abs(name)
-    listing = source.fs.find(base, detail=True, maxdepth=4)
+    listing = source.fs.find(base, detail=True)  # every key under the folder, as stored (no delimiter walk)
     if len(listing) > MAX_MODEL_FILES:
         raise ModelSourceError(f"{printable(uri, 200)}: more than {MAX_MODEL_FILES:,} files; not a model directory")
-    files = {k[len(base):].lstrip("/"): int(v.get("size") or 0) for k, v in listing.items()
-             if v.get("type") != "directory"}
+    files = _remote_files(base, listing, uri)
     try:
         new_seal(files)  # every name and size must be one a seal could list
     except StorageError as e:
@@ -445,6 +443,26 @@ def _import_remote(uri: str, store, chat_template: str | None, cache_dir) -> str
         _check_local_dir(local, what)
         check_chat_template(local, chat_template, what=what)
         return _store_copy(local, store, cache_dir, chat_template)
+
+
+def _remote_files(base: str, listing: dict, uri: str) -> dict[str, int]:
+    """The files of an object-store folder ``base`` from its flat key listing: name under the folder → size.
+    A zero-byte key ending in ``/`` is a folder marker (what consoles write for ``sub/``) and is ignored; any
+    other key whose name under the folder has an empty segment (``a//b``, ``/b``, ``b/`` with bytes) names no
+    file a directory could hold, so the folder is refused in one line naming that key (never silently skipped)."""
+    files: dict[str, int] = {}
+    for key, meta in listing.items():
+        size = int(meta.get("size") or 0)
+        if meta.get("type") == "directory" or not key.startswith(base + "/"):
+            continue  # s3fs's pseudo-directories (and the folder's own entry)
+        name = key[len(base) + 1:]
+        if size == 0 and (name == "" or name.endswith("/") and "" not in name[:-1].split("/")):
+            continue  # a folder marker (the folder's own, or a sub-folder's)
+        if "" in name.split("/"):
+            raise ModelSourceError(f"{printable(uri, 200)}: key {printable(name, 200)!r} has an empty path segment "
+                                   f"(a '//' or a leading or trailing '/'); not a file a model directory can hold")
+        files[name] = size
+    return files
 
 
 _NOT_COPIED = ("training_state.pt",)  # rlcr.train.checkpoint.TRAINING_STATE_FILE: a new run starts a fresh AdamW

@@ -12,9 +12,13 @@ from pathlib import Path
 
 from rlcr.storage import atomic_directory, default_cache_dir, sweep_temporaries
 
-__all__ = ["SMOLLM2", "smollm2_gguf_path", "default_cache_dir", "prepare_smollm2", "resolve_model"]
+__all__ = ["SMOLLM2", "BUILTIN_MODELS", "smollm2_gguf_path", "default_cache_dir", "prepare_smollm2", "resolve_model",
+           "builtin_dir", "builtin_name"]
 
 SMOLLM2 = "smollm2-135m-instruct"
+BUILTIN_MODELS = (SMOLLM2, "tiny")
+"""The models rlcr builds itself on each node, in its cache (:func:`builtin_dir`): their name is their portable
+reference (the path differs from node to node)."""
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -35,7 +39,7 @@ def prepare_smollm2(dest: str | Path | None = None, *, force: bool = False) -> P
     The directory appears atomically (written to a temp dir, then renamed), so an
     interrupted conversion never leaves a half-written checkpoint behind.
     """
-    dest = Path(dest) if dest is not None else default_cache_dir() / "models" / SMOLLM2
+    dest = Path(dest) if dest is not None else builtin_dir(SMOLLM2)
     if (dest / "config.json").exists() and (dest / "model.safetensors").exists() and not force:
         return dest
     import torch
@@ -66,5 +70,22 @@ def resolve_model(name_or_path: str) -> str:
     if name_or_path == "tiny":
         from rlcr.tiny import build_tiny_model
 
-        return str(build_tiny_model(default_cache_dir() / "models" / "tiny"))
+        return str(build_tiny_model(builtin_dir("tiny")))
     return name_or_path
+
+
+def builtin_dir(name: str) -> Path:
+    """Where this node builds the built-in model ``name`` (one of :data:`BUILTIN_MODELS`): ``$RLCR_CACHE/models``."""
+    return default_cache_dir() / "models" / name
+
+
+def builtin_name(path: str | Path) -> str | None:
+    """The built-in model whose directory on this node is ``path`` (what :func:`resolve_model` returned for it),
+    else None: how a node-local path is turned back into a name another node can resolve."""
+    if "://" in str(path):
+        return None
+    here = Path(path).expanduser().resolve()
+    for name in BUILTIN_MODELS:
+        if builtin_dir(name).expanduser().resolve() == here:
+            return name
+    return None

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlcr.adapters import ADAPTER_WEIGHTS, export_merged, fetch_model, is_adapter_dir, merged_dir, read_adapter
+from rlcr.adapters import (ADAPTER_WEIGHTS, base_content_id, export_merged, fetch_model, is_adapter_dir, merged_dir,
+                           read_adapter)
 from rlcr.config import RLCRConfig
 from rlcr.storage import Store, fetch_checkpoint
 from rlcr.train.batching import prepare_samples
@@ -79,7 +80,8 @@ def save_lora(peft_model, optimizer, tmp_path, base_uri, rel="runs/r/iter-0001/c
     store = Store(str(tmp_path / "store"))
     state = {"optimizer": optimizer.state_dict(), "format": 1}
     return save_adapter_checkpoint(peft_model, store, rel, frame=read_frame(base_uri), base_uri=base_uri,
-                                   base_content_id=None, extra={"iteration": 1}, training_state=state)
+                                   base_content_id=base_content_id(base_uri), extra={"iteration": 1},
+                                   training_state=state)
 
 
 def _bytes(d: Path, names) -> int:

@@ -217,7 +217,11 @@ class RolloutSection(Section):
     temperature: float = changes(0.7, gt=0.0, le=2.0)
     """Sampling temperature for both turns (RLCR reference: 0.7)."""
     top_p: float = changes(1.0, gt=0.0, le=1.0)
-    """Nucleus sampling threshold for both turns."""
+    """Nucleus sampling threshold for both turns. Below 1 the tokens are drawn from the truncated, renormalised
+    distribution, but the log-probs recorded with them (``completion_logprobs``) stay the untruncated model's
+    (vLLM's ``raw_logprobs``, checked at every sampling call), the distribution the trainer computes: the mismatch
+    figures and ``loss.tis_cap`` / ``loss.seq_mask_band`` carry no kept-mass factor. The truncation itself, like the
+    temperature, is not importance-corrected (docs/design.md §8)."""
     max_prompt_tokens: int = changes(512, ge=16)
     """Longest rendered prompt accepted, turn-2 context included; checked before any Ray work for each first-turn
     prompt and each turn-2 prompt at its longest (an empty answer + ``rollout.max_answer_tokens``): a run whose
@@ -298,7 +302,9 @@ class LossSection(Section):
     tis_cap: float | None = changes(None, ge=1.0)
     """Truncated importance sampling against the engine–trainer mismatch (docs/design.md §8): each token's
     policy-gradient term is weighted by min(π_old/μ, C), μ the engine's sampling log-probs, C this cap (≥ 1;
-    verl/TRL use ~2). None: off. With ``update.old_logp_source=rollout`` (π_old = μ) every weight is 1: refused."""
+    verl/TRL use ~2). None: off. With ``update.old_logp_source=rollout`` (π_old = μ) every weight is 1: refused.
+    μ and π_old are both the untempered, untruncated model's (with ``rollout.top_p`` < 1 too): the weights correct
+    the engine's numerics and staleness, not the sampling settings."""
     seq_mask_band: tuple[float, float] | None = changes(None)
     """Sequence-level masking (docs/design.md §8): a sample whose geometric-mean ratio π_old/μ over its masked
     tokens leaves [lo, hi] (0 < lo ≤ 1 ≤ hi, e.g. [0.5, 2]) gets weight 0. None: off. Refused with

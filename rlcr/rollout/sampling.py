@@ -13,8 +13,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from rlcr.tasks.chat import render_prompt
+from rlcr.untrusted import printable
 
-__all__ = ["Sample", "sample", "seeded_sample", "sample_chats", "sample_tree", "run_requests"]
+__all__ = ["Sample", "sample", "seeded_sample", "sample_chats", "sample_tree", "run_requests", "check_raw_logprobs",
+           "RAW_LOGPROBS"]
+
+RAW_LOGPROBS = "raw_logprobs"
+"""The engine's log-prob mode rlcr samples with: vLLM's log-softmax of the model's logits before temperature and
+top-p (the default of vLLM ≥ 0.10)."""
 
 
 @dataclass
@@ -44,7 +50,8 @@ def sample(
 
     Log-probs are vLLM's default ``raw_logprobs``: log-softmax of the model's
     logits before temperature/top-p, i.e. log π(token) of the policy itself, the
-    quantity the trainer computes. A generation ending on a ``stop`` string keeps
+    quantity the trainer computes — with ``top_p`` < 1 too, never the truncated,
+    renormalised distribution's (:func:`check_raw_logprobs`). A generation ending on a ``stop`` string keeps
     it in the text (``finish_reason`` "stop").
 
     ``seeds``: per prompt, the ``n`` request seeds of its samples. Each sample is then a request of its
@@ -56,6 +63,8 @@ def sample(
     is shown).
     """
     from vllm.inputs import TokensPrompt
+
+    check_raw_logprobs(llm)
 
     def params(count: int, seed: int | None):
         return _params(temperature=temperature, top_p=top_p, max_tokens=max_tokens, stop=stop, seed=seed, n=count)
@@ -73,6 +82,19 @@ def sample(
                            use_tqdm=_counting(progress, len(requests)) if progress else False)
     flat = [_sample(out.outputs[0]) for out in outputs]
     return [flat[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+
+def check_raw_logprobs(llm) -> None:
+    """Refuse, in one line, an engine whose log-probs are not :data:`RAW_LOGPROBS`. With vLLM's processed modes
+    they would be those of the tempered, top-p-truncated and renormalised distribution (huggingface/trl#6789): every
+    kept token's log-prob raised by −log(kept mass), so the mismatch figures (:mod:`rlcr.train.mismatch`) and the
+    importance weights of ``loss.tis_cap`` / ``loss.seq_mask_band`` would measure the sampling settings, not the
+    engine against the trainer, which computes the untruncated model."""
+    mode = getattr(getattr(getattr(llm, "llm_engine", None), "model_config", None), "logprobs_mode", None)
+    if mode != RAW_LOGPROBS:
+        raise ValueError(f"the vLLM engine reports {printable(repr(mode), 60)} log-probs; rlcr records "
+                         f"{RAW_LOGPROBS!r} (the untruncated model's, what the trainer computes): create it without "
+                         f"logprobs_mode")
 
 
 def _counting(progress: Callable[[int, int], None], total: int):
@@ -119,6 +141,7 @@ def run_requests(llm, requests: Sequence[tuple[Any, Sequence[int], Any]], on_don
 
     from vllm.inputs import TokensPrompt
 
+    check_raw_logprobs(llm)
     engine, prefix = llm.llm_engine, f"rlcr-{uuid.uuid4().hex[:12]}-"
     tags: dict[str, Any] = {}
     internal: dict[str, str] = {}

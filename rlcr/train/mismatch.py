@@ -4,7 +4,11 @@ sampled with (μ, the rows' ``completion_logprobs``) are from the trainer's π_�
 Per masked token (the tokens that carry loss) Δ = log π_trainer − log μ; per sample type (``answer``,
 ``confidence``) and over all: the mean and max of |Δ| and the fraction of tokens whose ratio e^Δ lies outside
 :data:`BAND`. Both sides are the untempered model's log-probs (vLLM's ``raw_logprobs``, the trainer's log-softmax),
-so Δ is the numerics gap (precision, kernels) plus, in a later one-step-off mode, the staleness.
+so Δ is the numerics gap (precision, kernels) plus, in one-step-off mode, the staleness. Under truncated sampling
+(``rollout.top_p`` < 1) both stay the untruncated model's: vLLM takes ``raw_logprobs`` before the nucleus is cut
+and renormalised (:func:`rlcr.rollout.sampling.check_raw_logprobs` refuses an engine in another mode), so Δ holds no
+−log(kept mass) term; the truncation itself is not measured here. The correction below (``loss.tis_cap``,
+``loss.seq_mask_band``) weighs the same Δ.
 
 :class:`MismatchStats` accumulates sums, counts and maxima on one rank; :meth:`MismatchStats.reduce` all-reduces
 them over the ranks (sums and maxima), so the figures do not depend on how the samples were split.

@@ -162,23 +162,20 @@ class TrainerWorker:
         """Load the base and wrap it with adapters (:func:`rlcr.train.lora.wrap_lora`); a resume (``restore`` of
         an adapter checkpoint) loads the checkpoint's base and its adapters. Returns the directory the training
         state is restored from (the raw checkpoint)."""
-        from rlcr.adapters import base_dir, read_adapter
-        from rlcr.storage import checkpoint_content_id
+        from rlcr.adapters import base_dir, base_reference, read_adapter
 
         cfg = self.cfg
         resume = bool(restore) and is_adapter_dir(raw)
         if restore and not resume:
             raise ValueError(f"{policy_uri}: not an adapter checkpoint; a lora.enabled run resumes from its own")
-        if resume:
-            self.base_uri = read_adapter(raw).base
+        if resume:  # base_dir checks the recorded content id
             model_dir = str(base_dir(raw, endpoint_url=cfg.storage.s3_endpoint_url))
+            info = read_adapter(raw)
+            self.base_uri, self.base_content_id = info.base, info.base_content_id
         else:  # a new run: the model it starts from (merged, if an adapter checkpoint) is the base
-            self.base_uri = policy_uri
             model_dir = _fetch_first_on_local_rank0(policy_uri, cfg)
-        base_raw = fetch_checkpoint(self.base_uri, endpoint_url=cfg.storage.s3_endpoint_url)
-        self.base_content_id = checkpoint_content_id(base_raw)
-        if self.base_content_id.startswith("unsealed-"):
-            self.base_content_id = None  # a prepared model outside the store: no seal to check it by
+            self.base_uri, self.base_content_id = base_reference(
+                policy_uri, fetch_checkpoint(policy_uri, endpoint_url=cfg.storage.s3_endpoint_url))
         self.base_frame = read_frame(model_dir)
         self.tokenizer, lm = load_policy(model_dir, cfg, device=device)
         self.peft = wrap_lora(lm, cfg)  # A from torch's RNG, seeded above: the same on every rank
