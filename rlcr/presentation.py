@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rlcr.untrusted import printable
+from rlcr.untrusted import markdown_text, printable
 
 __all__ = ["console", "fmt", "show", "summary_table", "provenance_text", "with_ci", "difference_text", "by_count_text",
            "metrics_markdown", "progress_line", "config_table", "eval_table", "comparison_table", "probe_table",
@@ -140,7 +140,8 @@ def short(v: Any) -> str:
 
 
 def metrics_markdown(run_id: str, iteration: int, metrics: dict[str, Any], uris: dict[str, str]) -> str:
-    """The Prefect markdown artifact of one iteration: its figures and timings, and links to its files."""
+    """The Prefect markdown artifact of one iteration: its figures and timings, and links to its files; names
+    and URIs (from task files and configs) escaped as Markdown text (:func:`rlcr.untrusted.markdown_text`)."""
     rollout, ev, upd, timings = metrics["rollout"], metrics["eval"], metrics["update"], metrics["timings"]
 
     def pair(a: str, b: str, of: dict = rollout) -> str:
@@ -157,15 +158,25 @@ def metrics_markdown(run_id: str, iteration: int, metrics: dict[str, Any], uris:
         ("held-out ECE (10 bins) [95% CI]", with_ci(ev, "ece")),
         ("held-out Brier [95% CI]", with_ci(ev, "brier")),
         ("held-out AUROC [95% CI]", with_ci(ev, "auroc")),
-        ("held-out by stratum", by_count_text(ev) or "–"),
-        ("held-out per-answer rows", ev.get("records_uri") or "–"),
+        ("held-out by stratum", _by_stratum_markdown(ev) or "–"),
+        ("held-out per-answer rows", markdown_text(ev.get("records_uri") or "–", 400)),
         ("confidence parse rate", short(ev.get("confidence_parse_rate"))),
         ("update loss", short(upd.get("loss"))),
         ("grad norm", short(upd.get("grad_norm"))),
     ] + [(f"time: {k}", f"{v:.1f} s") for k, v in timings.items()]
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
-    links = "\n".join(f"- {k}: `{v}`" for k, v in uris.items())
-    return f"# rlcr run `{run_id}` — iteration {iteration}\n\n| metric | value |\n|---|---|\n{table}\n\n{links}\n"
+    links = "\n".join(f"- {k}: {markdown_text(v, 400)}" for k, v in uris.items())
+    return (f"# rlcr run {markdown_text(run_id)} — iteration {iteration}\n\n| metric | value |\n|---|---|\n"
+            f"{table}\n\n{links}\n")
+
+
+def _by_stratum_markdown(metrics: dict[str, Any]) -> str:
+    """:func:`by_count_text` for Markdown: the strata's names (a task file's values) escaped as Markdown text."""
+    def f(v):
+        return "–" if v is None else f"{v:.2f}"
+
+    return " · ".join(f"{markdown_text(n, 40)}: acc {f(b['accuracy'])}, AUROC {f(b['auroc'])}"
+                      for n, b in (metrics.get("by_count") or {}).items())
 
 
 def progress_line(metrics: dict) -> str:

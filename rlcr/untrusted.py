@@ -27,7 +27,7 @@ import stat
 import unicodedata
 from typing import Any
 
-__all__ = ["InvalidInput", "printable", "parse_json", "decode_text", "field", "check_depth",
+__all__ = ["InvalidInput", "printable", "markdown_text", "parse_json", "decode_text", "field", "check_depth",
            "read_local", "MAX_JSON_BYTES", "MAX_DEPTH", "DuplicateKey", "unique_keys", "loads_unique"]
 
 MAX_JSON_BYTES = 4 * 1024 * 1024
@@ -54,6 +54,17 @@ def printable(value: Any, limit: int = 200) -> str:
     # any other non-printing code point (format and unassigned categories) is replaced too
     text = "".join(c if c.isprintable() or unicodedata.category(c) == "Zs" else "?" for c in text)
     return text + (f"… ({extra} more characters)" if extra > 0 else "")
+
+
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~])")
+
+
+def markdown_text(value: Any, limit: int = 200) -> str:
+    """``value`` (a string from a file or a config) as literal text in Markdown that may hold HTML (a Prefect
+    artifact): :func:`printable`, then ``& < >`` as HTML entities and every Markdown punctuation character
+    backslash-escaped, so it can open no tag, link, emphasis, table cell or code span."""
+    text = printable(value, limit).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
 
 
 def check_depth(text: str | bytes, source: str, max_depth: int = MAX_DEPTH) -> None:

@@ -108,6 +108,9 @@ def train(
         with events.subscribed(bar.on_event), bar:
             events.started("prefect", 0)
             from flows.train import rlcr_train
+            from rlcr.prefect_server import start_guarded_server
+
+            start_guarded_server()  # Prefect's temporary server, stopped even when this process is SIGKILLed
 
             result = rlcr_train(config=config, overrides=list(overrides or []), run_id=run_id,
                                 iterations=cfg.run.iterations)

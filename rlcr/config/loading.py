@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -48,7 +49,8 @@ class _BoundedLoader(yaml.SafeLoader):
     collections nested deeper than :data:`~rlcr.untrusted.MAX_DEPTH`, block or flow style alike. Both are
     checked in the composer, as each node starts, before it is built: the constructor never recurses
     further than that. A mapping that holds a key twice, at any depth, is refused naming the key and its
-    line (PyYAML would keep the last value without a word)."""
+    line (PyYAML would keep the last value without a word); so is a merge key (``<<:``), through which a key
+    could be given twice unseen."""
 
     def __init__(self, stream):
         super().__init__(stream)
@@ -74,8 +76,9 @@ class _BoundedLoader(yaml.SafeLoader):
         if isinstance(node, yaml.MappingNode):
             first_line: dict[Any, int] = {}
             for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
+                if key_node.tag == "tag:yaml.org,2002:merge":  # its keys would silently give way to the mapping's
+                    raise yaml.constructor.ConstructorError(
+                        None, None, "merge keys (<<) are not allowed: write each key once", key_node.start_mark)
                 key = self.construct_object(key_node, deep=True)
                 try:
                     seen = key in first_line
@@ -157,7 +160,8 @@ def describe(error: ValidationError, source: str) -> str:
         if not loc or (err["type"] == "value_error" and f"{loc}." in msg):  # a check naming its fields
             lines.append(f"{source}: {msg}")
         elif err["type"] == "extra_forbidden":
-            lines.append(f"{source}: unknown field '{loc}'")
+            hint = lookalike_hint(str(err["loc"][-1]) if err["loc"] else "")
+            lines.append(f"{source}: unknown field '{loc}'" + (f" ({hint})" if hint else ""))
         else:
             got = err.get("input")
             got_text = "" if isinstance(got, dict) else f" (got {_bounded_repr(got)})"
@@ -165,6 +169,29 @@ def describe(error: ValidationError, source: str) -> str:
     if len(errors) > _MAX_ERRORS:
         lines.append(f"and {len(errors) - _MAX_ERRORS} more errors")
     return "; ".join(lines)
+
+
+_LOOKALIKES = str.maketrans({
+    **dict(zip("\u0430\u0435\u0456\u0458\u043e\u0440\u0441\u0455\u0443\u0445\u0501\u051b\u051d", "aeijopcsyxdqw")),
+    **dict(zip("\u0410\u0412\u0415\u041d\u0406\u0408\u041a\u041c\u041e\u0420\u0421\u0405\u0422\u0425",
+               "ABEHIJKMOPCSTX")),
+    **dict(zip("\u03bf\u03b1\u03bd\u0391\u0392\u0395\u0397\u0399\u039a\u039c\u039d\u039f\u03a1\u03a4\u03a5"
+               "\u03a7\u0396", "oavABEHIKMNOPTYXZ")),
+})
+"""Letters of other scripts drawn like Latin ones (Cyrillic, Greek), mapped to the Latin letter they look like."""
+
+
+def lookalike_hint(name: str) -> str | None:
+    """For a field name with characters outside ASCII, what they are, shown by code point and Unicode name (a
+    look-alike letter shows as the letter it imitates), and the ASCII name it looks like; None for an ASCII name."""
+    odd = sorted({c for c in name if ord(c) > 127}, key=name.index)
+    if not odd:
+        return None
+    shown = ", ".join(f"U+{ord(c):04X} {unicodedata.name(c, 'unnamed character')}" for c in odd[:3])
+    more = f" and {len(odd) - 3} more" if len(odd) > 3 else ""
+    guess = unicodedata.normalize("NFKC", name).translate(_LOOKALIKES)
+    mean = f"; did you mean {guess!r}?" if guess.isascii() and guess.isprintable() and guess != name else ""
+    return printable(f"contains {shown}{more}, not ASCII{mean}", 300)
 
 
 def _bounded_repr(value: Any, limit: int = 80, depth: int = 0) -> str:

@@ -36,7 +36,9 @@ Never fails or stalls training: every call runs in a daemon thread joined with a
 MLflow's HTTP client gets a short timeout and few retries (``MLFLOW_HTTP_REQUEST_TIMEOUT`` /
 ``_MAX_RETRIES`` / ``_BACKOFF_FACTOR``, unless already set in the environment). The first failure or
 timeout logs one warning and turns the tracker off for the rest of the process; a later resume opens a new
-tracker and can back-fill the missed iterations (:meth:`Tracker.log_iteration` is idempotent).
+tracker and can back-fill the missed iterations (:meth:`Tracker.log_iteration` is idempotent). A call past its
+deadline is stopped, not left running: :class:`CallAbandoned` is raised in its thread, which unwinds and closes
+its connection (a server streaming an endless body is not downloaded after tracking is off).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from rlcr.tracking.flatten import (HEADLINE, MAX_TAG_VALUE, METRICS_PER_BATCH, P
 
 __all__ = ["Tracker", "MlflowTracker", "open_tracker", "tracker_from_config", "flatten_params", "flatten_metrics",
            "tracked_metrics", "HEADLINE", "metric_key", "resolve_backend", "log_iterations", "sync_run", "step_metrics", "TRACKING_KINDS", "EXPERIMENT",
-           "RUN_ID_TAG", "SENTINEL", "STARTED"]
+           "RUN_ID_TAG", "SENTINEL", "STARTED", "CallAbandoned"]
 
 TRACKING_KINDS = ("mlflow", "none")
 EXPERIMENT = "rlcr"
@@ -177,6 +179,8 @@ class MlflowTracker(Tracker):
         def target() -> None:
             try:
                 box["value"] = fn(*args)
+            except CallAbandoned:  # past its deadline: nothing kept (its traceback would hold the connection)
+                pass
             except BaseException as e:  # noqa: BLE001 - reported below, never raised into training
                 box["error"] = e
 
@@ -184,6 +188,7 @@ class MlflowTracker(Tracker):
         t.start()
         t.join(self._timeout_s)
         if t.is_alive():
+            _abandon(t)
             self._disable(f"{what} did not finish within {self._timeout_s:g} s")
             return None
         if "error" in box:
@@ -304,6 +309,22 @@ class MlflowTracker(Tracker):
         if self.enabled and self.mlflow_run_id and self._resume:
             self._call("ending the run", self._client.set_terminated, self.mlflow_run_id, status)
         self.enabled = False
+
+
+class CallAbandoned(BaseException):
+    """Raised inside a tracker call's thread once its deadline has passed, so that the call stops (a server that
+    answers with an endless body would otherwise be downloaded into memory for as long as the process lives).
+    A BaseException: the HTTP client's retry loops, which catch ``Exception``, let it through."""
+
+
+def _abandon(thread: threading.Thread) -> None:
+    """Stop an abandoned tracker call: :class:`CallAbandoned` is raised in ``thread`` at its next Python
+    instruction (the HTTP client reads a body in chunks and returns to Python after each, or after its read
+    timeout), its frames unwind and the connection is closed."""
+    import ctypes
+
+    if thread.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(CallAbandoned))
 
 
 def _short(e: BaseException, limit: int = 300) -> str:
