@@ -2,6 +2,9 @@
 
     resolve the run's newest committed checkpoint → probe (docs/design.md §15) → report.json + report.html → artifact
 
+The probe runs on the task the run was trained on (its task and task options, from the run's recorded config:
+:func:`rlcr.run_refs.with_run_task`), whatever the config names; the report names it (``task``, ``task_options``).
+
 The report goes to ``<storage>/runs/<run_id>/probes/<timestamp>/`` and a Prefect
 markdown artifact links it. The probe's vLLM engine runs in the flow's own
 process (one engine): the process that executes the flow run needs the
@@ -26,6 +29,7 @@ from prefect.schedules import Cron
 from flows.train import resolve_config, run_key
 from rlcr.probe.probe import NoCommittedIteration, newest_run, probe_checkpoint
 from rlcr.probe.report import report_markdown, write_report
+from rlcr.run_refs import task_fields, with_run_task
 from rlcr.runs import RunStore, task_sets
 from rlcr.storage import Store
 from rlcr.tracking import tracker_from_config
@@ -41,12 +45,14 @@ def probe_artifact_key(run_id: str) -> str:
 
 def track_report(cfg, run_id: str, uris: dict[str, str], log) -> None:
     """The report (HTML with its plots, and JSON) as artifacts of the run's MLflow run, under
-    ``probe/<timestamp>``; a tracker that is off or down costs a warning, never the probe."""
+    ``probe/<timestamp>``, and the task probed as its params (``tasks.name``, ``tasks.options.*``: the run's, which
+    a run's MLflow params already hold); a tracker that is off or down costs a warning, never the probe."""
     import tempfile
     from pathlib import Path
 
     store = Store(cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url)
-    with tracker_from_config(cfg, run_id, params={}, logger=log, resume=False) as tracker, \
+    params = {"tasks": {"name": cfg.tasks.name, "options": cfg.tasks.options}}  # the run's own: its params hold them
+    with tracker_from_config(cfg, run_id, params=params, logger=log, resume=False) as tracker, \
             tempfile.TemporaryDirectory(prefix="rlcr-probe-") as d:
         if not tracker.enabled:
             return
@@ -71,6 +77,14 @@ def newest_checkpoint(cfg, run_id: str, iteration: int | None = None) -> tuple[i
             f"run {run_id!r} has no committed iteration under {run.store.url(run.prefix)}: nothing to probe "
             "(train it first, or pass another run_id)")
     return int(last["iteration"]), run.verified_state(last)
+
+
+def override_names(overrides: dict[str, Any] | list[str] | None) -> list[str]:
+    """The dotted fields a flow's ``overrides`` set (``section.field=value`` items, or a mapping's keys): what the
+    caller chose explicitly, which a run's own task may not silently replace (:func:`rlcr.run_refs.with_run_task`)."""
+    if isinstance(overrides, dict):
+        return [str(k) for k in overrides]
+    return [str(item).split("=", 1)[0].strip() for item in overrides or [] if "=" in str(item)]
 
 
 @task(name="probe", cache_policy=NO_CACHE)
@@ -107,11 +121,15 @@ def rlcr_probe(
     if not run_id:
         raise NoCommittedIteration(f"no run with a committed iteration under {cfg.storage.uri}: nothing to probe")
     iteration, checkpoint = newest_checkpoint(cfg, run_id, iteration)
+    cfg, note = with_run_task(cfg, RunStore.open(cfg, run_id).stored_config(), run_id, override_names(overrides))
+    if note:
+        log.info("%s", note)
     _, held_out = task_sets(cfg)
     tasks = held_out[:num_tasks] if num_tasks else held_out
-    log.info("probing run %s iteration %d (%s) on %d tasks", run_id, iteration, checkpoint, len(tasks))
+    log.info("probing run %s iteration %d (%s) on %d tasks of task %s", run_id, iteration, checkpoint, len(tasks),
+             cfg.tasks.name)
     report = probe_task(cfg, checkpoint, tasks, samples)
-    report.update(iteration=iteration, config_hash=cfg.config_hash())
+    report.update(iteration=iteration, config_hash=cfg.config_hash(), **task_fields(cfg))
     uris = write_report_task(cfg, run_id, report)
     report["run_id"] = run_id
     track_report(cfg, run_id, uris, log)
@@ -123,7 +141,7 @@ def rlcr_probe(
     m = report["metrics"]
     log.info("probe report %s: accuracy %.3f, AOC %s, ECE %s", uris["html"], m["accuracy"], m["aoc"],
              m["calibration"]["verbalized"]["ece"])
-    return {"run_id": run_id, "iteration": iteration, "checkpoint_uri": checkpoint, "report": uris,
+    return {"run_id": run_id, "iteration": iteration, "checkpoint_uri": checkpoint, "report": uris, **task_fields(cfg),
             "metrics": {k: m[k] for k in ("n_tasks", "accuracy", "aoc", "mc_full_mean", "confidence_parse_rate")}}
 
 

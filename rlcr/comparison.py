@@ -16,7 +16,7 @@ from rlcr.run_refs import LATEST
 from rlcr.untrusted import InvalidInput, printable
 
 __all__ = ["RowsRefused", "evaluated_iterations", "read_records", "check_draws", "held_out_rows",
-           "side_iterations", "compare_held_out", "LATEST"]
+           "side_iterations", "compare_held_out", "rows_task", "LATEST"]
 
 SIDES = "RUN_A/RUN_B"
 
@@ -59,6 +59,17 @@ def read_records(f: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         return rows, provenance(table, f)
     except InvalidInput as e:
         raise RowsRefused(str(e)) from None
+
+
+def rows_task(rows: Sequence[dict[str, Any]], source: str) -> str:
+    """The name of the task a side's rows answered (the name they carry; for rows from before they carried
+    one, the task whose columns they hold): RowsRefused naming ``source`` where that is none or ambiguous."""
+    from rlcr.rollout.records import record_task, records_task_name
+
+    try:
+        return record_task(rows[0].keys() if rows else (), records_task_name(rows)).name
+    except ValueError as e:
+        raise RowsRefused(f"{printable(source, 140)}: {printable(e, 300)}") from None
 
 
 def check_draws(files: Sequence[str], sources: Sequence[dict[str, Any]]) -> None:
@@ -153,9 +164,14 @@ def compare_held_out(sides: Sequence[str], runs: Sequence[Any], iteration: Optio
     """A − B on the held-out tasks both sides evaluated (:func:`rlcr.evaluate.compare_evaluations`), and each
     side alone on those shared tasks, for scale: ``{"iteration", "iterations", "comparison", "sides",
     "sources"}``. ``pins``: per side, the iteration a ``RUN@K`` reference names (K or :data:`LATEST`; None: none,
-    see :func:`side_iterations`); ``iteration`` is the one both runs share, or None where they differ."""
+    see :func:`side_iterations`); ``iteration`` is the one both runs share, or None where they differ. ``task``:
+    the task both sides answered (sides of two tasks are refused in one line naming both)."""
     its = side_iterations(runs, pins or [None] * len(runs), iteration)
     rows, sources = zip(*(held_out_rows(side, run, k) for side, run, k in zip(sides, runs, its)))
+    tasks = [rows_task(side_rows, side) for side_rows, side in zip(rows, sides)]
+    if len(set(tasks)) > 1:
+        raise RowsRefused(f"{printable(sides[0], 140)} holds answers to task {tasks[0]!r}, {printable(sides[1], 140)} "
+                          f"to task {tasks[1]!r}: answers to different tasks cannot be paired")
     try:
         cmp = compare_evaluations(rows[0], rows[1], n_resamples=n_resamples, seed=seed)
     except ValueError as e:
@@ -165,4 +181,4 @@ def compare_held_out(sides: Sequence[str], runs: Sequence[Any], iteration: Optio
              for side in rows]
     at = {k for k in its if k is not None}
     return {"iteration": at.pop() if len(at) == 1 else None, "iterations": its, "comparison": cmp, "sides": alone,
-            "sources": list(sources)}
+            "sources": list(sources), "task": tasks[0]}

@@ -43,10 +43,11 @@ def stated_confidences(rows: Sequence[dict[str, Any]]) -> list[tuple[Any, float,
 
 
 def _record_task(rows: Sequence[dict[str, Any]]):
-    """The task whose record columns the rows hold (Countdown's ``nums``/``target``, math's ``question``/…)."""
-    from rlcr.rollout.records import record_task
+    """The task the rows name (``task_name``), or for rows from before they named it, the one whose record
+    columns they hold (Countdown's ``nums``/``target``, math's ``question``/…): :func:`record_task`."""
+    from rlcr.rollout.records import record_task, records_task_name
 
-    return record_task(rows[0].keys() if rows else ("nums", "target"))
+    return record_task(rows[0].keys() if rows else ("nums", "target"), records_task_name(rows))
 
 
 def by_stratum(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -139,8 +140,8 @@ def check_eval_rows(rows: Sequence[dict[str, Any]], source: str) -> None:
     name = printable(source)
     try:
         columns = [f.name for f in _record_task(rows).record_fields() if not f.nullable]
-    except ValueError:
-        raise InvalidInput(f"{name}: the rows hold the columns of no registered task") from None
+    except ValueError as e:
+        raise InvalidInput(f"{name}: {printable(e, 300)}") from None
     for i, r in enumerate(rows, start=1):
         where = f"{name}: row {i}"
         _check_values(r, where, columns)
@@ -201,6 +202,11 @@ def pool_draws(draws: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]
     pooled: list[dict[str, Any]] = []
     seen: dict[int, tuple] = {}
     offset = 0
+    names = [_record_task(rows).name for rows in draws]
+    other = next((i for i, n in enumerate(names) if n != names[0]), None)
+    if other is not None:
+        raise ValueError(f"draw {other}: answers to task {names[other]!r}, but draw 0's to task {names[0]!r} — not "
+                         "the same held-out set")
     for i, rows in enumerate(draws):
         tasks = _tasks(rows)
         pid = _first_task_mismatch(seen, tasks)

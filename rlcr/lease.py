@@ -45,10 +45,11 @@ import time
 import uuid
 from typing import Any
 
-from rlcr.storage import AlreadyExists, Store, StorageError, VersionConflict, pid_alive
+from rlcr.storage import AlreadyExists, Store, StorageError, VersionConflict, pid_alive, validate_new_run_id
 from rlcr.untrusted import InvalidInput, field, parse_json, printable
 
-__all__ = ["RunLease", "RunLocked", "LeaseLost", "LEASE_TIMEOUT_S", "LEASE_HEARTBEAT_S", "LEASE_MAX_TIMEOUT_S"]
+__all__ = ["RunLease", "RunLocked", "LeaseLost", "LEASE_TIMEOUT_S", "LEASE_HEARTBEAT_S", "LEASE_MAX_TIMEOUT_S",
+           "LEASE_MAX_BYTES", "parse_lease"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,8 @@ LEASE_HEARTBEAT_S = 10.0
 """How often the holder renews its lease (seconds)."""
 LEASE_MAX_TIMEOUT_S = 3600.0
 """The longest lease timeout a writer may configure (seconds)."""
+LEASE_MAX_BYTES = 64 * 1024
+"""Largest lease document read (bytes): a larger one, or anything but a regular file, is refused unread."""
 PID_MAX = 2 ** 22
 """The largest process id a lease may name (Linux's ``pid_max`` limit)."""
 
@@ -145,13 +148,21 @@ class RunLease:
 
     # ------------------------------------------------------------------ acquire
     def acquire(self) -> "RunLease":
+        """Take the lease (see the class docstring). A run that does not exist yet is created by this first
+        write, so its id is checked first: one that could be read as a run reference (``@``) is refused
+        (:func:`~rlcr.storage.validate_new_run_id`, a one-line ``InvalidInput``) before anything is written."""
+        if "@" in self.run.run_id and not self.run.store.exists(self.run.prefix):
+            try:
+                validate_new_run_id(self.run.run_id)
+            except ValueError as e:
+                raise InvalidInput(str(e)) from None
         self._acquired_at = _now()
         self._sent = time.monotonic()
         try:
             self.store.write_bytes(self.rel, self._doc(), exclusive=True)
         except AlreadyExists:
             self._take_over()
-        raw, self.version = self.store.read_versioned(self.rel)
+        raw, self.version = self.store.read_versioned(self.rel, max_bytes=LEASE_MAX_BYTES)
         holder = parse_lease(raw, self.store.url(self.rel))
         if holder.get("token") != self.token:  # lost a race right after acquiring
             raise RunLocked(self._locked_message(holder))
@@ -176,7 +187,7 @@ class RunLease:
 
     def _take_over(self) -> None:
         try:
-            raw, version = self.store.read_versioned(self.rel)
+            raw, version = self.store.read_versioned(self.rel, max_bytes=LEASE_MAX_BYTES)
         except FileNotFoundError:
             return self._create_again()
         holder = parse_lease(raw, self.store.url(self.rel))
@@ -206,7 +217,7 @@ class RunLease:
         while (left := deadline - time.monotonic()) > 0:
             time.sleep(min(poll, left))
             try:
-                _, now_version = self.store.read_versioned(self.rel)
+                _, now_version = self.store.read_versioned(self.rel, max_bytes=LEASE_MAX_BYTES)
             except FileNotFoundError:
                 return False
             if now_version != version:
@@ -223,7 +234,7 @@ class RunLease:
             started = time.monotonic()
             try:
                 self._swap_heartbeat()
-                _, self.version = self.store.read_versioned(self.rel)
+                _, self.version = self.store.read_versioned(self.rel, max_bytes=LEASE_MAX_BYTES)
                 self._valid_until = started + 0.9 * self.timeout_s
             except (VersionConflict, FileNotFoundError):
                 self.lost = "the lease was taken over by another writer"
@@ -240,7 +251,7 @@ class RunLease:
         try:
             self.store.write_if_version(self.rel, self._doc(), self.version)
         except VersionConflict:
-            raw, version = self.store.read_versioned(self.rel)
+            raw, version = self.store.read_versioned(self.rel, max_bytes=LEASE_MAX_BYTES)
             if parse_lease(raw, self.store.url(self.rel)).get("token") != self.token:
                 raise
             self.version = version
@@ -267,7 +278,7 @@ class RunLease:
                          f"unreachable): another writer may have taken over")
         if self.lost is None:
             try:
-                raw, _ = self.store.read_versioned(self.rel)
+                raw, _ = self.store.read_versioned(self.rel, max_bytes=LEASE_MAX_BYTES)
                 if parse_lease(raw, self.store.url(self.rel)).get("token") != self.token:
                     self.lost = "the lease was taken over by another writer"
             except FileNotFoundError:
@@ -283,7 +294,7 @@ class RunLease:
         with self._lock:
             if self.version is not None and not self.lost:
                 try:
-                    self.store.delete_if_version(self.rel, self.version)
+                    self.store.delete_if_version(self.rel, self.version, max_bytes=LEASE_MAX_BYTES)
                 except StorageError as e:
                     log.warning("run %s: could not release the lease (%s); it expires after %.0f s",
                                 self.run.run_id, e, self.timeout_s)
@@ -301,7 +312,7 @@ def parse_lease(raw: bytes, source: str) -> dict[str, Any]:
     out of range (a pid beyond :data:`PID_MAX`, a non-finite heartbeat) gives ``readable`` False and the
     problem, in one line: such a lease is taken over at once (its holder's next renew or check fails on it)."""
     try:
-        doc = parse_json(raw, source, max_bytes=64 * 1024)
+        doc = parse_json(raw, source, max_bytes=LEASE_MAX_BYTES)
         return {"readable": True, "token": field(doc, "token", str, source),
                 "owner": field(doc, "owner", str, source, default="?"),
                 "user": field(doc, "user", str, source, default="?"),

@@ -16,9 +16,9 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from rlcr.lease import RunLease
+from rlcr.lease import LEASE_MAX_BYTES, RunLease
 from rlcr.storage import Store, StorageError, validate_run_id
-from rlcr.untrusted import InvalidInput, field, parse_json, printable
+from rlcr.untrusted import MAX_JSON_BYTES, InvalidInput, field, parse_json, printable
 
 __all__ = ["RunLayout", "attempt_id", "PROCESS_ATTEMPT", "MAX_ITERATION", "URI_FIELDS", "RUNS"]
 
@@ -105,6 +105,12 @@ class RunLayout:
     def config_rel(self) -> str:
         return f"{self.prefix}/config.json"
 
+    def stored_config(self) -> dict[str, Any] | None:
+        """The config record the run started with (``config.json``'s ``config``, checked to be an object; a run
+        from before the sections holds flat names), or None where the run recorded none."""
+        doc = self._read_doc(self.config_rel)
+        return None if doc is None else field(doc, "config", dict, self.store.url(self.config_rel))
+
     @property
     def lease_rel(self) -> str:
         return f"{self.prefix}/lease.json"
@@ -148,8 +154,9 @@ class RunLayout:
         from rlcr.lease import parse_lease
 
         try:
-            token = parse_lease(self.store.read_bytes(self.lease_rel), self.store.url(self.lease_rel)).get("token")
-        except (FileNotFoundError, NotADirectoryError):
+            raw = self.store.read_bytes(self.lease_rel, max_bytes=LEASE_MAX_BYTES)
+            token = parse_lease(raw, self.store.url(self.lease_rel)).get("token")
+        except (FileNotFoundError, NotADirectoryError, InvalidInput):  # none, or unreadable (refused unread)
             token = None
         return token[:12] if isinstance(token, str) and _ATTEMPT.match(token[:12]) else PROCESS_ATTEMPT
 
@@ -226,7 +233,7 @@ class RunLayout:
         data the run wrote, ``NaN`` included (a figure with nothing to average), read as they are."""
         rel = self.metrics_rel(iteration)
         try:
-            raw = self.store.read_bytes(rel)
+            raw = self.store.read_bytes(rel, max_bytes=MAX_JSON_BYTES)
         except FileNotFoundError:
             return None
         return parse_json(raw, self.store.url(rel), allow_nonfinite=True)  # bounded in size and nesting
@@ -235,7 +242,7 @@ class RunLayout:
         """``baseline.json`` (the initial policy's held-out evaluation), checked to be a bounded JSON object, or
         None if the run has none. Its figures may be NaN (nothing to average), as the run wrote them."""
         try:
-            raw = self.store.read_bytes(self.baseline_rel)
+            raw = self.store.read_bytes(self.baseline_rel, max_bytes=MAX_JSON_BYTES)
         except FileNotFoundError:
             return None
         return parse_json(raw, self.store.url(self.baseline_rel), allow_nonfinite=True)
@@ -261,9 +268,11 @@ class RunLayout:
 
     # ---------------------------------------------------------------- reading, validated
     def _read_doc(self, rel: str) -> dict[str, Any] | None:
-        """A control document of the run (bounded, one-line :class:`InvalidInput` naming it), or None if absent."""
+        """A control document of the run, or None if absent. Bounded: read only if it is a regular file of at most
+        :data:`~rlcr.untrusted.MAX_JSON_BYTES` (a FIFO, a device or a larger file is refused by its ``stat`` or,
+        on S3, a ranged read; one-line :class:`InvalidInput` naming it), then parsed with the nesting bound."""
         try:
-            raw = self.store.read_bytes(rel)
+            raw = self.store.read_bytes(rel, max_bytes=MAX_JSON_BYTES)
         except FileNotFoundError:
             return None
         except NotADirectoryError:

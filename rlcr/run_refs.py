@@ -28,18 +28,23 @@ from __future__ import annotations
 
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from rlcr.storage.errors import StorageError
 from rlcr.untrusted import InvalidInput, field, printable
 
 __all__ = ["RunRefError", "parse_ref", "is_run_ref", "resolve_checkpoint", "run_summary", "store_summaries",
-           "iteration_rows", "MAX_LISTED_RUNS", "STATES", "LATEST"]
+           "iteration_rows", "MAX_LISTED_RUNS", "STATES", "LATEST", "READ_THREADS", "with_run_task", "TaskMismatch",
+           "task_fields"]
 
 LATEST = "latest"
 """The iteration of ``RUN@latest``."""
 MAX_LISTED_RUNS = 200
 """Most runs ``rlcr runs`` reads (the newest by name are shown first; the table says how many were left out)."""
 STATES = ("running", "finished", "crashed", "stopped", "invalid")
+READ_THREADS = 16
+"""How many runs ``rlcr runs`` reads at once from S3 (each read waits on the network, not on this machine)."""
 _REF = re.compile(r"(?P<run>[^/]+)@(?P<iteration>[0-9]{1,7}|latest)")
 
 
@@ -68,11 +73,11 @@ def is_run_ref(text: Any) -> bool:
 
 def _open(store, run_id: str, label: str):
     from rlcr.run_layout import RUNS
-    from rlcr.runs import RunStore, list_runs
+    from rlcr.runs import RunStore, run_folders
 
     run = RunStore(store, run_id)
     if not store.exists(run.prefix):
-        runs = sorted(list_runs(store))[:10]
+        runs = run_folders(store)[:10]  # one listing, whatever the store holds
         raise RunRefError(f"{label}: run {printable(run_id, 140)!r} not found under {printable(store.url(RUNS), 300)} "
                           f"(runs there: {', '.join(printable(r, 60) for r in runs) or 'none'}; `rlcr runs` lists them)")
     return run
@@ -147,13 +152,15 @@ def _leaf(cfg: dict[str, Any], section: str, name: str) -> Any:
 
 def _lease_state(run, now: float) -> str | None:
     """``running`` (a fresh lease), ``crashed`` (a lease its writer left: stale, dead or unreadable) or None."""
-    from rlcr.lease import LEASE_TIMEOUT_S, _machine_id, parse_lease
+    from rlcr.lease import LEASE_MAX_BYTES, LEASE_TIMEOUT_S, _machine_id, parse_lease
     from rlcr.storage import pid_alive
 
     try:
-        raw = run.store.read_bytes(run.lease_rel)
+        raw = run.store.read_bytes(run.lease_rel, max_bytes=LEASE_MAX_BYTES)
     except FileNotFoundError:
         return None
+    except InvalidInput:  # refused unread (a FIFO, a device, too large): an unreadable lease
+        return "crashed"
     holder = parse_lease(raw, run.store.url(run.lease_rel))
     if not holder.get("readable"):
         return "crashed"
@@ -182,18 +189,45 @@ def run_summary(store, run_id: str, *, now: float | None = None) -> dict[str, An
         lease = _lease_state(run, time.time() if now is None else now)
         finished = isinstance(row["iterations"], int) and len(done) >= row["iterations"]
         row["state"] = lease if lease == "running" else "finished" if finished else lease or "stopped"
-    except (InvalidInput, ValueError) as e:
+    except (InvalidInput, ValueError, StorageError, OSError) as e:  # this run's files: its row, not the listing
         row["problem"] = printable(e, 200)
     return row
 
 
 def store_summaries(store, *, limit: int = MAX_LISTED_RUNS) -> tuple[list[dict[str, Any]], int]:
     """``rlcr runs``: the rows of at most ``limit`` runs of ``store`` (by run id, newest names last) and how
-    many runs the store holds."""
-    from rlcr.runs import list_runs
+    many runs the store holds.
 
-    ids = sorted(list_runs(store))
-    return [run_summary(store, r) for r in ids[-limit:]], len(ids)
+    Reads only what it shows: one listing of ``runs/`` gives the candidate folders; the newest names are checked
+    to hold a run (:func:`rlcr.runs.is_run`) until ``limit`` are found, and only those are read. On S3 the
+    checks and the rows are read :data:`READ_THREADS` at a time. The count is of the folders named like runs,
+    less those found holding none (older folders are not opened to count them)."""
+    from rlcr.runs import is_run, run_folders
+
+    names = run_folders(store)
+    workers = 1 if store.is_local else READ_THREADS
+    chosen: list[str] = []
+    empty = 0
+    end = len(names)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        while end > 0 and len(chosen) < limit:
+            batch = names[max(0, end - (limit - len(chosen))):end][::-1]  # newest first
+            end -= len(batch)
+            for name, ok in zip(batch, pool.map(lambda n: _holds_run(is_run, store, n), batch)):
+                if ok:
+                    chosen.append(name)
+                else:
+                    empty += 1
+        rows = list(pool.map(lambda r: run_summary(store, r), sorted(chosen)))
+    return rows, len(names) - empty
+
+
+def _holds_run(is_run, store, name: str) -> bool:
+    """Whether folder ``name`` holds a run; a folder that cannot be checked is listed (its row says why)."""
+    try:
+        return is_run(store, name)
+    except (StorageError, OSError):
+        return True
 
 
 def iteration_rows(store, run_id: str) -> list[dict[str, Any]]:
@@ -212,3 +246,74 @@ def iteration_rows(store, run_id: str) -> list[dict[str, Any]]:
         rows.append({"iteration": k, "accuracy": ev.get("accuracy"), "ece": ev.get("ece"),
                      "checkpoint": f"{run_id}@{k}" if k in held else None, "committed_at": m.get("committed_at")})
     return rows
+
+
+# ----------------------------------------------------------------------------- a run's task
+
+class TaskMismatch(ValueError):
+    """A run is named with a task (or task options) other than the one it was trained on."""
+
+
+def task_fields(cfg: Any) -> dict[str, Any]:
+    """What names the task an evaluation or probe ran on, for its records and reports: ``task`` (``tasks.name``)
+    and ``task_options`` (``tasks.options``, every option, defaults included)."""
+    return {"task": cfg.tasks.name, "task_options": dict(cfg.tasks.options)}
+
+
+_TASK_IDENTITY = ("name", "options", "module")
+"""``tasks`` fields a run reference brings (the other ``tasks`` fields choose problems of that task)."""
+
+
+def with_run_task(cfg: Any, stored: dict[str, Any] | None, run_id: str,
+                  command_line: Any = ()) -> tuple[Any, str | None]:
+    """``cfg`` with the task of run ``run_id`` (``stored``: the config record the run started with,
+    :meth:`~rlcr.run_layout.RunLayout.stored_config`), for evaluating or probing one of its checkpoints: a
+    policy trained on one task is measured on that task, not on the config's.
+
+    The run's ``tasks`` section is taken, with the fields ``cfg`` sets explicitly (its file or the command line:
+    how many held-out tasks, which file) on top when ``cfg`` names the same task; ``tasks.module`` is ``cfg``'s
+    where it sets one (where the code is found here), else the run's. ``command_line``: the dotted fields the
+    command line set; a ``tasks.name`` or ``tasks.options`` there that is not the run's is refused
+    (:class:`TaskMismatch`, one line naming both). Returns (the config, a line saying the config's task was
+    replaced, or None). A run that recorded no config keeps ``cfg``'s task, with a line saying so."""
+    from rlcr.config import RLCRConfig, nested_from_flat
+
+    keys = set(command_line)
+    if stored is None:
+        return cfg, (f"run {printable(repr(run_id), 140)} recorded no config: evaluating on the config's task "
+                     f"{cfg.tasks.name!r}")
+    saved = nested_from_flat(stored)
+    run_tasks = saved.get("tasks") if isinstance(saved.get("tasks"), dict) else {}
+    run_name = run_tasks.get("name", "countdown")
+    shown_run = printable(repr(run_id), 140)
+    if cfg.tasks.name != run_name and keys & {"tasks", "tasks.name"}:
+        raise TaskMismatch(f"tasks.name {cfg.tasks.name!r} (command line), but run {shown_run} was trained on task "
+                           f"{printable(repr(run_name), 60)}: a run is evaluated on its own task (drop tasks.name, "
+                           "or name a run of that task)")
+    same = cfg.tasks.name == run_name
+    explicit = {k.split(".")[1] for k in keys if k.startswith("tasks.")} | (set(cfg.tasks.model_fields_set)
+                                                                            if same else set())
+    merged = {k: v for k, v in run_tasks.items() if k in cfg.tasks.model_fields}
+    merged.update({k: getattr(cfg.tasks, k) for k in explicit - set(_TASK_IDENTITY) if k in cfg.tasks.model_fields})
+    merged["name"] = run_name
+    if cfg.tasks.module is not None:
+        merged["module"] = cfg.tasks.module
+    try:
+        out = RLCRConfig.from_dict({**cfg.model_dump(mode="json"), "tasks": merged},
+                                   source=f"run {printable(run_id, 140)}'s tasks")
+    except ValueError as e:
+        raise TaskMismatch(f"the task of run {shown_run} cannot be set up here: {printable(e, 400)}") from None
+    if same and cfg.tasks.options != out.tasks.options:
+        differ = sorted(k for k in {*cfg.tasks.options, *out.tasks.options}
+                        if cfg.tasks.options.get(k) != out.tasks.options.get(k))
+        shown = ", ".join(f"{k}: {printable(repr(out.tasks.options.get(k)), 40)} → "
+                          f"{printable(repr(cfg.tasks.options.get(k)), 40)}" for k in differ)
+        if any(k == "tasks" or k.startswith("tasks.options") for k in keys):
+            raise TaskMismatch(f"tasks.options differ from those run {shown_run} was trained with ({shown}; "
+                               "command line): a run is evaluated on its own task options (drop them, or name a "
+                               "run trained with them)")
+        return out, f"the task options run {shown_run} was trained with are used, not the config's ({shown})"
+    if not same:
+        return out, (f"the task run {shown_run} was trained on, {printable(repr(run_name), 60)}, is used, not "
+                     f"the config's {cfg.tasks.name!r}")
+    return out, None

@@ -72,7 +72,8 @@ from rlcr.tasks.sets import prompts_for_iteration, task_sets
 from rlcr.untrusted import field, printable
 
 __all__ = ["RunStore", "RunConfigMismatch", "RunLease", "RunLocked", "LeaseLost", "AlreadyCommitted",
-           "StateMismatch", "task_sets", "prompts_for_iteration", "new_run_id", "list_runs", "check_fence",
+           "StateMismatch", "task_sets", "prompts_for_iteration", "new_run_id", "list_runs", "run_folders", "is_run",
+           "check_fence",
            "LEASE_TIMEOUT_S", "LEASE_HEARTBEAT_S", "MAX_ITERATION", "attempt_id", "PROCESS_ATTEMPT"]
 
 log = logging.getLogger(__name__)
@@ -103,19 +104,29 @@ def new_run_id() -> str:
     return time.strftime("run-%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(4)
 
 
-def list_runs(store: Store) -> list[str]:
-    """The run ids under ``store``'s ``runs/``: entries that are not runs (``.DS_Store``, a README, a folder
-    whose name is no valid run id) are skipped."""
+def run_folders(store: Store) -> list[str]:
+    """The names under ``store``'s ``runs/`` that are valid run ids, sorted: one listing, nothing read (a folder
+    may still hold no run: :func:`is_run`)."""
     out = []
     for name in store.ls(RUNS):
         try:
-            validate_run_id(name)
+            out.append(validate_run_id(name))
         except ValueError:
             continue
-        layout = RunLayout(store, name)
-        if store.exists(layout.config_rel) or store.exists(layout.iteration_dir(1)):
-            out.append(name)
-    return out
+    return sorted(out)
+
+
+def is_run(store: Store, run_id: str) -> bool:
+    """Whether ``runs/<run_id>`` holds a run (its config or a first iteration), by at most two existence checks."""
+    layout = RunLayout(store, run_id)
+    return store.exists(layout.config_rel) or store.exists(layout.iteration_dir(1))
+
+
+def list_runs(store: Store) -> list[str]:
+    """The run ids under ``store``'s ``runs/``: entries that are not runs (``.DS_Store``, a README, a folder
+    whose name is no valid run id) are skipped. Checks every folder (two requests each on S3): where only some
+    are needed, take :func:`run_folders` and check those with :func:`is_run`."""
+    return [name for name in run_folders(store) if is_run(store, name)]
 
 
 def check_fence(store: Store, fence: dict[str, str]) -> None:
@@ -124,9 +135,12 @@ def check_fence(store: Store, fence: dict[str, str]) -> None:
     checkpoint (see :meth:`RunStore.checkpoint_fence`)."""
     from rlcr.lease import parse_lease
 
+    from rlcr.lease import LEASE_MAX_BYTES
+    from rlcr.untrusted import InvalidInput
+
     try:
-        raw = store.read_bytes(fence["lease_rel"])
-    except FileNotFoundError:
+        raw = store.read_bytes(fence["lease_rel"], max_bytes=LEASE_MAX_BYTES)
+    except (FileNotFoundError, InvalidInput):  # gone, or refused unread (not a lease this writer wrote)
         raw = b""
     if parse_lease(raw, store.url(fence["lease_rel"])).get("token") != fence["token"]:
         raise LeaseLost(f"{store.url(fence['lease_rel'])}: the lease was taken over; not writing the checkpoint")
@@ -140,8 +154,10 @@ class RunStore(RunLayout):
     its fenced writes and commits."""
 
     @classmethod
-    def open(cls, cfg: RLCRConfig, run_id: str) -> "RunStore":
-        return cls(Store(cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url), run_id)
+    def open(cls, cfg: RLCRConfig, run_id: str, *, create: bool = True) -> "RunStore":
+        """Run ``run_id`` in the config's store; ``create`` False: a command that only reads (a missing local
+        store is refused in one line, not created: :class:`~rlcr.storage.Store`)."""
+        return cls(Store(cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url, create=create), run_id)
 
     # ---------------------------------------------------------------- config
     def check_config(self, cfg: RLCRConfig, *, lease: RunLease | None = None) -> None:

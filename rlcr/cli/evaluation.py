@@ -50,19 +50,47 @@ def _write_records(records: str, target: tuple[Any, str], rows, cfg, policy: str
     """The per-answer rows, with their provenance, to the file :func:`_records_target` checked: create-only
     (a file that appeared during the evaluation is kept, not replaced)."""
     from rlcr.rollout.records import rows_to_table, with_provenance
+    from rlcr.run_refs import task_fields
     from rlcr.storage import AlreadyExists, Store
 
     store, name = target
     if store is None:  # local: the directory is made now, after the evaluation
         store = Store(str(Path(records).expanduser().parent))
-    table = with_provenance(rows_to_table(rows), policy=policy, method=cfg.method.name, draw=draw,
-                            eval_samples=cfg.eval.samples, eval_seed=cfg.tasks.eval_seed, config_hash=cfg.config_hash())
+    table = with_provenance(rows_to_table(rows, cfg.tasks.name), policy=policy, method=cfg.method.name, draw=draw,
+                            eval_samples=cfg.eval.samples, eval_seed=cfg.tasks.eval_seed, config_hash=cfg.config_hash(),
+                            **task_fields(cfg))
     try:
         store.write_parquet(name, table, exclusive=True)
     except AlreadyExists:
         console.print(f"[red]{show(records)} appeared during the evaluation; left as it was, rows not written[/red]")
         raise typer.Exit(1)
     console.print(f"per-answer rows: {show(store.url(name))}")
+
+
+def run_task(cfg, run_id: str, overrides: list[str], option: str):
+    """``cfg`` with the task (and task options) run ``run_id`` was trained on (:func:`rlcr.run_refs.with_run_task`):
+    a line where that replaces the config's; a ``tasks.name``/``tasks.options`` on the command line that is not the
+    run's is one line naming ``option`` and both, before any work."""
+    from rlcr.cli.inputs import override_keys
+    from rlcr.run_refs import TaskMismatch, with_run_task
+    from rlcr.untrusted import InvalidInput
+
+    run = existing_run(cfg, run_id)
+    try:
+        cfg, note = with_run_task(cfg, run.stored_config(), run_id, override_keys(overrides))
+    except TaskMismatch as e:
+        raise UserError(f"{option}: {e}") from None
+    except InvalidInput as e:  # a damaged config.json of the run
+        raise UserError(f"{option}: {printable(e, 400)}") from None
+    if note:
+        console.print(note, markup=False, highlight=False)
+    return cfg
+
+
+def task_line(cfg) -> str:
+    """The line that names the task an evaluation or probe ran on, and its options."""
+    options = ", ".join(f"{k}={v!r}" for k, v in sorted(cfg.tasks.options.items()))
+    return f"task: {cfg.tasks.name}" + (f" ({options})" if options else "")
 
 
 @app.command("eval")
@@ -88,6 +116,7 @@ def evaluate(
     ref = checkpoint if checkpoint and is_run_ref(checkpoint) else None
     if ref:
         checkpoint = resolve_ref(cfg, checkpoint, "--checkpoint")
+        cfg = run_task(cfg, ref.rsplit("@", 1)[0], overrides or [], "--checkpoint")
     check_inputs(cfg, checkpoint, "--checkpoint" if checkpoint else "model")
     if checkpoint and "://" in checkpoint:
         check_storage(cfg, uri=checkpoint)
@@ -115,6 +144,7 @@ def evaluate(
         if target is not None:
             _write_records(records, target, rows, cfg, policy, draw)
         console.print(eval_table(policy, cfg.method.name, draw, m, stratum=get_task(cfg.tasks.name).stratum_label))
+        console.print(printable(task_line(cfg), 1000), markup=False, highlight=False)
 
 
 @app.command()
@@ -137,7 +167,7 @@ def compare(
     sides = (run_a, run_b)
     files = [s.endswith(".parquet") for s in sides]
     if not all(files):
-        check_storage(cfg)
+        check_storage(cfg, read_only=True)  # compare only reads: a read-only store will do
     runs, pins = zip(*((None, None) if f else _compare_side(cfg, s, name)
                        for s, f, name in zip(sides, files, ("RUN_A", "RUN_B"))))
     from rlcr.comparison import RowsRefused, compare_held_out  # torch: after the inputs are checked
@@ -148,6 +178,7 @@ def compare(
     except RowsRefused as e:
         raise typer.BadParameter(str(e), param_hint=e.param) from None
     console.print(comparison_table(run_a, run_b, result))
+    console.print(f"task: {printable(result['task'], 80)}", markup=False, highlight=False)
     for name, fields in zip("AB", result["sources"]):
         if fields:
             console.print(f"{name}: {provenance_text(fields)}")
@@ -196,10 +227,12 @@ def probe(
     elif last is None or not last.get("checkpoint_uri"):
         raise UserError(f"run {printable(repr(run_id), 140)} has no committed iteration yet: nothing to probe (train "
                         f"it first: rlcr train --run-id {printable(run_id, 140)})")
+    cfg = run_task(cfg, run_id, overrides or [], "--run-id")
     from flows.probe import rlcr_probe
 
     with quiet("probe", run_id, verbose):
         with step("probing (forced answers along the reasoning)"):
             result = rlcr_probe(config=config, overrides=list(overrides or []), run_id=run_id, iteration=iteration)
         console.print(probe_table(result))
+        console.print(printable(task_line(cfg), 1000), markup=False, highlight=False)
         console.print(f"report: [bold]{show(result['report'].get('html'))}[/bold]")

@@ -103,11 +103,13 @@ def valid_run_id(run_id: Optional[str], cfg, option: str = "--run-id") -> str:
         raise UserError(f"{option if run_id is not None else 'run_id (config)'}: {e}") from None
 
 
-def check_storage(cfg, uri: Optional[str] = None) -> None:
-    """The run's storage answers (:func:`rlcr.cluster.check_storage_reachable`, bounded), before Ray or Prefect."""
+def check_storage(cfg, uri: Optional[str] = None, *, read_only: bool = False) -> None:
+    """The run's storage answers (:func:`rlcr.cluster.check_storage_reachable`, bounded), before Ray or Prefect;
+    ``read_only``: for a command that only reads (a read-only store will do; a missing one is refused)."""
     from rlcr.cluster import check_storage_reachable
 
-    check_storage_reachable(cfg, timeout_s=float(os.environ.get("RLCR_STORAGE_CHECK_TIMEOUT_S", "15")), uri=uri)
+    check_storage_reachable(cfg, timeout_s=float(os.environ.get("RLCR_STORAGE_CHECK_TIMEOUT_S", "15")), uri=uri,
+                            read_only=read_only)
 
 
 def check_inputs(cfg, model: Optional[str] = None, option: str = "model") -> None:
@@ -135,9 +137,10 @@ def resolve_ref(cfg, ref: str, option: str) -> str:
     from rlcr.run_refs import RunRefError, resolve_checkpoint
     from rlcr.storage import Store
 
-    check_storage(cfg)
+    check_storage(cfg, read_only=True)
     try:
-        return resolve_checkpoint(Store(cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url), ref, label=option)
+        store = Store(cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url, create=False)
+        return resolve_checkpoint(store, ref, label=option)
     except RunRefError as e:
         raise UserError(str(e)) from None
 
@@ -169,9 +172,17 @@ def existing_run(cfg, run_id: str):
 
 
 def check_resume(run, cfg) -> None:
-    """A run that exists is resumed with settings that give the same results (else RunConfigMismatch)."""
+    """A run that exists is resumed with settings that give the same results (else RunConfigMismatch); a new one
+    must have an id no run reference could be mistaken for (no ``@``: :func:`rlcr.storage.validate_new_run_id`)."""
+    from rlcr.storage import validate_new_run_id
+
     if run.store.exists(run.config_rel):
         run.check_config(cfg)  # reads only: the file is there
+    elif not run.store.exists(run.prefix):
+        try:
+            validate_new_run_id(run.run_id)
+        except ValueError as e:
+            raise UserError(f"run id: {e}") from None
 
 
 def logs_line(log: Optional[Path] = None, out: Optional[Console] = None) -> str:

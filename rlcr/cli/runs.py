@@ -23,7 +23,8 @@ def runs(
     """The runs in the configured store (storage.uri): id, task, method, committed / configured iterations,
     iterations with a checkpoint, the last held-out accuracy and ECE, and the state (running, finished,
     crashed, stopped: docs/guarantees.md §1). `rlcr runs show RUN` lists one run's iterations with the
-    RUN@ITERATION references that `rlcr eval --checkpoint`, `rlcr probe --run-id` and model.name take."""
+    RUN@ITERATION references that `rlcr eval --checkpoint`, `rlcr probe --run-id` and model.name take. Reads only
+    (no lease, nothing written or created): a read-only store will do."""
     words = list(words or [])
     show_run = None
     if words and words[0] == "show":
@@ -35,12 +36,12 @@ def runs(
         raise UserError(f"rlcr runs: unexpected argument {printable(repr(bad[0]), 80)} (expected `show RUN` "
                         f"or section.field=value)")
     cfg = load(config, words)
-    check_storage(cfg)
+    check_storage(cfg, read_only=True)  # only reads: a read-only store will do, a missing one is not created
     from rlcr.run_layout import RUNS
     from rlcr.run_refs import iteration_rows, store_summaries
     from rlcr.storage import Store
 
-    store = Store(cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url)
+    store = Store(cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url, create=False)
     if show_run is None:
         rows, total = store_summaries(store)
         console.print(runs_table(rows, total, store.url(RUNS)))

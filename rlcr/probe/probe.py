@@ -175,7 +175,7 @@ def run_probe(
     task: str = "countdown",
 ) -> dict[str, Any]:
     """Probe ``tasks`` (problems of the registered task ``task``: its prompts and verifier); returns
-    ``{"settings", "tasks": [per-task records], "metrics"}``.
+    ``{"task": its name, "settings", "tasks": [per-task records], "metrics"}``.
 
     ``responses``: turn-1 responses to probe instead of sampling them (e.g. the
     same reasoning traces across checkpoints).
@@ -240,6 +240,7 @@ def run_probe(
             "gap": None if verbal is None else verbal - ys[-1],
         })
     return {
+        "task": kind.name,
         "settings": asdict(settings),
         "tasks": records,
         "metrics": summarize(records, n_resamples=settings.bootstrap_resamples, seed=settings.seed),
@@ -289,7 +290,8 @@ def probe_checkpoint(
     samples: int | None = None,
     responses: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Probe a checkpoint (local path or sealed ``s3://`` directory) with one in-process vLLM engine."""
+    """Probe a checkpoint (local path or sealed ``s3://`` directory) with one in-process vLLM engine, on the
+    config's task; the report names it and its options (``task``, ``task_options``)."""
     from transformers import AutoTokenizer
 
     from rlcr.rollout.engine import create_engine
@@ -307,6 +309,7 @@ def probe_checkpoint(
     finally:
         del llm
     report["checkpoint_uri"] = checkpoint_uri
+    report["task_options"] = dict(cfg.tasks.options)
     report["timings"]["engine_s"] = engine_s
     return report
 

@@ -20,8 +20,10 @@ import json
 import math
 import time
 from typing import Any
+from urllib.parse import quote
 
 from rlcr.run_layout import RunLayout
+from rlcr.untrusted import markdown_text
 
 __all__ = [
     "write_report", "render_html", "report_figures", "report_markdown", "latest_report", "to_json",
@@ -171,6 +173,7 @@ def render_html(report: dict[str, Any], figures: dict[str, str] | None = None) -
     e = html.escape
     s = report["settings"]
     meta = [("run", report.get("run_id", "–")), ("iteration", report.get("iteration", "–")),
+            ("task", report.get("task", "–")), ("task options", _options(report.get("task_options"))),
             ("checkpoint", report.get("checkpoint_uri", "–")), ("created (UTC)", report.get("created_at", "–")),
             ("forced-answer samples N", s["samples"]), ("truncation", s["truncation"]),
             ("temperature", s["temperature"]), ("seed", s["seed"])]
@@ -194,7 +197,7 @@ def render_html(report: dict[str, Any], figures: dict[str, str] | None = None) -
         if name in figures:
             parts.append(f"<h2>{e(name.capitalize())}</h2><p>{e(captions[name])}</p>"
                          f"<img alt='{e(name)}' src='data:image/png;base64,{figures[name]}'>")
-    countdown = all("nums" in r for r in report["tasks"])
+    countdown = report.get("task", "countdown") == "countdown" and all("nums" in r for r in report["tasks"])
     parts.append(f"<h2>Tasks</h2><table><tr><th>#</th><th>{'nums → target' if countdown else 'task'}</th>"
                  "<th>response</th><th>correct</th>"
                  "<th>verbalized</th><th>MC@0%</th><th>MC@100%</th><th>points</th><th>AOC</th></tr>")
@@ -240,10 +243,21 @@ def latest_report(store, run_id: str) -> tuple[str, dict[str, Any]] | None:
 def report_markdown(report: dict[str, Any], uris: dict[str, str]) -> str:
     """Markdown for the Prefect artifact: the metrics table and links to the report files."""
     rows = "\n".join(f"| {k} | {v} |" for k, v in _metric_rows(report))
-    link = {k: (f"file://{v}" if v.startswith("/") else v) for k, v in uris.items()}
-    return (f"# rlcr probe — run `{report.get('run_id')}`, iteration {report.get('iteration', '–')}\n\n"
-            f"checkpoint `{report.get('checkpoint_uri', '–')}`\n\n| metric | value |\n|---|---|\n{rows}\n\n"
-            f"- report: [{uris['html']}]({link['html']})\n- data: [{uris['json']}]({link['json']})\n")
+    # names, options and URIs come from configs and files: escaped (markdown_text), link targets percent-encoded
+    link = {k: quote(f"file://{v}" if v.startswith("/") else v, safe=":/?#@!$&'*+,;=%~") for k, v in uris.items()}
+    md = markdown_text
+    return (f"# rlcr probe — run {md(report.get('run_id'))}, iteration {md(report.get('iteration', '–'))}\n\n"
+            f"task {md(report.get('task', '–'))} ({md(_options(report.get('task_options')), 400)}), "
+            f"checkpoint {md(report.get('checkpoint_uri', '–'), 400)}\n\n| metric | value |\n|---|---|\n{rows}\n\n"
+            f"- report: [{md(uris['html'], 400)}](<{link['html']}>)\n"
+            f"- data: [{md(uris['json'], 400)}](<{link['json']}>)\n")
+
+
+def _options(options: Any) -> str:
+    """A report's task options as one short text (``–`` where the report names none)."""
+    if not isinstance(options, dict) or not options:
+        return "–" if options is None else "no options"
+    return ", ".join(f"{k}={v!r}" for k, v in sorted(options.items()))
 
 
 def _task_cell(r: dict, e) -> str:

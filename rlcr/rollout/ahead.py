@@ -75,17 +75,17 @@ def read_ahead(run, manifest: Mapping[str, Any] | None, prompts: Sequence[tuple[
     where = f"iteration {k - 1}'s manifest names {printable(uri, 160)}"
     if not isinstance(sha, str) or not isinstance(version, int) or isinstance(version, bool) or not 0 <= version < k:
         raise InvalidInput(f"{where}: next_rollouts_sha256/next_rollouts_version are missing or invalid")
+    from rlcr.columnar import MAX_TABLE_BYTES, read_parquet_table
+
     try:
         rel = run.store.rel(uri)
-        data = run.store.read_bytes(rel)
+        data = run.store.read_bytes(rel, max_bytes=MAX_TABLE_BYTES)  # larger: refused by its size, unread
     except FileNotFoundError:
         raise InvalidInput(f"{where}, which is gone: the rollouts it trained on next cannot be recovered") from None
     except Exception as e:  # noqa: BLE001 - a foreign URI, a folder: one line naming it
         raise InvalidInput(f"{where}, which cannot be read: {printable(str(e), 200)}") from None
     if _digest(data) != sha:
         raise InvalidInput(f"{where}, whose content is not what was written (SHA-256 differs)")
-    from rlcr.columnar import read_parquet_table
-
     rows = table_to_rows(read_parquet_table(io.BytesIO(data), run.store.url(rel)))
     _check_rows(rows, where, run_id=run.run_id, iteration=k, version=version, prompts=prompts, g_a=g_a, g_c=g_c)
     stats = {**rollout_stats(rows), "staleness": float(k - 1 - version)}

@@ -19,12 +19,14 @@ from rlcr.advantages import method_advantages
 from rlcr.rewards import accuracy_reward, answer_reward, brier_reward, parse_confidence, split_single_turn
 from rlcr.tasks.base import Task
 from rlcr.tasks.registry import get_task, load_task_plugins, task_names
-from rlcr.untrusted import InvalidInput
+from rlcr.untrusted import InvalidInput, printable
 
 __all__ = [
     "ROLLOUT_SCHEMA",
     "rollout_schema",
     "record_task",
+    "records_task_name",
+    "TASK_KEY",
     "RolloutValidationError",
     "rollout_row",
     "answer_scores",
@@ -63,38 +65,103 @@ _GENERIC_FIELDS = (
     # updates in the policy that sampled the row (k − 1 synchronous, k − 2 one step off; null: evaluation rows and
     # files from before it was recorded)
     pa.field("policy_version", pa.int32(), nullable=True),
+    # the registered task the row is a problem of, by name (null: files from before it was recorded)
+    pa.field("task_name", pa.string(), nullable=True),
 )
-_ADDED_LATER = frozenset({"policy_version"})
+_ADDED_LATER = frozenset({"policy_version", "task_name"})
 """Nullable columns that files written before them lack: read as null."""
 _TASK_COLUMNS_AT = 6
 """The task's columns come after ``sample_type`` (Countdown's ``nums``, ``target``: where they always were)."""
 
 
+TASK_KEY = b"rlcr.task"
+"""Schema metadata key of the task's name: a table or Parquet file of rows says whose rows it holds."""
+
+
 def rollout_schema(task: str | Task = "countdown") -> pa.Schema:
     """The rollout schema of ``task``: the generic fields with the task's record columns
-    (:meth:`~rlcr.tasks.base.Task.record_fields`) after ``sample_type``."""
+    (:meth:`~rlcr.tasks.base.Task.record_fields`) after ``sample_type``, and the task's name in its metadata
+    (:data:`TASK_KEY`), which Parquet keeps."""
     task = get_task(task) if isinstance(task, str) else task
-    return pa.schema([*_GENERIC_FIELDS[:_TASK_COLUMNS_AT], *task.record_fields(), *_GENERIC_FIELDS[_TASK_COLUMNS_AT:]])
+    return pa.schema([*_GENERIC_FIELDS[:_TASK_COLUMNS_AT], *task.record_fields(), *_GENERIC_FIELDS[_TASK_COLUMNS_AT:]],
+                     metadata={TASK_KEY: task.name.encode()})
 
 
 ROLLOUT_SCHEMA = rollout_schema("countdown")
 """Countdown's rollout schema (its ``nums``/``target`` columns as before the task interface)."""
 
 
-def record_task(columns: Iterable[str]) -> Task:
-    """The registered task whose record columns ``columns`` (a row's keys, a table's column names) hold;
-    Countdown first. RolloutValidationError when none fits."""
+def record_task(columns: Iterable[str], name: str | None = None) -> Task:
+    """The registered task of records with ``columns`` (a row's keys, a table's column names).
+
+    ``name``: the task the records name (:func:`records_task_name`); it must be registered and its record
+    columns present. Without one (rows or files from before records carried it) the task is guessed from the
+    columns: the one task whose record columns are exactly the columns besides the generic ones, else, of the
+    tasks whose columns they hold, the one whose columns hold every other's. Two candidates left are refused in
+    one line naming them, rather than the first taken (a plugin whose record columns are math's would otherwise
+    read math's rows as its own).
+    RolloutValidationError when none fits."""
     have = set(columns)
-    load_task_plugins()  # rows of a task from outside rlcr (docs/tasks.md): its columns are its record's
-    for name in sorted(task_names(), key=lambda n: n != "countdown"):
-        task = get_task(name)
+    if name is not None:
         try:
+            task = get_task(name)
             fields = task.record_fields()
+        except (ValueError, NotImplementedError) as e:
+            raise RolloutValidationError(f"the records name task {printable(repr(name), 60)}, which cannot read "
+                                         f"them here ({printable(e, 200)})") from None
+        missing = [f.name for f in fields if f.name not in have]
+        if missing:
+            raise RolloutValidationError(f"the records name task {name!r} but lack its columns {missing}")
+        return task
+    load_task_plugins()  # rows of a task from outside rlcr (docs/tasks.md): its columns are its record's
+    own = have - {f.name for f in _GENERIC_FIELDS}
+    holding = []
+    for candidate in task_names():
+        task = get_task(candidate)
+        try:
+            fields = _field_names(task)
         except NotImplementedError:  # a task the flow cannot run
             continue
-        if all(f.name in have for f in fields):
-            return task
+        if fields <= have:
+            holding.append((task, fields == own))
+    exact = [t for t, same in holding if same]
+    if len(exact) == 1:
+        return exact[0]
+    widest = [t for t, _ in holding if all(_field_names(u) <= _field_names(t) for u, _ in holding)]
+    if len(widest) == 1:  # qa's columns hold math's: a qa file is qa's
+        return widest[0]
+    found = [t for t, _ in holding]
+    if found:
+        raise RolloutValidationError(f"the records name no task and hold the columns of tasks "
+                                     f"{', '.join(t.name for t in found)}: which one is ambiguous")
     raise RolloutValidationError(f"rollout rows hold the columns of no registered task ({', '.join(task_names())})")
+
+
+def _field_names(task: Task) -> set[str]:
+    return {f.name for f in task.record_fields()}
+
+
+def records_task_name(records: Any) -> str | None:
+    """The task name records carry (None: records from before they carried it): a table's or schema's
+    :data:`TASK_KEY` metadata, else its ``task_name`` column's; rows' ``task_name``. Rows or a column naming
+    two tasks, or metadata and column that disagree, are refused (RolloutValidationError, one line)."""
+    if isinstance(records, (pa.Table, pa.Schema)):
+        schema = records if isinstance(records, pa.Schema) else records.schema
+        raw = (schema.metadata or {}).get(TASK_KEY)
+        names = set()
+        if isinstance(records, pa.Table) and "task_name" in records.column_names:
+            import pyarrow.compute as pc
+
+            names = {v for v in pc.unique(records.column("task_name")).to_pylist() if v is not None}
+        if raw is not None:
+            names.add(raw.decode("utf-8", "replace"))
+    else:
+        names = {r.get("task_name") for r in records} - {None}
+    if len(names) > 1:
+        shown = ", ".join(printable(repr(n), 60) for n in sorted(names))
+        raise RolloutValidationError(f"records of several tasks ({shown}): one file or evaluation holds one "
+                                     "task's rows")
+    return names.pop() if names else None
 
 
 class RolloutValidationError(ValueError):
@@ -159,6 +226,7 @@ def rollout_row(
         "reward": reward,
         "advantage": advantage,
         "policy_version": policy_version,
+        "task_name": task_name,
     }
 
 
@@ -219,25 +287,36 @@ def assign_advantages(
 
 
 def rows_to_table(rows: Iterable[dict[str, Any]], task: str | Task | None = None) -> pa.Table:
-    """Rows → pyarrow Table with the :func:`rollout_schema` of ``task`` (default: the task whose record columns
-    the rows hold, :func:`record_task`; Countdown's is :data:`ROLLOUT_SCHEMA`); missing optional fields become null."""
+    """Rows → pyarrow Table with the :func:`rollout_schema` of ``task`` (default: the task the rows name, else
+    the one whose record columns they hold, :func:`record_task`; Countdown's is :data:`ROLLOUT_SCHEMA`); missing
+    optional fields become null, and every row's ``task_name`` is the task's (a row naming another is refused)."""
     rows = list(rows)
     if task is None:
-        task = record_task(rows[0]) if rows else "countdown"
+        task = record_task(rows[0], records_task_name(rows)) if rows else "countdown"
     schema = rollout_schema(task)
-    return pa.Table.from_pylist([{f.name: r.get(f.name) for f in schema} for r in rows], schema=schema)
+    name = schema.metadata[TASK_KEY].decode()
+    other = next((r["task_name"] for r in rows if r.get("task_name") not in (None, name)), None)
+    if other is not None:
+        raise RolloutValidationError(f"a row of task {printable(repr(other), 60)} among rows of task {name!r}")
+    return pa.Table.from_pylist([{**{f.name: r.get(f.name) for f in schema}, "task_name": name} for r in rows],
+                                schema=schema)
 
 
 def table_to_rows(table: pa.Table) -> list[dict[str, Any]]:
-    """pyarrow Table (e.g. read from Parquet) → rows; checks the schema's columns are present (the task's
-    record columns: those of the registered task the table holds, :func:`record_task`)."""
-    schema = rollout_schema(record_task(table.column_names))
+    """pyarrow Table (e.g. read from Parquet) → rows, each naming its task (``task_name``); checks the schema's
+    columns are present (the task's record columns: those of the task the table names, or for a file from
+    before tables named it, the task whose columns it holds: :func:`record_task`)."""
+    task = record_task(table.column_names, records_task_name(table))
+    schema = rollout_schema(task)
     for name in sorted(_ADDED_LATER - set(table.column_names)):
         table = table.append_column(schema.field(name), pa.nulls(table.num_rows, schema.field(name).type))
     missing = [f.name for f in schema if f.name not in table.column_names]
     if missing:
         raise RolloutValidationError(f"rollout table lacks columns {missing}")
-    return table.select([f.name for f in schema]).cast(schema).to_pylist()
+    rows = table.select([f.name for f in schema]).cast(schema).to_pylist()
+    for r in rows:
+        r["task_name"] = task.name
+    return rows
 
 
 def read_records_table(source: Any, name: str) -> pa.Table:
@@ -248,18 +327,18 @@ def read_records_table(source: Any, name: str) -> pa.Table:
     import pyarrow.parquet as pq
 
     from rlcr.columnar import read_parquet_table
-    from rlcr.untrusted import printable
 
     try:
-        names = pq.ParquetFile(source).schema_arrow.names
+        schema = pq.ParquetFile(source).schema_arrow
     except (pa.ArrowException, OSError, ValueError) as e:
         raise InvalidInput(f"{printable(name)}: not a readable Parquet file ({type(e).__name__}: "
                            f"{printable(e, 160)})") from None
     try:
-        columns = [f.name for f in rollout_schema(record_task(names))]
+        columns = [f.name for f in rollout_schema(record_task(schema.names, records_task_name(schema)))]
     except RolloutValidationError as e:
         raise InvalidInput(f"{printable(name)}: {e}") from None
-    return read_parquet_table(source, name, columns=columns, required=columns)
+    columns = [c for c in columns if c in schema.names or c not in _ADDED_LATER]  # older files lack those
+    return read_parquet_table(source, name, columns=columns, required=[c for c in columns if c not in _ADDED_LATER])
 
 
 PROVENANCE_KEY = b"rlcr.provenance"

@@ -41,9 +41,9 @@ from typing import Any
 import fsspec
 
 from rlcr.storage.cache import default_cache_dir, fetch_checkpoint
-from rlcr.storage.errors import AlreadyExists, StorageError, VersionConflict
-from rlcr.storage.local import (_HOST_ID, atomic_directory, fsync_dir, pid_alive, safe_join, sweep_temporaries,
-                                temp_name)
+from rlcr.storage.errors import AlreadyExists, NoSuchStore, RefusedFile, StorageError, VersionConflict
+from rlcr.storage.local import (_HOST_ID, atomic_directory, check_store_root, fsync_dir, pid_alive, read_regular,
+                                safe_join, sweep_temporaries, temp_name)
 from rlcr.storage.seals import (COMPLETE_MARKER, MAX_FILE_BYTES, MAX_NAME_CHARS, MAX_SEAL_BYTES, MAX_SEAL_FILES,
                                 InvalidSeal, Unsealable, checkpoint_content_id, new_seal, parse_seal,
                                 read_bounded, sealable_files)
@@ -54,7 +54,12 @@ __all__ = [
     "atomic_directory", "sweep_temporaries", "default_cache_dir", "validate_run_id",
     "safe_join", "checkpoint_content_id", "pid_alive", "InvalidSeal", "Unsealable", "parse_seal", "new_seal",
     "MAX_SEAL_BYTES", "MAX_SEAL_FILES", "MAX_NAME_CHARS", "MAX_FILE_BYTES", "RUN_ID_PATTERN",
+    "RefusedFile", "NoSuchStore", "MAX_READ_BYTES", "validate_new_run_id",
 ]
+
+MAX_READ_BYTES = 512 << 20
+"""Largest file a store read takes into memory unless the caller asks for less (bytes; the decoded-size budget of a
+columnar file, :data:`rlcr.columnar.MAX_TABLE_BYTES`): a larger one is refused by its size, before it is read."""
 
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+,@ -]{0,127}")
 """Valid run ids: 1–128 characters, letters, digits and ``. _ = + , @ -`` and space, starting with a
@@ -71,6 +76,16 @@ def validate_run_id(run_id: str) -> str:
     return run_id
 
 
+def validate_new_run_id(run_id: str) -> str:
+    """:func:`validate_run_id`, and no ``@``: the id of a run being *created* must never read as a run reference
+    (``RUN@2``, ``RUN@latest``; :mod:`rlcr.run_refs`). Runs stored under such ids before stay readable."""
+    validate_run_id(run_id)
+    if "@" in run_id:
+        raise ValueError(f"invalid run id {run_id!r} for a new run: it holds '@', so it could be read as a run "
+                         "reference (RUN@ITERATION); choose an id without '@'")
+    return run_id
+
+
 def _split(uri: str) -> tuple[str, str]:
     if "://" in uri:
         protocol, rest = uri.split("://", 1)
@@ -81,8 +96,11 @@ def _split(uri: str) -> tuple[str, str]:
 class Store:
     """Artifacts under one root URI. Relative paths use ``/``."""
 
-    def __init__(self, uri: str, *, endpoint_url: str | None = None, read_timeout_s: float = 30.0):
-        """``read_timeout_s``: S3 only, how long one request waits for its answer before it is retried."""
+    def __init__(self, uri: str, *, endpoint_url: str | None = None, read_timeout_s: float = 30.0,
+                 create: bool = True):
+        """``read_timeout_s``: S3 only, how long one request waits for its answer before it is retried. ``create``:
+        a local root that is missing is created; False (a command that only reads): it must exist
+        (:class:`NoSuchStore` otherwise, and for a root under ``/proc``, ``/sys`` or ``/dev`` either way)."""
         self.uri = uri.rstrip("/") if "://" in uri else str(Path(uri).expanduser().resolve())
         self.protocol, self.root = _split(uri)
         self.endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
@@ -95,7 +113,7 @@ class Store:
             options["skip_instance_cache"] = True
         self.fs = fsspec.filesystem(self.protocol, **options)
         if self.protocol == "file":
-            self.fs.makedirs(self.root, exist_ok=True)
+            check_store_root(self.root, create=create)
 
     # ------------------------------------------------------------------ paths
     @property
@@ -215,8 +233,27 @@ class Store:
                 return False
         return self._wrap("reading", rel, run)
 
-    def read_bytes(self, rel: str) -> bytes:
-        return self._wrap("reading", rel, lambda: self.fs.cat_file(self._abs(rel)))
+    def read_bytes(self, rel: str, *, max_bytes: int = MAX_READ_BYTES) -> bytes:
+        """The bytes of ``rel``, at most ``max_bytes`` of them (``FileNotFoundError`` if it is not there).
+
+        Bounded in time and memory: locally only a regular file is read (a FIFO, a device, a link to one, a
+        kernel file is :class:`RefusedFile` by name, without blocking), and its size is checked before it is read;
+        on S3 one ranged GET asks for ``max_bytes + 1`` bytes at most. Larger: :class:`RefusedFile`, one line."""
+        path = self._abs(rel)
+        if self.is_local:
+            return read_regular(path, max_bytes, self.url(rel))
+
+        def run():
+            try:
+                data = self.fs.cat_file(path, start=0, end=max_bytes + 1)
+            except OSError as e:  # a range of an empty object is "not satisfiable"
+                if e.errno != errno.EINVAL or self.fs.info(path, refresh=True).get("size") != 0:
+                    raise
+                data = b""
+            if len(data) > max_bytes:
+                raise RefusedFile(f"{self.url(rel)}: more than the {max_bytes:,} bytes allowed; refusing to read it")
+            return data
+        return self._wrap("reading", rel, run)
 
     # ------------------------------------------------------------------ versioned (compare-and-swap) IO
     @contextlib.contextmanager
@@ -230,17 +267,22 @@ class Store:
             finally:
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
-    def read_versioned(self, rel: str) -> tuple[bytes, str]:
-        """(content, version) of ``rel``; the version changes with every write (S3: the ETag)."""
+    def read_versioned(self, rel: str, *, max_bytes: int = MAX_READ_BYTES) -> tuple[bytes, str]:
+        """(content, version) of ``rel``; the version changes with every write (S3: the ETag). Bounded as
+        :meth:`read_bytes` is (on S3 the object's size is checked before it is read)."""
         path = self._abs(rel)
         if self.is_local:
-            data = Path(path).read_bytes()
+            data = read_regular(path, max_bytes, self.url(rel))
             return data, hashlib.sha256(data).hexdigest()
 
         def run():
             for _ in range(5):  # the ETag before and after the read must agree (no write in between)
-                before = self.fs.info(path, refresh=True).get("ETag", "")
-                data = self.fs.cat_file(path)
+                info = self.fs.info(path, refresh=True)
+                before = info.get("ETag", "")
+                if (info.get("size") or 0) > max_bytes:
+                    raise RefusedFile(f"{self.url(rel)}: {info['size']:,} bytes, more than the {max_bytes:,} "
+                                      f"allowed; refusing to read it")
+                data = self.fs.cat_file(path, start=0, end=max_bytes + 1) if info.get("size") else b""
                 after = self.fs.info(path, refresh=True).get("ETag", "")
                 if before == after:
                     return data, str(after).strip('"')
@@ -254,7 +296,7 @@ class Store:
         if self.is_local:
             with self._local_lock(path):
                 try:
-                    current = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+                    current = hashlib.sha256(read_regular(path, MAX_READ_BYTES, self.url(rel))).hexdigest()
                 except FileNotFoundError:
                     current = None
                 if current != version and self._holds(rel, data):
@@ -277,10 +319,10 @@ class Store:
                 raise
         self._wrap("writing", rel, run)
 
-    def delete_if_version(self, rel: str, version: str) -> bool:
-        """Remove ``rel`` if it is still at ``version``; True if removed."""
+    def delete_if_version(self, rel: str, version: str, *, max_bytes: int = MAX_READ_BYTES) -> bool:
+        """Remove ``rel`` if it is still at ``version`` (read as :meth:`read_versioned` does); True if removed."""
         try:
-            _, current = self.read_versioned(rel)
+            _, current = self.read_versioned(rel, max_bytes=max_bytes)
         except FileNotFoundError:
             return False
         if current != version:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["StorageError", "AlreadyExists", "VersionConflict"]
+from rlcr.untrusted import InvalidInput
+
+__all__ = ["StorageError", "AlreadyExists", "VersionConflict", "RefusedFile", "NoSuchStore"]
 
 
 class StorageError(RuntimeError):
@@ -15,3 +17,13 @@ class AlreadyExists(StorageError):
 
 class VersionConflict(StorageError):
     """A compare-and-swap write found another version than the one it expected."""
+
+
+class RefusedFile(StorageError, InvalidInput):
+    """A file of the store refused before it was read: larger than the read allows, or not a regular file (a FIFO,
+    a device, a socket, a folder, a kernel file). One line naming it; a StorageError and an InvalidInput."""
+
+
+class NoSuchStore(StorageError, InvalidInput):
+    """A store location that cannot be used: missing where a command only reads (nothing is created), under
+    ``/proc``, ``/sys`` or ``/dev``, or not creatable. One line naming it."""

@@ -10,12 +10,18 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from rlcr.storage.errors import StorageError
+from rlcr.storage.errors import NoSuchStore, RefusedFile, StorageError
+from rlcr.untrusted import printable
 
-__all__ = ["safe_join", "pid_alive", "sweep_temporaries", "atomic_directory", "temp_name", "fsync_dir"]
+__all__ = ["safe_join", "pid_alive", "sweep_temporaries", "atomic_directory", "temp_name", "fsync_dir",
+           "read_regular", "KERNEL_TREES", "check_store_root"]
+
+KERNEL_TREES = ("/proc", "/sys", "/dev")
+"""Kernel file systems: their files claim a size of 0 and read without end, so no store lives or is read there."""
 
 _TEMP_TAG = ".tmp-"  # every temporary this module creates is named ".<name>.tmp-<host id>-<pid>-<random>"
 _TEMP_RE = re.compile(r"\.tmp-([0-9a-f]{12})-([0-9]{1,10})-[A-Za-z0-9_]*$")
@@ -101,6 +107,63 @@ def sweep_temporaries(root: str | Path, *, max_depth: int = 4) -> list[Path]:
 
     walk(root, 0)
     return removed
+
+
+def _in_kernel_tree(real: str) -> bool:
+    return any(real == t or real.startswith(t + "/") for t in KERNEL_TREES)
+
+
+def read_regular(path: str | Path, limit: int, source: str) -> bytes:
+    """The bytes of the local regular file ``path`` (``source``: how errors name it), at most ``limit`` of them.
+
+    Absent (or a parent that is a file): ``FileNotFoundError`` / ``NotADirectoryError``, as a read would raise.
+    Anything that is not a regular file, its links followed (a FIFO, which would block the read for ever, a
+    device such as ``/dev/zero``, which never ends, a socket, a folder, a file under ``/proc``, ``/sys`` or
+    ``/dev``), or a file larger than ``limit`` is :class:`RefusedFile`, one line naming it, decided from
+    ``stat`` before a byte is read (the open does not block, and ``fstat`` checks what was opened); no more than
+    ``limit + 1`` bytes are ever read (a file growing meanwhile)."""
+    name = printable(source, 300)
+    real = os.path.realpath(path)
+    if _in_kernel_tree(real):
+        raise RefusedFile(f"{name}: a kernel file (under /{real.split('/')[1]}); refusing to read it")
+    special = f"{name}: not a regular file (a FIFO, device, socket or folder); refusing to read it"
+    try:
+        st = os.stat(real)
+        if not stat.S_ISREG(st.st_mode):
+            raise RefusedFile(special)
+        if st.st_size > limit:
+            raise RefusedFile(f"{name}: {st.st_size:,} bytes, more than the {limit:,} allowed; refusing to read it")
+        fd = os.open(real, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # swapped for something else after the stat
+                raise RefusedFile(special)
+            data = f.read(limit + 1)
+    except (FileNotFoundError, NotADirectoryError):  # not there: the caller's answer, as a plain read gives it
+        raise
+    except OSError as e:
+        raise RefusedFile(f"{name}: cannot be read ({printable(e.strerror or type(e).__name__, 80)})") from None
+    if len(data) > limit:
+        raise RefusedFile(f"{name}: more than the {limit:,} bytes allowed; refusing to read it")
+    return data
+
+
+def check_store_root(root: str, *, create: bool) -> None:
+    """A local store's root (resolved) can be used: never under ``/proc``, ``/sys`` or ``/dev``; created if
+    ``create`` (a one-line :class:`NoSuchStore` if it cannot be), else it must already be a directory: a command
+    that only reads creates nothing, so a mistyped path is refused instead of becoming an empty store."""
+    if _in_kernel_tree(root):
+        raise NoSuchStore(f"{printable(root, 300)}: under /{root.split('/')[1]}, a kernel file system; "
+                          f"refusing it as a store")
+    if create:
+        try:
+            os.makedirs(root, exist_ok=True)
+        except OSError as e:
+            raise NoSuchStore(f"{printable(root, 300)}: cannot be created as a store "
+                              f"({printable(e.strerror or type(e).__name__, 80)})") from None
+    elif not os.path.isdir(root):
+        what = "not a directory" if os.path.exists(root) else "no such directory"
+        raise NoSuchStore(f"{printable(root, 300)}: {what}; a command that only reads creates no store "
+                          f"(check storage.uri)")
 
 
 def fsync_dir(path: str | Path) -> None:

@@ -1,6 +1,7 @@
 """Per-evidence figures of ``qa`` evaluations (docs/tasks.md, "The QA task"): ``python -m rlcr.tasks.qa_report
 A.parquet [B.parquet]`` reads the per-answer rows of ``rlcr eval --records`` (checked by
-:func:`rlcr.comparison.read_records`) and prints JSON: per evidence state, the evaluation's figures with their
+:func:`rlcr.comparison.read_records`, and to be answers to the ``qa`` task, as the rows name it) and prints JSON
+naming the task (``"task": "qa"``): per evidence state, the evaluation's figures with their
 95% bootstrap intervals over tasks (:func:`rlcr.evaluate.summarize_eval` on that stratum's rows), the mean token
 F1 of the answers (:func:`rlcr.tasks.qa.answer_f1`, which the rollout schema has no column for) and, given two
 files of the same held-out set, A − B per stratum with paired intervals
@@ -76,7 +77,7 @@ def evidence_differences(rows_a: Sequence[dict[str, Any]], rows_b: Sequence[dict
 
 
 def main(argv: Sequence[str]) -> int:
-    from rlcr.comparison import read_records
+    from rlcr.comparison import read_records, rows_task
     from rlcr.untrusted import InvalidInput, printable
 
     if len(argv) not in (1, 2):
@@ -85,12 +86,14 @@ def main(argv: Sequence[str]) -> int:
     try:
         sides = [read_records(f)[0] for f in argv]
         for f, rows in zip(argv, sides):
-            if not rows or "evidence" not in rows[0]:
-                raise InvalidInput(f"{printable(f)}: not rows of the qa task (no 'evidence' column)")
+            task = rows_task(rows, f) if rows else None
+            if task != "qa":
+                raise InvalidInput(f"{printable(f)}: not rows of the qa task ("
+                                   f"{'no rows' if task is None else f'rows of task {printable(repr(task), 60)}'})")
     except InvalidInput as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    report: dict[str, Any] = {"A": evidence_figures(sides[0])}
+    report: dict[str, Any] = {"task": "qa", "A": evidence_figures(sides[0])}
     if len(sides) == 2:
         report["B"] = evidence_figures(sides[1])
         report["A-B"] = evidence_differences(sides[0], sides[1])
