@@ -3,14 +3,15 @@ the process that started it.
 
 Prefect starts that server as a child process and stops it at exit (``atexit``). A process killed with SIGKILL
 runs no exit handler: the server would be left running under init, forever. So :func:`start_guarded_server`
-starts it up front (the flow's Prefect clients then use this one) and starts a watchdog beside it: a small
-process in its own session that holds the read end of a pipe whose write end only this process holds. When this
-process ends, however it ends, the kernel closes that end; the watchdog reads end-of-file and stops the server
-(SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`). The watchdog addresses the server through a pidfd opened
-while the server was certainly alive (this process's unreaped child), so a reused process id is never
-signalled.
+starts a watchdog first, then the server (the flow's Prefect clients then use this one). The watchdog is a small
+process in its own session that holds the read end of a pipe whose write end only this process holds, and that
+watches this process's children every :data:`POLL_S` seconds: each Prefect server among them it addresses through
+a pidfd opened while the server was certainly alive (this process's child), so a reused process id is never
+signalled. When this process ends, however it ends, the kernel closes the pipe's write end; the watchdog reads
+end-of-file and stops the servers it saw (SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`). Only a server
+started less than :data:`POLL_S` before a SIGKILL can escape it.
 
-Run as ``python -m rlcr.prefect_server PID`` it is that watchdog.
+Run as ``python -m rlcr.prefect_server PID`` it is the watchdog of process PID's Prefect servers.
 """
 
 from __future__ import annotations
@@ -22,10 +23,16 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["start_guarded_server", "watch", "STOP_GRACE_S"]
+__all__ = ["start_guarded_server", "guard", "watch", "STOP_GRACE_S", "POLL_S", "READY_WAIT_S"]
 
 STOP_GRACE_S = 10.0
 """Seconds the server is given to stop after SIGTERM before SIGKILL."""
+POLL_S = 0.05
+"""How often the watchdog looks for new Prefect servers among the guarded process's children."""
+READY_WAIT_S = 10.0
+"""Longest wait for the watchdog to say it is watching, before the server is started anyway."""
+_SERVER_MARK = b"prefect.server.api.server"
+"""What a Prefect API server's command line holds (``uvicorn … --factory prefect.server.api.server:create_app``)."""
 
 _GUARDS: list[Any] = []
 """The watchdogs this process started (kept: their pipe's write end must stay open for the process's life)."""
@@ -40,40 +47,81 @@ def start_guarded_server() -> Any:
 
     if PREFECT_API_URL.value():
         return None
+    guard(os.getpid())
     server = SubprocessASGIServer()
     server.start()
-    if server.server_process is not None:
-        guard(server.server_process.pid)
     return server
 
 
 def guard(pid: int) -> subprocess.Popen:
-    """Start the watchdog of process ``pid`` (a child of this process): it stops ``pid`` once this process has
-    ended. The watchdog runs in its own session, so a Ctrl-C at the terminal does not stop it first."""
+    """Start the watchdog of the Prefect servers that process ``pid`` (this process) starts: it stops them once
+    this process has ended. The watchdog runs in its own session, so a Ctrl-C at the terminal does not stop it
+    first."""
+    import select
+
     watchdog = subprocess.Popen([sys.executable, "-m", "rlcr.prefect_server", str(pid)], stdin=subprocess.PIPE,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
                                 close_fds=True)
     _GUARDS.append(watchdog)
+    select.select([watchdog.stdout], [], [], READY_WAIT_S)  # watching before the server starts (bounded wait)
+    watchdog.stdout.close()
     return watchdog
 
 
-def watch(pid: int) -> None:
-    """The watchdog's body: wait for end-of-file on stdin (the starting process has ended), then stop ``pid``."""
+def watch(parent: int) -> None:
+    """The watchdog's body: until end-of-file on stdin (the starting process has ended), keep a pidfd of each
+    Prefect server among ``parent``'s children; then stop them."""
+    import select
+
+    handles: dict[int, int] = {}
     try:
-        handle = os.pidfd_open(pid)
-    except (OSError, AttributeError):
-        return  # already gone (or no pidfd on this system: nothing safe to signal)
-    try:
-        while sys.stdin.buffer.read(65536):
-            pass
-        _signal(handle, signal.SIGTERM)
+        os.write(1, b"ready\n")
+        os.close(1)
+        while True:
+            ready, _, _ = select.select([sys.stdin.buffer], [], [], POLL_S)
+            if ready and not os.read(sys.stdin.fileno(), 65536):
+                break
+            for pid in _servers_of(parent):
+                if pid not in handles:
+                    try:
+                        handles[pid] = os.pidfd_open(pid)
+                    except OSError:
+                        pass
+        for handle in handles.values():
+            _signal(handle, signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
-        while time.monotonic() < deadline and _alive(handle):
+        while time.monotonic() < deadline and any(_alive(h) for h in handles.values()):
             time.sleep(0.1)
-        if _alive(handle):
-            _signal(handle, signal.SIGKILL)
+        for handle in handles.values():
+            if _alive(handle):
+                _signal(handle, signal.SIGKILL)
     finally:
-        os.close(handle)
+        for handle in handles.values():
+            os.close(handle)
+
+
+def _servers_of(parent: int) -> list[int]:
+    """The children of ``parent`` that are Prefect API servers (from ``/proc``: its threads' lists of children where
+    the kernel keeps them, else every process's parent id)."""
+    pids: set[int] = set()
+    try:
+        for thread in os.listdir(f"/proc/{parent}/task"):  # a child is listed under the thread that started it
+            with open(f"/proc/{parent}/task/{thread}/children") as f:
+                pids.update(int(p) for p in f.read().split())
+    except (OSError, ValueError):
+        pids = {int(p) for p in os.listdir("/proc") if p.isdigit()}
+    found = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(") ", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == parent and _SERVER_MARK in cmdline:
+            found.append(pid)
+    return found
 
 
 def _signal(handle: int, sig: int) -> None:

@@ -4,11 +4,13 @@ Prefect server), YAML merge keys, look-alike field names, unsolvable Countdown o
 import os
 import signal
 import subprocess
+import tempfile
 import sys
 import threading
 import time
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -176,23 +178,57 @@ def test_an_abandoned_tracker_call_stops_downloading_an_endless_body(tmp_path):
         server.server_close()
 
 
-def test_the_temporary_prefect_server_dies_with_a_sigkilled_rlcr(tmp_path):
-    """Item 15: Prefect stops its temporary server at exit; a SIGKILLed ``rlcr train`` left it under init."""
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path), "PREFECT_API_URL": ""}
-    code = ("import os, time\nos.environ.pop('PREFECT_API_URL', None)\n"
-            "from rlcr.prefect_server import start_guarded_server\ns = start_guarded_server()\n"
-            "print(s.server_process.pid, flush=True)\ntime.sleep(600)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        pid = int(proc.stdout.readline())
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and _running(pid):
-            time.sleep(0.5)
-        assert not _running(pid), "the Prefect server outlived its rlcr"
-    finally:
-        proc.kill()
+def _prefect_servers_of(parent: int) -> list[int]:
+    """The pids of Prefect API servers (uvicorn on Prefect's app) whose parent is ``parent``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(") ", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == parent and b"prefect.server.api.server" in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def test_the_temporary_prefect_server_dies_with_a_sigkilled_rlcr_train(tmp_path, tiny_model_dir):
+    """Item 15: Prefect stops its temporary server at exit; a SIGKILLed ``rlcr train`` left it running under
+    init, forever. The real command: once its server is up, ``rlcr train`` is SIGKILLed; the server must end."""
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RAY_", "PREFECT_")) and k not in ("RLCR_LOG_DIR", "DO_NOT_TRACK")}
+    with tempfile.TemporaryDirectory(prefix="rlcr-k-", dir="/tmp") as tmp:  # short: Ray's socket paths
+        env.update(PYTHONPATH=str(root), RAY_TMPDIR=tmp, PREFECT_HOME=str(Path(tmp) / "prefect"),
+                   RLCR_RAY_DASHBOARD="0")
+        proc = subprocess.Popen([sys.executable, "-m", "rlcr.cli", "train", "--config", str(root / "configs" / "tiny.yaml"),
+                                 "--run-id", "killed", f"model.name={tiny_model_dir}", f"storage.uri={tmp_path / 'store'}"],
+                                cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        servers: list[int] = []
+        try:
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline and not servers and proc.poll() is None:
+                time.sleep(0.2)
+                servers = _prefect_servers_of(proc.pid)
+            assert servers, "rlcr train started no Prefect server of its own"
+            time.sleep(1.0)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and any(map(_running, servers)):
+                time.sleep(0.5)
+            assert not any(map(_running, servers)), "the Prefect server outlived its rlcr train"
+        finally:
+            for pid in [proc.pid, *servers]:
+                try:
+                    os.killpg(pid, signal.SIGKILL) if pid == proc.pid else os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
 
 
 def _running(pid):
