@@ -169,7 +169,25 @@ class BoundedVerifier(WorkerProcess):
         source = Path(__file__).with_name("verify_worker.py").read_text(encoding="utf-8")
         path = json.dumps([os.path.abspath(p) if p else os.getcwd() for p in sys.path])
         # isolated (-I): neither the working directory nor PYTHONPATH can shadow a module the worker runs on
-        return [sys.executable, "-I", "-c", source, self.target, path, str(self.memory_bytes)]
+        return [sys.executable, "-I", "-c", source, self.target, path, str(self.memory_bytes), self._module_file()]
+
+    def _module_file(self) -> str:
+        """The file the target's module was imported from in this process when that is how the worker must load
+        it too: a task file given by path (``tasks.module: ./mytask.py``), whose folder is on no ``sys.path``.
+        Empty when the module is importable by name (or not imported here)."""
+        from importlib.machinery import PathFinder
+
+        name = self.target.partition(":")[0]
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if "." in name or not isinstance(file, str) or not os.path.isfile(file):
+            return ""
+        try:
+            found = PathFinder.find_spec(name)  # on sys.path, as the worker would find it (not sys.modules)
+        except (ImportError, ValueError):
+            found = None
+        if found is not None and found.origin and os.path.abspath(found.origin) == os.path.abspath(file):
+            return ""
+        return os.path.abspath(file)
 
     def _not_started(self) -> str:
         return (f"the verifier {self.target!r} did not start in its worker (can it be imported, and within "

@@ -1,10 +1,11 @@
 """The worker process of :class:`rlcr.tasks.verify.BoundedVerifier` (run by it, never imported by a run).
 
-Started as ``python -I -c <this file's source> <function> <sys.path as JSON> <memory bytes>``, in a session of its
-own: isolated, so neither the working directory nor ``PYTHONPATH`` can shadow the standard modules it runs on (a
-``resource.py`` in the working directory cannot lift its memory limit). It imports only the standard library,
-then the verifier function (``module:name``) from the caller's ``sys.path`` with the standard library's
-directories first, under an address-space limit.
+Started as ``python -I -c <this file's source> <function> <sys.path as JSON> <memory bytes> <module file>``, in a
+session of its own: isolated, so neither the working directory nor ``PYTHONPATH`` can shadow the standard modules it
+runs on (a ``resource.py`` in the working directory cannot lift its memory limit). It imports only the standard
+library, then the verifier function (``module:name``) from the caller's ``sys.path`` with the standard library's
+directories first — or, where ``<module file>`` is given (a task file the caller loaded by path, whose folder is on
+no ``sys.path``), from that file — under an address-space limit.
 
 The channel (:mod:`rlcr.tasks.worker_process`): its first line of input is the parent's nonce; it then moves the
 pipes off file descriptors 0 and 1 (``/dev/null`` from then on), so nothing the function prints, writes to fd 1
@@ -67,12 +68,21 @@ def _end_group() -> None:
 def _serve(requests, replies, nonce: str) -> None:
     logging.disable(logging.CRITICAL)
     target, path, limit = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+    file = sys.argv[4] if len(sys.argv) > 4 else ""
     stdlib = [p for p in sys.path if os.path.basename(p) not in ("site-packages", "dist-packages")]
     sys.path[:] = stdlib + [p for p in path if isinstance(p, str) and p not in stdlib]
     _limit_memory(limit)
     try:
         module, _, name = target.partition(":")
-        function = importlib.import_module(module)
+        if file:  # a task file given by path: loaded from that file, as the parent loaded it
+            from importlib.util import module_from_spec, spec_from_file_location
+
+            spec = spec_from_file_location(module, file)
+            function = module_from_spec(spec)
+            sys.modules[module] = function
+            spec.loader.exec_module(function)
+        else:
+            function = importlib.import_module(module)
         for part in name.split("."):
             function = getattr(function, part)
     except BaseException:  # noqa: BLE001  (the parent says the function cannot be imported)
