@@ -30,7 +30,8 @@ def deployments(config: str | None = None, probe_cron: str | None = None):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", help="default config file for the deployments' runs")
-    ap.add_argument("--probe-cron", help="cron (UTC) of the nightly probe; default: the config's probe_cron")
+    ap.add_argument("--probe-cron", help="cron (UTC) of the nightly probe; default: the config's probe.cron "
+                                         "(03:00 UTC unless set)")
     a = ap.parse_args()
     serve(*deployments(a.config, a.probe_cron))
 

@@ -56,7 +56,7 @@ def test_the_quick_start_shows_the_makefiles_targets_and_the_demos_store():
     others = [shlex.split(c) for c in commands if not c.startswith("make")]
     assert len(others) == 1 and others[0][:2] == [".venv/bin/mlflow", "ui"], others
     store = dict(RLCRConfig.dotted_fields())["storage.uri"].default.removeprefix("./")
-    assert others[0][2:] == ["--backend-store-uri", f"sqlite:///{store}/{LOCAL_DB}"]
+    assert others[0][2:] == ["--workers", "1", "--backend-store-uri", f"sqlite:///{store}/{LOCAL_DB}"]
     assert (VENV_BIN / "mlflow").exists() or not (VENV_BIN / "rlcr").exists()  # what `make setup` installs
 
 
@@ -84,7 +84,8 @@ def dry_run(clone: Path, target: str) -> list[str]:
 
 # Every set-up step of a clean clone: create .venv, install into it (its own pip), check it, stamp it.
 SETUP_STEP = re.compile(r"^(test -x \.venv/bin/python \|\| python3 -m venv \.venv|\.venv/bin/python -m pip .*"
-                        r"|if \[ \"\w+\" = cpu \]; then \.venv/bin/python -m pip uninstall .*"
+                        r"|TORCH=\$\(grep -m1 -E '\^torch==' requirements/\w+\.txt\) && \{ \.venv/bin/python -m pip "
+                        r"install .*"
                         r"|\.venv/bin/python -c \"import .*|touch \.venv/\.setup-done)$")
 
 
