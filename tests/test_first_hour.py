@@ -22,3 +22,23 @@ def test_the_readmes_mlflow_command_runs_one_worker():
     """``mlflow ui`` starts 4 workers by default; on a loaded 2-core machine the page died until ``--workers 1``."""
     line = next(x for x in (ROOT / "README.md").read_text().splitlines() if "mlflow ui" in x and x.startswith("."))
     assert re.search(r"mlflow ui .*--workers 1\b", line), line
+
+
+def _config_show(*args: str) -> str:
+    res = subprocess.run([sys.executable, "-m", "rlcr.cli", "config", "show", *args], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 2, res.stdout + res.stderr
+    (line,) = [x for x in (res.stdout + res.stderr).splitlines() if x.strip()]
+    return line
+
+
+def test_a_task_option_typo_is_attributed_to_where_it_was_set(tmp_path):
+    """A typo on the command line was blamed on the config file ("… in the config file"), with a stray
+    "did you mean 'tasks.options'" after the task's own, right, suggestion."""
+    line = _config_show("--config", "configs/tiny.yaml", "tasks.options.max_lne=3")
+    assert "set on the command line: tasks.options.max_lne=3" in line and "in the config file" not in line
+    assert line.count("did you mean") == 1 and "'tasks.options.max_count'" in line
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("tasks:\n  options:\n    max_lne: 3\n")
+    line = _config_show("--config", str(typo))
+    assert line.endswith("in the config file") and "command line" not in line and line.count("did you mean") == 1

@@ -80,12 +80,13 @@ def _did_you_mean(name: str) -> str:
 
 
 def _explained(message: str, config: Optional[str], keys: dict[str, str]) -> str:
-    """A :class:`~rlcr.config.ConfigError`'s message with where each named field was set: an unknown field can
-    only be the file's (the command line's were checked first); a field's bad value, the command line's when
-    an argument set it (the field or its whole section)."""
+    """A :class:`~rlcr.config.ConfigError`'s message with where each named field was set: an unknown field is the
+    file's unless the command line set it (a task option: the command line's names are checked against the task
+    only with the config); a field's bad value, the command line's when an argument set it (the field or its whole
+    section)."""
     names = re.findall(r"unknown field '([^']*)'", message)
-    if names and config is not None:
-        return f"{message} in the config file{_did_you_mean(names[0])}"
+    if names and not any(names[0] == k or names[0].startswith(k + ".") for k in keys) and config is not None:
+        return f"{message} in the config file" + ("" if "did you mean" in message else _did_you_mean(names[0]))
     named = re.findall(r"field '([^']*)'", message) + re.findall(r"\b([a-z]+\.[a-z_]+)\b", message)
     fields = list(dict.fromkeys(k for k in keys for f in named if f == k or f.startswith(k + ".")))
     if fields:
