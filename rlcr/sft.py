@@ -26,7 +26,24 @@ from rlcr.seeds import sft_seed
 from rlcr.tasks.registry import get_task
 from rlcr.tasks.sets import sft_tasks
 
-__all__ = ["task_examples", "sft_rows", "sft_update_config", "warm_start", "run_sft"]
+__all__ = ["task_examples", "sft_rows", "sft_update_config", "warm_start", "run_sft", "check_warm_start",
+           "NoWarmStart"]
+
+
+class NoWarmStart(ValueError):
+    """The run's task writes no warm-start traces."""
+
+
+def check_warm_start(cfg) -> None:
+    """Refuse, in one line naming the method, a task that defines neither ``warm_start`` nor
+    ``warm_start_examples``: it has no worked traces, so ``rlcr sft`` has nothing to train on (before any work)."""
+    from rlcr.tasks.base import Task
+
+    task = get_task(cfg.tasks.name)
+    kind = type(task)
+    if kind.warm_start is Task.warm_start and kind.warm_start_examples is Task.warm_start_examples:
+        raise NoWarmStart(f"task {task.name!r} defines no warm_start(problem, rng), so it has no worked traces for "
+                          f"the SFT warm-start (docs/tasks.md, 'warm_start'): add one, or train without a warm-start")
 
 
 def task_examples(cfg, n_tasks: int, seed: int) -> list[dict[str, Any]]:
@@ -34,6 +51,7 @@ def task_examples(cfg, n_tasks: int, seed: int) -> list[dict[str, Any]]:
     ``n_tasks`` problems of the run's training pool (:func:`rlcr.tasks.sets.sft_tasks`): two per problem (turn 1,
     turn 2), then, with ``cfg.sft.single_turn``, one more per problem in the one-turn format. ``loss_from``: the
     character of ``completion`` where the loss starts (0: all of it)."""
+    check_warm_start(cfg)
     return get_task(cfg.tasks.name).warm_start_examples(sft_tasks(cfg, n_tasks), seed, single_turn=cfg.sft.single_turn)
 
 

@@ -3,6 +3,7 @@ that work as written."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -42,3 +43,20 @@ def test_a_task_option_typo_is_attributed_to_where_it_was_set(tmp_path):
     typo.write_text("tasks:\n  options:\n    max_lne: 3\n")
     line = _config_show("--config", str(typo))
     assert line.endswith("in the config file") and "command line" not in line and line.count("did you mean") == 1
+
+
+def test_sft_on_a_task_without_warm_start_names_the_method(tmp_path):
+    """``rlcr sft`` on a task with no ``warm_start`` was a traceback that did not name the method; now one line,
+    exit 2, before any work (the example package's task, which has none)."""
+    task_file = tmp_path / "nows_task.py"
+    task_file.write_text("from rlcr.tasks.base import register_task\nfrom rlcr_sumlist.task import SumList\n\n\n"
+                         "@register_task('sumlist')\nclass Registered(SumList):\n    pass\n")
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'examples' / 'sumlist'}{os.pathsep}{ROOT}"}
+    res = subprocess.run([sys.executable, "-m", "rlcr.cli", "sft", "--config", str(ROOT / "configs" / "tiny.yaml"),
+                          "tasks.name=sumlist", f"tasks.module={task_file}", "model.name=tiny",
+                          f"storage.uri={tmp_path / 'store'}"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    lines = [x for x in (res.stdout + res.stderr).splitlines() if x.strip()]
+    assert res.returncode == 2 and len(lines) == 1, res.stdout + res.stderr
+    assert "warm_start" in lines[0] and "'sumlist'" in lines[0]
+    assert not (tmp_path / "store").exists()

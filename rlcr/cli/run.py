@@ -131,9 +131,14 @@ def sft(
 ):
     """Format warm-start: supervised training on solver traces (both turns); prints the checkpoint URI.
     Its settings are the config's sft.* fields (--tasks and --epochs override sft.tasks and sft.epochs)."""
-    from rlcr.sft import run_sft
+    from rlcr.cli.app import UserError
+    from rlcr.sft import NoWarmStart, check_warm_start, run_sft
 
     cfg = load(config, [*(overrides or []), *sft_overrides(tasks, epochs)])
+    try:
+        check_warm_start(cfg)
+    except NoWarmStart as e:
+        raise UserError(f"rlcr sft: {e}") from None
     check_inputs(cfg)
     check_storage(cfg, uri=out)
     with quiet("sft", None, verbose):
