@@ -115,7 +115,8 @@ def check_storage(cfg, uri: Optional[str] = None, *, read_only: bool = False) ->
 
 def check_inputs(cfg, model: Optional[str] = None, option: str = "model") -> None:
     """What the run reads is there, before Ray starts: the model (a checkpoint directory with a tokenizer and a
-    chat template, or a hub id the hub answers for: :func:`rlcr.model_source.check_model`), the task files."""
+    chat template, or a hub id the hub answers for: :func:`rlcr.model_source.check_model`), the task files, and the
+    task itself (:func:`rlcr.tasks.preflight.check_task`: its methods on one problem of its sets)."""
     from rlcr.model_source import ModelSourceError, check_model
     from rlcr.run_refs import is_run_ref
 
@@ -126,10 +127,18 @@ def check_inputs(cfg, model: Optional[str] = None, option: str = "model") -> Non
         check_model(model, chat_template=cfg.model.chat_template, label=option)
     except ModelSourceError as e:
         raise UserError(str(e)) from None
+    remote = False
     for name in ("tasks.train_file", "tasks.eval_file"):
         path = cfg.get(name)
+        remote = remote or (path is not None and "://" in path)
         if path is not None and "://" not in path and not Path(path).is_file():
             raise UserError(f"{name} {printable(path, 300)}: no such file")
+    from rlcr.tasks.preflight import TaskCheckError, check_task
+
+    try:  # the task's own mistakes, now rather than after Ray and the engines started (task files on S3: the run's)
+        check_task(cfg, sets=not remote)
+    except TaskCheckError as e:
+        raise UserError(str(e)) from None
 
 
 def resolve_ref(cfg, ref: str, option: str) -> str:

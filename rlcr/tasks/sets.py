@@ -165,9 +165,10 @@ def held_out_set(cfg: RLCRConfig, train: Sequence[Any]) -> list[Any]:
 def _count_quota(cfg: RLCRConfig) -> dict[Any, int]:
     """Held-out tasks per stratum with ``tasks.eval_stratify_counts`` (equal shares of ``tasks.num_eval`` over the
     task's :meth:`~rlcr.tasks.base.Task.strata`, the remainder to the first ones; Countdown: the number counts,
-    smallest first); empty (no quota) without it or with a single stratum."""
+    smallest first); empty (no quota) without it, or with a single stratum or none (a task whose generation draws
+    no strata: :meth:`~rlcr.tasks.base.Task.strata` empty)."""
     counts = list(_task(cfg).strata(cfg))
-    if not cfg.tasks.eval_stratify_counts or len(counts) == 1:
+    if not cfg.tasks.eval_stratify_counts or len(counts) <= 1:
         return {}
     share, extra = divmod(cfg.tasks.num_eval, len(counts))
     return {c: share + (i < extra) for i, c in enumerate(counts)}
