@@ -181,8 +181,11 @@ class RunStore(RunLayout):
             stored = nested_from_flat(saved["config"])  # a run stored before the sections: flat names
             details = ", ".join(f"{k}: {printable(repr(_dotted(stored, k)), 60)} → {_dotted(current, k)!r}"
                                 for k in diff)
-            raise RunConfigMismatch(f"run {self.run_id!r} was started with other settings ({details}); "
-                                    "use a new run_id or the original config")
+            fix = "use a new run_id or the original config"
+            if self.last_committed() is None:  # a start that failed: nothing of it is worth keeping
+                fix = (f"it has no committed iteration, so nothing is lost by discarding it: delete "
+                       f"{printable(self.store.url(self.prefix), 300)} and start again, or {fix}")
+            raise RunConfigMismatch(f"run {self.run_id!r} was started with other settings ({details}); {fix}")
 
     def record_initial_model(self, doc: dict[str, Any], *, lease: RunLease | None = None) -> dict[str, Any]:
         """Record the run's initial model (:meth:`initial_model`), create-only, under ``lease``; returns the
