@@ -74,7 +74,13 @@ def lock_pins(name: str) -> dict[str, Version]:
 
 
 def installed() -> dict[str, Version]:
-    return {canonicalize_name(d.metadata["Name"]): Version(d.version) for d in importlib.metadata.distributions()}
+    """The distributions installed in the environment's site-packages (not those a library vendors: importing
+    setuptools puts its ``_vendor`` folder, with its own dist-infos, on ``sys.path``)."""
+    import sysconfig
+
+    paths = list(dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib")))
+    return {canonicalize_name(d.metadata["Name"]): Version(d.version)
+            for d in importlib.metadata.distributions(path=paths)}
 
 
 def test_every_installed_distribution_is_locked():

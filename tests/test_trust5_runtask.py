@@ -3,8 +3,6 @@ so), and records carry their task by name (an installed plugin with another task
 
 from __future__ import annotations
 
-import gc
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -137,33 +135,51 @@ def test_a_run_reference_brings_its_task_and_a_contradiction_is_refused(tmp_path
                       count_run.stored_config(), "counts", ["tasks.options.max_count"])
 
 
+PROBE_SCRIPT = """
+import json, sys
+from rlcr.tasks.base import register_task
+from rlcr.tasks.countdown_task import Countdown
+
+register_task("twincount")(type("TwinCount", (Countdown,), {}))  # a plugin task, in the probing process
+from flows.probe import rlcr_probe
+
+out = rlcr_probe(overrides=json.loads(sys.argv[1]), run_id="trained", num_tasks=2, samples=2)  # the config: countdown
+print("RESULT " + json.dumps(out, default=str))
+"""
+
+
 def test_the_probe_flow_probes_a_run_on_its_own_task_and_the_report_names_it(registered, tiny_model_dir, tmp_path,
-                                                                            prefect_harness, monkeypatch):
+                                                                            prefect_harness):
     """Finding: the nightly probe (flows/probe.py) probed a run trained on a plugin task on the config's task,
     stored that report in the run and attached it to its MLflow run, naming no task. It probes the run's task
     with the run's options now (here: only 2-number problems), and the report, its HTML and the MLflow params
-    name them."""
-    import rlcr.rollout.engine
-    from flows.probe import rlcr_probe
+    name them. The flow runs in a process of its own (its in-process vLLM engine: one per process, none left
+    from other tests), against this session's Prefect API."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
     from mlflow.tracking import MlflowClient
+    from prefect.settings import PREFECT_API_URL
 
     from rlcr.probe.report import latest_report
-    from rlcr.rollout.engine import create_engine
 
-    registered("twincount", Countdown)  # a plugin task, in this process (the probe's engine is in-process)
+    registered("twincount", Countdown)  # the run's config names it: registered here to record the run
     run_cfg = _tiny(tiny_model_dir, tmp_path / "store", tasks={"name": "twincount",
                                                                 "options": {"min_count": 2, "max_count": 2}})
     run = _stored_run(tmp_path, run_cfg, tiny_model_dir)
-    engine = create_engine(tiny_model_dir, run_cfg, seed=3)
-    monkeypatch.setattr(rlcr.rollout.engine, "create_engine", lambda path, cfg, seed: engine)
     overrides = {k: run_cfg.get(k) for k in ("storage.uri", "model.name", "rollout.temperature",
                                              "rollout.max_answer_tokens", "rollout.max_confidence_tokens",
                                              "engine.max_model_len", "engine.kv_cache_gib", "run.seed")}
-    try:
-        out = rlcr_probe(overrides=overrides, run_id="trained", num_tasks=2, samples=2)  # the config: countdown
-    finally:
-        del engine
-        gc.collect()
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(root)}
+    res = subprocess.run([sys.executable, "-c", PROBE_SCRIPT, json.dumps(overrides)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=900)
+    (line,) = [x for x in res.stdout.splitlines() if x.startswith("RESULT ")] or [None]
+    assert res.returncode == 0 and line, (res.stdout[-2000:], res.stderr[-4000:])
+    out = json.loads(line.removeprefix("RESULT "))
     assert out["task"] == "twincount" and out["task_options"]["max_count"] == 2
     _, rep = latest_report(run.store, "trained")
     assert rep["task"] == "twincount" and rep["task_options"] == run_cfg.tasks.options

@@ -68,7 +68,7 @@ def test_a_timed_out_attempt_is_neither_cached_nor_retried_past_once():
 
 def _hostile(k: int) -> str:
     """64 distinct hostile answers: slow ones that pass the cheap checks, and the checks' former bypasses."""
-    return [f"(x+{k})^{{999}}", f"(k^{{99{k:02d}}})^{{9999}}", f"{k}^{{9}}^{{9}}", "}" * 12 + "{" * 20 + str(k)
+    return [f"(x+y+{k})^{{100}}", f"(k^{{99{k:02d}}})^{{9999}}", f"{k}^{{9}}^{{9}}", "}" * 12 + "{" * 20 + str(k)
             + "}" * 20, f"){k}", f"({k}!)!"][k % 6]
 
 
