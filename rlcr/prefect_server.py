@@ -49,8 +49,25 @@ def start_guarded_server() -> Any:
         return None
     guard(os.getpid())
     server = SubprocessASGIServer()
-    server.start()
+    spawn = getattr(server, "_run_uvicorn_command", None)
+    if callable(spawn):  # the server starts with SIGINT blocked: a Ctrl-C at the terminal is rlcr's to handle
+        server._run_uvicorn_command = lambda: _without_sigint(spawn)
+        server.start()
+    else:  # pragma: no cover — another Prefect: SIGINT waits while the server starts
+        _without_sigint(server.start)
     return server
+
+
+def _without_sigint(spawn):
+    """``spawn()`` with SIGINT blocked in this thread, so the processes it starts inherit the block: the terminal's
+    Ctrl-C (sent to the whole foreground process group) reaches rlcr, which stops the flow while the server still
+    answers (a server stopped first turns every Prefect call of the unwinding flow into a minute of retries and
+    tracebacks). The server is stopped at exit by Prefect, or by the watchdog."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return spawn()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def guard(pid: int) -> subprocess.Popen:

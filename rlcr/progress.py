@@ -133,6 +133,8 @@ class StageProgress:
         self.current_label = ""  # on a terminal: the description of the stage running
         self.lines = ProgressLines(self.console, "progress")
         self.task = self.progress.add_task("iterations", total=total, completed=start - 1)
+        self.committed = start - 1  # the iterations committed (the bar's count: a staged one is not yet)
+        self.running: Optional[tuple[str, int]] = None  # the (stage, iteration) started last
         self.current: Optional[tuple[str, int, float]] = None  # (stage, iteration, started at)
         self.beside: Optional[tuple[str, int, float]] = None  # one-step-off: rollouts running beside the update
         self.iteration_t0: dict[int, float] = {}
@@ -152,17 +154,36 @@ class StageProgress:
         if not self.plain:
             self.progress.stop()
             return
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            return  # the interrupt's own lines say what stopped (rlcr.cli.interrupt)
         self._safely(self._finish, time.perf_counter(), exc)
         took = elapsed(time.perf_counter() - self.t0)
         plain(self.console, f"{self.title}: failed after {took} ({exc_type.__name__})" if exc_type
                else f"{self.title}: done in {took}")
 
+    def stop_display(self) -> None:
+        """Stop the live bar where it stands (a Ctrl-C: the lines that follow are the interrupt's)."""
+        if not self.plain:
+            self.progress.stop()
+
+    def doing(self) -> str:
+        """What the flow is doing now, as a phrase (``iteration 3's update``), for the interrupt's line."""
+        if self.running is None:
+            return "start-up"
+        stage, iteration = self.running
+        if not iteration:
+            return "the baseline evaluation" if stage in ("baseline", "evaluate") else "start-up"
+        return f"iteration {iteration}'s {self.DOING.get(stage, stage)}"
+
+    DOING = {"rollouts": "generation", "advantages": "advantages", "update": "update", "sync_weights": "weight sync",
+             "evaluate": "held-out evaluation", "stage": "metrics", "save": "save", "saved": "save",
+             "commit": "commit"}
+
     def __call__(self, stage: str, iteration: int) -> None:
+        self.running = (stage, iteration)
         if self.plain:
             self._safely(self._plain_event, stage, iteration)
             return
-        if stage == "stage":  # the iteration's work is done (committed with the next save)
-            self.progress.advance(self.task)
         label = self.LABELS.get(stage, stage)
         self.current_label = f"iteration {iteration}: {label}" if iteration else label
         self.progress.update(self.task, description=self.current_label)
@@ -176,8 +197,13 @@ class StageProgress:
             self._safely(self._startup, event)
         elif event.phase == "start":
             self(event.stage, event.iteration)
-        elif self.plain:
-            self._safely(self._finish, time.perf_counter(), None, event)
+        else:
+            if event.stage == "commit" and event.iteration > self.committed:
+                self.committed = event.iteration  # iterations commit in order: through this one
+                if not self.plain:
+                    self.progress.update(self.task, completed=self.committed)
+            if self.plain:
+                self._safely(self._finish, time.perf_counter(), None, event)
 
     def _progress(self, event) -> None:
         """Progress inside the stage running (a held-out evaluation: ``k/n`` tasks)."""

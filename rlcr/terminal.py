@@ -12,7 +12,8 @@ goes to one log file per command, ``<log dir>/<run id>/<command>-<YYYYmmdd-HHMMS
 How: while :func:`routed` is active, file descriptors 1 and 2 point at the log file (so child processes and
 libraries holding ``sys.stderr`` write there too) and :data:`rlcr.presentation.console` writes to a copy of the
 terminal's descriptor. On an exception the descriptors are restored, so the error line or traceback reaches the
-terminal; on success they stay in the log until the process ends (Prefect's and Ray's shutdown lines go there).
+terminal (after a Ctrl-C they stay routed: the interrupt says what stopped); on success they stay in the log until
+the process ends (Prefect's and Ray's shutdown lines go there).
 Either way the console is given back to ``sys.stdout`` when the command returns.
 """
 
@@ -23,7 +24,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 __all__ = ["LOG_DIR_ENV", "DEFAULT_LOG_DIR", "log_file", "display_path", "routed", "QUIET_ENV"]
 
@@ -50,9 +51,11 @@ def display_path(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def routed(path: Optional[Path], header: str = "") -> Iterator[None]:
+def routed(path: Optional[Path], header: str = "", interrupted: Optional[Callable[[], bool]] = None) -> Iterator[None]:
     """Send descriptors 1 and 2 (and so every library's and child process's output) to ``path`` and the rlcr
-    console to the terminal; ``path`` None: nothing is routed (``-v``). ``header``: the file's first line."""
+    console to the terminal; ``path`` None: nothing is routed (``-v``). ``header``: the file's first line.
+    ``interrupted()`` true when the block raises: the user pressed Ctrl-C (:mod:`rlcr.cli.interrupt` writes its
+    own lines), so the descriptors stay routed and what the libraries print while stopping stays in the log."""
     if path is None:
         yield
         return
@@ -80,10 +83,11 @@ def routed(path: Optional[Path], header: str = "") -> Iterator[None]:
     try:
         yield
     except BaseException:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
+        if interrupted is None or not interrupted():
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
         raise
     finally:
         # the console goes back to sys.stdout (a command run in-process, e.g. by a test, must not keep writing to

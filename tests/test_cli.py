@@ -9,6 +9,7 @@ from rich.console import Console
 
 from rlcr.cli import StageProgress, _step, committed_figures
 from rlcr.config import RLCRConfig
+from rlcr.events import StageEvent
 from rlcr.runs import RunStore
 
 TS = r"\[\d\d:\d\d:\d\d\] "
@@ -143,12 +144,14 @@ def test_steps_print_start_and_done_off_a_terminal_only():
     tty = Console(file=io.StringIO(), force_terminal=True, width=60)
     with _step("2/5 evaluating", out=tty):
         pass
-    bar = StageProgress(2, 1, out=tty)  # on a terminal: the rich bar, as before
+    bar = StageProgress(2, 1, out=tty)  # on a terminal: the rich bar; it counts committed iterations only
     with bar:
         bar("rollouts", 1)
         bar("stage", 1)
-        bar("rollouts", 2)
-    assert bar.progress.tasks[0].completed == 1 and "started" not in tty.file.getvalue()
+        bar("rollouts", 2)  # one-step-off: iteration 1 is staged, its commit still pending
+        assert bar.progress.tasks[0].completed == 0 and bar.doing() == "iteration 2's generation"
+        bar.on_event(StageEvent("commit", 1, "end", elapsed_s=0.1))
+    assert bar.progress.tasks[0].completed == 1 and bar.committed == 1 and "started" not in tty.file.getvalue()
 
 
 def test_progress_inside_a_long_stage_is_k_of_n_lines_off_a_terminal_and_the_label_on_one():

@@ -82,8 +82,8 @@ class _Group(TyperGroup):
         except _cx.NoArgsIsHelpError as e:
             typer.echo(e.format_message())
             sys.exit(e.exit_code)
-        except typer.Abort:
-            _fail("Aborted!", None, 1)
+        except typer.Abort:  # click's form of a KeyboardInterrupt outside rlcr.cli.interrupt's commands
+            _fail("stopped (Ctrl-C)", None, 130)
         except _cx.ClickException as e:
             _fail(_usage_line(e), e, e.exit_code)
         except Exception as e:  # noqa: BLE001 — user errors: one line; anything else: the traceback

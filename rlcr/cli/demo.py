@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import time
 from typing import Optional
 
@@ -38,7 +39,9 @@ def demo(
     valid_run_id(f"{run_id}-sft", cfg, "--run-id (its warm-start run, <run-id>-sft)")
     check_inputs(cfg)
     check_storage(cfg)
-    with quiet("demo", run_id, verbose):
+    resume = shlex.join(["rlcr", "demo", "--config", config, "--run-id", run_id])
+    with quiet("demo", run_id, verbose, lambda: "stopping (Ctrl-C): the demo is cancelled; its finished steps and "
+                                               f"committed iterations are kept\nresume with: {resume}"):
         _demo(cfg, config, run_id, probe_tasks, probe_samples, final_tasks, verbose, t_start)
 
 

@@ -9,7 +9,7 @@ import difflib
 import os
 import re
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from rich.console import Console
 
@@ -231,14 +231,20 @@ VERBOSE_HELP = "Show Prefect's, Ray's, Ray Data's and vLLM's output here instead
 
 
 @contextlib.contextmanager
-def quiet(command: str, run_id: Optional[str], verbose: bool) -> Iterator[None]:
+def quiet(command: str, run_id: Optional[str], verbose: bool, acknowledge: Optional[Callable[[], str]] = None,
+          farewell: Optional[Callable[[float], str]] = None) -> Iterator[None]:
     """The terminal of a command that starts Ray, vLLM or Prefect: the 'logs:' line, then everything but rlcr's
-    own lines into ``rlcr-logs/[<run id>/]<command>-<time>.log`` (:mod:`rlcr.terminal`); ``verbose``: here."""
+    own lines into ``rlcr-logs/[<run id>/]<command>-<time>.log`` (:mod:`rlcr.terminal`); ``verbose``: here.
+    A Ctrl-C is answered at once and ends the command within seconds, exit code 130 (:mod:`rlcr.cli.interrupt`):
+    ``acknowledge()`` is its first line (default: the command is cancelled), ``farewell(seconds)`` its last."""
+    from rlcr.cli.interrupt import interruptible
     from rlcr.terminal import log_file, routed
 
     log = None if verbose else log_file(run_id, command)
     details = logs_line(log)
-    with routed(log, header=details):
+    ack = acknowledge or (lambda: f"stopping (Ctrl-C): rlcr {command} is cancelled")
+    bye = farewell or (lambda seconds: f"stopped in {seconds:.1f} s (exit code 130)")
+    with interruptible(ack, bye) as stop, routed(log, header=details, interrupted=lambda: stop.requested):
         yield
 
 

@@ -103,8 +103,18 @@ def train(
         return
     from rlcr import events
 
-    with quiet("train", run_id, verbose):
-        bar = StageProgress(cfg.run.iterations, done + 1, figures=committed_figures(cfg, run_id), redirect=verbose)
+    bar = StageProgress(cfg.run.iterations, done + 1, figures=committed_figures(cfg, run_id), redirect=verbose)
+    resume = resume_command(config, run_id, iterations, list(overrides or []))
+
+    def acknowledge() -> str:
+        bar.stop_display()
+        return (f"stopping (Ctrl-C): {bar.doing()} is cancelled; {committed_text(bar.committed)}\n"
+                f"resume with: {resume}")
+
+    def farewell(seconds: float) -> str:
+        return f"stopped in {seconds:.1f} s: run {run_id}, {committed_text(bar.committed)} (exit code 130)"
+
+    with quiet("train", run_id, verbose, acknowledge, farewell):
         with events.subscribed(bar.on_event), bar:
             events.started("prefect", 0)
             from flows.train import rlcr_train
@@ -117,6 +127,19 @@ def train(
         console.print(summary_table(run_id, cfg))
         if isinstance(result, dict) and result.get("mlflow"):
             console.print(f"MLflow: {show(result['mlflow'])}", highlight=False)
+
+
+def resume_command(config: Optional[str], run_id: str, iterations: Optional[int], overrides: list[str]) -> str:
+    """The command line that resumes run ``run_id`` with the settings of this one (shell-quoted)."""
+    import shlex
+
+    return shlex.join(["rlcr", "train", *(["--config", config] if config else []), "--run-id", run_id,
+                       *(["--iterations", str(iterations)] if iterations is not None else []), *overrides])
+
+
+def committed_text(committed: int) -> str:
+    return ("no iteration is committed yet" if committed <= 0 else "iteration 1 is committed" if committed == 1
+            else f"iterations 1..{committed} are committed")
 
 
 @app.command()
