@@ -35,6 +35,7 @@ from flows.tasks import evaluate_task, prune_task, task_options
 from rlcr import events
 from rlcr.cluster import check_cluster_fits, check_storage, engines_start_beside_trainer, ensure_ray
 from rlcr.config import ConfigError, RLCRConfig, load_config
+from rlcr.lease import LeaseLost
 from rlcr.model_source import run_initial_model
 from rlcr.presentation import metrics_markdown, progress_line
 from rlcr.rollout.engine import EnginePool
@@ -43,6 +44,7 @@ from rlcr.storage import validate_run_id
 from rlcr.tracking import Tracker, sync_run, tracker_from_config
 from rlcr.train.mismatch import mismatch_warning
 from rlcr.train.trainer import PolicyTrainer, StateLost
+from rlcr.untrusted import printable
 
 __all__ = ["rlcr_train", "ensure_ray", "resolve_config", "artifact_key", "run_key"]
 
@@ -122,6 +124,7 @@ def rlcr_train(
     with contextlib.ExitStack() as stack:
         lease = stack.enter_context(RunLease(run, owner=f"prefect flow run {get_run_context().flow_run.id}"))
         run.check_config(cfg, lease=lease)
+        stack.enter_context(_attempt_status(run, cfg.run.iterations, lease, log))
         run.sweep_temporaries()
         run.finish_group(lease=lease)
         train_tasks, held_out = task_sets(cfg)
@@ -129,6 +132,9 @@ def rlcr_train(
             initial = run_initial_model(cfg, run, lease=lease, warn=log.warning)  # on resume: the one it started with
         done = run.committed()
         tracker = stack.enter_context(tracker_from_config(cfg, run_id, logger=log))
+        # MLflow's status follows rlcr's: a run whose iterations are all committed is FINISHED even when the
+        # attempt ended by an interrupt or error after its last commit
+        tracker.finished = lambda: len(run.committed()) >= cfg.run.iterations
         track_committed(tracker, run, None, log)
         summary: dict[str, Any] = {"run_id": run_id, "storage": run.store.url(run.prefix), "iterations": [],
                                    "mlflow": tracker.where()}
@@ -155,6 +161,39 @@ def rlcr_train(
                         saved, ahead, summary).run(len(done) + 1)
         summary["final_checkpoint"] = run.committed()[-1]["checkpoint_uri"]
         return summary
+
+
+@contextlib.contextmanager
+def _attempt_status(run: RunStore, target: int, lease: RunLease, log):
+    """``status.json`` of this attempt: ``running`` now; ``finished`` once ``target`` iterations are committed, else
+    ``stopped`` with the reason (an interrupt, the error) as the flow unwinds. Never fails the flow: a status
+    that cannot be written (the lease lost, the store down) is a warning."""
+    def write(state: str, reason: str | None = None) -> None:
+        try:
+            run.write_status(state, target, reason, lease=lease)
+        except Exception as e:  # noqa: BLE001 — bookkeeping, not the run's data
+            log.warning("run %s: could not record its status (%s): %s", run.run_id, state, printable(e, 300))
+
+    write("running")
+    try:
+        yield
+    except BaseException as e:
+        try:
+            done = len(run.committed()) >= target
+        except Exception:  # noqa: BLE001
+            done = False
+        write("finished" if done else "stopped", None if done else stop_reason(e))
+        raise
+    write("finished")
+
+
+def stop_reason(e: BaseException) -> str:
+    """Why an attempt stopped, in a few words for ``rlcr runs``."""
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted (Ctrl-C)"
+    if isinstance(e, LeaseLost):
+        return f"lost its lease: {printable(e, 200)}"
+    return f"failed: {type(e).__name__}: {printable(e, 200)}"
 
 
 def _last_state(run: RunStore, done: list[dict], initial: str) -> str:

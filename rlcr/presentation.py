@@ -212,12 +212,22 @@ def config_table(rows: list[dict[str, Any]], title: str) -> Table:
     return table
 
 
+EVAL_TITLE_WIDTH = 80
+"""The widest title of ``rlcr eval``'s table: one 80-column line, never a word cut."""
+
+
 def eval_table(policy: str, method: str, draw: int, m: dict[str, Any], stratum: str = "stratum") -> Table:
     """`rlcr eval`: one policy's held-out figures with their bootstrap intervals (by ``stratum``: the task's
-    :attr:`~rlcr.tasks.base.Task.stratum_label`)."""
+    :attr:`~rlcr.tasks.base.Task.stratum_label`). ``policy``: what the title calls it (``RUN@K``, or its path,
+    left out of the title where it would not fit one line of :data:`EVAL_TITLE_WIDTH`); the table is as wide as
+    its title."""
     drawn = f", sample draw {draw}" if draw else ""
-    table = Table(title=f"held-out evaluation of {show(policy)} (method {method}{drawn}; "
-                        "[95% bootstrap CI over tasks])")
+    rest = f"(method {printable(method, 40)}{drawn}; [95% bootstrap CI over tasks])"
+    name = printable(policy, 200)
+    title = f"held-out evaluation of {name} {rest}"
+    if len(title) > EVAL_TITLE_WIDTH:  # a long path would be cut mid-word: the caller prints it on a line of its own
+        title = f"held-out evaluation {rest}"
+    table = Table(title=escape(title), min_width=min(EVAL_TITLE_WIDTH, len(title)))
     for k in ("n_tasks", "n_answers", "format_rate", "confidence_parse_rate", "mean_confidence"):
         table.add_row(k, fmt(m.get(k)))
     for k in CI_KEYS:
@@ -273,8 +283,9 @@ def _iterations_text(ks: list[int]) -> str:
     return ", ".join(map(str, ks)) if len(ks) <= 3 else f"{ks[0]} … {ks[-1]} ({len(ks)})"
 
 
-def runs_table(rows: list[dict[str, Any]], total: int, where: str) -> Table:
-    """`rlcr runs`: a store's runs (:func:`rlcr.run_refs.store_summaries`), within 80 columns."""
+def runs_table(rows: list[dict[str, Any]], total: int, where: str):
+    """`rlcr runs`: a store's runs (:func:`rlcr.run_refs.store_summaries`), within 80 columns; why a run stopped
+    or crashed, where known, is a line under the table (its state marked ``*``)."""
     left = f"; the last {len(rows)} of {total} by name" if total > len(rows) else ""
     table = Table(title=f"runs in {show(where, 120)}{left}", title_justify="left")
     for col, kw in (("run", {"overflow": "fold", "ratio": 1}), ("task", {"max_width": 10}),
@@ -282,12 +293,22 @@ def runs_table(rows: list[dict[str, Any]], total: int, where: str) -> Table:
                     ("checkpoints", {"max_width": 14}), ("acc", {"justify": "right"}),
                     ("ECE", {"justify": "right"}), ("state", {"no_wrap": True})):
         table.add_column(col, **kw)
+    notes = []
     for r in rows:
         state = r["state"] if not r.get("problem") else f"{r['state']}: {show(r['problem'], 120)}"
-        table.add_row(show(r["id"], 128), show(r["task"] or "–", 20), show(r["method"] or "–", 24),
-                      f"{r['committed']}/{r['iterations'] if isinstance(r['iterations'], int) else '?'}",
+        if r.get("reason") and not r.get("problem"):  # why it stopped: a line under the table, not a wide cell
+            notes.append(f"{show(r['id'], 128)}: {r['state']}, {show(r['reason'], 300)}")
+            state += " *"
+        iters = "–" if r.get("method") == "sft" and r["iterations"] is None else \
+            f"{r['committed']}/{r['iterations'] if isinstance(r['iterations'], int) else '?'}"
+        table.add_row(show(r["id"], 128), show(r["task"] or "–", 20), show(r["method"] or "–", 24), iters,
                       _iterations_text(r["checkpoints"]) or "–", fmt(r["accuracy"]), fmt(r["ece"]), state)
-    return table
+    if not notes:
+        return table
+    from rich.console import Group
+    from rich.text import Text
+
+    return Group(table, *(Text.from_markup(f"* {note}") for note in notes))
 
 
 def run_iterations_table(run_id: str, rows: list[dict[str, Any]]) -> Table:

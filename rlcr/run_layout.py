@@ -20,13 +20,16 @@ from rlcr.lease import LEASE_MAX_BYTES, RunLease
 from rlcr.storage import Store, StorageError, validate_run_id
 from rlcr.untrusted import MAX_JSON_BYTES, InvalidInput, field, parse_json, printable
 
-__all__ = ["RunLayout", "attempt_id", "PROCESS_ATTEMPT", "MAX_ITERATION", "URI_FIELDS", "RUNS"]
+__all__ = ["RunLayout", "attempt_id", "PROCESS_ATTEMPT", "MAX_ITERATION", "URI_FIELDS", "RUNS", "STATUS_STATES"]
 
 log = logging.getLogger(__name__)
 
 RUNS = "runs"
 """The folder of a store that holds its runs, one folder per run id."""
 MAX_ITERATION = 1_000_000
+STATUS_STATES = ("running", "finished", "stopped")
+"""A training attempt's states in ``status.json``: ``running`` until it ends; one that ends without saying so (a
+SIGKILL, a lost machine) stays ``running`` with no live lease."""
 """The largest iteration number a manifest may name."""
 URI_FIELDS = ("checkpoint_uri", "state_uri", "rollouts_uri", "metrics_uri", "records_uri", "policy_in", "policy_out",
               "next_rollouts_uri")
@@ -114,6 +117,27 @@ class RunLayout:
     @property
     def lease_rel(self) -> str:
         return f"{self.prefix}/lease.json"
+
+    @property
+    def status_rel(self) -> str:
+        """How the run's last training attempt went (``running``, then ``finished`` or ``stopped`` with a reason)
+        and the iterations it was asked for: rewritten by each attempt, under its lease (:meth:`status`)."""
+        return f"{self.prefix}/status.json"
+
+    def status(self) -> dict[str, Any] | None:
+        """``status.json`` checked: ``state`` one of :data:`STATUS_STATES`, ``target`` a positive iteration count,
+        ``reason`` a string or None; None if the run has none (a run from before it, or one never trained)."""
+        doc = self._read_doc(self.status_rel)
+        if doc is None:
+            return None
+        source = self.store.url(self.status_rel)
+        state = field(doc, "state", str, source)
+        if state not in STATUS_STATES:
+            raise InvalidInput(f"{source}: field 'state' is {printable(state, 40)!r}, not one of "
+                               f"{', '.join(STATUS_STATES)}")
+        target = field(doc, "target", int, source, lo=1, hi=MAX_ITERATION)
+        reason = field(doc, "reason", (str, type(None)), source, default=None)
+        return {"state": state, "target": target, "reason": reason}
 
     @property
     def initial_model_rel(self) -> str:

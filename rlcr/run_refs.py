@@ -169,19 +169,32 @@ def _lease_state(run, now: float) -> str | None:
 
 
 def run_summary(store, run_id: str, *, now: float | None = None) -> dict[str, Any]:
-    """One row of ``rlcr runs``: ``id``, ``task``, ``method``, ``committed`` (count), ``iterations``
-    (configured), ``checkpoints`` (iterations holding one), ``accuracy`` / ``ece`` (the last held-out
-    evaluation), ``state`` (:data:`STATES`) and ``problem`` (why ``invalid``)."""
+    """One row of ``rlcr runs``: ``id``, ``task``, ``method`` (``sft``: a warm-start run of ``rlcr sft``),
+    ``committed`` (count), ``iterations`` (what the latest attempt was asked for: ``status.json``'s target, else the
+    config's), ``checkpoints`` (iterations holding one), ``accuracy`` / ``ece`` (the last held-out evaluation),
+    ``state`` (:data:`STATES`), ``reason`` (why a run stopped or crashed, where known) and ``problem`` (why
+    ``invalid``)."""
     from rlcr.runs import RunStore
 
     row: dict[str, Any] = {"id": run_id, "task": None, "method": None, "committed": 0, "iterations": None,
-                           "checkpoints": [], "accuracy": None, "ece": None, "state": "invalid", "problem": None}
+                           "checkpoints": [], "accuracy": None, "ece": None, "state": "invalid", "problem": None,
+                           "reason": None}
     try:
         run = RunStore(store, run_id)
         cfg = _config(run)
+        if not cfg and store.exists(run.standalone_checkpoint_rel(run_id, 0)):  # `rlcr sft`'s warm-start run
+            sealed = store.is_complete(run.standalone_checkpoint_rel(run_id, 0))
+            row.update(method="sft", checkpoints=[0] if sealed else [], state="finished" if sealed else "stopped",
+                       reason=None if sealed else "its checkpoint is not sealed (the warm-start did not finish)")
+            return row
+        status = run.status()
         row.update(task=_leaf(cfg, "tasks", "name"), method=_leaf(cfg, "method", "name"),
                    iterations=_leaf(cfg, "run", "iterations"))
         done = run.committed()
+        if status is not None:  # the iterations the latest attempt was asked for (a resume may extend the run)
+            row["iterations"] = status["target"]
+        elif isinstance(row["iterations"], int) and len(done) > row["iterations"]:  # extended before status.json
+            row["iterations"] = len(done)
         row.update(committed=len(done), checkpoints=_held(run, done))
         ev = (run.metrics(len(done)) if done else (run.baseline() or {})) or {}
         ev = ev.get("eval") if isinstance(ev.get("eval"), dict) else {}
@@ -189,6 +202,11 @@ def run_summary(store, run_id: str, *, now: float | None = None) -> dict[str, An
         lease = _lease_state(run, time.time() if now is None else now)
         finished = isinstance(row["iterations"], int) and len(done) >= row["iterations"]
         row["state"] = lease if lease == "running" else "finished" if finished else lease or "stopped"
+        if row["state"] == "crashed":
+            row["reason"] = "its writer ended without releasing the run"
+        elif row["state"] == "stopped" and status is not None:
+            row["reason"] = (status["reason"] if status["state"] == "stopped"
+                             else "ended without saying why (killed?)")
     except (InvalidInput, ValueError, StorageError, OSError) as e:  # this run's files: its row, not the listing
         row["problem"] = printable(e, 200)
     return row

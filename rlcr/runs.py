@@ -117,9 +117,11 @@ def run_folders(store: Store) -> list[str]:
 
 
 def is_run(store: Store, run_id: str) -> bool:
-    """Whether ``runs/<run_id>`` holds a run (its config or a first iteration), by at most two existence checks."""
+    """Whether ``runs/<run_id>`` holds a run (its config, a first iteration, or a warm-start's iteration 0), by at
+    most three existence checks."""
     layout = RunLayout(store, run_id)
-    return store.exists(layout.config_rel) or store.exists(layout.iteration_dir(1))
+    return (store.exists(layout.config_rel) or store.exists(layout.iteration_dir(1))
+            or store.exists(layout.iteration_dir(0)))
 
 
 def list_runs(store: Store) -> list[str]:
@@ -186,6 +188,16 @@ class RunStore(RunLayout):
                 fix = (f"it has no committed iteration, so nothing is lost by discarding it: delete "
                        f"{printable(self.store.url(self.prefix), 300)} and start again, or {fix}")
             raise RunConfigMismatch(f"run {self.run_id!r} was started with other settings ({details}); {fix}")
+
+    def write_status(self, state: str, target: int, reason: str | None = None, *,
+                     lease: RunLease | None = None) -> None:
+        """This attempt's ``status.json`` (:meth:`~rlcr.run_layout.RunLayout.status`): its state, the iterations
+        it was asked for and, when it stopped short of them, why. Fenced by ``lease``; it replaces the previous
+        attempt's (a record of the latest attempt, not of the run's history)."""
+        if lease is not None:
+            lease.check()
+        self.store.write_json(self.status_rel, {"state": state, "target": int(target), "reason": reason,
+                                                "at": time.time()})
 
     def record_initial_model(self, doc: dict[str, Any], *, lease: RunLease | None = None) -> dict[str, Any]:
         """Record the run's initial model (:meth:`initial_model`), create-only, under ``lease``; returns the

@@ -171,3 +171,150 @@ def test_a_run_that_committed_nothing_says_how_to_discard_it(tmp_path):
     with pytest.raises(RunConfigMismatch) as e:
         run.check_config(changed)
     assert "no committed iteration" not in str(e.value) and "use a new run_id" in str(e.value)
+
+
+# ----------------------------------------------------------------------------- item 3: installing a task package
+
+
+def _recipe_blocks() -> list[str]:
+    """The shell blocks of docs/tasks.md's "Installing a task package" section, as written."""
+    text = (ROOT / "docs" / "tasks.md").read_text()
+    section = text.split("### Installing a task package", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```bash\n(.*?)```", section, re.S)
+
+
+def _offline(block: str) -> str:
+    """The one change made to the recipes: pip builds the package with this environment's setuptools and looks
+    at no index (the tests run offline)."""
+    return block.replace("pip install --no-deps", "pip install --no-deps --no-build-isolation --no-index")
+
+
+def test_both_ways_of_installing_a_task_package_work_as_written(tmp_path):
+    """docs/tasks.md's two recipes, run by bash in a folder holding a copy of examples/sumlist: inside rlcr's
+    virtual environment (a throwaway environment layered on this one stands for `.venv`, whose own lock the
+    setup test checks) and beside it in a plugins folder on PYTHONPATH. Each time `rlcr config show` lists the
+    plugin's own options, and the package landed where the recipe says, not in this environment."""
+    import shutil
+    import sysconfig
+
+    venv_block, beside_block = _recipe_blocks()
+    work = tmp_path / "work"
+    shutil.copytree(ROOT / "examples" / "sumlist", work / "examples" / "sumlist",
+                    ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    ours = Path(sysconfig.get_paths()["purelib"])
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PIP_TARGET", "PIP_PREFIX")}
+    env.update(HOME=str(tmp_path / "home"), PIP_DISABLE_PIP_VERSION_CHECK="1",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+
+    # 1. inside the environment: `.venv` is a layer over this one (its .pth adds our site-packages, editable
+    #    rlcr included); `.venv/bin/X` is that layer's `python -m X`
+    layer = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(layer)], check=True, timeout=120)
+    (site,) = layer.glob("lib/python*/site-packages")
+    (site / "zz-rlcr-base.pth").write_text(f"import site; site.addsitedir({str(ours)!r})\n")
+    script = _offline(venv_block).replace(".venv/bin/pip", f"{layer}/bin/python -m pip") \
+        .replace(".venv/bin/rlcr", f"{layer}/bin/python -m rlcr.cli")
+    res = subprocess.run(["bash", "-euc", script], cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "tasks.options.max_len" in res.stdout and "sumlist" in res.stdout, res.stdout[-2000:]
+    assert list(site.glob("rlcr_sumlist-*.dist-info")) and not list(ours.glob("rlcr_sumlist*"))
+
+    # 2. beside it: a plugins folder under ~ on PYTHONPATH, this environment's pip and rlcr on PATH
+    res = subprocess.run(["bash", "-euc", _offline(beside_block)], cwd=work, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "tasks.options.max_len" in res.stdout, res.stdout[-2000:]
+    plugins = tmp_path / "home" / "rlcr-plugins"
+    assert (plugins / "rlcr_sumlist" / "task.py").exists() and list(plugins.glob("rlcr_sumlist-*.dist-info"))
+    assert not list(plugins.glob("rlcr-*.dist-info")) and not list(ours.glob("rlcr_sumlist*"))  # rlcr not copied
+
+
+# ----------------------------------------------------------------------------- item 5: messages and state
+
+
+def test_config_show_says_who_set_each_task_option_whatever_its_value(tmp_path):
+    """An option the file sets to its default value was shown as "default"; one the file leaves out, "default";
+    one the command line sets, "command line"."""
+    import json
+
+    cfg = tmp_path / "opts.yaml"
+    cfg.write_text("tasks:\n  name: countdown\n  options:\n    num_range: [1, 20]\n    min_count: 2\n")
+    res = subprocess.run([sys.executable, "-m", "rlcr.cli", "config", "show", "--json", "--config", str(cfg),
+                          "tasks.options.max_count=4"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = {r["field"]: r for r in json.loads(res.stdout)}
+    assert rows["tasks.options.num_range"]["set_by"] == "file"  # the default value, but written in the file
+    assert rows["tasks.options.min_count"]["set_by"] == "file"
+    assert rows["tasks.options.max_count"]["set_by"] == "command line"
+    assert rows["tasks.options.target_range"]["set_by"] == "default"
+
+
+def test_eval_titles_name_the_run_reference_and_never_cut_a_word():
+    """The title showed the attempt's checkpoint path (not ``RUN@K``) and wrapped it mid-word at 80 columns."""
+    import io
+
+    from rich.console import Console
+
+    from rlcr.cli.evaluation import policy_label
+    from rlcr.presentation import eval_table
+
+    path = "/home/researcher/runs-store/runs/prime-1/iter-0003/checkpoint-attempt-3f2a9c81d0e4"
+    assert policy_label("prime-1@latest", path) == "prime-1@3" and policy_label("prime-1@2", path) == "prime-1@2"
+    assert policy_label(None, path) == path
+    m = {"n_tasks": 8, "n_answers": 32, "accuracy": 0.25, "accuracy_ci": [0.1, 0.4]}
+    for label, shown in (("prime-1@3", "held-out evaluation of prime-1@3 (method rlcr; "),
+                         (path, "held-out evaluation (method rlcr; ")):
+        out = Console(file=io.StringIO(), width=80, force_terminal=False)
+        out.print(eval_table(label, "rlcr", 0, m))
+        title = out.file.getvalue().splitlines()[0]
+        assert title.strip().startswith(shown) and title.strip().endswith("over tasks])"), title
+        assert "checkpoint-att" not in out.file.getvalue()  # a long path: on a line of its own (the command's)
+
+
+def test_rlcr_runs_shows_the_current_target_the_stop_reason_and_warm_start_runs(tmp_path):
+    """``rlcr runs`` showed ``5/3`` for a run extended to 5, left out the ``rlcr sft`` run, and said ``stopped``
+    with no reason. The status record each attempt writes (its target, how it ended) fills both in."""
+    from test_run_refs import cli, make_run, sealed
+
+    from rlcr.run_layout import RunLayout
+    from rlcr.storage import Store
+
+    store = Store(str(tmp_path / "store"))
+    extended = make_run(store, "extended", committed=5, save_every=1, iterations=3)  # config says 3; resumed to 5
+    extended.write_status("finished", 5)
+    old = make_run(store, "old", committed=4, save_every=1, iterations=2)  # extended before status.json existed
+    stopped = make_run(store, "stopped", committed=1, save_every=1, iterations=4)
+    stopped.write_status("stopped", 4, "interrupted (Ctrl-C)")
+    killed = make_run(store, "killed", committed=1, save_every=1, iterations=4)
+    killed.write_status("running", 4)  # ended without a word and without a lease (released, or a dead holder's)
+    sealed(store, RunLayout.standalone_checkpoint_rel("sft-0", 0))
+    assert old.status() is None
+
+    res = cli(["runs", f"storage.uri={store.url()}"], width=120)
+    assert res.exit_code == 0, res.output
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+            for line in res.output.splitlines() if line.startswith("│") and line.split("│")[1].strip()}
+    assert rows["extended"][2] == "5/5" and rows["extended"][-1] == "finished"
+    assert rows["old"][2] == "4/4" and rows["old"][-1] == "finished"
+    assert rows["stopped"][2] == "1/4" and rows["stopped"][-1] == "stopped *"
+    assert "* stopped: stopped, interrupted (Ctrl-C)" in res.output  # the reason: a line under the table
+    assert rows["killed"][-1] == "stopped *" and "* killed: stopped, ended without saying why" in res.output
+    assert rows["sft-0"][1] == "sft" and rows["sft-0"][3] == "0" and rows["sft-0"][-1] == "finished"
+    assert "5/3" not in res.output and "4/2" not in res.output
+    narrow = cli(["runs", f"storage.uri={store.url()}"])
+    assert max(len(line) for line in narrow.output.splitlines()) <= 80, narrow.output
+
+
+def test_a_status_record_from_a_file_is_checked(tmp_path):
+    import pytest
+
+    from rlcr.runs import RunStore
+    from rlcr.storage import Store
+    from rlcr.untrusted import InvalidInput
+
+    run = RunStore(Store(str(tmp_path / "store")), "r")
+    for doc, needle in (({"state": "done", "target": 3}, "'state'"), ({"state": "stopped", "target": 0}, "target"),
+                        ({"state": "stopped", "target": 3, "reason": ["x"]}, "reason")):
+        run.store.write_json(run.status_rel, doc)
+        with pytest.raises(InvalidInput, match=needle):
+            run.status()

@@ -41,7 +41,7 @@ def demo(
     check_storage(cfg)
     resume = shlex.join(["rlcr", "demo", "--config", config, "--run-id", run_id])
     with quiet("demo", run_id, verbose, lambda: "stopping (Ctrl-C): the demo is cancelled; its finished steps and "
-                                               f"committed iterations are kept\nresume with: {resume}"):
+                                               f"committed iterations are kept; resume with:\n{resume}"):
         _demo(cfg, config, run_id, probe_tasks, probe_samples, final_tasks, verbose, t_start)
 
 

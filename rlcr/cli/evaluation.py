@@ -136,15 +136,31 @@ def evaluate(
     run_id = ref.rsplit("@", 1)[0] if ref else None
     from rlcr.tasks.registry import get_task
 
+    label = policy_label(ref, policy)
     with quiet("eval", run_id, verbose):  # rlcr's lines, the table included, inside: the console is the terminal's
-        with step(f"evaluating {printable(policy)} on {len(held_out)} held-out tasks"):
+        with step(f"evaluating {printable(label)} on {len(held_out)} held-out tasks"):
             ensure_ray(cfg)
             with EnginePool(cfg, policy) as engines:
                 m, rows = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=0, engines=engines, draw=draw)
         if target is not None:
             _write_records(records, target, rows, cfg, policy, draw)
-        console.print(eval_table(policy, cfg.method.name, draw, m, stratum=get_task(cfg.tasks.name).stratum_label))
+        console.print(eval_table(label, cfg.method.name, draw, m, stratum=get_task(cfg.tasks.name).stratum_label))
+        if label != policy or label not in eval_table(label, cfg.method.name, draw, m).title:
+            console.print(f"checkpoint: {printable(policy, 1000)}", markup=False, highlight=False, soft_wrap=True)
         console.print(printable(task_line(cfg), 1000), markup=False, highlight=False)
+
+
+def policy_label(ref: Optional[str], policy: str) -> str:
+    """What a title calls the evaluated policy: its run reference ``RUN@K`` (``RUN@latest`` as the iteration it
+    named), else the path or URI it was given."""
+    if not ref:
+        return policy
+    if ref.endswith("@latest"):
+        import re
+
+        found = re.findall(r"iter-0*(\d+)", policy)
+        return f"{ref.rsplit('@', 1)[0]}@{found[-1]}" if found else ref
+    return ref
 
 
 @app.command()

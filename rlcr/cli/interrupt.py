@@ -2,9 +2,10 @@
 
 The first SIGINT prints one line at once: what is being cancelled, which iterations are committed and the command
 that resumes the run. The command then unwinds as after any error (engines and trainer stopped, the MLflow run
-closed as ``KILLED``, the run's lease released), for at most :data:`GRACE_S`; it ends with exit code 130 and a last
-line, with no traceback (what the libraries print while stopping goes to the command's log file). Past the grace
-period, or at a second Ctrl-C, the process ends at once (``os._exit(130)``) with the same last line.
+closed as ``KILLED``, the run's lease released), for at most :data:`GRACE_S`; it ends with a last line and exit code
+130, with no traceback (what the libraries print while stopping goes to the command's log file), skipping Ray's and
+Prefect's exit handlers (seconds of shutdown; their processes end with this one). Past the grace period, or at a
+second Ctrl-C, the process ends at once (``os._exit(130)``) with the same last line.
 
 Ending at once loses nothing a resume needs: an iteration exists only once committed (its manifest written after its
 state was sealed), everything before that is redone, and a run's lease left by a process of this machine that is
@@ -41,6 +42,7 @@ class Interrupts:
         self._said_goodbye = threading.Lock()
         self._terminal = os.dup(sys.stdout.fileno()) if _has_fileno(sys.stdout) else None
         self._previous = None
+        self._echo: Optional[tuple[int, list]] = None
 
     @property
     def requested(self) -> bool:
@@ -50,10 +52,12 @@ class Interrupts:
         """Handle SIGINT from now on (main thread only; elsewhere nothing changes)."""
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+            self._quiet_echo()
 
     def uninstall(self) -> None:
         """Give SIGINT back to its previous handler, unless a Ctrl-C came: then a second one must still end the
         process at once while it shuts down."""
+        self._restore_echo()
         if self._previous is not None and not self.requested:
             signal.signal(signal.SIGINT, self._previous)
             self._previous = None
@@ -77,8 +81,12 @@ class Interrupts:
         raise KeyboardInterrupt
 
     def end_now(self, why: str) -> None:
-        """End the process at once with :data:`EXIT_CODE`, after the last line (``why`` says what forced it)."""
-        self.goodbye(f" ({why}: ended at once)")
+        """End the process at once with :data:`EXIT_CODE`, after the last line (``why``: what forced it, shown)."""
+        self.goodbye(f" ({why}: ended at once)" if why else "")
+        self._restore_echo()
+        for stream in (sys.stdout, sys.stderr):  # what is buffered reaches the log file
+            with contextlib.suppress(Exception):
+                stream.flush()
         os._exit(EXIT_CODE)
 
     def goodbye(self, suffix: str = "") -> None:
@@ -100,10 +108,56 @@ class Interrupts:
         fd = self._terminal
         if fd is None:
             return
-        prefix, suffix = (b"\r\x1b[2K", b"\x1b[?25h") if os.isatty(fd) else (b"", b"")
-        text = "".join(printable(part, 2000) + "\n" for part in line.split("\n"))
+        tty = os.isatty(fd)
+        prefix, suffix = (b"\r\x1b[2K", b"\x1b[?25h") if tty else (b"", b"")
+        width = _columns(fd) if tty else None
+        text = "".join(wrapped(printable(part, 2000), width) + "\n" for part in line.split("\n"))
         with contextlib.suppress(OSError):
             os.write(fd, prefix + text.encode("utf-8", "replace") + suffix)
+
+    # ------------------------------------------------------------------ the terminal's echo of ^C
+    def _quiet_echo(self) -> None:
+        """No ``^C`` echoed by the terminal while the command runs: after a live bar as wide as the terminal the
+        echo wraps to a new line and the bar's last frame is drawn twice. Given back by :meth:`_restore_echo`."""
+        import termios
+
+        with contextlib.suppress(OSError, termios.error, ValueError):
+            fd = sys.stdin.fileno()
+            if os.isatty(fd) and os.getpgrp() == os.tcgetpgrp(fd):  # the foreground command of its terminal
+                attrs = termios.tcgetattr(fd)
+                if attrs[3] & termios.ECHOCTL:
+                    self._echo = (fd, list(attrs))
+                    attrs[3] &= ~termios.ECHOCTL
+                    termios.tcsetattr(fd, termios.TCSANOW, attrs)
+
+    def _restore_echo(self) -> None:
+        import termios
+
+        saved, self._echo = self._echo, None
+        if saved is not None:
+            with contextlib.suppress(OSError, termios.error, ValueError):
+                termios.tcsetattr(saved[0], termios.TCSANOW, saved[1])
+
+
+def _columns(fd: int) -> Optional[int]:
+    try:
+        return os.get_terminal_size(fd).columns
+    except OSError:
+        return None
+
+
+def wrapped(line: str, width: Optional[int]) -> str:
+    """``line`` broken between words to ``width`` columns (None: as it is); a command line (``rlcr …``) is broken
+    with shell continuations (`` \\``), so what is shown still pastes as one command."""
+    import textwrap
+
+    if not width or len(line) <= width or width < 20:
+        return line
+    if line.startswith("rlcr "):
+        parts = textwrap.wrap(line, width - 2, break_long_words=False, break_on_hyphens=False,
+                              subsequent_indent="    ")
+        return " \\\n".join(parts)
+    return "\n".join(textwrap.wrap(line, width, break_long_words=False, break_on_hyphens=False))
 
 
 def _has_fileno(stream) -> bool:
@@ -116,10 +170,12 @@ def _has_fileno(stream) -> bool:
 
 @contextlib.contextmanager
 def interruptible(acknowledge: Callable[[], str], farewell: Callable[[float], str],
-                  grace_s: Optional[float] = None) -> Iterator[Interrupts]:
+                  grace_s: Optional[float] = None, exit_now: bool = True) -> Iterator[Interrupts]:
     """Run the block under :class:`Interrupts`; a Ctrl-C (whatever exception it became while unwinding) ends it
-    with the last line and ``typer.Exit(130)``. Enter before the command's output is routed to its log file: the
-    lines go to the terminal it started on."""
+    with the last line and then the process (``exit_now``: the block has closed what it opened; Ray's local
+    processes share the driver's fate and Prefect's temporary server has its watchdog, so their exit handlers,
+    seconds of shutdown, are skipped), or ``typer.Exit(130)`` (``exit_now`` False). Enter before the command's
+    output is routed to its log file: the lines go to the terminal it started on."""
     import typer
 
     handler = Interrupts(acknowledge, farewell, GRACE_S if grace_s is None else grace_s)
@@ -130,6 +186,8 @@ def interruptible(acknowledge: Callable[[], str], farewell: Callable[[float], st
         if not handler.requested:
             raise
         handler.goodbye()
+        if exit_now:  # what is left is Ray's and Prefect's exit handlers: their processes end with this one
+            handler.end_now("")
         raise typer.Exit(EXIT_CODE) from None
     finally:
         handler.uninstall()

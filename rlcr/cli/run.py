@@ -51,7 +51,7 @@ def config_show(
              "set_by": set_by(dotted), "changes_results": changes_results(field),
              "doc": " ".join((field.description or "").split())}
             for dotted, field in RLCRConfig.dotted_fields() if dotted != "tasks.options"]
-    rows += task_option_rows(cfg, keys)
+    rows += task_option_rows(cfg, keys, file_task_options(config))
     if as_json:
         typer.echo(json.dumps(rows, indent=1, ensure_ascii=False))
         return
@@ -60,18 +60,34 @@ def config_show(
                                      "a field can change a run's results (operational: may differ on resume)"))
 
 
-def task_option_rows(cfg, keys: dict) -> list[dict]:
-    """``rlcr config show``'s rows of ``tasks.options``: each option of the task's own model, with its doc."""
+def task_option_rows(cfg, keys: dict, in_file: set[str]) -> list[dict]:
+    """``rlcr config show``'s rows of ``tasks.options``: each option of the task's own model, with its doc;
+    ``in_file``: the options the config file names (:func:`file_task_options`)."""
     from rlcr.tasks.registry import task_class
 
     model = task_class(cfg.tasks.name).Options
-    defaults = model().model_dump(mode="json")
-    in_file = "options" in cfg.tasks.model_fields_set
     return [{"field": f"tasks.options.{key}", "value": cfg.tasks.options.get(key),
              "set_by": "command line" if any(k in keys for k in (f"tasks.options.{key}", "tasks.options", "tasks"))
-             else "file" if in_file and cfg.tasks.options.get(key) != defaults.get(key) else "default",
+             else "file" if key in in_file else "default",
              "changes_results": True, "doc": " ".join((field.description or "").split())}
             for key, field in model.model_fields.items()]
+
+
+def file_task_options(config: Optional[str]) -> set[str]:
+    """The ``tasks.options`` keys the config file sets (nested, or as dotted keys), whatever their values: an
+    option the file sets to its default value is still set by the file. (The file was read and checked before.)"""
+    from rlcr.config.loading import read_config_text, safe_yaml
+
+    if not config:
+        return set()
+    data = safe_yaml(read_config_text(config), config)
+    if not isinstance(data, dict):
+        return set()
+    tasks = data.get("tasks") if isinstance(data.get("tasks"), dict) else {}
+    nested = tasks.get("options") if isinstance(tasks.get("options"), dict) else {}
+    dotted = {str(k).split(".", 1)[1] for k in tasks if str(k).startswith("options.")}
+    top = {str(k)[len("tasks.options."):] for k in data if str(k).startswith("tasks.options.")}
+    return {str(k) for k in nested} | dotted | top
 
 
 @app.command()
@@ -103,13 +119,16 @@ def train(
         return
     from rlcr import events
 
+    if done:
+        console.print(f"resuming run {show(run_id)}: {committed_text(done)}; running iterations {done + 1}.."
+                      f"{cfg.run.iterations}", highlight=False)
     bar = StageProgress(cfg.run.iterations, done + 1, figures=committed_figures(cfg, run_id), redirect=verbose)
     resume = resume_command(config, run_id, iterations, list(overrides or []))
 
     def acknowledge() -> str:
         bar.stop_display()
-        return (f"stopping (Ctrl-C): {bar.doing()} is cancelled; {committed_text(bar.committed)}\n"
-                f"resume with: {resume}")
+        return (f"stopping (Ctrl-C): {bar.doing()} is cancelled; {committed_text(bar.committed)}; "
+                f"resume with:\n{resume}")
 
     def farewell(seconds: float) -> str:
         return f"stopped in {seconds:.1f} s: run {run_id}, {committed_text(bar.committed)} (exit code 130)"
