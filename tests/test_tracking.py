@@ -152,7 +152,7 @@ def test_kind_none_writes_nothing(tmp_path):
     tracker.close()
     assert not store.exists() and list(tmp_path.iterdir()) == []
     with pytest.raises(ValueError, match="tracking kind"):
-        open_tracker("wandb", None, str(store), "r1", {})
+        open_tracker("tensorboard", None, str(store), "r1", {})
 
 
 def test_remote_storage_without_tracking_uri_warns_and_is_off(tmp_path, monkeypatch, caplog):
@@ -518,3 +518,37 @@ def test_the_run_page_draws_the_metric_chart(mlflow_server, tmp_path):
     if ignored:  # kept for a look only where git ignores it
         keep.parent.mkdir(exist_ok=True)
         shutil.copy(shot, keep)
+
+
+def test_a_note_says_why_calibration_metrics_are_missing(tmp_path, monkeypatch):
+    """No confidence parsed: ECE, Brier and AUROC are undefined and not logged; the run's note (MLflow's
+    description) says why, and is cleared once a later step has them."""
+    from rlcr.tracking import NOTE_TAG
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    store = tmp_path / "store"
+    silent = {"eval": {"accuracy": 0.0, "ece": None, "brier": None, "auroc": None, "confidence_parse_rate": 0.0}}
+    with open_tracker("mlflow", None, str(store), "silent", {"lr": 1e-5}, timeout_s=120) as tracker:
+        assert tracker.log_iteration(1, silent)
+        c = client(tracker.tracking_uri)
+        note = c.get_run(tracker.mlflow_run_id).data.tags.get(NOTE_TAG, "")
+        assert "undefined at iteration 1" in note and "confidence_parse_rate = 0" in note and "rlcr sft" in note
+        assert history(c, tracker.mlflow_run_id, "eval/ece") == []
+        assert tracker.log_iteration(2, iteration_metrics(2))
+        assert c.get_run(tracker.mlflow_run_id).data.tags.get(NOTE_TAG, "") == ""
+
+
+def test_mlflow_status_follows_the_runs_committed_iterations(tmp_path, monkeypatch):
+    """A run finished in rlcr was KILLED in MLflow: an interrupt after the last commit ended the MLflow run as
+    killed. The flow tells the tracker whether every iteration is committed; that decides FINISHED."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    store = tmp_path / "store"
+    statuses = {}
+    for name, finished in (("all-committed", True), ("cut-short", False)):
+        with pytest.raises(KeyboardInterrupt):
+            with open_tracker("mlflow", None, str(store), name, {}, timeout_s=120) as tracker:
+                tracker.finished = lambda finished=finished: finished
+                tracker.log_iteration(1, iteration_metrics(1))
+                raise KeyboardInterrupt
+        statuses[name] = client(tracker.tracking_uri).get_run(tracker.mlflow_run_id).info.status
+    assert statuses == {"all-committed": "FINISHED", "cut-short": "KILLED"}

@@ -4,11 +4,12 @@ method sections are in :mod:`rlcr.config.sections`."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
 from rlcr.config.fields import RESULTS_KEY, Section, changes, operational
+from rlcr.untrusted import printable
 
 RESERVED_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
 """Ray resources that ``placement.engine_resources``/``placement.trainer_resources`` may not name (other settings
@@ -165,14 +166,18 @@ class OrchestrationSection(Section):
     """Backoff factor of the retries: delays are retry_delay_s · 2^attempt seconds. Operational."""
 
 
-class TrackingSection(Section):
-    """Experiment tracking (MLflow)."""
+TRACKING_BACKENDS = ("mlflow", "wandb", "none")
 
-    backend: Literal["mlflow", "none"] = operational("mlflow")
+
+class TrackingSection(Section):
+    """Experiment tracking (MLflow, W&B)."""
+
+    backend: str | list[str] = operational("mlflow")
     """Experiment tracking: ``mlflow`` (one MLflow run per rlcr run: the config as params, each committed
-    iteration's metrics with step = iteration, the probe's report as artifacts) or ``none``. A tracker that is
-    down or slow never stops training: one warning, then tracking is off for the rest of the flow run and the
-    next resume fills in what was missed. Operational."""
+    iteration's metrics with step = iteration, the probe's report as artifacts), ``wandb`` (one W&B run per rlcr
+    run, the same metrics with ``iteration`` as x-axis; needs the ``wandb`` extra), both (``[mlflow, wandb]``) or
+    ``none``. A tracker that is down or slow never stops training: one warning, then it is off for the rest of
+    the flow run and the next resume fills in what was missed. Operational."""
     uri: str | None = operational(None)
     """MLflow tracking server (``http://mlflow:5000``). None: ``$MLFLOW_TRACKING_URI`` if set, else a SQLite
     store next to a local ``storage.uri`` (``<storage>/mlflow.db``; view it with ``mlflow ui
@@ -183,6 +188,28 @@ class TrackingSection(Section):
     Operational."""
     timeout_s: float = operational(60.0, gt=0.0, le=3600.0)
     """Longest one tracking call may take before tracking turns off for the flow run. Operational."""
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _known_backends(cls, value: Any) -> Any:
+        names = [value] if isinstance(value, str) else value
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise ValueError("expected mlflow, wandb or none, or a list such as [mlflow, wandb]")
+        for name in names:
+            if name not in TRACKING_BACKENDS or (name == "none" and len(names) > 1):
+                raise ValueError(f"unknown tracker {printable(name, 40)!r}: expected mlflow, wandb or none, or a "
+                                 "list such as [mlflow, wandb]")
+        return value
+
+    wandb_project: str = operational("rlcr", min_length=1, max_length=128)
+    """W&B project of the runs (``tracking.backend`` ``wandb``). Operational."""
+    wandb_entity: str | None = operational(None, max_length=128)
+    """W&B entity (team or user); None: the API key's default. Operational."""
+    wandb_mode: Literal["online", "offline"] | None = operational(None)
+    """``offline``: W&B writes local files only (send them later with ``wandb sync``); None: ``$WANDB_MODE``, else
+    online (``WANDB_API_KEY`` and ``WANDB_BASE_URL`` from the environment). Operational."""
+    wandb_dir: str | None = operational(None)
+    """Where W&B writes its files (its ``wandb/`` folder goes inside); None: the storage folder where storage is
+    local, else ``$WANDB_DIR`` or the working directory. Operational."""
 
 
 class EvalSection(Section):

@@ -44,20 +44,21 @@ its connection (a server streaming an endless body is not downloaded after track
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 from rlcr.tracking.flatten import (HEADLINE, MAX_TAG_VALUE, METRICS_PER_BATCH, PARAMS_PER_BATCH,
                                   SENTINEL, STARTED, flatten_metrics, flatten_params, metric_key, tracked_metrics)
 
-__all__ = ["Tracker", "MlflowTracker", "open_tracker", "tracker_from_config", "flatten_params", "flatten_metrics",
+__all__ = ["Tracker", "BoundedTracker", "MlflowTracker", "Trackers", "open_tracker", "tracker_from_config", "flatten_params", "flatten_metrics",
            "tracked_metrics", "HEADLINE", "metric_key", "resolve_backend", "log_iterations", "sync_run", "step_metrics", "TRACKING_KINDS", "EXPERIMENT",
            "RUN_ID_TAG", "SENTINEL", "STARTED", "CallAbandoned"]
 
-TRACKING_KINDS = ("mlflow", "none")
+TRACKING_KINDS = ("mlflow", "wandb", "none")
 EXPERIMENT = "rlcr"
 """The MLflow experiment every rlcr run goes to."""
 RUN_ID_TAG = "rlcr.run_id"
@@ -149,25 +150,29 @@ class Tracker:
     def __enter__(self) -> "Tracker":
         return self
 
+    finished: Optional[Callable[[], bool]] = None
+    """Set by the training flow: whether the rlcr run has all its iterations committed, so that the MLflow run
+    ends ``FINISHED`` as rlcr says it is, even when the attempt ended by an interrupt or error after its last
+    commit."""
+
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.close("FINISHED" if exc_type is None else ("KILLED" if exc_type is KeyboardInterrupt else "FAILED"))
+        if exc_type is not None and self.finished is not None:
+            try:
+                if self.finished():
+                    exc_type = None
+            except Exception:  # noqa: BLE001 — the status as the exception says, then
+                pass
+        self.close("FINISHED" if exc_type is None else ("KILLED" if issubclass(exc_type, KeyboardInterrupt)
+                                                         else "FAILED"))
 
 
-class MlflowTracker(Tracker):
-    """A run in an MLflow tracking store; built by :func:`open_tracker`."""
+class BoundedTracker(Tracker):
+    """A tracker whose every call to its service is bounded (:meth:`_call`): one that fails or takes longer than
+    ``_timeout_s`` warns once (naming :attr:`label`) and turns the tracker off for the rest of the process."""
 
-    def __init__(self, tracking_uri: str, *, timeout_s: float, logger: Any, ui_url: str | None = None,
-                 resume: bool = True):
-        self.tracking_uri = tracking_uri
-        self._resume = resume  # False: attach to a run without reopening it (its status and end time stay)
-        self.enabled = True
-        self._timeout_s = timeout_s
-        self._logger = logger or _log
-        self._ui_url = ui_url
-        self._client = None
-        self._steps: dict[str, set[int]] = {}  # marker metric → steps it holds (read once, then kept)
-        if tracking_uri.startswith("sqlite:"):
-            self.ui_hint = f"mlflow ui --backend-store-uri {tracking_uri}"
+    label = "tracking"
+    _timeout_s = DEFAULT_TIMEOUT_S
+    _logger: Any = None
 
     # -- the guard: bounded time, one warning, then off
 
@@ -200,8 +205,27 @@ class MlflowTracker(Tracker):
     def _disable(self, reason: str) -> None:
         if self.enabled:
             self.enabled = False
-            self._logger.warning("MLflow tracking (%s) is off for the rest of this run: %s. Training goes on; "
-                                 "a resumed run logs the missed iterations.", self.tracking_uri, reason)
+            (self._logger or _log).warning("%s is off for the rest of this run: %s. Training goes on; a resumed run "
+                                           "logs the missed iterations.", self.label, reason)
+
+
+class MlflowTracker(BoundedTracker):
+    """A run in an MLflow tracking store; built by :func:`open_tracker`."""
+
+    def __init__(self, tracking_uri: str, *, timeout_s: float, logger: Any, ui_url: str | None = None,
+                 resume: bool = True):
+        self.tracking_uri = tracking_uri
+        self._resume = resume  # False: attach to a run without reopening it (its status and end time stay)
+        self.enabled = True
+        self._timeout_s = timeout_s
+        self._logger = logger or _log
+        self._ui_url = ui_url
+        self._client = None
+        self._steps: dict[str, set[int]] = {}  # marker metric → steps it holds (read once, then kept)
+        self._note, self._noted_step = "", -1  # the calibration note set last, and the step it was set for
+        self.label = f"MLflow tracking ({tracking_uri})"
+        if tracking_uri.startswith("sqlite:"):
+            self.ui_hint = f"mlflow ui --backend-store-uri {tracking_uri}"
 
     # -- opening
 
@@ -274,7 +298,14 @@ class MlflowTracker(Tracker):
 
     def log_iteration(self, iteration: int, metrics: Mapping[str, Any]) -> bool:
         flat = tracked_metrics(metrics)
-        return bool(self._call(f"logging iteration {iteration}", self._log_iteration, int(iteration), flat))
+        done = bool(self._call(f"logging iteration {iteration}", self._log_iteration, int(iteration), flat))
+        if done and int(iteration) >= self._noted_step:
+            note = calibration_note(int(iteration), metrics)
+            if note != self._note:  # the run's description (MLflow's note) says why the calibration charts are empty
+                self._call("setting the run's note", self._client.set_tag, self.mlflow_run_id, NOTE_TAG, note)
+                self._note = note
+            self._noted_step = int(iteration)
+        return done
 
     def logged_iterations(self) -> set[int]:
         return set(self._call("reading the logged iterations", self._logged_steps, SENTINEL) or ())
@@ -309,6 +340,31 @@ class MlflowTracker(Tracker):
         if self.enabled and self.mlflow_run_id and self._resume:
             self._call("ending the run", self._client.set_terminated, self.mlflow_run_id, status)
         self.enabled = False
+
+
+NOTE_TAG = "mlflow.note.content"
+"""The tag MLflow's UI shows as a run's description."""
+
+
+def calibration_note(iteration: int, metrics: Mapping[str, Any]) -> str:
+    """The run's note for its latest logged step: why its calibration metrics are missing there, or "" when they
+    are defined. Undefined ECE, Brier and AUROC are not logged (MLflow takes numbers only), so their charts are
+    empty or stop; the note says why."""
+    ev = metrics.get("eval") if isinstance(metrics.get("eval"), Mapping) else None
+    if ev is None:
+        return ""
+    ece, parsed = ev.get("ece"), ev.get("confidence_parse_rate")
+    if isinstance(ece, (int, float)) and math.isfinite(ece):
+        return ""
+    step = "the baseline evaluation (step 0)" if iteration == 0 else f"iteration {iteration}"
+    if isinstance(parsed, (int, float)) and parsed == 0:
+        why = ("no held-out answer stated a confidence that could be parsed (eval/confidence_parse_rate = 0): "
+               "calibration needs stated confidences. A format warm-start (`rlcr sft`) teaches the confidence "
+               "turn's format")
+    else:
+        why = "no held-out answer had both a parsed confidence and a verdict to calibrate against"
+    return (f"Calibration metrics (eval/ece, eval/brier, eval/auroc) are undefined at {step}, the latest logged: "
+            f"{why}. They are logged from the first evaluation where they are defined.")
 
 
 class CallAbandoned(BaseException):
@@ -365,9 +421,10 @@ def _set_http_env() -> None:
         os.environ.setdefault(k, v)
 
 
-def open_tracker(kind: str, tracking_uri: str | None, storage_uri: str, run_id: str, params: Mapping[str, Any],
-                 *, parent: Tracker | str | None = None, experiment: str = EXPERIMENT, ui_url: str | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, logger: Any = None, resume: bool = True) -> Tracker:
+def open_tracker(kind: str | list[str], tracking_uri: str | None, storage_uri: str, run_id: str,
+                 params: Mapping[str, Any], *, parent: Tracker | str | None = None, experiment: str = EXPERIMENT,
+                 ui_url: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, logger: Any = None,
+                 resume: bool = True, wandb: Mapping[str, Any] | None = None) -> Tracker:
     """The tracker of rlcr run ``run_id``: ``kind="none"`` → the no-op :class:`Tracker`; ``"mlflow"`` → the
     MLflow run tagged with ``run_id`` in ``experiment`` (created, or found and continued), its params the
     flattened ``params`` (:func:`flatten_params`). ``parent``: a tracker or MLflow run id whose child this run
@@ -377,12 +434,24 @@ def open_tracker(kind: str, tracking_uri: str | None, storage_uri: str, run_id: 
     the training's (the probe's report).
 
     Never raises for an unreachable, slow or failing store: after ``timeout_s`` or an error it warns once and
-    returns a disabled tracker (``enabled`` False, every call a no-op). Raises ValueError for an unknown kind."""
+    returns a disabled tracker (``enabled`` False, every call a no-op). Raises ValueError for an unknown kind.
+
+    ``kind`` ``"wandb"`` (``wandb``: a dict of :class:`~rlcr.tracking.wandb_tracker.WandbTracker`'s project,
+    entity, mode and directory) is the W&B run of ``run_id``; a list of kinds is every one of them
+    (:class:`Trackers`). W&B has no way to add to a run without reopening it: with ``resume`` False it is left
+    out."""
+    if not isinstance(kind, str):
+        kinds = [k for k in dict.fromkeys(kind) if k != "none"]
+        return Trackers([open_tracker(k, tracking_uri, storage_uri, run_id, params, parent=parent,
+                                      experiment=experiment, ui_url=ui_url, timeout_s=timeout_s, logger=logger,
+                                      resume=resume, wandb=wandb) for k in kinds])
     if kind not in TRACKING_KINDS:
         raise ValueError(f"tracking kind {kind!r}: expected one of {', '.join(TRACKING_KINDS)}")
-    if kind == "none":
+    if kind == "none" or (kind == "wandb" and not resume):
         return Tracker()
     log = logger or _log
+    if kind == "wandb":
+        return _open_wandb(run_id, params, storage_uri, timeout_s, log, **(wandb or {}))
     backend = resolve_backend(tracking_uri, storage_uri)
     if backend is None:
         log.warning("MLflow tracking is off for run %s: storage %s is not local and no tracking.uri (or "
@@ -407,13 +476,73 @@ def open_tracker(kind: str, tracking_uri: str | None, storage_uri: str, run_id: 
 def tracker_from_config(cfg: Any, run_id: str, *, parent: Tracker | str | None = None,
                         params: Mapping[str, Any] | None = None, logger: Any = None, resume: bool = True) -> Tracker:
     """:func:`open_tracker` with the config's ``tracking`` (default ``"mlflow"``), ``tracking.uri``,
-    ``tracking.ui_url`` and ``storage.uri``; params: ``params`` or the whole config (``model_dump``)."""
+    ``tracking.ui_url``, the ``tracking.wandb_*`` fields and ``storage.uri``; params: ``params`` or the whole config
+    (``model_dump``)."""
     if params is None:
         params = cfg.model_dump(mode="json")
-    return open_tracker(getattr(cfg.tracking, "backend", "mlflow"), getattr(cfg.tracking, "uri", None), cfg.storage.uri,
-                        run_id, params, parent=parent, ui_url=getattr(cfg.tracking, "ui_url", None),
-                        timeout_s=getattr(cfg.tracking, "timeout_s", DEFAULT_TIMEOUT_S), logger=logger,
-                        resume=resume)
+    t = cfg.tracking
+    return open_tracker(getattr(t, "backend", "mlflow"), getattr(t, "uri", None), cfg.storage.uri,
+                        run_id, params, parent=parent, ui_url=getattr(t, "ui_url", None),
+                        timeout_s=getattr(t, "timeout_s", DEFAULT_TIMEOUT_S), logger=logger, resume=resume,
+                        wandb={"project": getattr(t, "wandb_project", EXPERIMENT),
+                               "entity": getattr(t, "wandb_entity", None), "mode": getattr(t, "wandb_mode", None),
+                               "directory": getattr(t, "wandb_dir", None)})
+
+
+def _open_wandb(run_id: str, params: Mapping[str, Any], storage_uri: str, timeout_s: float, log: Any, *,
+                project: str = EXPERIMENT, entity: str | None = None, mode: str | None = None,
+                directory: str | None = None) -> Tracker:
+    """The W&B tracker of ``run_id`` (:mod:`rlcr.tracking.wandb_tracker`), its files in ``directory``, else beside
+    a local store, else ``$WANDB_DIR`` or the working directory; a disabled tracker (one warning) where the
+    ``wandb`` package is missing or the run cannot be opened in ``timeout_s``."""
+    from rlcr.tracking.wandb_tracker import WandbTracker
+
+    if directory is None:
+        directory = (str(Path(storage_uri.removeprefix("file://")).expanduser().resolve()) if _is_local(storage_uri)
+                     else os.environ.get("WANDB_DIR") or os.getcwd())
+    tracker = WandbTracker(run_id, project=project, entity=entity, mode=mode, directory=directory,
+                           timeout_s=timeout_s, logger=log)
+    tracker._call(f"opening run {run_id}", tracker._open, params)
+    return tracker
+
+
+class Trackers(Tracker):
+    """Several trackers as one (``tracking.backend: [mlflow, wandb]``): each call goes to every tracker still on;
+    one that turns off leaves the others going. The MLflow one (if any) answers for the MLflow attributes."""
+
+    def __init__(self, trackers: list[Tracker]):
+        self.trackers = [t for t in trackers if t.enabled] or [Tracker()]
+        first = next((t for t in self.trackers if isinstance(t, MlflowTracker)), self.trackers[0])
+        for name in ("tracking_uri", "mlflow_run_id", "experiment_id", "run_url", "experiment_url", "ui_hint"):
+            setattr(self, name, getattr(first, name, None))
+
+    @property
+    def enabled(self) -> bool:  # type: ignore[override]
+        return any(t.enabled for t in self.trackers)
+
+    def where(self) -> str | None:
+        places = [w for w in (t.where() for t in self.trackers) if w]
+        return "; ".join(places) or None
+
+    def log_iteration(self, iteration: int, metrics: Mapping[str, Any]) -> bool:
+        return all([t.log_iteration(iteration, metrics) for t in self.trackers if t.enabled])
+
+    def logged_iterations(self) -> set[int]:
+        sets = [t.logged_iterations() for t in self.trackers if t.enabled]
+        return set.intersection(*sets) if sets else set()
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int = 0) -> bool:
+        return all([t.log_metrics(metrics, step) for t in self.trackers if t.enabled])
+
+    def log_artifact(self, local_path: str | os.PathLike, artifact_path: str | None = None) -> bool:
+        return all([t.log_artifact(local_path, artifact_path) for t in self.trackers if t.enabled])
+
+    def set_tags(self, tags: Mapping[str, Any]) -> bool:
+        return all([t.set_tags(tags) for t in self.trackers if t.enabled])
+
+    def close(self, status: str = "FINISHED") -> None:
+        for t in self.trackers:
+            t.close(status)
 
 
 def log_iterations(tracker: Tracker, items: Iterable[tuple[int, Mapping[str, Any]]]) -> int:
