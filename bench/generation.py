@@ -152,7 +152,8 @@ class Direct:
 
         t0 = time.perf_counter()
         _, answers, second = sample_tree(self.llm, self.tok, conv, labels=labels, seeds=seeds, turn2=turn2,
-                                         max_prompt_tokens=r.max_prompt_tokens, temperature=r.temperature, top_p=r.top_p,
+                                         max_prompt_tokens=r.max_prompt_tokens, temperature=r.temperature,
+                                         top_p=r.top_p,
                                          max_tokens=(r.max_answer_tokens, r.max_confidence_tokens),
                                          stop=(ANSWER_STOP, CONFIDENCE_STOP))
         wall = time.perf_counter() - t0
@@ -171,7 +172,8 @@ def flow_side(cfg, tasks, policy: str, iteration: int, pool, pipelined: bool) ->
     res = run_rollouts(run_cfg, tasks, policy_uri=policy, run_id="bench-generation", iteration=iteration, engines=pool)
     wall = time.perf_counter() - t0
     gen = res.timings["rollout/answer_generate_s"] + res.timings["rollout/confidence_generate_s"]
-    tree = {(r["sample_type"], r["prompt_id"], r["answer_id"], r["confidence_id"]): r["completion_ids"] for r in res.rows}
+    tree = {(r["sample_type"], r["prompt_id"], r["answer_id"], r["confidence_id"]): r["completion_ids"]
+            for r in res.rows}
     return gen, sum(map(len, tree.values())), tree, wall
 
 
@@ -279,9 +281,11 @@ def main() -> None:
             it = rnd + 2
             tasks, seed = prompts_for_iteration(cfg, train, it), rollout_seed(cfg, it)
             got = {"ceiling": direct.ceiling(args.ceiling_requests, args.ceiling_tokens)}
-            order = [("direct", lambda: direct.two_calls(tasks, seed)), ("direct-tree", lambda: direct.pipelined(tasks, seed)),
-                     ("flow", lambda: flow_side(cfg, tasks, policy, it, pool, False)),
-                     ("flow-pipelined", lambda: flow_side(cfg, tasks, policy, it, pool, True))]
+            # this round's tasks, seed and iteration bound as defaults (each side is run within this round)
+            order = [("direct", lambda tasks=tasks, seed=seed: direct.two_calls(tasks, seed)),
+                     ("direct-tree", lambda tasks=tasks, seed=seed: direct.pipelined(tasks, seed)),
+                     ("flow", lambda tasks=tasks, it=it: flow_side(cfg, tasks, policy, it, pool, False)),
+                     ("flow-pipelined", lambda tasks=tasks, it=it: flow_side(cfg, tasks, policy, it, pool, True))]
             for name, run in (order if rnd % 2 == 0 else order[::-1]):
                 direct.llm.reset_prefix_cache()
                 ray.get([a.__ray_call__.remote(lambda engine: engine.llm.reset_prefix_cache()) for a in pool.actors])
@@ -293,7 +297,8 @@ def main() -> None:
                 f"{n} {got[n][1]} tok / {got[n][0]:.1f} s = {rates[n][-1]:.0f} tok/s" for n in SIDES)
                 + f"; flow wall {got['flow'][3]:.1f} s, pipelined {got['flow-pipelined'][3]:.1f} s; same tokens as "
                 f"direct: direct-tree {same(got['direct'][2], got['direct-tree'][2])}, flow "
-                f"{same(got['direct'][2], got['flow'][2])}, flow-pipelined {same(got['direct'][2], got['flow-pipelined'][2])}; "
+                f"{same(got['direct'][2], got['flow'][2])}, flow-pipelined "
+                f"{same(got['direct'][2], got['flow-pipelined'][2])}; "
                 f"pipelined/former {ratios[-1]:.2f}", flush=True)
     for name in SIDES:
         v = rates[name]

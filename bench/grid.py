@@ -50,10 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from bench.grid_protocol import (ProtocolError, SplitError, build_split, check_disjoint, load_protocol,  # noqa: E402
-                                 write_split)
-from bench.grid_records import (DEFAULT_DIR, RecordError, record_name, record_table, weights_digest,  # noqa: E402
-                                write_record)
+from bench.grid_protocol import ProtocolError, SplitError, build_split, check_disjoint, load_protocol, write_split  # noqa: E402
+from bench.grid_records import DEFAULT_DIR, RecordError, record_name, record_table, weights_digest, write_record  # noqa: E402
 from bench.grid_table import BEGIN, END, README_BEGIN, README_END, build_table, replace_section  # noqa: E402
 
 
@@ -159,7 +157,8 @@ def run_seed(protocol, files, split, store: Path, seed: int, methods, chunk: int
         mcfg = load_config(protocol.config, overrides(method))
         iteration, checkpoint = newest_checkpoint(mcfg, run_id(seed, method))  # its seal checked
         if iteration != protocol.iterations:
-            raise SystemExit(f"{run_id(seed, method)}: at iteration {iteration}, not {protocol.iterations}; re-run to resume")
+            raise SystemExit(f"{run_id(seed, method)}: at iteration {iteration}, not {protocol.iterations}; "
+                             "re-run to resume")
         evaluate_records(mcfg, protocol, seed, method, checkpoint, protocol.iterations, tasks, records, digest)
     print(f"seed {seed}: {', '.join(methods)} done — commit the records and s{seed}-plan.json under {records}",
           flush=True)
@@ -206,7 +205,8 @@ def store_and_split(ap, protocol, store_arg: str | None, seeds, chunk: int):
     checked for ``seeds`` (:func:`prepare_split`); returns (store, files, split). A remote store is refused."""
     from rlcr.config import load_config
 
-    cfg = load_config(protocol.config, [*protocol.overrides("rlcr"), *([f"storage.uri={store_arg}"] if store_arg else [])])
+    cfg = load_config(protocol.config,
+                      [*protocol.overrides("rlcr"), *([f"storage.uri={store_arg}"] if store_arg else [])])
     if "://" in cfg.storage.uri:
         ap.error(f"--store: a local directory (the split's task files go there), got {cfg.storage.uri}")
     store = Path(cfg.storage.uri).resolve()

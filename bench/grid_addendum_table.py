@@ -25,8 +25,16 @@ import numpy as np
 
 from bench.grid_protocol import OUT_OF_DOMAIN
 from bench.grid_records import DEFAULT_DIR, RecordError, read_records
-from bench.grid_table import (METRIC_COLUMNS, _recalibrated, _scored, interval_text, metrics_table, row_results,
-                              seed_text, warm_start_lines)
+from bench.grid_table import (
+    METRIC_COLUMNS,
+    _recalibrated,
+    _scored,
+    interval_text,
+    metrics_table,
+    row_results,
+    seed_text,
+    warm_start_lines,
+)
 from rlcr.protocol_stats import NON_INFERIORITY_MARGIN
 
 SECOND_DIR = DEFAULT_DIR.parent / "grid-2"
@@ -56,7 +64,8 @@ it pairs — of an out-of-domain set's records for the goals in :data:`OOD_GOALS
 others)."""
 OOD_GOALS = {"out_of_domain_ece": "math", "out_of_domain_ece_qa": "qa"}
 """The out-of-domain goals, each with the split name of the set it reads."""
-OOD_NAMES = {"math": "the math task's shipped set", "qa": "the `qa` task's shipped set, rlcr/tasks/data/qa_heldout.jsonl"}
+OOD_NAMES = {"math": "the math task's shipped set",
+             "qa": "the `qa` task's shipped set, rlcr/tasks/data/qa_heldout.jsonl"}
 OOD_SETS = {split: (key, OOD_NAMES[split]) for key, split in OUT_OF_DOMAIN.items()}
 """Per out-of-domain split (bench/grid_protocol.py's :data:`OUT_OF_DOMAIN`): its key under the addendum's
 ``out_of_domain`` and how the table names it."""

@@ -137,7 +137,8 @@ SHARED_FIELDS = {"model": "model.name", "warm_start.sft_tasks": "sft.tasks", "wa
                  "conf_norm_mode": "method.conf_norm_mode", "loss_agg": "loss.agg", "clip_high": "loss.clip_high",
                  "iterations": "run.iterations"}
 METHOD_FIELDS = {"num_generations_answer": "rollout.num_generations_answer",
-                 "num_generations_confidence": "rollout.num_generations_confidence", "lambda_conf": "method.lambda_conf"}
+                 "num_generations_confidence": "rollout.num_generations_confidence",
+                 "lambda_conf": "method.lambda_conf"}
 
 
 def _check(doc: Any, spec: Any, where: str, source: str, optional: frozenset | set = frozenset(OPTIONAL)) -> Any:

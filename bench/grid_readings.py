@@ -11,7 +11,6 @@ import numpy as np
 from bench.grid_records import POLICIES
 from bench.grid_table import EXPLORATORY, GOAL_TEXT, decide_goals, interval_text, seed_text
 
-
 RECALIBRATION_PAIRS = {"RLCR − (RLVR + Platt per stratum)": ("rlcr", "rlvr + Platt per stratum"),
                        "RLCR − (RLVR + isotonic per stratum)": ("rlcr", "rlvr + isotonic per stratum"),
                        "(RLCR + Platt per stratum) − (RLVR + Platt per stratum)":
@@ -70,8 +69,8 @@ def paper_flags(paper: Mapping[str, Mapping[int, Any]], protocol_seeds: Sequence
                          f"{'yes' if g['met'] else '**no**'} | {seed_text(d['seed_level'], key)} |")
     counts = {p: {s: int(np.unique(a.confidence[np.isfinite(a.confidence)]).size) for s, a in paper[p].items()}
               for p in POLICIES if p in paper}
-    lines += ["", "Distinct stated confidences per seed on the greedy test answers (one per task; unparsed = 0 counted as a "
-                  "value): " + "; ".join(f"{p} " + ", ".join(f"s{s} {k}" for s, k in v.items())
+    lines += ["", "Distinct stated confidences per seed on the greedy test answers (one per task; unparsed = 0 "
+                  "counted as a value): " + "; ".join(f"{p} " + ", ".join(f"s{s} {k}" for s, k in v.items())
                                         for p, v in counts.items()) + "."]
     r = d["result"]
     short = (f"{EXPLORATORY} Under the paper protocol (greedy, one answer per task; no decision) RLCR's Brier skill is "

@@ -23,7 +23,8 @@ COLUMNS = ("seed", "method", "split", "protocol", "task", "stratum", "prompt_id"
            "warm_start")
 WARM_START = re.compile(r"[0-9a-f]{64}")
 """``warm_start``: the sha256 of the seed's warm-start weights (:func:`weights_digest`), the same in every record."""
-NAME = re.compile(r"s(\d+)-(warm_start|rlcr|rlvr|rlcr_single|rlvr_g4)-(test|calibration|math|qa)-(primary|paper)\.parquet")
+NAME = re.compile(r"s(\d+)-(warm_start|rlcr|rlvr|rlcr_single|rlvr_g4)-(test|calibration|math|qa)"
+                  r"-(primary|paper)\.parquet")
 """A record's file name. ``rlvr_g4`` and the ``math`` and ``qa`` splits are the addendum's (bench/protocol-2.yaml;
 its records live under ``bench/results/grid-2/``, bench/grid_addendum.py)."""
 DEFAULT_DIR = Path(__file__).resolve().parent / "results" / "grid"
@@ -121,7 +122,8 @@ def read_records(directory: Path, warm_starts: dict | None = None) -> dict[tuple
         try:
             t = pq.read_table(path, columns=list(COLUMNS)).to_pydict()
         except Exception as e:  # noqa: BLE001 — not Parquet, a missing column …
-            raise RecordError(f"{where}: not a readable grid record ({type(e).__name__}: {printable(e, 160)})") from None
+            raise RecordError(f"{where}: not a readable grid record "
+                              f"({type(e).__name__}: {printable(e, 160)})") from None
         key = (int(m.group(1)), m.group(2), m.group(3), m.group(4))
         for col, want in zip(("seed", "method", "split", "protocol"), key):
             if set(t[col]) - {want}:

@@ -58,8 +58,14 @@ def table_rows(records: Mapping, protocol: str, as_zero: bool) -> dict[str, dict
     """``{row label: {seed: Answers}}``: each policy, RLVR recalibrated (temperature, isotonic: fitted on its
     calibration answers of the same seed) and each policy's difficulty prior (confidence = its accuracy on the
     task's stratum on the calibration split). Every row's ``prior`` is its policy's prior."""
-    from rlcr.recalibration import (apply_isotonic, apply_platt, apply_temperature, fit_isotonic, fit_platt,
-                                    fit_temperature)
+    from rlcr.recalibration import (
+        apply_isotonic,
+        apply_platt,
+        apply_temperature,
+        fit_isotonic,
+        fit_platt,
+        fit_temperature,
+    )
 
     seeds = sorted({k[0] for k in records})
     scored = {p: {s: x for s in seeds if (x := _scored(records, p, s, protocol, as_zero)) is not None}
@@ -174,7 +180,8 @@ def decide_goals(rows: Mapping[str, Mapping[int, Any]], protocol_seeds: Sequence
     parts = {"brier_skill": [("brier_skill", goals["brier_skill"])],
              "within_stratum_auroc": list(zip(("auroc_within_vs_rlvr", "auroc_within_vs_recalibrated"),
                                               goals["within_stratum_auroc"]["parts"])),
-             "ece": [("ece_vs_rlvr", goals["ece"])], "accuracy_non_inferior": [("accuracy_vs_rlvr", goals["accuracy_non_inferior"])]}
+             "ece": [("ece_vs_rlvr", goals["ece"])],
+             "accuracy_non_inferior": [("accuracy_vs_rlvr", goals["accuracy_non_inferior"])]}
     read = seed_level(result, level)
     seed_goals = decide(read)
     seed_parts = {"brier_skill": [seed_goals["brier_skill"]], "within_stratum_auroc": seed_goals["within_stratum_auroc"]
@@ -215,7 +222,8 @@ def goals_section(d: Mapping[str, Any] | None, protocol_seeds: Sequence[int]) ->
                          if missed else "Every goal met by the registered rule also holds at the seed level.")]
         return lines, f"{met}/{len(d['parts'])}"
     lines += ["", f"Not decided: the rules read intervals over the protocol's seeds "
-                  f"({', '.join(map(str, protocol_seeds))}); records hold seeds {', '.join(map(str, d['seeds']))} only. "
+                  f"({', '.join(map(str, protocol_seeds))}); records hold seeds "
+                  f"{', '.join(map(str, d['seeds']))} only. "
                   "The figures above are provisional."]
     return lines, f"undecided ({len(d['seeds'])}/{len(protocol_seeds)} seeds)"
 
@@ -336,7 +344,8 @@ def summary_lines(protocol, n: int, results: Mapping, decided: Mapping[str, Any]
     """README's short form: the set-up in one line, one line per goal with its figures and seed-level reading,
     and the exploratory lines (stratum-aware recalibration, greedy decoding); the tables stay in docs/results.md."""
     out = [f"Pre-registered in [bench/protocol.yaml](bench/protocol.yaml) before the runs: training seeds "
-           f"{', '.join(map(str, protocol.seeds))} (each with its own warm-start), {protocol.iterations} iterations per "
+           f"{', '.join(map(str, protocol.seeds))} (each with its own warm-start), {protocol.iterations} "
+           "iterations per "
            f"method at equal generated tokens, {protocol.sizes['test']} held-out test tasks × "
            f"{protocol.decodings[0].answers_per_task} sampled answers per seed; {protocol.level:.0%} intervals by a "
            f"hierarchical bootstrap over seeds, then tasks ({n:,} replicates). Every policy's and baseline's figures, "

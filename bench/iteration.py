@@ -42,8 +42,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import shutil
+import statistics
 import sys
 import tempfile
 from pathlib import Path

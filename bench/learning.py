@@ -31,7 +31,8 @@ def main() -> None:
     ap.add_argument("--run-id", default="learning")
     ap.add_argument("--sft-tasks", type=int, default=160,
                     help="solver tasks of the warm-start (overrides the config's sft_tasks)")
-    ap.add_argument("--sft", default=None, help="URI of an existing warm-start checkpoint (e.g. the demo's) to start from")
+    ap.add_argument("--sft", default=None,
+                    help="URI of an existing warm-start checkpoint (e.g. the demo's) to start from")
     ap.add_argument("overrides", nargs="*", help="field=value")
     a = ap.parse_args()
 
@@ -73,7 +74,8 @@ def main() -> None:
     fig.savefig(png, dpi=100)
     print(f"curves: {png}   ({len(rows) - 1} iterations, {elapsed / 60:.1f} min)")
     first, last = rows[0][1], rows[-1][1]
-    print(f"accuracy {first['accuracy']:.3f} -> {last['accuracy']:.3f}; Brier {first['brier']:.3f} -> {last['brier']:.3f}")
+    print(f"accuracy {first['accuracy']:.3f} -> {last['accuracy']:.3f}; "
+          f"Brier {first['brier']:.3f} -> {last['brier']:.3f}")
     print(f"learning ECE first→last: {first['ece']:.3f} -> {last['ece']:.3f}")
 
 

@@ -138,8 +138,10 @@ def summary(results: dict[str, list[dict[str, float]]]) -> None:
             xs = [r[key] for r in runs]
             say(f"{side:5s} {key:10s} median {statistics.median(xs):.3f} (range {min(xs):.3f}–{max(xs):.3f}, "
                 f"n = {len(xs)})")
-    per_round = lambda key: [l[key] / f[key] if f[key] else float("nan")  # noqa: E731,E741
-                             for f, l in zip(results["full"], results["lora"])]
+
+    def per_round(key):
+        return [lo[key] / f[key] if f[key] else float("nan") for f, lo in zip(results["full"], results["lora"])]
+
     for key, label in (("sync_s", "sync time"), ("save_s", "save time"), ("save_mb", "save size"),
                        ("workers_gb", "trainer peak memory")):
         say(f"lora/full {label}: {statistics.median(per_round(key)):.3f}")

@@ -82,8 +82,8 @@ def merged_engine_class():
 def make_requests(model_dir: str, prompts: int, samples: int):
     from transformers import AutoTokenizer
 
-    from rlcr.tasks.registry import get_task
     from rlcr.tasks.chat import render_prompt
+    from rlcr.tasks.registry import get_task
 
     countdown = get_task("countdown")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -158,7 +158,8 @@ def main() -> None:
                 ms[side].append(1e3 * out[side][1] / sum(len(x) for x in out[side][0]))
             sync["vllm-lora"].append(write_s + max(0.0, first_s - out["vllm-lora"][1]))
             differ = sum(a != b for a, b in zip(out["merged"][0], out["vllm-lora"][0]))
-            print(f"round {r + 1 if r >= 0 else 'warm-up'}/{args.rounds}: sync merged {sync['merged'][-1]:.2f} s, vllm-lora "
+            print(f"round {r + 1 if r >= 0 else 'warm-up'}/{args.rounds}: sync merged {sync['merged'][-1]:.2f} s, "
+                  "vllm-lora "
                   f"{sync['vllm-lora'][-1]:.2f} s (write {write_s:.2f}); ms/token merged {ms['merged'][-1]:.2f}, "
                   f"vllm-lora {ms['vllm-lora'][-1]:.2f}; {differ}/{len(prompts)} samples differ", flush=True)
             shutil.rmtree(adapter_dir)

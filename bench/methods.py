@@ -9,8 +9,9 @@
 2. Equal generated tokens per iteration: the same prompts each iteration (same seed and P) for every method,
    and each method's group size G_a chosen so that its generated tokens per prompt match two-turn ``rlcr``'s
    (G_a answers + G_a·G_c confidences). The lengths come from one calibration rollout of ``rlcr`` and
-   ``rlcr_single`` from the warm-start on the first iterations' prompts; the chosen G_a are kept in ``<store>/methods-plan.json`` so a
-   resumed benchmark keeps them. Generated and trained tokens per iteration are measured and reported.
+   ``rlcr_single`` from the warm-start on the first iterations' prompts; the chosen G_a are kept in
+   ``<store>/methods-plan.json`` so a resumed benchmark keeps them. Generated and trained tokens per iteration are
+   measured and reported.
 3. The three runs advance in turns, ``--chunk`` iterations at a time (each chunk one `rlcr/train` flow run
    that resumes the method's run), evaluating on the held-out set (``tasks.num_eval`` × ``eval.samples``,
    disjoint from the training pool and the warm-start) at every chunk end, so a stopped benchmark still has
@@ -24,8 +25,9 @@ advantages, which keep the Brier score proper:
 
 Prints each evaluation as it lands, then the table (accuracy, ECE, Brier, AUROC with 95% bootstrap CIs over
 tasks; tokens and seconds per iteration; where the runs kept per-answer evaluation rows, rlcr minus each other
-method at the last common evaluation with paired bootstrap CIs, as ``rlcr compare``), writes ``methods.md`` and ``methods.png`` to the store, and ends
-with ``methods ECE rlcr/rlvr: X`` (the ratio of the two methods' ECE at the last common evaluation).
+method at the last common evaluation with paired bootstrap CIs, as ``rlcr compare``), writes ``methods.md`` and
+``methods.png`` to the store, and ends with ``methods ECE rlcr/rlvr: X`` (the ratio of the two methods' ECE at the
+last common evaluation).
 """
 
 from __future__ import annotations
@@ -131,9 +133,15 @@ def per_iteration(cfg, run_id: str) -> dict[str, float]:
         met = run.store.read_json(run.store.rel(m["metrics_uri"]))
         gen.append(met["rollout"].get("tokens/generated", math.nan))
         trained.append(met["rollout"].get("tokens/trained", math.nan))
-        secs.append(sum(met["timings"].get(f"{k}_s", 0.0) for k in ("rollouts", "advantages", "update", "sync_weights")))
-    mean = lambda xs: statistics.fmean(xs) if xs else math.nan
-    spread = lambda xs: statistics.pstdev(xs) if len(xs) > 1 else math.nan
+        secs.append(sum(met["timings"].get(f"{k}_s", 0.0)
+                        for k in ("rollouts", "advantages", "update", "sync_weights")))
+
+    def mean(xs):
+        return statistics.fmean(xs) if xs else math.nan
+
+    def spread(xs):
+        return statistics.pstdev(xs) if len(xs) > 1 else math.nan
+
     return {"iterations": len(gen), "generated": mean(gen), "generated_sd": spread(gen), "trained": mean(trained),
             "seconds": mean(secs), "seconds_sd": spread(secs)}
 
@@ -270,7 +278,8 @@ def results_table(methods, curves, costs, group_sizes, last_common) -> list[str]
                 lines.append(f"| {m} | {group_sizes[m]} | {it} | " + " | ".join(cell(ev, k) for k in KEYS)
                              + " | " + "".join(f"{count_cell(ev, n)} | " for n in counts)
                              + f"{ev.get('confidence_parse_rate', math.nan):.2f} | {c['generated']:.0f} ± "
-                             f"{c['generated_sd']:.0f} / {c['trained']:.0f} | {c['seconds']:.0f} ± {c['seconds_sd']:.0f} | "
+                             f"{c['generated_sd']:.0f} / {c['trained']:.0f} | {c['seconds']:.0f} ± "
+                             f"{c['seconds_sd']:.0f} | "
                              + (f"{ev['seconds']:.0f} |" if "seconds" in ev else "– |"))
     return lines
 
@@ -281,7 +290,8 @@ def table_note(a, resamples: int, methods, curves) -> str:
     n_answers = next((ev.get("n_answers") for m in methods for _, ev, _ in curves[m]), None)
     return (f"Held-out: {n_tasks} tasks × {(n_answers or 0) // max(n_tasks or 1, 1)} answers; [95% bootstrap CI, "
             f"{resamples} resamples of tasks]. Iteration 0 = the shared warm-start, evaluated with each method's own "
-            "confidence query." + (f" Variant '{a.variant}' of {a.config}: {' '.join(a.overrides)}." if a.variant else ""))
+            "confidence query."
+            + (f" Variant '{a.variant}' of {a.config}: {' '.join(a.overrides)}." if a.variant else ""))
 
 
 def _ci_bound(ev: dict, key: str, side: int) -> float:
@@ -375,7 +385,8 @@ def main() -> None:
 
     def method_overrides(method: str) -> list[str]:
         return [*overrides, f"model.name={sft_uri}", f"method.name={method}", f"eval.every={a.chunk}",
-                f"rollout.num_generations_answer={plan['num_generations_answer'][method]}", f"orchestration.save_every={a.chunk}",
+                f"rollout.num_generations_answer={plan['num_generations_answer'][method]}",
+                f"orchestration.save_every={a.chunk}",
                 *per_method.get(method, [])]
 
     def method_cfg(method: str):

@@ -150,10 +150,10 @@ def adversarial_cases():
         # huge integer literals
         ("5000-digit literal", ans("9" * 5000 + "*1*2*8"), gt24, FORMAT_SCORE, False),
         ("13-digit literal", ans("1234567890123*1+2*8"), gt24, FORMAT_SCORE, False),
-        ("12-digit literals, max power", ans("*".join(["999999999999"] * 19)), {"target": 24, "numbers": [999999999999] * 19},
-         FORMAT_SCORE, False),
-        ("12-digit literals, tiny fraction", ans("/".join(["999999999999"] * 19)), {"target": 24, "numbers": [999999999999] * 19},
-         FORMAT_SCORE, False),
+        ("12-digit literals, max power", ans("*".join(["999999999999"] * 19)),
+         {"target": 24, "numbers": [999999999999] * 19}, FORMAT_SCORE, False),
+        ("12-digit literals, tiny fraction", ans("/".join(["999999999999"] * 19)),
+         {"target": 24, "numbers": [999999999999] * 19}, FORMAT_SCORE, False),
         # unicode digits and other lookalikes
         ("arabic-indic digits", ans("(\u0661+\u0662)*\u0668"), gt24, FORMAT_SCORE, False),
         ("fullwidth digits", ans("(\uff11+\uff12)*\uff18"), gt24, FORMAT_SCORE, False),
@@ -167,8 +167,10 @@ def adversarial_cases():
         ("division by zero", ans("8/(2-2)"), {"target": 24, "numbers": [8, 2, 2]}, FORMAT_SCORE, False),
         # many tags
         ("<answer> x5000 no close", "<answer>" * 5000, gt24, 0, False),
-        ("<answer>1</answer> x550 then real (10k)", "<answer>1</answer>" * 550 + "<answer>(1+2)*8</answer>", gt24, 1.0, False),
-        ("<answer>1</answer> x5000 then real", "<answer>1</answer>" * 5000 + "<answer>(1+2)*8</answer>", gt24, 1.0, False),
+        ("<answer>1</answer> x550 then real (10k)", "<answer>1</answer>" * 550 + "<answer>(1+2)*8</answer>", gt24, 1.0,
+         False),
+        ("<answer>1</answer> x5000 then real", "<answer>1</answer>" * 5000 + "<answer>(1+2)*8</answer>", gt24, 1.0,
+         False),
         ("<answer> x5000 then one close", "<answer>" * 5000 + "(1+2)*8</answer>", gt24, FORMAT_SCORE, False),
         ("</answer> x5000", "</answer>" * 5000, gt24, 0, False),
         ("not a str (None)", None, gt24, 0, False),

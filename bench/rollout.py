@@ -85,7 +85,8 @@ class Sides:
         t0 = time.perf_counter()
         p1 = [self._render(self.turn1(t)) for _, t in self.tasks]
         answers = seeded_sample(self.llm, p1, seed=seed, n=a.ga, max_tokens=a.answer_tokens, stop=ANSWER_STOP, **kw)
-        p2 = [self._render(self.turn2(t, s.completion_text)) for (_, t), group in zip(self.tasks, answers) for s in group]
+        p2 = [self._render(self.turn2(t, s.completion_text))
+              for (_, t), group in zip(self.tasks, answers) for s in group]
         confs = seeded_sample(self.llm, p2, seed=seed + 1, n=a.gc, max_tokens=a.confidence_tokens,
                               stop=CONFIDENCE_STOP, **kw)
         return time.perf_counter() - t0, _tokens(answers + confs)
@@ -200,7 +201,8 @@ def main() -> None:
         return sum(sides[name][r][1] for r in steady) / sum(sides[name][r][0] for r in steady)
 
     print(f"rows/round={len(sides['pipeline'][0][3].rows)}; steady state (rounds {steady.start}..{args.rounds - 1}), "
-          "generation tokens/s relative to direct: " + ", ".join(f"{n} {rate(n) / rate('direct'):.2f}" for n in names[1:]))
+          "generation tokens/s relative to direct: "
+          + ", ".join(f"{n} {rate(n) / rate('direct'):.2f}" for n in names[1:]))
     print(f"pipeline/direct generation tokens/s: {rate('pipeline') / rate('direct'):.2f}")
 
 

@@ -225,7 +225,8 @@ def run_trl(args, store: str, model: str, extra: list[str], path: str | None) ->
     from rlcr.storage import Store, fetch_checkpoint
 
     cfg = load_cfg(store, [f"model.name={model}", *extra])
-    local = fetch_checkpoint(import_model(cfg.model.name, Store(cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url),
+    local = fetch_checkpoint(import_model(cfg.model.name,
+                                          Store(cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url),
                                           chat_template=cfg.model.chat_template),
                              endpoint_url=cfg.storage.s3_endpoint_url)
     n = args.warmup + args.rounds
@@ -242,7 +243,8 @@ def run_trl(args, store: str, model: str, extra: list[str], path: str | None) ->
         spec["output_dir"] = tmp
         spec_file = Path(tmp) / "spec.json"
         spec_file.write_text(json.dumps(spec))
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+        env = {**os.environ,
+               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
         proc = subprocess.Popen([sys.executable, __file__, "--trl-worker", str(spec_file)], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=env, cwd=str(ROOT))
         out: dict[int, dict[str, float]] = {}
@@ -406,10 +408,12 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1, help="iterations/steps per side before the timed ones")
     ap.add_argument("--order", default="trl,rlcr", help="which side runs first")
     ap.add_argument("--store", default="/tmp/rlcr-bench-trl", help="storage.uri (the warm-start is kept there)")
-    ap.add_argument("--sft", default=None, help="a warm-start checkpoint URI to use (default: trained/reused in --store)")
+    ap.add_argument("--sft", default=None,
+                    help="a warm-start checkpoint URI to use (default: trained/reused in --store)")
     ap.add_argument("--base", action="store_true", help="the plain SmolLM2 checkpoint instead of the warm-start")
     ap.add_argument("--trl-path", default=None, help="directory holding TRL (default $RLCR_TRL_PATH or /work/trl-pkgs)")
-    ap.add_argument("--trl-gradient-checkpointing", action="store_true", help="keep TRL's default gradient checkpointing")
+    ap.add_argument("--trl-gradient-checkpointing", action="store_true",
+                    help="keep TRL's default gradient checkpointing")
     ap.add_argument("overrides", nargs="*", help="config field=value for both sides")
     args = ap.parse_args()
     order = [s.strip() for s in args.order.split(",")]

@@ -247,7 +247,8 @@ def check_dtypes(lm, policy, samples, trees, cfg, pad_id, dtypes, device) -> Non
 def run_plain(lm, samples, cfg, pad_id, opt) -> None:
     mb = collate(samples, pad_id)
     logits = lm(mb.input_ids).logits
-    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), mb.input_ids[:, 1:].reshape(-1))
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                             mb.input_ids[:, 1:].reshape(-1))
     loss.backward()
     torch.nn.utils.clip_grad_norm_(lm.parameters(), cfg.update.grad_clip)
     opt.step()
@@ -307,7 +308,8 @@ def summarize(times, peaks, dtype_of, settings, dtypes, flop: float, masked: int
     if multi:
         for s in settings:
             per_round = [a / b for a, b in zip(times[f"{s}/{dtypes[0]}"], times[f"{s}/{dtypes[-1]}"])]
-            print(f"{s}: {dtypes[-1]}/{dtypes[0]} speed (per-round time ratio) median {statistics.median(per_round):.2f} "
+            print(f"{s}: {dtypes[-1]}/{dtypes[0]} speed (per-round time ratio) median "
+                  f"{statistics.median(per_round):.2f} "
                   f"(min {min(per_round):.2f}, max {max(per_round):.2f})")
     return ratios
 
@@ -346,7 +348,8 @@ def parse_args():
     ap.add_argument("--micro-batch-tokens", type=int, default=None, help="default: the config's")
     ap.add_argument("--settings", default="old,new", help="comma-separated: old, new, plain")
     ap.add_argument("--plain", action="store_true", help="add the plain causal-LM step")
-    ap.add_argument("--lora", action="store_true", help="add the LoRA update (a second copy of the model, adapters only)")
+    ap.add_argument("--lora", action="store_true",
+                    help="add the LoRA update (a second copy of the model, adapters only)")
     ap.add_argument("--lora-rank", type=int, default=16)
     ap.add_argument("--profile", action="store_true", help="after the rounds, one profiled step per setting")
     ap.add_argument("--seed", type=int, default=0)
@@ -357,7 +360,8 @@ def parse_args():
                     help="smollm2 (its weights) or a random-init model of that shape")
     ap.add_argument("--matmul-n", type=int, default=None, help="the matmul's size (default 2048 on CPU, 8192 on cuda)")
     ap.add_argument("--check", action="store_true",
-                    help="before the rounds: one step per dtype from the same weights, compared (loss, grad norm, log-probs)")
+                    help="before the rounds: one step per dtype from the same weights, compared "
+                         "(loss, grad norm, log-probs)")
     args = ap.parse_args()
     dtypes = [d for d in (args.dtypes or "fp32").split(",") if d]
     if not dtypes or any(d not in ("fp32", "bf16") for d in dtypes):
@@ -398,8 +402,8 @@ def main() -> None:
     opts = {"new": make_optimizer(lm, cfg),
             "old": torch.optim.AdamW(lm.parameters(), lr=cfg.update.learning_rate, weight_decay=cfg.update.weight_decay,
                                      betas=tuple(cfg.update.adam_betas)),
-            "plain": torch.optim.AdamW(lm.parameters(), lr=cfg.update.learning_rate, weight_decay=cfg.update.weight_decay,
-                                       betas=tuple(cfg.update.adam_betas))}
+            "plain": torch.optim.AdamW(lm.parameters(), lr=cfg.update.learning_rate,
+                                       weight_decay=cfg.update.weight_decay, betas=tuple(cfg.update.adam_betas))}
 
     if args.check:
         check_dtypes(lm, new_policy, samples, trees, cfg, pad_id, dtypes, args.device)
@@ -414,7 +418,8 @@ def main() -> None:
         assert m["optimizer_steps"] == 1, m
 
     base = {"old": step_old, "new": step_new, "plain": lambda: run_plain(lm, samples, cfg, pad_id, opts["plain"])}
-    settings = [n for n in args.settings.split(",") if n] + (["plain"] if args.plain and "plain" not in args.settings else [])
+    settings = ([n for n in args.settings.split(",") if n]
+                + (["plain"] if args.plain and "plain" not in args.settings else []))
     if args.lora or "lora" in settings:
         base["lora"] = lora_step(args, samples, pad_id, extra)
         settings += [] if "lora" in settings else ["lora"]

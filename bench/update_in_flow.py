@@ -216,7 +216,8 @@ def main() -> None:
         digests = [rows_digest(its) for its in rows]
         first = first or digests
         if digests != first:
-            raise SystemExit(f"round {r}: the flow's rows differ from round 1's ({digests} vs {first}): not the same work")
+            raise SystemExit(f"round {r}: the flow's rows differ from round 1's ({digests} vs {first}): "
+                             "not the same work")
         ray.shutdown()
         torch.set_num_threads(max(1, os.cpu_count() or 1))  # the trainer worker's count with one worker
         for k, its in enumerate(rows, 1):

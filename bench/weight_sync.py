@@ -99,7 +99,8 @@ def main() -> None:
 
     model = resolve_model(args.model)
     work = Path(tempfile.mkdtemp(prefix="bench-weight-sync-"))
-    cfg = RLCRConfig(model={"name": model}, storage={"uri": str(work / "store")}, engine={"max_model_len": 1024, "kv_cache_gib": 1.0})
+    cfg = RLCRConfig(model={"name": model}, storage={"uri": str(work / "store")},
+                     engine={"max_model_len": 1024, "kv_cache_gib": 1.0})
     lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model)
     base = {k: v.clone() for k, v in lm.state_dict().items()}  # what the trainer holds (lm_head.weight tied)

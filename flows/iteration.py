@@ -8,8 +8,17 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from flows.tasks import (advantages_task, commit_task, evaluate_task, rollouts_task, save_task, saved_task, stage_task,
-                         sync_weights_task, update_task)
+from flows.tasks import (
+    advantages_task,
+    commit_task,
+    evaluate_task,
+    rollouts_task,
+    save_task,
+    saved_task,
+    stage_task,
+    sync_weights_task,
+    update_task,
+)
 from rlcr import events
 from rlcr.rollout.ahead import Ahead, manifest_fields, read_ahead, seal_ahead
 from rlcr.rollout.pipeline import rollout_seed
@@ -125,7 +134,8 @@ def run_iteration(cfg, run, k, trainer, engines, policies, initial, train_tasks,
     pending = PendingSave(k, list(staged), metrics)
     if not background:
         finish_save(run, trainer, pending, lease, opts, uri)
-    return metrics, manifest, pending, ahead  # background: written while the next rollouts run; settled before the update
+    # background: written while the next rollouts run; settled before the update
+    return metrics, manifest, pending, ahead
 
 
 @dataclass

@@ -21,8 +21,9 @@ from flows.train import rlcr_train
 
 def deployments(config: str | None = None, probe_cron: str | None = None):
     params = {"config": config} if config else {}
-    deps = [rlcr_train.to_deployment(name="train", parameters=params,
-                                     description="RLCR training: resumable iterations (rollouts → update → eval → commit)")]
+    deps = [rlcr_train.to_deployment(
+        name="train", parameters=params,
+        description="RLCR training: resumable iterations (rollouts → update → eval → commit)")]
     deps.append(probe_deployment(config=config, cron=probe_cron))
     return deps
 

@@ -23,7 +23,8 @@ __all__ = ["task_options", "rollouts_task", "advantages_task", "update_task", "s
 def task_options(cfg: RLCRConfig) -> dict:
     """Every task's options: ``orchestration.retries`` with exponential back-off, never cached, and no retry of
     what a retry cannot mend (:func:`_retry_unless_final`)."""
-    return dict(retries=cfg.orchestration.retries, retry_delay_seconds=exponential_backoff(backoff_factor=cfg.orchestration.retry_delay_s),
+    return dict(retries=cfg.orchestration.retries,
+                retry_delay_seconds=exponential_backoff(backoff_factor=cfg.orchestration.retry_delay_s),
                 cache_policy=NO_CACHE, retry_condition_fn=_retry_unless_final)
 
 

@@ -219,7 +219,8 @@ def check_cluster_spec(r: Report, where: str, spec: dict, annotations: dict, ima
     offered = {"CPU": 0.0, "GPU": 0.0}
     for g in spec.get("workerGroupSpecs") or []:
         name = f"{where} worker group {g.get('groupName')}"
-        r.check(set(g) <= WORKER_GROUP_FIELDS, f"{name}: only WorkerGroupSpec fields", str(set(g) - WORKER_GROUP_FIELDS))
+        r.check(set(g) <= WORKER_GROUP_FIELDS, f"{name}: only WorkerGroupSpec fields",
+                str(set(g) - WORKER_GROUP_FIELDS))
         lo, n, hi = g.get("minReplicas"), g.get("replicas"), g.get("maxReplicas")
         if not autoscaling:
             r.check(lo is not None and hi is not None, f"{name}: minReplicas and maxReplicas set (no autoscaling)")
@@ -413,7 +414,8 @@ def schema_check(r: Report, where: str, value: Any, schema: dict, path: str = ""
 
 
 def crd_schema(crd_dir: Path, plural: str) -> dict:
-    doc = yaml.load((crd_dir / f"ray.io_{plural}.yaml").read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    doc = yaml.load((crd_dir / f"ray.io_{plural}.yaml").read_text(),
+                    Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     versions = {v["name"]: v for v in doc["spec"]["versions"]}
     return versions["v1"]["schema"]["openAPIV3Schema"]
 
@@ -422,7 +424,8 @@ def crd_schema(crd_dir: Path, plural: str) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--crd-dir", type=Path, help="directory with KubeRay's ray.io_rayjobs.yaml and ray.io_rayclusters.yaml")
+    ap.add_argument("--crd-dir", type=Path,
+                    help="directory with KubeRay's ray.io_rayjobs.yaml and ray.io_rayclusters.yaml")
     a = ap.parse_args()
     r = Report()
     docs: dict[str, dict] = {}
@@ -447,7 +450,8 @@ def main() -> int:
     offered: dict[str, float] = {}
     if "raycluster.yaml" in docs:
         rc = docs["raycluster.yaml"]
-        r.check(rc.get("apiVersion") == "ray.io/v1" and rc.get("kind") == "RayCluster", "raycluster.yaml: ray.io/v1 RayCluster")
+        r.check(rc.get("apiVersion") == "ray.io/v1" and rc.get("kind") == "RayCluster",
+                "raycluster.yaml: ray.io/v1 RayCluster")
         offered = check_cluster_spec(r, "raycluster.yaml", rc.get("spec") or {},
                                      (rc.get("metadata") or {}).get("annotations") or {}, image, ray_version)
         if "rayjob.yaml" in docs:

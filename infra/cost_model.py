@@ -180,7 +180,6 @@ def report() -> str:
     def add(k, v):
         rows.setdefault(k, []).append(v)
 
-    totals = []
     for m, gpus, _ in setups:
         g = generation(m, P, G_A, G_C)
         e = generation(m, EVAL_TASKS, 1, 1)

@@ -28,8 +28,8 @@ from typing import Any, Mapping
 from rlcr.untrusted import InvalidInput, field, parse_json, printable, read_local
 
 __all__ = ["ADAPTER_FILE", "ADAPTER_WEIGHTS", "ADAPTER_CONFIG", "AdapterInfo", "AdapterUpdate", "merge_weight",
-           "is_adapter_dir", "read_adapter", "base_content_id", "base_reference", "base_dir", "merged_dir", "merge_into",
-           "layer_tensors", "export_merged"]
+           "is_adapter_dir", "read_adapter", "base_content_id", "base_reference", "base_dir", "merged_dir",
+           "merge_into", "layer_tensors", "export_merged"]
 
 ADAPTER_FILE = "rlcr_adapter.json"
 """rlcr's record in an adapter checkpoint: ``{"format": 1, "base": URI or built-in name, "base_content_id": …}``

@@ -226,8 +226,8 @@ def engines_start_beside_trainer(cfg: RLCRConfig) -> bool:
 
 
 def trainer_worker_resources(cfg: RLCRConfig) -> dict[str, float]:
-    """Ray resources of one Ray Train worker (Ray Train's defaults: 1 GPU, or 1 CPU) plus ``placement.trainer_resources``:
-    the trainer's ``ScalingConfig(resources_per_worker=…)``."""
+    """Ray resources of one Ray Train worker (Ray Train's defaults: 1 GPU, or 1 CPU) plus
+    ``placement.trainer_resources``: the trainer's ``ScalingConfig(resources_per_worker=…)``."""
     out = {"GPU": float(cfg.placement.trainer_gpus or 1.0)} if cfg.update.use_gpu else {"CPU": 1.0}
     out.update(cfg.placement.trainer_resources)
     return out
@@ -295,8 +295,9 @@ def check_fits(cfg: RLCRConfig, cluster: Mapping[str, float],
         raise ResourceError(
             "the run does not fit in the Ray cluster: " + "; ".join(problems) + ". Asked: "
             f"{cfg.rollout.actors} engine actor(s) × {engines} kept for the whole run (rollout.actors, "
-            f"engine.tensor_parallel_size, placement.engine_resources) plus {cfg.update.num_workers} trainer worker(s) × {worker} "
-            f"also kept for the whole run (update.num_workers, update.use_gpu, placement.trainer_resources) plus the rollouts' stage tasks "
+            f"engine.tensor_parallel_size, placement.engine_resources) plus {cfg.update.num_workers} trainer "
+            f"worker(s) × {worker} also kept for the whole run (update.num_workers, update.use_gpu, "
+            "placement.trainer_resources) plus the rollouts' stage tasks "
             f"({STAGE_ACTOR_CPUS:g} CPU each). Lower update.num_workers or rollout.actors, or add nodes.")
 
 
@@ -451,12 +452,13 @@ def _list_one(bucket: str, prefix: str, endpoint: str | None, timeout_s: float, 
         return ("no AWS credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), "
                 "or use a local storage.uri")
     except (bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError) as e:
-        return f"cannot reach {where} ({type(e).__name__}); check storage.s3_endpoint_url (or AWS_ENDPOINT_URL) and that " \
-               "the server is up"
+        return f"cannot reach {where} ({type(e).__name__}); check storage.s3_endpoint_url (or AWS_ENDPOINT_URL) " \
+               "and that the server is up"
     except bx.ClientError as e:
         code = str(e.response.get("Error", {}).get("Code", ""))
         if code in ("NoSuchBucket", "404"):
-            return f"bucket {bucket!r} does not exist at {where}; create it (aws s3 mb s3://{bucket}) or fix storage.uri"
+            return (f"bucket {bucket!r} does not exist at {where}; create it (aws s3 mb s3://{bucket}) or fix "
+                    "storage.uri")
         if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "ExpiredToken",
                     "InvalidToken", "AllAccessDisabled"):
             return (f"{where} refused the request ({code}); check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or "

@@ -26,8 +26,8 @@ import pyarrow.parquet as pq
 
 from rlcr.untrusted import InvalidInput, printable
 
-__all__ = ["TableTooLarge", "MAX_TABLE_ROWS", "MAX_TABLE_BYTES", "BATCH_ROWS", "check_parquet_metadata", "parquet_batches",
-           "check_parquet_pages", "read_parquet_table", "ipc_stream_batches", "expanded_bytes"]
+__all__ = ["TableTooLarge", "MAX_TABLE_ROWS", "MAX_TABLE_BYTES", "BATCH_ROWS", "check_parquet_metadata",
+           "parquet_batches", "check_parquet_pages", "read_parquet_table", "ipc_stream_batches", "expanded_bytes"]
 
 MAX_TABLE_ROWS = 1 << 20
 """Most rows read from one columnar file (1,048,576): task files, evaluation and rollout records."""
@@ -116,8 +116,8 @@ def parquet_batches(source: Any, name: str, *, columns: Sequence[str] | None = N
                     max_rows: int = MAX_TABLE_ROWS, max_bytes: int = MAX_TABLE_BYTES) -> Iterator[pa.RecordBatch]:
     """The record batches of a Parquet file (a path or a binary file object) from outside, in bounded memory:
     :func:`check_parquet_metadata` and :func:`check_parquet_pages`, then batches of :data:`BATCH_ROWS` rows whose
-    expanded size is added to a running budget before each is decoded (to the file's own schema). :class:`InvalidInput` naming ``name``
-    for a file over the limits or not Parquet."""
+    expanded size is added to a running budget before each is decoded (to the file's own schema). :class:`InvalidInput`
+    naming ``name`` for a file over the limits or not Parquet."""
     name = printable(name)
     try:
         pf = pq.ParquetFile(source)
@@ -321,8 +321,8 @@ def ipc_stream_batches(source: Any, name: str, *, max_rows: int = MAX_TABLE_ROWS
                        spent: list[int] | None = None) -> Iterator[pa.RecordBatch]:
     """The record batches of an Arrow IPC stream (a ``save_to_disk`` ``.arrow`` file), one message at a time:
     each message's body (as many bytes as it decodes to: compressed bodies and dictionary batches are refused)
-    is added to the running budget before its batch is decoded. ``spent`` ([rows, bytes]) carries the budget across the files
-    of one dataset. :class:`InvalidInput` naming ``name`` past a limit."""
+    is added to the running budget before its batch is decoded. ``spent`` ([rows, bytes]) carries the budget across the
+    files of one dataset. :class:`InvalidInput` naming ``name`` past a limit."""
     name = printable(name)
     spent = spent if spent is not None else [0, 0]
     try:

@@ -17,8 +17,8 @@ from rlcr.rollout.pipeline import build_rollout_dataset, check_prompt_lengths, t
 from rlcr.seeds import eval_salt
 from rlcr.untrusted import InvalidInput, printable
 
-__all__ = ["evaluate_policy", "evaluate_before_after", "summarize_eval", "stated_confidences", "answers_with_confidence",
-           "by_number_count", "by_stratum", "compare_evaluations",
+__all__ = ["evaluate_policy", "evaluate_before_after", "summarize_eval", "stated_confidences",
+           "answers_with_confidence", "by_number_count", "by_stratum", "compare_evaluations",
            "pool_draws", "check_eval_rows"]
 
 CI_LEVEL = 0.95

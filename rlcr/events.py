@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Literal
 
-__all__ = ["StageEvent", "subscribe", "unsubscribe", "subscribed", "emit", "started", "timed", "phase", "ended", "STARTUP",
-           "progress"]
+__all__ = ["StageEvent", "subscribe", "unsubscribe", "subscribed", "emit", "started", "timed", "phase", "ended",
+           "STARTUP", "progress"]
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ import time
 import uuid
 from typing import Any
 
-from rlcr.storage import AlreadyExists, Store, StorageError, VersionConflict, pid_alive, validate_new_run_id
+from rlcr.storage import AlreadyExists, StorageError, Store, VersionConflict, pid_alive, validate_new_run_id
 from rlcr.untrusted import InvalidInput, field, parse_json, printable
 
 __all__ = ["RunLease", "RunLocked", "LeaseLost", "LEASE_TIMEOUT_S", "LEASE_HEARTBEAT_S", "LEASE_MAX_TIMEOUT_S",

@@ -319,7 +319,8 @@ def policy_loss(
     loss of the whole batch. ``is_confidence`` (``[B]`` bool) adds per-type metrics.
     """
     if logp.shape != old_logp.shape or logp.shape != mask.shape:
-        raise ValueError(f"shape mismatch: logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, mask {tuple(mask.shape)}")
+        raise ValueError(f"shape mismatch: logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, "
+                         f"mask {tuple(mask.shape)}")
     if clip_c is not None and clip_c <= 1.0:
         raise ValueError(f"clip_c must be > 1 (or None), got {clip_c}")
     mask = mask.to(logp.dtype)

@@ -402,7 +402,7 @@ def _hub_download(model: str, cache_dir) -> tuple[Path, Path]:
 def _import_remote(uri: str, store, chat_template: str | None, cache_dir) -> str:
     """A sealed remote directory as it is; an unsealed one listed, bounded, downloaded and sealed into the
     store by content."""
-    from rlcr.storage import Store, StorageError, atomic_directory, new_seal
+    from rlcr.storage import StorageError, Store, atomic_directory, new_seal
 
     parent, name = uri.rstrip("/").rsplit("/", 1)
     source = Store(parent, endpoint_url=store.endpoint_url)

@@ -6,10 +6,10 @@ runs no exit handler: the server would be left running under init, forever. So :
 starts a watchdog first, then the server (the flow's Prefect clients then use this one). The watchdog is a small
 process in its own session that holds the read end of a pipe whose write end only this process holds, and that
 watches this process's children every :data:`POLL_S` seconds (once a second after it has seen a server): each
-Prefect server among them it addresses through a pidfd opened while the server was certainly alive (this process's child), so a reused process id is never
-signalled. When this process ends, however it ends, the kernel closes the pipe's write end; the watchdog reads
-end-of-file and stops the servers it saw (SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`). Only a server
-started less than :data:`POLL_S` before a SIGKILL can escape it.
+Prefect server among them it addresses through a pidfd opened while the server was certainly alive (this process's
+child), so a reused process id is never signalled. When this process ends, however it ends, the kernel closes the pipe's
+write end; the watchdog reads end-of-file and stops the servers it saw (SIGTERM, then SIGKILL after
+:data:`STOP_GRACE_S`). Only a server started less than :data:`POLL_S` before a SIGKILL can escape it.
 
 Run as ``python -m rlcr.prefect_server PID`` it is the watchdog of process PID's Prefect servers.
 """

@@ -100,10 +100,10 @@ class StageProgress:
     On a terminal: a rich progress bar. Off one (``make demo > demo.log``, CI), where rich's bars print
     nothing: one plain, flushed line per stage start and per stage finish, with the elapsed time and,
     where known, the stage's headline figures. :meth:`on_event` takes :class:`rlcr.events.StageEvent`
-    (start; end with elapsed time and figures); ``bar(stage, iteration)`` is a stage's start. A stage without an end event is done when the next one starts or
-    when the flow returns; the same stage started again means Prefect retried it. When an end event
-    carries no figures, ``figures(stage, iteration)`` may supply them (:func:`committed_figures` reads
-    the baseline evaluation and a committed iteration's metrics from the run's files). A display
+    (start; end with elapsed time and figures); ``bar(stage, iteration)`` is a stage's start. A stage without an end
+    event is done when the next one starts or when the flow returns; the same stage started again means Prefect retried
+    it. When an end event carries no figures, ``figures(stage, iteration)`` may supply them (:func:`committed_figures`
+    reads the baseline evaluation and a committed iteration's metrics from the run's files). A display
     never fails the flow it watches.
     """
 

@@ -130,7 +130,8 @@ def _auroc_from_counts(pos: np.ndarray, neg: np.ndarray) -> float:
     return float(((pos * below).sum() + (pos * neg).sum() / 2) / (n_pos * n_neg))
 
 
-def _aurocs(y: np.ndarray, group: np.ndarray, n_groups: int, code: np.ndarray, n_strata: int) -> tuple[float, list[float]]:
+def _aurocs(y: np.ndarray, group: np.ndarray, n_groups: int, code: np.ndarray,
+            n_strata: int) -> tuple[float, list[float]]:
     """The pooled AUROC and each stratum's (``code``: each answer's stratum, 0 … n_strata − 1), from counts per
     (stratum, tie group): no sort beyond :func:`_tie_groups`'s."""
     if n_strata * n_groups > 4 * y.size + 1024:  # many strata × many distinct confidences: count what occurs only

@@ -79,7 +79,7 @@ def brier_reward(confidence_text: str, correct: float) -> float:
     return 1.0 - (float(correct) - c) ** 2
 
 
-# --------------------------------------------------------------------------- per-method answer rewards (docs/design.md §9)
+# -------------------------------------------------------------------- per-method answer rewards (docs/design.md §9)
 
 AnswerReward = Callable[..., float]
 ANSWER_REWARDS: dict[str, AnswerReward] = {}
@@ -102,7 +102,8 @@ def register_answer_reward(*methods: str) -> Callable[[AnswerReward], AnswerRewa
 def split_single_turn(completion: str) -> tuple[str, str]:
     """A one-turn response → (answer part, confidence part), split where the confidence section starts (the
     first ``<analysis>`` or ``<confidence>``). The answer part is scored exactly like a turn-1 answer (the
-    extraction reads its last line, docs/design.md §2–§4), so text after it cannot hide the answer or change its score."""
+    extraction reads its last line, docs/design.md §2–§4), so text after it cannot hide the answer or change its
+    score."""
     cuts = [i for i in (completion.find("<analysis>"), completion.find("<confidence>")) if i >= 0]
     cut = min(cuts) if cuts else len(completion)
     return completion[:cut].rstrip(), completion[cut:]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlcr.lease import LEASE_MAX_BYTES, RunLease
-from rlcr.storage import Store, StorageError, validate_run_id
+from rlcr.storage import StorageError, Store, validate_run_id
 from rlcr.untrusted import MAX_JSON_BYTES, InvalidInput, field, parse_json, printable
 
 __all__ = ["RunLayout", "attempt_id", "PROCESS_ATTEMPT", "MAX_ITERATION", "URI_FIELDS", "RUNS", "STATUS_STATES"]
@@ -193,7 +193,8 @@ class RunLayout:
         return legacy if not self.store.exists(own) and self.store.exists(legacy) else own
 
     def _draft_rel(self, iteration: int, attempt: str | None) -> str:
-        """Attempt ``attempt``'s draft of iteration k; None: a run's from before attempts (``iter-<k>/pending.json``)."""
+        """Attempt ``attempt``'s draft of iteration k; None: a run's from before attempts
+        (``iter-<k>/pending.json``)."""
         return self.pending_rel(iteration, attempt) if attempt else f"{self.iteration_dir(iteration)}/pending.json"
 
     def metrics_rel(self, iteration: int, attempt: str | None = None) -> str:

@@ -79,7 +79,8 @@ def _open(store, run_id: str, label: str):
     if not store.exists(run.prefix):
         runs = run_folders(store)[:10]  # one listing, whatever the store holds
         raise RunRefError(f"{label}: run {printable(run_id, 140)!r} not found under {printable(store.url(RUNS), 300)} "
-                          f"(runs there: {', '.join(printable(r, 60) for r in runs) or 'none'}; `rlcr runs` lists them)")
+                          f"(runs there: {', '.join(printable(r, 60) for r in runs) or 'none'}; "
+                          "`rlcr runs` lists them)")
     return run
 
 

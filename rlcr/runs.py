@@ -66,7 +66,7 @@ from typing import Any
 from rlcr.config import RLCRConfig, nested_from_flat, result_changing_diff
 from rlcr.lease import LEASE_HEARTBEAT_S, LEASE_TIMEOUT_S, LeaseLost, RunLease, RunLocked
 from rlcr.run_layout import _ATTEMPT, MAX_ITERATION, PROCESS_ATTEMPT, RUNS, URI_FIELDS, RunLayout, attempt_id
-from rlcr.storage import AlreadyExists, Store, StorageError, validate_run_id
+from rlcr.storage import AlreadyExists, StorageError, Store, validate_run_id
 from rlcr.storage.seals import COMPLETE_MARKER
 from rlcr.tasks.sets import prompts_for_iteration, task_sets
 from rlcr.untrusted import field, printable
@@ -135,9 +135,7 @@ def check_fence(store: Store, fence: dict[str, str]) -> None:
     """Raise :class:`LeaseLost` unless the lease at ``fence["lease_rel"]`` still carries ``fence["token"]`` and
     ``fence["manifest_rel"]`` is not written yet: the last check a trainer worker makes before it uploads a
     checkpoint (see :meth:`RunStore.checkpoint_fence`)."""
-    from rlcr.lease import parse_lease
-
-    from rlcr.lease import LEASE_MAX_BYTES
+    from rlcr.lease import LEASE_MAX_BYTES, parse_lease
     from rlcr.untrusted import InvalidInput
 
     try:
@@ -293,7 +291,8 @@ class RunStore(RunLayout):
         return out
 
     def _draft(self, iteration: int, attempt: str | None) -> dict[str, Any]:
-        """Attempt ``attempt``'s draft of iteration k (None: a run's from before attempts, ``iter-<k>/pending.json``)."""
+        """Attempt ``attempt``'s draft of iteration k (None: a run's from before attempts,
+        ``iter-<k>/pending.json``)."""
         rel = self._draft_rel(iteration, attempt)
         doc = self._read_doc(rel)
         if doc is None:

@@ -61,8 +61,8 @@ def sft_rows(cfg, tokenizer, n_tasks: int | None = None, seed: int | None = None
 
     ``n_tasks``: default ``cfg.sft.tasks``; ``seed`` (wrong answers, stated confidences): default
     :func:`rlcr.seeds.sft_seed` of ``cfg.run.seed``, what :func:`run_sft` trains on."""
-    from rlcr.tasks.chat import render_prompt
     from rlcr.rollout.records import rollout_row
+    from rlcr.tasks.chat import render_prompt
 
     n_tasks = cfg.sft.tasks if n_tasks is None else n_tasks
     seed = sft_seed(cfg.run.seed) if seed is None else seed
@@ -77,7 +77,8 @@ def sft_rows(cfg, tokenizer, n_tasks: int | None = None, seed: int | None = None
         # prompt ids: a task's two-turn pair shares one; its one-turn example (a different prompt) has its own
         pid = i // 2 if i < 2 * n_tasks else i - n_tasks
         rows.append(rollout_row(
-            ex["sample_type"], task=ex["task"], task_name=cfg.tasks.name, run_id="sft", iteration=0, prompt_id=pid, answer_id=0,
+            ex["sample_type"], task=ex["task"], task_name=cfg.tasks.name, run_id="sft", iteration=0, prompt_id=pid,
+            answer_id=0,
             confidence_id=0 if ex["sample_type"] == "confidence" else None, context_text=context, context_ids=ctx_ids,
             completion_text=ex["completion"], completion_ids=shown + learned,
             loss_mask=[0] * len(shown) + [1] * len(learned), correct=1.0, reward=1.0, advantage=1.0,
@@ -91,8 +92,10 @@ def sft_update_config(cfg, n_rows: int, *, storage_uri: str | None = None):
     reference model; the other update settings (AdamW betas, weight decay, grad_clip, micro-batches,
     workers) are the run's."""
     return cfg.model_copy(update={
-        "update.objective": "sft", "update.learning_rate": cfg.sft.learning_rate, "update.epochs_per_iteration": cfg.sft.epochs,
-        "update.mini_batches_per_epoch": max(1, n_rows // cfg.sft.batch_size), "update.lr_schedule": cfg.sft.lr_schedule,
+        "update.objective": "sft", "update.learning_rate": cfg.sft.learning_rate,
+        "update.epochs_per_iteration": cfg.sft.epochs,
+        "update.mini_batches_per_epoch": max(1, n_rows // cfg.sft.batch_size),
+        "update.lr_schedule": cfg.sft.lr_schedule,
         "update.warmup_steps": cfg.sft.warmup_steps, "loss.kl_coef": 0.0, "run.iterations": 1,
         "storage.uri": storage_uri or cfg.storage.uri,
     })
@@ -107,9 +110,9 @@ def run_sft(cfg, *, out: str | None = None, run_id: str | None = None) -> tuple[
     """
     from transformers import AutoTokenizer
 
+    from rlcr.adapters import fetch_model
     from rlcr.cluster import ensure_ray
     from rlcr.model_source import import_model
-    from rlcr.adapters import fetch_model
     from rlcr.storage import Store
     from rlcr.train import run_update
 

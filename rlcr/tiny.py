@@ -36,7 +36,8 @@ def _corpus(seed: int, n_tasks: int = 300) -> list[str]:
         texts.append(
             f"<think>Try {t.solution}. That gives {t.target}.</think>\n<answer>{t.solution}</answer>"
         )
-        texts.append(f"<analysis>The equation uses {t.nums} once each.</analysis><confidence>0.{t.target % 10}</confidence>")
+        texts.append(f"<analysis>The equation uses {t.nums} once each.</analysis>"
+                     f"<confidence>0.{t.target % 10}</confidence>")
     return texts
 
 
@@ -66,7 +67,8 @@ def train_tiny_tokenizer(vocab_size: int = 512, seed: int = 0):
     return fast
 
 
-def build_tiny_model(dest: str | Path, *, seed: int = 0, layers: int = 2, hidden: int = 128, vocab_size: int = 512) -> Path:
+def build_tiny_model(dest: str | Path, *, seed: int = 0, layers: int = 2, hidden: int = 128,
+                     vocab_size: int = 512) -> Path:
     """Write a tiny random Llama checkpoint + tokenizer to ``dest`` (idempotent, atomic)."""
     dest = Path(dest)
     if (dest / "config.json").exists() and (dest / "model.safetensors").exists():

@@ -185,8 +185,8 @@ def _as_tensor(name: str, value):
 
 def check_weights(weights: Mapping[str, Any], spec: WeightSpec, *, partial: bool = False) -> dict[str, Any]:
     """The weights to load, as tensors, after checking them against ``spec``: every name known, none missing (unless
-    ``partial``: a LoRA update's layers), shapes equal, floating point. A tied ``lm_head.weight`` must equal the embedding and is dropped (the engine ties
-    them). Raises ValueError naming the parameter."""
+    ``partial``: a LoRA update's layers), shapes equal, floating point. A tied ``lm_head.weight`` must equal the
+    embedding and is dropped (the engine ties them). Raises ValueError naming the parameter."""
     import torch
 
     if not isinstance(weights, Mapping):

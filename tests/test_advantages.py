@@ -79,7 +79,8 @@ def test_spread_to_tokens():
 
 rewards_2d = st.integers(1, 4).flatmap(
     lambda p: st.integers(2, 6).flatmap(
-        lambda g: st.lists(st.lists(st.sampled_from([0.0, 1.0]) | st.floats(0, 1), min_size=g, max_size=g), min_size=p, max_size=p)
+        lambda g: st.lists(st.lists(st.sampled_from([0.0, 1.0]) | st.floats(0, 1), min_size=g, max_size=g),
+                           min_size=p, max_size=p)
     )
 )
 
@@ -96,9 +97,11 @@ def test_answer_groups_sum_to_zero(rows, scale):
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.integers(1, 3), st.integers(1, 4), st.integers(2, 5), st.sampled_from(["answer", "answer_then_prompt"]), st.data())
+@given(st.integers(1, 3), st.integers(1, 4), st.integers(2, 5), st.sampled_from(["answer", "answer_then_prompt"]),
+       st.data())
 def test_confidence_groups_sum_to_zero(p, ga, gc, mode, data):
-    r = torch.tensor(data.draw(st.lists(st.floats(0, 1), min_size=p * ga * gc, max_size=p * ga * gc))).reshape(p, ga, gc)
+    r = torch.tensor(data.draw(st.lists(st.floats(0, 1), min_size=p * ga * gc,
+                                        max_size=p * ga * gc))).reshape(p, ga, gc)
     adv = confidence_advantages(r, mode=mode)
     assert torch.isfinite(adv).all()
     assert torch.allclose(adv.sum(2).double(), torch.zeros(p, ga, dtype=torch.float64), atol=1e-3)

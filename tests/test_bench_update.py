@@ -4,6 +4,7 @@ docs/update-performance.md "On a GPU (H100)")."""
 import sys
 
 import pytest
+
 from conftest import load_bench
 
 TINY = ["--model", "tiny", "--prompts", "1", "--ga", "2", "--gc", "1", "--prompt-len", "20", "--answer-len", "10",

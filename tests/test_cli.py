@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from rlcr.cli import StageProgress, _step, committed_figures
+from rlcr.cli import StageProgress, committed_figures
 from rlcr.config import RLCRConfig
 from rlcr.events import StageEvent
+from rlcr.progress import step as _step
 from rlcr.runs import RunStore
 
 TS = r"\[\d\d:\d\d:\d\d\] "
@@ -170,7 +171,8 @@ def test_progress_inside_a_long_stage_is_k_of_n_lines_off_a_terminal_and_the_lab
         events.emit(StageEvent("probe", 0, "progress", figures=None))  # broken: no line, no error
     said = [line[11:] for line in lines(buf)]
     assert said[1:5] == ["probing: answers 0/3 tasks", "probing: answers 3/3 tasks",
-                         "probing: forced answers 0/2 truncation points", "probing: forced answers 2/2 truncation points"]
+                         "probing: forced answers 0/2 truncation points",
+                         "probing: forced answers 2/2 truncation points"]
     assert len(said) == 6 and said[5].startswith("probing: done in")
 
     out, buf = log_console()
@@ -229,7 +231,9 @@ def test_sft_options_override_the_configs_warm_start_settings(monkeypatch, tmp_p
 
 def says(output: str, message: str) -> bool:
     """Whether a CLI error box holds ``message``, wherever rich broke its lines (spaces ignored)."""
-    squeeze = lambda t: "".join(t.replace("│", "").split())
+    def squeeze(t):
+        return "".join(t.replace("│", "").split())
+
     return squeeze(message) in squeeze(output)
 
 
@@ -335,7 +339,8 @@ def test_compare_pairs_two_runs_evaluations_on_the_same_tasks(tmp_path):
     junk.write_bytes(b"not parquet")
     res = runner.invoke(app, ["compare", str(junk), "a", f"storage.uri={cfg.storage.uri}"])
     assert res.exit_code != 0 and says(res.output, "junk.parquet: not per-answer evaluation rows")
-    res = runner.invoke(app, ["compare", str(b_file), str(b_file), "--iteration", "3", f"storage.uri={cfg.storage.uri}"])
+    res = runner.invoke(app, ["compare", str(b_file), str(b_file), "--iteration", "3",
+                              f"storage.uri={cfg.storage.uri}"])
     assert res.exit_code != 0 and says(res.output, "applies to runs, not to .parquet files")
 
 
@@ -344,10 +349,10 @@ def test_compare_reads_each_side_at_the_iteration_its_reference_names(tmp_path):
     bare run beside a pinned one is read at --iteration or its last evaluated iteration. Refused, naming the side:
     the same rows twice, --iteration with every run pinned, an iteration not committed or without rows, and a
     reference that is also the id of a run in the store (ambiguous)."""
-    from test_run_refs import make_run
     from typer.testing import CliRunner
 
     from rlcr.cli import app
+    from test_run_refs import make_run
 
     cfg = RLCRConfig(storage={"uri": str(tmp_path / "store")})
     make_run(RunStore.open(cfg, "a").store, "a", committed=2, save_every=2, iterations=4)
@@ -414,7 +419,8 @@ def test_config_show_lists_every_field_with_its_value_source_effect_and_document
 
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text("run:\n  seed: 7\norchestration:\n  retries: 4\n")
-    res = CliRunner().invoke(app, ["config", "show", "--json", "--config", str(cfg_file), "orchestration.retries=5", "run.iterations=3"])
+    res = CliRunner().invoke(app, ["config", "show", "--json", "--config", str(cfg_file), "orchestration.retries=5",
+                                   "run.iterations=3"])
     assert res.exit_code == 0, res.output
     rows = {r["field"]: r for r in json.loads(res.output)}
     fields = dict(RLCRConfig.dotted_fields())
@@ -487,9 +493,8 @@ def test_train_says_where_the_logs_go_once_before_it_starts(tmp_path):
     import subprocess
     import sys
 
-    from s3server import free_port
-
     from rlcr.cluster import ray_log_dir
+    from s3server import free_port
 
     api = f"http://127.0.0.1:{free_port()}/api"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RLCR_LOG_DIR")}

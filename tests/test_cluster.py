@@ -15,8 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from rlcr.cluster import (STAGE_ACTOR_CPUS, WORKER_SOFT_LIMIT, WORKER_SOFT_LIMIT_ENV, ResourceError, check_fits,
-                          engine_actor_resources, run_demand, trainer_worker_resources)
+from rlcr.cluster import (
+    STAGE_ACTOR_CPUS,
+    WORKER_SOFT_LIMIT,
+    WORKER_SOFT_LIMIT_ENV,
+    ResourceError,
+    check_fits,
+    engine_actor_resources,
+    run_demand,
+    trainer_worker_resources,
+)
 from rlcr.config import RLCRConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +50,8 @@ def _old_phases(cfg: RLCRConfig) -> dict[str, dict[str, float]]:
 
 
 def test_the_trainer_workers_count_in_every_phase():
-    cfg = RLCRConfig.from_dict({**SHAPE, "placement": {"trainer_resources": {"trainer_node": 1}, "engine_resources": {"engine_node": 1}}})
+    cfg = RLCRConfig.from_dict({**SHAPE, "placement": {"trainer_resources": {"trainer_node": 1},
+                                                       "engine_resources": {"engine_node": 1}}})
     demand = run_demand(cfg)
     # rollouts: 2 engines × 0.5 + 1 worker × 1 + (2 × 2 + 1) stage tasks × 0.1
     assert demand["rollouts"] == pytest.approx({"CPU": 2.5, "engine_node": 2.0, "trainer_node": 1.0})
@@ -50,7 +59,8 @@ def test_the_trainer_workers_count_in_every_phase():
     released = run_demand(cfg.model_copy(update={"engine.release_during_update": True}))
     assert released["update"] == pytest.approx({"CPU": 1.0, "trainer_node": 1.0})  # only the engines go
     assert released["rollouts"] == demand["rollouts"]  # they are back (and the trainer still there) for rollouts
-    gpu = run_demand(RLCRConfig(update={"use_gpu": True, "num_workers": 2}, rollout={"actors": 1}, engine={"release_during_update": True}))
+    gpu = run_demand(RLCRConfig(update={"use_gpu": True, "num_workers": 2}, rollout={"actors": 1},
+                                engine={"release_during_update": True}))
     assert gpu["rollouts"]["GPU"] == 3.0 and gpu["update"] == {"GPU": 2.0}
 
 

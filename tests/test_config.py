@@ -18,14 +18,18 @@ def test_defaults_are_valid_and_documented():
 
 def test_yaml_and_overrides(tmp_path):
     p = tmp_path / "c.yaml"
-    p.write_text("rollout:\n  num_generations_answer: 4\nloss:\n  agg: seq-mean-token-sum-norm\nmethod:\n  lambda_conf: 0.5\n")
-    cfg = RLCRConfig.from_yaml(p, ["rollout.num_generations_confidence=3", "method.conf_norm_mode=answer_then_prompt", "loss.clip_c=null"])
+    p.write_text("rollout:\n  num_generations_answer: 4\nloss:\n  agg: seq-mean-token-sum-norm\nmethod:\n"
+                 "  lambda_conf: 0.5\n")
+    cfg = RLCRConfig.from_yaml(p, ["rollout.num_generations_confidence=3", "method.conf_norm_mode=answer_then_prompt",
+                                   "loss.clip_c=null"])
     assert (cfg.rollout.num_generations_answer, cfg.rollout.num_generations_confidence) == (4, 3)
     assert cfg.loss.agg == "seq-mean-token-sum-norm" and cfg.method.lambda_conf == 0.5
     assert cfg.method.conf_norm_mode == "answer_then_prompt" and cfg.loss.clip_c is None
     assert RLCRConfig.from_yaml(p, {"run.seed": 5}).run.seed == 5
     assert cfg.config_hash() != RLCRConfig.from_yaml(p).config_hash()
-    assert cfg.config_hash() == RLCRConfig.from_yaml(p, ["rollout.num_generations_confidence=3", "method.conf_norm_mode=answer_then_prompt", "loss.clip_c=null"]).config_hash()
+    assert cfg.config_hash() == RLCRConfig.from_yaml(p, ["rollout.num_generations_confidence=3",
+                                                         "method.conf_norm_mode=answer_then_prompt",
+                                                         "loss.clip_c=null"]).config_hash()
 
 
 @pytest.mark.parametrize(
@@ -56,7 +60,8 @@ def test_bad_values_name_the_field(override, field):
 
 def test_engine_block_size_is_checked_for_the_cpu_backend_only():
     assert RLCRConfig(engine={"block_size": 32}).engine.block_size == 32
-    assert RLCRConfig(engine={"block_size": 16}, update={"use_gpu": True}).engine.block_size == 16  # the GPU backends take 16
+    # the GPU backends take 16
+    assert RLCRConfig(engine={"block_size": 16}, update={"use_gpu": True}).engine.block_size == 16
 
 
 def test_bad_files(tmp_path):
@@ -90,7 +95,8 @@ def test_non_finite_floats_are_refused(field, bad):
         RLCRConfig.from_yaml(None, [f"{field}={value}"])
     assert f"'{field}" in str(e.value)
     with pytest.raises(ConfigError) as e:  # YAML files and dicts too
-        RLCRConfig.from_dict({field: [float(bad.replace(".", ""))] * 2 if "[" in value else float(bad.replace(".", ""))})
+        RLCRConfig.from_dict({field: [float(bad.replace(".", ""))] * 2 if "[" in value
+                              else float(bad.replace(".", ""))})
     assert f"'{field}" in str(e.value)
 
 
@@ -115,7 +121,8 @@ def test_more_prompts_than_training_tasks_is_refused():
         RLCRConfig.from_yaml(None, ["tasks.num_train=6", "rollout.prompts_per_iteration=7"])
     assert "rollout.prompts_per_iteration" in str(e.value) and "tasks.num_train" in str(e.value)
     # with a task file the count is checked against its distinct tasks (rlcr.tasks.sets.task_sets)
-    assert RLCRConfig(tasks={"num_train": 6, "train_file": "t.jsonl"}, rollout={"prompts_per_iteration": 7}).rollout.prompts_per_iteration == 7
+    assert RLCRConfig(tasks={"num_train": 6, "train_file": "t.jsonl"},
+                      rollout={"prompts_per_iteration": 7}).rollout.prompts_per_iteration == 7
 
 
 # ----------------------------------------------------------------- resume: which differences matter
@@ -123,12 +130,14 @@ def test_result_changing_diff_ignores_operational_fields():
     base = RLCRConfig(run={"seed": 3}, tasks={"num_train": 50})
     saved = base.model_dump(mode="json")
     assert result_changing_diff(saved, base) == []
-    operational = base.model_copy(update={"run.iterations": 9, "orchestration.retries": 0, "orchestration.retry_delay_s": 0.5, "rollout.progress": True,
+    operational = base.model_copy(update={"run.iterations": 9, "orchestration.retries": 0,
+                                          "orchestration.retry_delay_s": 0.5, "rollout.progress": True,
                                           "probe.cron": "0 4 * * *", "probe.samples": 3, "eval.every": 2,
                                           "run.id": "other", "storage.uri": "/elsewhere",
                                           "storage.s3_endpoint_url": "http://minio:9000"})
     assert result_changing_diff(saved, operational) == []
-    changed = base.model_copy(update={"run.seed": 4, "rollout.batch_size": 8, "update.adam_betas": (0.8, 0.99), "run.iterations": 2})
+    changed = base.model_copy(update={"run.seed": 4, "rollout.batch_size": 8, "update.adam_betas": (0.8, 0.99),
+                                      "run.iterations": 2})
     assert result_changing_diff(saved, changed) == ["rollout.batch_size", "run.seed", "update.adam_betas"]
     # the record RunStore writes ({"config": ..., "config_hash": ...}) is accepted as is
     assert result_changing_diff({"config": saved, "config_hash": base.config_hash()}, changed) == [
@@ -141,15 +150,16 @@ def test_result_changing_diff_and_fields_newer_than_the_run():
     del saved["update"]["share_prefixes"], saved["engine"]["kv_cache_gib"]  # a run recorded before these fields existed
     saved["a_removed_field"] = 1
     assert result_changing_diff(saved, cfg) == []  # missing fields hold their defaults now
-    assert result_changing_diff(saved, cfg.model_copy(update={"update.share_prefixes": False})) == ["update.share_prefixes"]
+    assert (result_changing_diff(saved, cfg.model_copy(update={"update.share_prefixes": False}))
+            == ["update.share_prefixes"])
     assert result_changing_diff(saved, cfg.model_copy(update={"engine.kv_cache_gib": 2.0})) == ["engine.kv_cache_gib"]
     assert result_changing_diff(saved, cfg.model_copy(update={"method.lambda_conf": 1.0})) == ["method.lambda_conf"]
 
 
 def test_results_markings_on_the_fields():
     fields = dict(RLCRConfig.dotted_fields())
-    assert all(changes_results(fields[n]) for n in ("run.seed", "rollout.batch_size", "model.name", "update.learning_rate",
-                                                    "tasks.eval_seed"))
+    assert all(changes_results(fields[n]) for n in ("run.seed", "rollout.batch_size", "model.name",
+                                                    "update.learning_rate", "tasks.eval_seed"))
     assert not any(changes_results(fields[n]) for n in ("run.id", "storage.uri", "run.iterations", "sft.tasks",
                                                         "probe.cron", "tracking.backend", "placement.storage_shared"))
 
@@ -160,7 +170,8 @@ def test_warm_start_and_probe_settings_do_not_block_a_resume():
     cfg = RLCRConfig()
     saved = cfg.model_dump(mode="json")
     changed = cfg.model_copy(update={"sft.tasks": 40, "sft.epochs": 3, "sft.learning_rate": 5e-5, "sft.batch_size": 4,
-                                     "sft.lr_schedule": "linear", "sft.warmup_steps": 0, "probe.forced_answer_tokens": 8})
+                                     "sft.lr_schedule": "linear", "sft.warmup_steps": 0,
+                                     "probe.forced_answer_tokens": 8})
     assert result_changing_diff(saved, changed) == []
     older = {k: v for k, v in saved.items() if k != "sft"}
     older["probe"] = {k: v for k, v in saved["probe"].items() if k != "forced_answer_tokens"}
@@ -192,7 +203,8 @@ def test_flat_names_in_yaml_and_overrides_say_the_dotted_name(tmp_path):
         RLCRConfig.from_dict({"seed": 3})  # cfg-codemod: keep
     p.write_text("rollout:\n  temperature: 0.8\nmodel:\n  name: tiny\n")
     cfg = RLCRConfig.from_yaml(p, ["rollout.top_p=0.9", "engine={kv_cache_gib: 0.5}"])
-    assert (cfg.rollout.temperature, cfg.rollout.top_p, cfg.model.name, cfg.engine.kv_cache_gib) == (0.8, 0.9, "tiny", 0.5)
+    assert ((cfg.rollout.temperature, cfg.rollout.top_p, cfg.model.name, cfg.engine.kv_cache_gib)
+            == (0.8, 0.9, "tiny", 0.5))
 
 
 def test_model_copy_with_dotted_keys_leaves_the_original():

@@ -50,7 +50,8 @@ def test_score_table(text, expected):
 
 
 def test_correct_answers_score_full():
-    assert compute_score("<think>16+8</think>\n<answer>16 + 8 * (5 - 1) / 4</answer>", {"target": 24, "numbers": [16, 8, 5, 1, 4]}) == 1.0
+    assert compute_score("<think>16+8</think>\n<answer>16 + 8 * (5 - 1) / 4</answer>",
+                         {"target": 24, "numbers": [16, 8, 5, 1, 4]}) == 1.0
     assert compute_score("<answer>(5 - 1) * (16 / 8)</answer>", {"target": 8, "numbers": [5, 1, 16, 8]}) == 1.0
     assert compute_score("<answer> 16 + 5 + 3 </answer>", {"target": 24, "numbers": [3, 5, 16]}) == 1.0
     # exact rationals: 1/3 * 3 is exactly 1
@@ -58,8 +59,10 @@ def test_correct_answers_score_full():
 
 
 def test_custom_scores():
-    assert compute_score("<answer>16 + 5 + 3</answer>", {"target": 24, "numbers": [3, 5, 16]}, format_score=0.2, score=2.0) == 2.0
-    assert compute_score("<answer>16 + 5 + 4</answer>", {"target": 24, "numbers": [3, 5, 16]}, format_score=0.2, score=2.0) == 0.2
+    assert compute_score("<answer>16 + 5 + 3</answer>", {"target": 24, "numbers": [3, 5, 16]}, format_score=0.2,
+                         score=2.0) == 2.0
+    assert compute_score("<answer>16 + 5 + 4</answer>", {"target": 24, "numbers": [3, 5, 16]}, format_score=0.2,
+                         score=2.0) == 0.2
 
 
 def test_default_format_score_is_the_configs():
@@ -69,7 +72,8 @@ def test_default_format_score_is_the_configs():
     from rlcr.config import RLCRConfig
 
     assert inspect.signature(compute_score).parameters["format_score"].default == RLCRConfig().method.format_score
-    assert compute_score("<answer>16 + 5 + 4</answer>", {"target": 24, "numbers": [3, 5, 16]}) == RLCRConfig().method.format_score
+    assert (compute_score("<answer>16 + 5 + 4</answer>", {"target": 24, "numbers": [3, 5, 16]})
+            == RLCRConfig().method.format_score)
 
 
 @pytest.mark.parametrize(

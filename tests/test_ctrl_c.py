@@ -182,7 +182,7 @@ def test_a_block_that_swallows_the_interrupt_is_ended_after_the_grace_period():
     took = time.monotonic() - t0
     assert res.returncode == 130, res.stdout + res.stderr
     lines = [ln for ln in res.stdout.splitlines() if ln.strip()]
-    assert "stopping (Ctrl-C): rlcr eval is cancelled" in lines and re.fullmatch(r"stopped in \d\.\d s \(exit code 130\) \(still stopping after 1 s: "
-                                          r"ended at once\)", lines[-1]), res.stdout
+    assert "stopping (Ctrl-C): rlcr eval is cancelled" in lines and re.fullmatch(
+        r"stopped in \d\.\d s \(exit code 130\) \(still stopping after 1 s: ended at once\)", lines[-1]), res.stdout
     assert "swallowed" not in res.stdout and "Traceback" not in res.stdout + res.stderr  # both in the log
     assert took < 20

@@ -103,8 +103,10 @@ def test_deployment_run_against_local_server(prefect_server, tiny_model_dir, tmp
     config.write_text(yaml.safe_dump(cfg))
     serve_log = tmp_path / "serve.log"
     served = [serve_deployments(env, config, serve_log)]
-    prefect = lambda *args, **kw: subprocess.run([str(BIN / "prefect"), *args], env=env, cwd=REPO,
-                                                  capture_output=True, text=True, **kw)
+
+    def prefect(*args, **kw):
+        return subprocess.run([str(BIN / "prefect"), *args], env=env, cwd=REPO, capture_output=True, text=True, **kw)
+
     try:
         wait_for(lambda: prefect("deployment", "inspect", "rlcr/train").returncode == 0, 180, "deployment rlcr/train")
         nightly = prefect("deployment", "inspect", "rlcr-probe/nightly")

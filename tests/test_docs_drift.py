@@ -108,7 +108,8 @@ def test_the_readme_command_table_lists_every_command_and_option():
 SECTION_TITLES = {int(m.group(1)): m.group(2) for m in re.finditer(r"^## §(\d+) (.+)$",
                                                                   (ROOT / "docs/design.md").read_text(), re.M)}
 DESIGN_REF = re.compile(r"design\.md\)?\s*§\s*(\d+)((?:\s*(?:,|and|–|-)\s*§?\s*\d+)*)")
-HELP_SECTIONS = {("eval",): {13}, ("compare",): {13}, ("probe",): {15}, ("sft",): {14}, ("train",): {12}, ("export",): {11}}
+HELP_SECTIONS = {("eval",): {13}, ("compare",): {13}, ("probe",): {15}, ("sft",): {14}, ("train",): {12},
+                 ("export",): {11}}
 """The design sections each command's help may cite (their titles: evaluation and calibration metrics, the
 faithfulness probe, the format warm-start, continuous training)."""
 
@@ -200,3 +201,42 @@ def test_each_task_names_its_strata(name, label):
     from rlcr.tasks.registry import get_task
 
     assert get_task(name).stratum_label == label
+
+
+# ----------------------------------------------------------------------------- docs that read as the product
+def test_the_readme_is_a_short_entry_that_links_every_doc():
+    """The README stays on a screen or two (≤ 150 lines) and its documentation table links every file in docs/."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150, f"README.md has {len(readme.splitlines())} lines (at most 150)"
+    linked = set(re.findall(r"\]\((?:\.\./)?docs/([\w.-]+\.md)", readme))
+    missing = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
+    missing = [m for m in missing if m not in linked]
+    assert missing == [], f"docs the README does not link: {missing}"
+
+
+def test_docs_cite_no_issue_numbers():
+    """README and docs describe the product, not its history: no "issue N" (the history is in git)."""
+    cited = [f"{path.relative_to(ROOT)}:{i}: {line.strip()[:80]}" for path in DOCS if path.suffix == ".md"
+             for i, line in enumerate(path.read_text().splitlines(), 1)
+             if re.search(r"\bissues? \d+|\(#\d+\)", line)]
+    assert cited == [], "issue numbers in the docs:\n" + "\n".join(cited)
+
+
+def test_the_architecture_map_names_paths_that_exist():
+    """docs/architecture.md's module map: every path in its first column exists (a bare file name continues the
+    folder of the path before it in the same cell)."""
+    rows = [line.split("|")[1] for line in (ROOT / "docs/architecture.md").read_text().splitlines()
+            if line.startswith("| `")]
+    assert len(rows) >= 20
+    absent = []
+    for cell in rows:
+        folder = ""
+        for name in re.findall(r"`([^`]+)`", cell):
+            path = name.rstrip("/")
+            if "/" in path:
+                folder = path.rsplit("/", 1)[0] if "." in path.rsplit("/", 1)[-1] else path
+            else:
+                path = f"{folder}/{path}" if folder else path
+            if not any((ROOT / p).exists() for p in (path, path.replace("*", ""))) and not list(ROOT.glob(path)):
+                absent.append(name)
+    assert absent == [], f"paths in docs/architecture.md that do not exist: {absent}"

@@ -121,7 +121,8 @@ def test_a_stalled_writer_past_its_checks_cannot_replace_what_another_committed(
     assert run.manifest(1) == committed and committed["attempt"] == b.attempt
     assert run.store.read_bytes(run.store.rel(committed["checkpoint_uri"]) + "/_COMPLETE") == b_seal
     assert {key: run.store.read_bytes(run.store.rel(committed[key])) for key in files} == files
-    assert run.metrics(1) == {"who": "B"} and run.store.read_parquet(run.eval_records_rel(1)).to_pylist() == [{"who": "B"}]
+    assert (run.metrics(1) == {"who": "B"}
+            and run.store.read_parquet(run.eval_records_rel(1)).to_pylist() == [{"who": "B"}])
     assert run.verified_state(run.last_committed()) == committed["checkpoint_uri"] == uri
     b.release()
 
@@ -268,7 +269,8 @@ def test_a_corrupt_manifest_gives_one_line_naming_the_file(run, edit, problem):
     run.commit_staged([1], seal_dir(run, run.checkpoint_rel(1, PROCESS_ATTEMPT), "w"), 1)
     rel = run.manifest_rel(1)
     raw = json.dumps(json.loads(run.store.read_bytes(rel)), sort_keys=True).encode()
-    assert b'"state_iteration": 1' in raw and f'"state_uri": "iter-0001/attempt-{PROCESS_ATTEMPT}/checkpoint"'.encode() in raw
+    assert (b'"state_iteration": 1' in raw
+            and f'"state_uri": "iter-0001/attempt-{PROCESS_ATTEMPT}/checkpoint"'.encode() in raw)
     os.unlink(run.store._abs(rel))
     run.store.write_bytes(rel, edit(raw))
     for read in (run.committed, run.finish_group, lambda: run.pending()):
@@ -315,7 +317,8 @@ def test_a_moved_store_resumes_reads_metrics_and_finishes_a_group(tmp_path):
     new = RunStore(Store(str(tmp_path / "new")), "r")
     assert new.finish_group() and [m["iteration"] for m in new.committed()] == [1, 2, 3]
     for m in new.committed():
-        assert new.store.read_json(new.store.rel(m["metrics_uri"])) == {"k": m["iteration"]} == new.metrics(m["iteration"])
+        assert (new.store.read_json(new.store.rel(m["metrics_uri"])) == {"k": m["iteration"]}
+                == new.metrics(m["iteration"]))
         assert m["rollouts_uri"] == new.store.url(f"{new.iteration_dir(m['iteration'])}/r.parquet")
     assert new.verified_state(new.last_committed()) == new.store.url(new.checkpoint_rel(3))
 

@@ -164,7 +164,8 @@ def test_a_run_that_committed_nothing_says_how_to_discard_it(tmp_path):
     run.check_config(cfg)
     with pytest.raises(RunConfigMismatch) as e:
         run.check_config(changed)
-    assert "no committed iteration" in str(e.value) and str(tmp_path / "store" / "runs" / "failed-start") in str(e.value)
+    assert ("no committed iteration" in str(e.value)
+            and str(tmp_path / "store" / "runs" / "failed-start") in str(e.value))
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "weights.bin").write_bytes(b"w")
     run.commit(1, {"checkpoint_uri": store.put_dir(tmp_path / "ckpt", run.checkpoint_rel(1, "writer1"))})
@@ -274,10 +275,9 @@ def test_eval_titles_name_the_run_reference_and_never_cut_a_word():
 def test_rlcr_runs_shows_the_current_target_the_stop_reason_and_warm_start_runs(tmp_path):
     """``rlcr runs`` showed ``5/3`` for a run extended to 5, left out the ``rlcr sft`` run, and said ``stopped``
     with no reason. The status record each attempt writes (its target, how it ended) fills both in."""
-    from test_run_refs import cli, make_run, sealed
-
     from rlcr.run_layout import RunLayout
     from rlcr.storage import Store
+    from test_run_refs import cli, make_run, sealed
 
     store = Store(str(tmp_path / "store"))
     extended = make_run(store, "extended", committed=5, save_every=1, iterations=3)  # config says 3; resumed to 5

@@ -32,10 +32,11 @@ def stage_hook():
 def overrides(tiny_model_dir, s3):
     return {
         "model.name": str(tiny_model_dir), "storage.uri": f"s3://{BUCKET}/exp", "storage.s3_endpoint_url": s3.endpoint,
-        "rollout.prompts_per_iteration": 2, "rollout.num_generations_answer": 3, "rollout.num_generations_confidence": 2,
-        "tasks.num_train": 16, "tasks.num_eval": 4, "rollout.temperature": 1.0, "rollout.max_answer_tokens": 16,
-        "rollout.max_confidence_tokens": 8, "engine.max_model_len": 512, "engine.kv_cache_gib": 0.25,
-        "update.learning_rate": 1e-4, "orchestration.retries": 1, "orchestration.retry_delay_s": 0.5,
+        "rollout.prompts_per_iteration": 2, "rollout.num_generations_answer": 3,
+        "rollout.num_generations_confidence": 2, "tasks.num_train": 16, "tasks.num_eval": 4, "rollout.temperature": 1.0,
+        "rollout.max_answer_tokens": 16, "rollout.max_confidence_tokens": 8, "engine.max_model_len": 512,
+        "engine.kv_cache_gib": 0.25, "update.learning_rate": 1e-4, "orchestration.retries": 1,
+        "orchestration.retry_delay_s": 0.5,
     }
 
 
@@ -51,7 +52,9 @@ def test_train_flow_fail_resume_and_s3_outage(ray_local, prefect_harness, tiny_m
     from rlcr.config import RLCRConfig
     from rlcr.runs import RunStore
 
-    key = lambda uri: uri.removeprefix(f"s3://{BUCKET}/")  # a manifest's URI → its S3 key
+    def key(uri):  # a manifest's URI → its S3 key
+        return uri.removeprefix(f"s3://{BUCKET}/")
+
     keys = s3.keys(prefix)
     assert f"{prefix}iter-0001/manifest.json" in keys
     ckpt1 = key(RunStore.open(RLCRConfig.from_dict(overrides(tiny_model_dir, s3)), run).manifest(1)["checkpoint_uri"])
@@ -71,10 +74,14 @@ def test_train_flow_fail_resume_and_s3_outage(ray_local, prefect_harness, tiny_m
     keys = s3.keys(prefix)
     manifests = [k for k in keys if k.endswith("manifest.json")]
     assert manifests == [f"{prefix}iter-0001/manifest.json", f"{prefix}iter-0002/manifest.json"]
-    body = lambda k: s3.client().get_object(Bucket=BUCKET, Key=k)["Body"].read()
+
+    def body(k):
+        return s3.client().get_object(Bucket=BUCKET, Key=k)["Body"].read()
+
     raw1, raw2 = (json.loads(body(k)) for k in manifests)
     # recorded relative to the run (a store may move), under the attempt (lease) that committed it
-    assert raw2["checkpoint_uri"] == f"iter-0002/attempt-{raw2['attempt']}/checkpoint" and raw2["attempt"] != raw1["attempt"]
+    assert (raw2["checkpoint_uri"] == f"iter-0002/attempt-{raw2['attempt']}/checkpoint"
+            and raw2["attempt"] != raw1["attempt"])
     assert f"{prefix}{raw2['rollouts_uri']}" not in stale  # the failed attempt's rollouts are not the committed ones
 
     m1, m2 = RunStore.open(RLCRConfig.from_dict(overrides(tiny_model_dir, s3)), run).committed()
@@ -119,20 +126,21 @@ def test_invalid_config_fails_before_any_work(prefect_harness, tmp_path):
     from rlcr.config import ConfigError
 
     with pytest.raises(ConfigError, match="rollout.num_generations_confidence"):
-        rlcr_train(overrides={"rollout.num_generations_confidence": 1, "storage.uri": str(tmp_path / "store")}, run_id="bad")
+        rlcr_train(overrides={"rollout.num_generations_confidence": 1, "storage.uri": str(tmp_path / "store")},
+                   run_id="bad")
     assert not (tmp_path / "store").exists()
 
 
 def test_resume_refuses_a_changed_config(prefect_harness, tmp_path):
     from flows.train import rlcr_train
-    from rlcr.runs import RunConfigMismatch
     from rlcr.config import RLCRConfig
-    from rlcr.runs import RunStore
+    from rlcr.runs import RunConfigMismatch, RunStore
 
     cfg = RLCRConfig(storage={"uri": str(tmp_path)}, model={"name": "unused"})
     RunStore.open(cfg, "r").check_config(cfg)
     with pytest.raises(RunConfigMismatch, match="method.lambda_conf"):
-        rlcr_train(overrides={"storage.uri": str(tmp_path), "model.name": "unused", "method.lambda_conf": 0.5}, run_id="r")
+        rlcr_train(overrides={"storage.uri": str(tmp_path), "model.name": "unused", "method.lambda_conf": 0.5},
+                   run_id="r")
 
 
 def test_artifact_keys_follow_prefects_rule_and_stay_distinct():
@@ -235,12 +243,13 @@ def test_save_every_stages_rewinds_and_resumes_exactly(ray_local, prefect_harnes
     from rlcr.runs import RunStore
 
     def cfg_for(name):
-        return {"model.name": str(tiny_model_dir), "storage.uri": str(tmp_path / name), "rollout.prompts_per_iteration": 2,
-                "rollout.num_generations_answer": 2, "rollout.num_generations_confidence": 2, "tasks.num_train": 16,
-                "tasks.num_eval": 4, "rollout.temperature": 1.0, "rollout.max_answer_tokens": 16, "rollout.max_confidence_tokens": 8,
-                "engine.max_model_len": 512, "engine.kv_cache_gib": 0.25, "update.learning_rate": 1e-3, "orchestration.retries": 1,
-                "orchestration.retry_delay_s": 0.1, "eval.every": 0, "orchestration.save_every": 2,
-                "orchestration.background_save": name != "a",
+        return {"model.name": str(tiny_model_dir), "storage.uri": str(tmp_path / name),
+                "rollout.prompts_per_iteration": 2, "rollout.num_generations_answer": 2,
+                "rollout.num_generations_confidence": 2, "tasks.num_train": 16, "tasks.num_eval": 4,
+                "rollout.temperature": 1.0, "rollout.max_answer_tokens": 16, "rollout.max_confidence_tokens": 8,
+                "engine.max_model_len": 512, "engine.kv_cache_gib": 0.25, "update.learning_rate": 1e-3,
+                "orchestration.retries": 1, "orchestration.retry_delay_s": 0.1, "eval.every": 0,
+                "orchestration.save_every": 2, "orchestration.background_save": name != "a",
                 "orchestration.keep_checkpoints": 1 if name == "c" else None}
 
     straight = RunStore.open(RLCRConfig.from_dict(cfg_for("a")), "r")
@@ -264,7 +273,7 @@ def test_save_every_stages_rewinds_and_resumes_exactly(ray_local, prefect_harnes
         crashed = RunStore.open(RLCRConfig.from_dict(cfg_for(name)), "r")
         killed = []
 
-        def kill_trainer_worker():  # once: the save's retry emits its start again
+        def kill_trainer_worker(crashed=crashed, killed=killed):  # once: the save's retry emits its start again
             if killed:
                 return
             assert crashed.pending() == [1, 2]  # staged, not committed

@@ -13,8 +13,15 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from bench.grid_protocol import (ProtocolError, Split, SplitError, build_split, check_disjoint, load_protocol,
-                                 write_split)
+from bench.grid_protocol import (
+    ProtocolError,
+    Split,
+    SplitError,
+    build_split,
+    check_disjoint,
+    load_protocol,
+    write_split,
+)
 from bench.grid_records import DEFAULT_DIR, MAX_RECORD_BYTES, RecordError, read_records, record_name, write_record
 from bench.grid_table import BEGIN, END, README_BEGIN, README_END, build_table, docs_section, replace_section
 from rlcr.config import load_config
@@ -234,7 +241,8 @@ def test_each_seed_reads_the_written_split_and_warm_starts_from_the_pool(protoco
     warm = {}
     for seed in protocol.seeds:
         cfg = load_config(ROOT / protocol.config, [*protocol.overrides(), f"run.seed={seed}",
-                                                  f"tasks.train_file={files['train']}", f"tasks.eval_file={files['test']}"])
+                                                  f"tasks.train_file={files['train']}",
+                                                  f"tasks.eval_file={files['test']}"])
         pool = training_pool(cfg)
         assert _ids(pool) == _ids(split.train) and _ids(held_out_set(cfg, pool)) == _ids(split.test)
         warm[seed] = sft_tasks(cfg, cfg.sft.tasks, pool)
@@ -347,7 +355,8 @@ def test_the_addendum_table_decides_its_six_goals_on_both_intervals(tmp_path):
     assert goals["accuracy_non_inferior"][2].startswith("0.000 [0.000, 0.000]")  # seed level
     assert "s1 " in goals["out_of_domain_ece"][1] and "s5 " in goals["out_of_domain_ece"][1]
     assert "rlvr + Platt per stratum" in docs and docs.count("**Out of domain**") == 2 and "qa_heldout.jsonl" in docs
-    assert "seed 5: in domain warm_start, rlcr, rlvr, rlvr_g4; math warm_start, rlcr, rlvr, rlvr_g4; qa warm_start" in docs
+    assert ("seed 5: in domain warm_start, rlcr, rlvr, rlvr_g4; math warm_start, rlcr, rlvr, rlvr_g4; "
+            "qa warm_start") in docs
 
     partial = tmp_path / "partial"
     addendum_records(partial / "grid", partial / "grid-2", g4_seeds=(1, 2, 3, 4))
@@ -439,7 +448,8 @@ def test_the_table_reads_each_goal_at_the_seed_level_and_adds_the_round_2_baseli
     assert (mean, t_lo, t_hi) == pytest.approx((np.mean(per), lo, hi), abs=2e-3) and t_hi > 0  # per-seed rounding
     assert "**met**" in goal and "Met by the registered rule but not at the seed level: ece." in table
     assert "df 2]" in table and "vacuous: temperature scaling is monotone" in table
-    assert "| RLCR − (RLVR + Platt per stratum) | " in table and "seed level" in rows["RLCR − (RLVR + Platt per stratum)"]
+    assert ("| RLCR − (RLVR + Platt per stratum) | " in table
+            and "seed level" in rows["RLCR − (RLVR + Platt per stratum)"])
     assert "rlcr s1 2, s2 2, s3 2; rlvr s1 1, s2 1, s3 1" in table  # distinct greedy confidences per seed
     assert "**† The goals' figures under the paper protocol**" in table
     # the README's short form: each goal with its seed-level reading, the exploratory lines
@@ -579,7 +589,8 @@ def test_an_evaluation_temperature_reaches_both_stages_and_the_engine(monkeypatc
 
     cfg = load_config(ROOT / "configs" / "methods.yaml")
     answer, confidence = _stage_steps(cfg, "file:///policy", 7, None, 2, 1, temperature)
-    assert answer["fn_constructor_kwargs"]["temperature"] == confidence["fn_constructor_kwargs"]["temperature"] == temperature
+    assert (answer["fn_constructor_kwargs"]["temperature"] == confidence["fn_constructor_kwargs"]["temperature"]
+            == temperature)
     seen = {}
     monkeypatch.setattr(sampling, "sample_chats", lambda *a, **kw: seen.update(kw) or ([], []))
     stage = object.__new__(AnswerStage)

@@ -3,8 +3,8 @@ bounded, ranges are validated, evaluation files are checked. Each refusal is one
 field), never a traceback; time bounds are generous guards, not speed goals."""
 
 import json
-from pathlib import Path
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -47,7 +47,9 @@ def cli(*args: str):
 
 def says(output: str, message: str) -> bool:
     """Whether a CLI error box holds ``message``, wherever rich broke its lines (spaces ignored)."""
-    squeeze = lambda t: "".join(t.replace("│", "").split())
+    def squeeze(t):
+        return "".join(t.replace("│", "").split())
+
     return squeeze(message) in squeeze(output)
 
 
@@ -268,9 +270,9 @@ def test_eval_writes_its_records_to_s3(s3, ray_local, tiny_model_dir, tmp_path, 
     monkeypatch.chdir(tmp_path)
     uri = f"s3://{BUCKET}/{tmp_path.name}/rows.parquet"
     args = ["eval", "--records", uri, f"model.name={tiny_model_dir}", f"storage.s3_endpoint_url={s3.endpoint}",
-            f"storage.uri={tmp_path / 'store'}", "tasks.num_train=20", "tasks.num_eval=3", "rollout.max_answer_tokens=16",
-            "rollout.max_confidence_tokens=8", "engine.max_model_len=512", "engine.kv_cache_gib=0.25",
-            "eval.bootstrap_resamples=100"]
+            f"storage.uri={tmp_path / 'store'}", "tasks.num_train=20", "tasks.num_eval=3",
+            "rollout.max_answer_tokens=16", "rollout.max_confidence_tokens=8", "engine.max_model_len=512",
+            "engine.kv_cache_gib=0.25", "eval.bootstrap_resamples=100"]
     res, _ = cli(*args)
     assert res.exit_code == 0, res.output
     assert says(res.output, f"per-answer rows: {uri}")

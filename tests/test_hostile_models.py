@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from rlcr.cli import app
 from rlcr.model_source import ModelSourceError, check_model
-from rlcr.storage import COMPLETE_MARKER, InvalidSeal, Store, StorageError
+from rlcr.storage import COMPLETE_MARKER, InvalidSeal, StorageError, Store
 from rlcr.storage.seals import checkpoint_content_id, read_bounded, sealable_files
 from rlcr.tasks.chat import render_prompt
 from rlcr.untrusted import InvalidInput

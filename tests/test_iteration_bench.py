@@ -4,8 +4,8 @@ rollout stages' mode switch (no Ray)."""
 import math
 
 import pytest
-from conftest import load_bench
 
+from conftest import load_bench
 from rlcr.rollout.pipeline import STAGES_ENV, stage_compute
 
 

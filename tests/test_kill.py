@@ -13,8 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from rlcr.config import RLCRConfig
 from rlcr.runs import RunStore
 
@@ -36,9 +34,10 @@ def test_sigkill_during_update_and_commit_then_resume(ray_local, prefect_harness
     store = tmp_path / "store"
     overrides = {
         "model.name": str(tiny_model_dir), "storage.uri": str(store), "rollout.prompts_per_iteration": 2,
-        "rollout.num_generations_answer": 2, "rollout.num_generations_confidence": 2, "tasks.num_train": 16, "tasks.num_eval": 4,
-        "rollout.temperature": 1.0, "rollout.max_answer_tokens": 16, "rollout.max_confidence_tokens": 8, "engine.max_model_len": 512,
-        "engine.kv_cache_gib": 0.25, "update.learning_rate": 1e-4, "orchestration.retries": 0, "eval.every": 2,
+        "rollout.num_generations_answer": 2, "rollout.num_generations_confidence": 2, "tasks.num_train": 16,
+        "tasks.num_eval": 4, "rollout.temperature": 1.0, "rollout.max_answer_tokens": 16,
+        "rollout.max_confidence_tokens": 8, "engine.max_model_len": 512, "engine.kv_cache_gib": 0.25,
+        "update.learning_rate": 1e-4, "orchestration.retries": 0, "eval.every": 2,
     }
     run = RunStore.open(RLCRConfig.from_dict(overrides), "killed")
 

@@ -58,7 +58,8 @@ def test_no_import_cycles_in_rlcr():
 
 def test_only_the_cli_imports_flows():
     offenders = sorted(m for m, deps in graph().items()
-                       if m.startswith("rlcr") and m.split(".")[:2] != ["rlcr", "cli"] and any(d.startswith("flows") for d in deps))
+                       if m.startswith("rlcr") and m.split(".")[:2] != ["rlcr", "cli"]
+                       and any(d.startswith("flows") for d in deps))
     assert offenders == []
 
 
@@ -149,4 +150,5 @@ def test_the_task_import_rule_sees_an_offending_import(tmp_path):
     """The rule's own check: the AST walk finds an import of a task module inside a function."""
     source = tmp_path / "m.py"
     source.write_text("def f():\n    from rlcr.tasks.countdown_sft import sft_examples\n    import rlcr.tasks.math\n")
-    assert {"rlcr.tasks.countdown_sft", "rlcr.tasks.math"} <= {i for i in imports_of(source) if i.startswith(TASK_MODULES)}
+    assert {"rlcr.tasks.countdown_sft", "rlcr.tasks.math"} <= {i for i in imports_of(source)
+                                                              if i.startswith(TASK_MODULES)}

@@ -10,8 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlcr.adapters import (ADAPTER_WEIGHTS, base_content_id, export_merged, fetch_model, is_adapter_dir, merged_dir,
-                           read_adapter)
+from rlcr.adapters import (
+    ADAPTER_WEIGHTS,
+    base_content_id,
+    export_merged,
+    fetch_model,
+    is_adapter_dir,
+    merged_dir,
+    read_adapter,
+)
 from rlcr.config import RLCRConfig
 from rlcr.storage import Store, fetch_checkpoint
 from rlcr.train.batching import prepare_samples
@@ -125,7 +132,8 @@ def test_a_resumed_model_gets_the_saved_adapters(tiny_model_dir, tiny_tokenizer,
     assert want.tensors.keys() == got.tensors.keys() and want.scale == got.scale == 2.0
     assert all((want.tensors[k] == got.tensors[k]).all() for k in want.tensors)
     with pytest.raises(ValueError, match="does not match lora"):
-        load_adapter_state(wrap_lora(load_lm(tiny_model_dir), lora_cfg(tmp_path, **{"lora.target_modules": ["q_proj"]})),
+        load_adapter_state(wrap_lora(load_lm(tiny_model_dir),
+                                     lora_cfg(tmp_path, **{"lora.target_modules": ["q_proj"]})),
                            raw)
 
 
@@ -211,11 +219,13 @@ def test_a_lora_update_on_one_and_two_workers(ray_local, tiny_model_dir, tmp_pat
     adapters = {}
     for workers in (1, 2):
         cfg = lora_cfg(tmp_path / f"w{workers}", **{"update.num_workers": workers, "update.learning_rate": 1e-3,
-                                                    "update.micro_batch_tokens": 64, "update.mini_batches_per_epoch": 4})
+                                                    "update.micro_batch_tokens": 64,
+                                                    "update.mini_batches_per_epoch": 4})
         res = run_update(cfg, rows, policy_uri=str(tiny_model_dir), run_id="r", iteration=1, with_optimizer=True)
         assert res.metrics["optimizer_steps"] == 4 and res.metrics["world_size"] == workers
         raw = fetch_checkpoint(res.checkpoint_uri)
-        assert is_adapter_dir(raw) and json.loads((raw / "rlcr_adapter.json").read_text())["base"] == str(tiny_model_dir)
+        assert (is_adapter_dir(raw)
+                and json.loads((raw / "rlcr_adapter.json").read_text())["base"] == str(tiny_model_dir))
         state = torch.load(raw / TRAINING_STATE_FILE, weights_only=False)
         assert len(state["optimizer"]["state"]) == 2 * 7 * 2  # A and B of 7 modules × 2 layers: nothing else
         adapters[workers] = read_adapter(raw).factors

@@ -58,7 +58,8 @@ def test_kl_estimators_hand_computed():
     assert kl_penalty(logp, ref, "k2").item() == pytest.approx(0.5 * math.log(2) ** 2)
     assert kl_penalty(logp, ref, "k3").item() == pytest.approx(math.exp(d) - d - 1)
     assert kl_penalty(torch.tensor([0.0]), torch.tensor([-100.0]), "k3").item() == pytest.approx(math.exp(-20) + 20 - 1)
-    loss, m = policy_loss(logp[None], logp[None], torch.tensor([0.0]), torch.ones(1, 1), ref_logp=ref[None], kl_coef=0.1, kl_type="k1")
+    loss, m = policy_loss(logp[None], logp[None], torch.tensor([0.0]), torch.ones(1, 1), ref_logp=ref[None],
+                          kl_coef=0.1, kl_type="k1")
     assert loss.item() == pytest.approx(0.1 * math.log(2)) and m["ref_kl"] == pytest.approx(math.log(2))
 
 
@@ -99,7 +100,8 @@ def test_token_mean_sums_over_micro_batches(b, t, k, data):
     adv = torch.randn(b, generator=g)
     mask = (torch.rand(b, t, generator=g) > 0.3).float()
     mask[0, 0] = 1.0
-    agg = data.draw(st.sampled_from(["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]))
+    agg = data.draw(st.sampled_from(["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                                     "seq-mean-token-sum-norm"]))
     whole, _ = policy_loss(logp, old, adv, mask, agg=agg)
     total = torch.tensor(0.0)
     for idx in torch.arange(b).chunk(k):

@@ -103,7 +103,8 @@ FRAGMENTS = st.sampled_from(
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(FRAGMENTS, max_size=30), st.sampled_from(["answer", "confidence"]), st.integers(1, 12), st.integers(0, 5))
+@given(st.lists(FRAGMENTS, max_size=30), st.sampled_from(["answer", "confidence"]), st.integers(1, 12),
+       st.integers(0, 5))
 def test_mask_properties(any_tokenizer, frags, kind, ctx_len, pad):
     tok = any_tokenizer
     text = "".join(frags)

@@ -22,7 +22,8 @@ def test_the_math_configs_load_and_name_the_math_task(monkeypatch):
     gpu = load_config(REPO / "configs" / "gpu-math.yaml")
     assert gpu.tasks.name == "math" and gpu.update.use_gpu and gpu.model.dtype == "bfloat16"
     assert "Qwen2.5-1.5B-Instruct" in gpu.model.name and gpu.tasks.train_file.startswith("s3://")
-    assert gpu.rollout.max_answer_tokens + gpu.rollout.max_confidence_tokens + gpu.rollout.max_prompt_tokens <= gpu.engine.max_model_len
+    assert (gpu.rollout.max_answer_tokens + gpu.rollout.max_confidence_tokens + gpu.rollout.max_prompt_tokens
+            <= gpu.engine.max_model_len)
 
 
 def test_an_unknown_task_is_a_one_line_error_naming_the_tasks():
@@ -45,9 +46,10 @@ def test_train_flow_on_math_then_resume(ray_local, prefect_harness, tiny_model_d
     overrides = {
         "tasks.name": "math", "model.name": str(tiny_model_dir), "storage.uri": str(tmp_path / "store"),
         "tasks.train_file": str(DATA / "gsm8k_style.jsonl"), "tasks.eval_file": str(held_out),
-        "rollout.prompts_per_iteration": 2, "rollout.num_generations_answer": 2, "rollout.num_generations_confidence": 2,
-        "eval.samples": 1, "rollout.temperature": 1.0, "rollout.max_answer_tokens": 16, "rollout.max_confidence_tokens": 8,
-        "engine.max_model_len": 1024, "engine.kv_cache_gib": 0.25, "update.learning_rate": 1e-3, "orchestration.retries": 0,
+        "rollout.prompts_per_iteration": 2, "rollout.num_generations_answer": 2,
+        "rollout.num_generations_confidence": 2, "eval.samples": 1, "rollout.temperature": 1.0,
+        "rollout.max_answer_tokens": 16, "rollout.max_confidence_tokens": 8, "engine.max_model_len": 1024,
+        "engine.kv_cache_gib": 0.25, "update.learning_rate": 1e-3, "orchestration.retries": 0,
     }
     first = rlcr_train(overrides=overrides, run_id="m", iterations=1)
     second = rlcr_train(overrides=overrides, run_id="m", iterations=2)  # resume: iteration 2 only

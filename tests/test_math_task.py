@@ -25,8 +25,7 @@ from rlcr.tasks.base import (
     extract_answer,
     register_task,
 )
-from rlcr.tasks.countdown import CONFIDENCE_QUERY as COUNTDOWN_CONFIDENCE_QUERY
-from rlcr.tasks.countdown import extract_solution
+from rlcr.tasks.countdown import CONFIDENCE_QUERY as COUNTDOWN_CONFIDENCE_QUERY, extract_solution
 from rlcr.tasks.math import MathProblem, MathTask, last_boxed
 from rlcr.tasks.math_verifier import MAX_ANSWER_CHARS, equivalent
 from rlcr.tasks.registry import get_task, task_names

@@ -11,9 +11,9 @@ import torch
 from rlcr.advantages import METHOD_ADVANTAGES, answer_advantages, method_advantages
 from rlcr.config import ConfigError, RLCRConfig
 from rlcr.evaluate import compare_evaluations, pool_draws, summarize_eval
-from rlcr.presentation import difference_text, with_ci
 from rlcr.masks import completion_mask, single_span
 from rlcr.metrics import auroc, bootstrap_intervals, calibration_metrics, paired_bootstrap_differences
+from rlcr.presentation import difference_text, with_ci
 from rlcr.rewards import ANSWER_REWARDS, METHODS, answer_reward
 from rlcr.rollout.pipeline import rollout_stats
 from rlcr.rollout.records import answer_scores, assign_advantages, rollout_row, validate_rollouts
@@ -181,7 +181,10 @@ def test_bootstrap_resamples_tasks_not_answers():
     one = bootstrap_intervals(c1, y1, range(200), seed=0)
     doubled = bootstrap_intervals(np.repeat(c1, 2), np.repeat(y1, 2), np.repeat(np.arange(200), 2), seed=0)
     as_if_independent = bootstrap_intervals(np.repeat(c1, 2), np.repeat(y1, 2), range(400), seed=0)
-    width = lambda ci: ci["accuracy"][1] - ci["accuracy"][0]
+
+    def width(ci):
+        return ci["accuracy"][1] - ci["accuracy"][0]
+
     assert width(doubled) == pytest.approx(width(one), rel=0.1)
     assert width(as_if_independent) < 0.8 * width(doubled)
 
@@ -329,8 +332,8 @@ def test_evaluation_breaks_calibration_down_by_number_count():
 
 
 def test_single_turn_answer_is_scored_on_its_answer_part():
-    """The extraction reads the last line (docs/design.md §2–§4): the confidence after the answer must not hide it, and an
-    <answer> written inside the confidence section does not count."""
+    """The extraction reads the last line (docs/design.md §2–§4): the confidence after the answer must not hide it, and
+    an <answer> written inside the confidence section does not count."""
     from rlcr.rewards import split_single_turn
 
     answer, stated = split_single_turn(RIGHT + conf(0.6))

@@ -55,7 +55,8 @@ def test_bad_inputs():
         auroc([0.5], [2])
 
 
-@given(st.lists(st.tuples(st.integers(0, 1000).map(lambda k: k / 1000), st.sampled_from([0, 1])), min_size=1, max_size=60))
+@given(st.lists(st.tuples(st.integers(0, 1000).map(lambda k: k / 1000), st.sampled_from([0, 1])), min_size=1,
+                max_size=60))
 def test_properties(pairs):
     c, y = map(list, zip(*pairs))
     m = calibration_metrics(c, y)

@@ -138,7 +138,8 @@ def test_default_off_leaves_the_loss_bit_identical(agg):
 def test_config_fields_are_checked_and_marked_as_changing_results():
     from rlcr.config.fields import changes_results
 
-    for bad, match in (({"loss": {"tis_cap": 0.9}}, "tis_cap"), ({"loss": {"seq_mask_band": [1.5, 2.0]}}, "seq_mask_band"),
+    for bad, match in (({"loss": {"tis_cap": 0.9}}, "tis_cap"),
+                       ({"loss": {"seq_mask_band": [1.5, 2.0]}}, "seq_mask_band"),
                        ({"loss": {"tis_cap": 2.0}, "update": {"old_logp_source": "rollout"}}, "old_logp_source")):
         with pytest.raises(ValueError, match=match):
             RLCRConfig.from_dict(bad)
@@ -256,9 +257,8 @@ def test_warning_past_the_threshold_and_the_progress_line():
 def _rows_with_engine_logprobs(tiny_model_dir, shift_confidence):
     """The synthetic rollout tree of test_train with "engine" log-probs: the trainer's own (a plain full forward)
     for answers, shifted by ``-shift_confidence`` nats for confidences (Δ = log π_trainer − log μ = +shift)."""
-    from test_train import load_lm, make_rows
-
     from rlcr.loss import token_logprobs
+    from test_train import load_lm, make_rows
 
     lm = load_lm(tiny_model_dir)
     rows = make_rows(n_prompts=2, g_a=2, g_c=2)
@@ -274,11 +274,10 @@ def _rows_with_engine_logprobs(tiny_model_dir, shift_confidence):
 def test_an_update_reports_the_mismatch_on_every_path(tiny_model_dir, tiny_tokenizer, tmp_path):
     """One on-policy step (measured in the step), several steps (measured in the pre-pass) and ``rollout`` π_old
     (measured on the first mini-batch): the figures per turn, with the masks respected."""
-    from test_train import cfg_for, load_lm
-
     from rlcr.train.batching import prepare_samples
     from rlcr.train.logprobs import CompletionLogProbs
     from rlcr.train.update import train_update
+    from test_train import cfg_for, load_lm
 
     _, rows = _rows_with_engine_logprobs(tiny_model_dir, 0.8)
     samples = prepare_samples(rows, tiny_tokenizer)
@@ -303,23 +302,24 @@ def test_an_update_reports_the_mismatch_on_every_path(tiny_model_dir, tiny_token
 def test_the_correction_caps_and_masks_in_an_update(tiny_model_dir, tiny_tokenizer, tmp_path):
     """Confidence tokens 0.8 nats more likely under π_old than under μ: ratio e^0.8 ≈ 2.2 > C = 2 caps every one
     of them, and their geometric mean leaves [0.5, 2] (masked); answers (ratio 1) are untouched."""
-    from test_train import cfg_for, load_lm
-
     from rlcr.train.batching import prepare_samples
     from rlcr.train.logprobs import CompletionLogProbs
     from rlcr.train.update import train_update
+    from test_train import cfg_for, load_lm
 
     _, rows = _rows_with_engine_logprobs(tiny_model_dir, 0.8)
     samples = prepare_samples(rows, tiny_tokenizer)
     conf_tokens = sum(s.masked_tokens for s in samples if s.is_confidence)
     all_tokens = sum(s.masked_tokens for s in samples)
     results = {}
-    for name, kw in (("off", {}), ("tis", {"loss.tis_cap": 2.0}), ("both", {"loss.tis_cap": 2.0, "loss.seq_mask_band": [0.5, 2.0]})):
+    for name, kw in (("off", {}), ("tis", {"loss.tis_cap": 2.0}),
+                     ("both", {"loss.tis_cap": 2.0, "loss.seq_mask_band": [0.5, 2.0]})):
         results[name] = train_update(CompletionLogProbs(load_lm(tiny_model_dir)), samples, cfg_for(tmp_path, **kw),
                                      pad_id=tiny_tokenizer.pad_token_id)
     tis, both = results["tis"], results["both"]
     assert tis["is/capped"] == pytest.approx(conf_tokens / all_tokens) and tis["is/masked_samples"] == 0.0
-    assert tis["is/weight_mean"] == pytest.approx(((all_tokens - conf_tokens) + 2.0 * conf_tokens) / all_tokens, rel=1e-5)
+    assert tis["is/weight_mean"] == pytest.approx(((all_tokens - conf_tokens) + 2.0 * conf_tokens) / all_tokens,
+                                                  rel=1e-5)
     assert both["is/masked_samples"] == pytest.approx(sum(s.is_confidence for s in samples) / len(samples))
     assert both["is/weight_mean"] == pytest.approx((all_tokens - conf_tokens) / all_tokens, rel=1e-5)
     # confidences masked: the answer part alone is the loss; capped: the confidence part counts twice
@@ -339,9 +339,6 @@ def test_a_real_engine_and_the_trainer_agree(tiny_model_dir, tiny_tokenizer, tmp
     distribution the trainer computes (log-probs of the tempered distribution would differ by far more)."""
     import gc
 
-    from test_rollout import tiny_cfg
-    from test_train import cfg_for, load_lm
-
     from rlcr.rollout.engine import create_engine
     from rlcr.rollout.sampling import sample
     from rlcr.tasks.chat import render_prompt
@@ -349,6 +346,8 @@ def test_a_real_engine_and_the_trainer_agree(tiny_model_dir, tiny_tokenizer, tmp
     from rlcr.train.batching import prepare_samples
     from rlcr.train.logprobs import CompletionLogProbs
     from rlcr.train.update import train_update
+    from test_rollout import tiny_cfg
+    from test_train import cfg_for, load_lm
 
     llm = create_engine(tiny_model_dir, tiny_cfg(tiny_model_dir, "unused"), seed=5)
     prompts = [render_prompt(tiny_tokenizer, turn1_messages(t))[1] for t in generate_tasks(4, seed=2)]
@@ -357,7 +356,8 @@ def test_a_real_engine_and_the_trainer_agree(tiny_model_dir, tiny_tokenizer, tmp
     suffix = tiny_tokenizer.encode("\nConfidence:", add_special_tokens=False)
     contexts = [(p, i, a, list(p) + s.completion_ids + suffix)
                 for i, (p, outs) in enumerate(zip(prompts, answers)) for a, s in enumerate(outs)]
-    confs = sample(llm, [c for *_, c in contexts], n=1, max_tokens=8, seeds=[[100 + j] for j in range(len(contexts))], **kw)
+    confs = sample(llm, [c for *_, c in contexts], n=1, max_tokens=8, seeds=[[100 + j] for j in range(len(contexts))],
+                   **kw)
     rows = []
     for (p, i, a, ctx), (conf,) in zip(contexts, confs):
         ans = answers[i][a]

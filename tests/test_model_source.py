@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from rlcr.model_source import (ModelSourceError, check_model, import_model, local_digest, model_kind)
+from rlcr.model_source import ModelSourceError, check_model, import_model, local_digest, model_kind
 from rlcr.storage import COMPLETE_MARKER, Store, fetch_checkpoint
 
 
@@ -149,6 +149,7 @@ def stand_in_hub(plain_model, tmp_path, monkeypatch):
     import importlib
 
     import huggingface_hub.constants as constants
+
     from hubserver import HubServer
 
     with HubServer({"org/tiny": plain_model}) as hub:

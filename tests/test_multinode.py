@@ -1,14 +1,14 @@
 """Beyond one machine: placement as configuration, refusing what cannot work, and a real two-node cluster.
 
-The units (no Ray) check that ``placement.engine_resources``/``placement.trainer_resources`` reach what each engine actor and
-trainer worker asks for and the fit check, and when a local path is refused on a multi-node cluster.
+The units (no Ray) check that ``placement.engine_resources``/``placement.trainer_resources`` reach what each engine
+actor and trainer worker asks for and the fit check, and when a local path is refused on a multi-node cluster.
 
 The cluster test starts a real Ray head (``ray start --head``, 1 CPU) and a second node (4 CPUs and the
 custom resource ``worker_node``) as separate raylets on 127.0.0.1, each with its own temp dir, ``HOME``,
 ``RLCR_CACHE`` and ``TMPDIR``; the flow's driver is a third process (its own ``HOME``/``RLCR_CACHE`` too)
 attached to the head. Storage, and the initial model, are on the session's moto S3 server. With
-``placement.engine_resources``/``placement.trainer_resources`` = ``{"worker_node": 1}`` the engine pool and the Ray Train worker
-run on the second node while the driver runs on the head: one iteration to commit, then a resume to a
+``placement.engine_resources``/``placement.trainer_resources`` = ``{"worker_node": 1}`` the engine pool and the Ray
+Train worker run on the second node while the driver runs on the head: one iteration to commit, then a resume to a
 second one. The second node fetches each checkpoint it uses from S3 into its own cache; the driver's cache
 holds a poisoned copy of the model's weights, which nothing may read. Tear-down kills exactly the process
 groups it started (and any process still naming the test's own temp dir), never ``ray stop``.
@@ -33,9 +33,17 @@ from pathlib import Path
 
 import pytest
 
-from rlcr.cluster import (ResourceError, StorageNotShared, check_fits, check_storage, engine_actor_resources,
-                          engines_start_beside_trainer, run_demand, trainer_worker_resources)
-from rlcr.config import ConfigError, changes_results, RLCRConfig, result_changing_diff
+from rlcr.cluster import (
+    ResourceError,
+    StorageNotShared,
+    check_fits,
+    check_storage,
+    engine_actor_resources,
+    engines_start_beside_trainer,
+    run_demand,
+    trainer_worker_resources,
+)
+from rlcr.config import ConfigError, RLCRConfig, changes_results, result_changing_diff
 from test_task_plugins import _install_example
 
 HERE = Path(__file__).parent
@@ -48,14 +56,17 @@ PLACEMENT = ("engine_resources", "trainer_resources", "storage_shared")
 
 def test_placement_fields_are_documented_operational_and_validated():
     cfg = RLCRConfig()
-    assert cfg.placement.engine_resources == {} and cfg.placement.trainer_resources == {} and cfg.placement.storage_shared is False
+    assert (cfg.placement.engine_resources == {} and cfg.placement.trainer_resources == {}
+            and cfg.placement.storage_shared is False)
     for name in PLACEMENT:
         field = dict(RLCRConfig.dotted_fields())[f"placement.{name}"]
         assert field.description
         assert not changes_results(field)
-    moved = RLCRConfig(placement={"engine_resources": {"worker_node": 1}, "trainer_resources": {"gpu_node": 0.5}, "storage_shared": True})
+    moved = RLCRConfig(placement={"engine_resources": {"worker_node": 1}, "trainer_resources": {"gpu_node": 0.5},
+                                  "storage_shared": True})
     assert result_changing_diff(cfg.model_dump(mode="json"), moved) == []  # a resume may move the run
-    assert RLCRConfig.from_yaml(None, ["placement.engine_resources={worker_node: 2}"]).placement.engine_resources == {"worker_node": 2.0}
+    assert (RLCRConfig.from_yaml(None, ["placement.engine_resources={worker_node: 2}"]).placement.engine_resources
+            == {"worker_node": 2.0})
     for bad, words in [({"CPU": 1}, "'CPU' is not an extra resource"), ({"GPU": 1}, "'GPU'"),
                        ({"memory": 1e9}, "'memory'"), ({"w": 0}, "amount > 0"), ({"w": -1}, "amount > 0"),
                        ({"w": 1e-5}, "0.0001"), ({"": 1}, "non-empty"), ({"w": float("nan")}, "finite")]:
@@ -66,14 +77,17 @@ def test_placement_fields_are_documented_operational_and_validated():
 
 
 def test_custom_resources_reach_each_actor_and_the_demand():
-    cfg = RLCRConfig(placement={"engine_resources": {"worker_node": 1}, "trainer_resources": {"worker_node": 1, "fast_disk": 0.5}}, rollout={"actors": 2}, update={"num_workers": 3})
+    cfg = RLCRConfig(placement={"engine_resources": {"worker_node": 1},
+                                "trainer_resources": {"worker_node": 1, "fast_disk": 0.5}},
+                     rollout={"actors": 2}, update={"num_workers": 3})
     assert engine_actor_resources(cfg) == {"CPU": 0.5, "worker_node": 1.0}
     assert trainer_worker_resources(cfg) == {"CPU": 1.0, "worker_node": 1.0, "fast_disk": 0.5}
     demand = run_demand(cfg)
     # the trainer's workers live for the whole run: they hold their units through the rollouts too
     assert demand["rollouts"]["worker_node"] == 2.0 + 3.0 and demand["rollouts"]["fast_disk"] == 1.5
     assert demand["update"]["worker_node"] == 2.0 + 3.0 and demand["update"]["fast_disk"] == 1.5
-    gpu = RLCRConfig(update={"use_gpu": True}, engine={"tensor_parallel_size": 2}, placement={"engine_resources": {"gpu_pool": 1}, "trainer_resources": {"gpu_pool": 1}})
+    gpu = RLCRConfig(update={"use_gpu": True}, engine={"tensor_parallel_size": 2},
+                     placement={"engine_resources": {"gpu_pool": 1}, "trainer_resources": {"gpu_pool": 1}})
     assert engine_actor_resources(gpu) == {"CPU": 0.5, "GPU": 2.0, "gpu_pool": 1.0}
     assert trainer_worker_resources(gpu) == {"GPU": 1.0, "gpu_pool": 1.0}
     plain = RLCRConfig()  # no placement: exactly what was asked before (Ray Train's defaults)
@@ -91,9 +105,12 @@ def test_trainer_scaling_config_takes_the_worker_resources():
     from ray.train import ScalingConfig
 
     for cfg, want in [(RLCRConfig(), {"CPU": 1.0}),
-                      (RLCRConfig(placement={"trainer_resources": {"worker_node": 1}}), {"CPU": 1.0, "worker_node": 1.0}),
-                      (RLCRConfig(update={"use_gpu": True}, placement={"trainer_resources": {"a100": 1}}), {"GPU": 1.0, "a100": 1.0})]:
-        sc = ScalingConfig(num_workers=2, use_gpu=cfg.update.use_gpu, resources_per_worker=trainer_worker_resources(cfg))
+                      (RLCRConfig(placement={"trainer_resources": {"worker_node": 1}}),
+                       {"CPU": 1.0, "worker_node": 1.0}),
+                      (RLCRConfig(update={"use_gpu": True}, placement={"trainer_resources": {"a100": 1}}),
+                       {"GPU": 1.0, "a100": 1.0})]:
+        sc = ScalingConfig(num_workers=2, use_gpu=cfg.update.use_gpu,
+                           resources_per_worker=trainer_worker_resources(cfg))
         assert sc._resources_per_worker_not_none == want
 
 
@@ -335,10 +352,10 @@ def _two_node_run(root: Path, s3, tiny_model_dir, *, logs: Path, t0: float) -> N
     overrides = {
         "model.name": model_uri, "storage.uri": f"s3://{BUCKET}/{prefix}/store", "storage.s3_endpoint_url": s3.endpoint,
         "placement.engine_resources": {"worker_node": 1}, "placement.trainer_resources": {"worker_node": 1},
-        "rollout.prompts_per_iteration": 2, "rollout.num_generations_answer": 2, "rollout.num_generations_confidence": 2,
-        "tasks.num_train": 16, "tasks.num_eval": 4, "rollout.temperature": 1.0, "rollout.max_answer_tokens": 16,
-        "rollout.max_confidence_tokens": 8, "engine.max_model_len": 512, "engine.kv_cache_gib": 0.25,
-        "update.learning_rate": 1e-4, "orchestration.retries": 0, "eval.every": 0,
+        "rollout.prompts_per_iteration": 2, "rollout.num_generations_answer": 2,
+        "rollout.num_generations_confidence": 2, "tasks.num_train": 16, "tasks.num_eval": 4, "rollout.temperature": 1.0,
+        "rollout.max_answer_tokens": 16, "rollout.max_confidence_tokens": 8, "engine.max_model_len": 512,
+        "engine.kv_cache_gib": 0.25, "update.learning_rate": 1e-4, "orchestration.retries": 0, "eval.every": 0,
         "tasks.name": "sumlist", "tasks.options.max_len": 3,  # the example task package (examples/sumlist)
     }
     # installed as a wheel into a layer on the driver's PYTHONPATH only: the nodes' workers get its code from
@@ -412,7 +429,8 @@ def _two_node_run(root: Path, s3, tiny_model_dir, *, logs: Path, t0: float) -> N
         assert f"{it}/manifest.json" in keys
         it = f"{it}/attempt-{m['attempt']}"  # the artifacts of the attempt that committed it, as its manifest names
         assert [run.store.rel(m[f]) for f in ("metrics_uri", "rollouts_uri", "checkpoint_uri")] == [
-            f"{it}/{rel}".removeprefix(f"{prefix}/store/") for rel in ("metrics.json", "rollouts/rollouts.parquet", "checkpoint")]
+            f"{it}/{rel}".removeprefix(f"{prefix}/store/")
+            for rel in ("metrics.json", "rollouts/rollouts.parquet", "checkpoint")]
         for rel in ("metrics.json", "rollouts/rollouts.parquet", "checkpoint/_COMPLETE",
                     "checkpoint/model.safetensors", "checkpoint/config.json", "checkpoint/tokenizer.json"):
             assert f"{it}/{rel}" in keys, rel

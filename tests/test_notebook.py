@@ -55,7 +55,9 @@ def iteration_rows(tasks, iteration, conf_right, conf_wrong):
 def run_store(tiny_model_dir, tmp_path_factory):
     """A two-iteration run with rollouts, metrics, baseline, checkpoints and a real probe report."""
     store = Store(str(tmp_path_factory.mktemp("nb-store")))
-    cfg = RLCRConfig(model={"name": str(tiny_model_dir)}, storage={"uri": store.uri}, rollout={"temperature": 1.0, "max_answer_tokens": 24, "max_confidence_tokens": 12}, engine={"max_model_len": 512, "kv_cache_gib": 0.25}, run={"seed": 5})
+    cfg = RLCRConfig(model={"name": str(tiny_model_dir)}, storage={"uri": store.uri},
+                     rollout={"temperature": 1.0, "max_answer_tokens": 24, "max_confidence_tokens": 12},
+                     engine={"max_model_len": 512, "kv_cache_gib": 0.25}, run={"seed": 5})
     run = RunStore(store, RUN)
     tasks = generate_tasks(3, seed=21)
     store.write_json(f"{run.prefix}/baseline.json",
@@ -68,8 +70,8 @@ def run_store(tiny_model_dir, tmp_path_factory):
         metrics = {"rollout": rollout_stats(rows), "update": {"loss": 0.1 / k, "grad_norm": 1.0},
                    "eval": summarize_eval(rows), "timings": {"rollouts_s": 1.0}}
         store.write_json(f"{it}/metrics.json", metrics)
-        run.commit(k, {"checkpoint_uri": ckpt, "rollouts_uri": rollouts_uri, "metrics_uri": store.url(f"{it}/metrics.json"),
-                       "config_hash": cfg.config_hash()})
+        run.commit(k, {"checkpoint_uri": ckpt, "rollouts_uri": rollouts_uri,
+                       "metrics_uri": store.url(f"{it}/metrics.json"), "config_hash": cfg.config_hash()})
     ckpt = run.last_committed()["checkpoint_uri"]
     report = probe_checkpoint(cfg, ckpt, generate_tasks(2, seed=9), samples=3)
     report["iteration"] = 2
@@ -90,7 +92,7 @@ def execute(params: dict, cwd: Path):
 
 
 def outputs(nb):
-    images = texts = ""
+    texts = ""
     n_images = 0
     for cell in nb.cells:
         for out in cell.get("outputs", []):

@@ -115,7 +115,8 @@ def test_one_step_off_trains_each_rollout_exactly_once_across_sigkills(ray_local
                                  ("advantages", 3, [1]),  # between: 3 generated, 2 updated, 3 not written
                                  ("commit", 2, [1])):  # as 2 commits
         p = run_flow(env, over, "r", 3, stage, at, 0)
-        assert p.returncode == -9 and f"KILL {stage}@{at}" in p.stdout + p.stderr, (stage, (p.stdout + p.stderr)[-4000:])
+        assert p.returncode == -9 and f"KILL {stage}@{at}" in p.stdout + p.stderr, (
+            stage, (p.stdout + p.stderr)[-4000:])
         assert [x["iteration"] for x in run.committed()] == committed, stage
     p = run_flow(env, over, "r", 3)
     assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]

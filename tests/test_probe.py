@@ -13,8 +13,15 @@ import pytest
 
 from rlcr.config import RLCRConfig
 from rlcr.probe.metrics import aoc, curve_aoc, curve_auc, mean_curve, verbalized_gap
-from rlcr.probe.probe import (NoCommittedIteration, ProbeSettings, forced_prefix, run_probe, score_forced,
-                              token_ends, vllm_sampler)
+from rlcr.probe.probe import (
+    NoCommittedIteration,
+    ProbeSettings,
+    forced_prefix,
+    run_probe,
+    score_forced,
+    token_ends,
+    vllm_sampler,
+)
 from rlcr.probe.report import latest_report, render_html, write_report
 from rlcr.probe.truncation import reasoning_of, sentence_cuts, truncation_points, word_ends
 from rlcr.storage import Store
@@ -198,7 +205,8 @@ def test_probe_with_scripted_sampler(tiny_tokenizer):
     a, b = rep["tasks"]
     # turn 1 and turn 2 as in training; forced answers: one n = N request per distinct prefix
     assert [c["n"] for c in sampler.calls] == [1, 1, 5] and sampler.calls[2]["stop"] == ("</answer>",)
-    assert [c["max_tokens"] for c in sampler.calls] == [cfg.rollout.max_answer_tokens, cfg.rollout.max_confidence_tokens,
+    assert [c["max_tokens"] for c in sampler.calls] == [cfg.rollout.max_answer_tokens,
+                                                         cfg.rollout.max_confidence_tokens,
                                                          cfg.probe.forced_answer_tokens]
     forced = sampler.calls[2]["texts"]
     assert len(forced) == 4 + 1  # A: 0%, 2 sentence cuts, 100%; B: 0% = 100% (empty), sampled once
@@ -245,7 +253,9 @@ def test_forced_answer_scoring():
 
 def test_probe_settings_come_from_the_config():
     """Every probe setting is a config field's value: none has a default of its own."""
-    cfg = RLCRConfig(probe={"samples": 7, "truncation": "fractions", "forced_answer_tokens": 12}, rollout={"temperature": 0.9, "top_p": 0.8, "max_answer_tokens": 100, "max_confidence_tokens": 20}, method={"format_score": 0.2}, run={"seed": 11}, eval={"bootstrap_resamples": 300})
+    cfg = RLCRConfig(probe={"samples": 7, "truncation": "fractions", "forced_answer_tokens": 12},
+                     rollout={"temperature": 0.9, "top_p": 0.8, "max_answer_tokens": 100, "max_confidence_tokens": 20},
+                     method={"format_score": 0.2}, run={"seed": 11}, eval={"bootstrap_resamples": 300})
     s = ProbeSettings.from_config(cfg)
     assert dataclasses.asdict(s) == {
         "samples": 7, "truncation": "fractions", "temperature": 0.9, "top_p": 0.8, "max_answer_tokens": 100,
@@ -264,7 +274,10 @@ def test_probe_settings_come_from_the_config():
 def tiny_cfg(model_dir, storage, **kw):
     from rlcr.config import RLCRConfig
 
-    return RLCRConfig.from_dict({**kw, "model": {"name": str(model_dir)}, "storage": {"uri": str(storage)}, "rollout": {"temperature": 1.0, "max_answer_tokens": 32, "max_confidence_tokens": 12}, "engine": {"max_model_len": 512, "kv_cache_gib": 0.25}, "run": {"seed": 3}, "tasks": {"num_train": 8, "num_eval": 4}, "probe": {"samples": 4}})
+    return RLCRConfig.from_dict({**kw, "model": {"name": str(model_dir)}, "storage": {"uri": str(storage)},
+                                 "rollout": {"temperature": 1.0, "max_answer_tokens": 32, "max_confidence_tokens": 12},
+                                 "engine": {"max_model_len": 512, "kv_cache_gib": 0.25}, "run": {"seed": 3},
+                                 "tasks": {"num_train": 8, "num_eval": 4}, "probe": {"samples": 4}})
 
 
 @pytest.fixture(scope="module")
@@ -340,7 +353,8 @@ def _chromium():
 
 
 def test_report_renders_plots_in_headless_chromium(tiny_reports, tmp_path):
-    assert _chromium() is not None, "chromium is not installed: `make setup-test` (run by `make test`) installs Debian's chromium package"
+    assert _chromium() is not None, ("chromium is not installed: `make setup-test` (run by `make test`) installs "
+                                     "Debian's chromium package")
     import numpy as np
     from PIL import Image
 
@@ -374,9 +388,10 @@ def test_html_renders_without_tasks():
 
 def test_probe_flow_probes_the_newest_committed_checkpoint(engine, tiny_model_dir, tmp_path, prefect_harness,
                                                            monkeypatch):
+    from prefect.artifacts import Artifact
+
     import rlcr.rollout.engine
     from flows.probe import rlcr_probe
-    from prefect.artifacts import Artifact
     from rlcr.runs import RunStore
 
     cfg = tiny_cfg(tiny_model_dir, tmp_path / "store")
@@ -401,7 +416,8 @@ def test_probe_flow_probes_the_newest_committed_checkpoint(engine, tiny_model_di
 
     out = rlcr_probe(overrides=overrides, run_id=None, num_tasks=2, samples=3)  # newest run in storage
     assert out["run_id"] == rid and out["iteration"] == 2
-    assert out["checkpoint_uri"] == run.manifest(2)["checkpoint_uri"] == store.url(f"runs/{rid}/iter-0002/attempt-writer1/checkpoint")
+    assert (out["checkpoint_uri"] == run.manifest(2)["checkpoint_uri"]
+            == store.url(f"runs/{rid}/iter-0002/attempt-writer1/checkpoint"))
     assert [str(p) for p in used] == [out["checkpoint_uri"]]
     ts, rep = latest_report(store, rid)
     assert out["report"]["json"] == store.url(f"runs/{rid}/probes/{ts}/report.json")
@@ -436,7 +452,8 @@ def test_nightly_deployment():
     assert {d.name for d in deployments()} == {"train", "nightly"}
 
 
-def test_the_probe_runs_on_the_math_task_with_its_prompts_and_verifier(engine, tiny_tokenizer, tiny_model_dir, tmp_path):
+def test_the_probe_runs_on_the_math_task_with_its_prompts_and_verifier(engine, tiny_tokenizer, tiny_model_dir,
+                                                                        tmp_path):
     """Issue 32 item 6: the probe's prompts, truncations and forced answers come from the run's task; on math the
     answers are checked by math-verify (an equivalent form counts, a wrong one does not)."""
     from rlcr.tasks.math_data import DATA_DIR, GSM8K_FILE

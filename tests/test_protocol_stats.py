@@ -6,10 +6,18 @@ import math
 import numpy as np
 import pytest
 
-from rlcr.protocol_stats import (Answers, decide, difficulty_prior, ece_equal_mass, goals_statistic,
-                                 hierarchical_bootstrap, protocol_metrics, within_stratum_auroc)
-from rlcr.recalibration import apply_isotonic, apply_temperature, fit_isotonic, fit_temperature
 from rlcr.metrics import auroc
+from rlcr.protocol_stats import (
+    Answers,
+    decide,
+    difficulty_prior,
+    ece_equal_mass,
+    goals_statistic,
+    hierarchical_bootstrap,
+    protocol_metrics,
+    within_stratum_auroc,
+)
+from rlcr.recalibration import apply_isotonic, apply_temperature, fit_isotonic, fit_temperature
 
 
 def _answers(rng, n_tasks=60, per_task=4, *, skill=1.0, prefix="t", conf_noise=0.0):
@@ -141,7 +149,8 @@ def _runs(seed_effects, n_tasks=40):
 def test_identical_methods_differ_by_exactly_zero_on_every_paired_draw():
     runs = _runs([1.0, 1.0, 1.0])
     same = {"a": runs["rlcr"], "b": {s: a for s, a in runs["rlcr"].items()}}
-    out = hierarchical_bootstrap(same, lambda m: {"d": protocol_metrics(m["a"])["ece"] - protocol_metrics(m["b"])["ece"]},
+    out = hierarchical_bootstrap(same,
+                                 lambda m: {"d": protocol_metrics(m["a"])["ece"] - protocol_metrics(m["b"])["ece"]},
                                  n_resamples=50)
     assert out["point"]["d"] == 0 and out["ci"]["d"] == [0.0, 0.0]
 
@@ -216,10 +225,11 @@ def test_per_stratum_maps_are_fitted_on_each_stratum_alone_and_keep_within_strat
     for k in ("2", "3"):  # independent: sklearn's unpenalised logistic regression on that stratum only
         ref = LogisticRegression(C=np.inf, tol=1e-10, max_iter=1000).fit(logit(cal.confidence[cal.stratum == k]),
                                                                              cal.correct[cal.stratum == k])
-        assert out[test.stratum == k] == pytest.approx(ref.predict_proba(logit(test.confidence[test.stratum == k]))[:, 1],
-                                                       abs=1e-4)
+        assert out[test.stratum == k] == pytest.approx(
+            ref.predict_proba(logit(test.confidence[test.stratum == k]))[:, 1], abs=1e-4)
         iso = fit_per_stratum(fit_isotonic, cal.confidence, cal.correct, cal.stratum)
-        ref = IsotonicRegression(out_of_bounds="clip").fit(cal.confidence[cal.stratum == k], cal.correct[cal.stratum == k])
+        ref = IsotonicRegression(out_of_bounds="clip").fit(cal.confidence[cal.stratum == k],
+                                                           cal.correct[cal.stratum == k])
         mapped = apply_per_stratum(apply_isotonic, test.confidence, test.stratum, iso)
         assert mapped[test.stratum == k] == pytest.approx(ref.predict(test.confidence[test.stratum == k]), abs=1e-9)
     # a monotone map per stratum leaves the within-stratum AUROC as it was (the temperature sub-goal's point)

@@ -5,7 +5,6 @@ the warm-start through the task interface; and (slow) one training iteration thr
 
 import hashlib
 import json
-import random
 import re
 from collections import Counter
 from types import SimpleNamespace
@@ -154,8 +153,8 @@ def test_records_round_trip_and_name_the_qa_task():
     problems = task.generate(6, 2)
     assert all(task.from_record(json.loads(json.dumps(task.to_record(p)))) == p for p in problems)
     rows = [rollout_row("answer", task=p, prompt_id=i, answer_id=0, context_text="c", context_ids=[1],
-                        completion_text="<answer>x</answer>", completion_ids=[2], task_name="qa", score=0.0, run_id="r", iteration=1,
-                        correct=0.0, reward=0.0) for i, p in enumerate(problems)]
+                        completion_text="<answer>x</answer>", completion_ids=[2], task_name="qa", score=0.0,
+                        run_id="r", iteration=1, correct=0.0, reward=0.0) for i, p in enumerate(problems)]
     back = table_to_rows(rows_to_table(rows))
     assert record_task(back[0]).name == "qa"  # not math, whose question/answer columns it also holds
     assert [task.from_record(r) for r in back] == problems
@@ -230,10 +229,12 @@ def test_train_flow_on_qa(ray_local, prefect_harness, tiny_model_dir, tmp_path):
     overrides = {
         "tasks.name": "qa", "model.name": str(tiny_model_dir), "storage.uri": str(tmp_path / "store"),
         "tasks.num_train": 30, "tasks.num_eval": 3,
-        "rollout.prompts_per_iteration": 2, "rollout.num_generations_answer": 2, "rollout.num_generations_confidence": 2,
-        "eval.samples": 1, "rollout.temperature": 1.0, "rollout.max_answer_tokens": 16, "rollout.max_confidence_tokens": 8,
+        "rollout.prompts_per_iteration": 2, "rollout.num_generations_answer": 2,
+        "rollout.num_generations_confidence": 2, "eval.samples": 1, "rollout.temperature": 1.0,
+        "rollout.max_answer_tokens": 16, "rollout.max_confidence_tokens": 8,
         "rollout.max_prompt_tokens": 960,  # the tiny model's tokenizer spells the paragraphs in ~3x SmolLM2's tokens
-        "engine.max_model_len": 1024, "engine.kv_cache_gib": 0.25, "update.learning_rate": 1e-3, "orchestration.retries": 0,
+        "engine.max_model_len": 1024, "engine.kv_cache_gib": 0.25, "update.learning_rate": 1e-3,
+        "orchestration.retries": 0,
     }
     assert rlcr_train(overrides=overrides, run_id="qa", iterations=1)["iterations"] == [1]
     run = RunStore.open(RLCRConfig.from_dict(overrides), "qa")
@@ -270,7 +271,8 @@ def test_the_qa_report_gives_figures_and_paired_changes_per_evidence_state(tmp_p
     problems = get_task("qa").generate(30, 9)
     right = {i for i, p in enumerate(problems) if p.evidence == "full"} | {1}
     files = []
-    for name, conf in (("a", {"full": 0.9, "partial": 0.3, "none": 0.2}), ("b", {"full": 0.7, "partial": 0.7, "none": 0.7})):
+    for name, conf in (("a", {"full": 0.9, "partial": 0.3, "none": 0.2}),
+                       ("b", {"full": 0.7, "partial": 0.7, "none": 0.7})):
         files.append(str(tmp_path / f"{name}.parquet"))
         pq.write_table(rows_to_table(_eval_rows(problems, right, conf)), files[-1])
     assert main(files) == 0

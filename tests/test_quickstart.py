@@ -144,8 +144,8 @@ def test_the_demo_command_runs_from_a_clean_clone(clone, tiny_model_dir):
                    RLCR_CACHE=str(Path(tmp) / "cache"), RLCR_RAY_DASHBOARD="0", COLUMNS="200",
                    PREFECT_SERVER_ANALYTICS_ENABLED="false", RAY_USAGE_STATS_ENABLED="0")
         proc = subprocess.run([*rlcr, "demo", "--config", str(config.relative_to(clone)), "--probe-tasks", "2",
-                               "--probe-samples", "2", "--final-tasks", "8"], cwd=clone, env=env, capture_output=True, text=True,
-                              timeout=900)
+                               "--probe-samples", "2", "--final-tasks", "8"], cwd=clone, env=env, capture_output=True,
+                              text=True, timeout=900)
     out = proc.stdout
     assert proc.returncode == 0, out[-4000:] + proc.stderr[-4000:]
     for step in ("1/6", "2/6", "3/6", "4/6", "5/6", "6/6"):

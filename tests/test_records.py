@@ -20,7 +20,8 @@ from rlcr.tasks.countdown import CountdownTask, turn2_messages
 
 P, GA, GC = 3, 4, 2
 TASKS = [CountdownTask([3, 5, 16], 24), CountdownTask([2, 3, 4], 24), CountdownTask([1, 2, 3], 6)]
-ANSWERS = [["16 + 5 + 3", "16 - 5 + 3", "oops", "3 + 5 + 16"], ["2 * 3 * 4", "4 * 3 * 2", "2 + 3 + 4", ""], ["1 + 2 + 3"] * 4]
+ANSWERS = [["16 + 5 + 3", "16 - 5 + 3", "oops", "3 + 5 + 16"], ["2 * 3 * 4", "4 * 3 * 2", "2 + 3 + 4", ""],
+           ["1 + 2 + 3"] * 4]
 CONFS = ["0.9", "0.2", "nan", "1", "0.5"]
 
 
@@ -68,7 +69,8 @@ def test_advantages_match_the_formulas():
     conf = sorted((r for r in rows if r["sample_type"] == "confidence"),
                   key=lambda r: (r["prompt_id"], r["answer_id"], r["confidence_id"]))
     want_a = answer_advantages(torch.tensor([r["reward"] for r in ans]).reshape(P, GA)).flatten()
-    want_c = confidence_advantages(torch.tensor([r["reward"] for r in conf]).reshape(P, GA, GC), mode="answer_then_prompt").flatten()
+    want_c = confidence_advantages(torch.tensor([r["reward"] for r in conf]).reshape(P, GA, GC),
+                                   mode="answer_then_prompt").flatten()
     assert [r["advantage"] for r in ans] == pytest.approx(want_a.tolist(), abs=1e-6)
     assert [r["advantage"] for r in conf] == pytest.approx(want_c.tolist(), abs=1e-6)
     assert all(r["advantage"] == 0 for r in ans if r["prompt_id"] == 2)  # all correct: flat group
@@ -80,8 +82,8 @@ def test_parquet_round_trip(tmp_path):
     back = table_to_rows(pq.read_table(tmp_path / "r.parquet"))
     assert len(back) == len(rows)
     for a, b in zip(rows, back):
-        for key in ("prompt_id", "answer_id", "confidence_id", "sample_type", "nums", "completion_ids", "completion_text",
-                    "finish_reason", "truncated", "reward", "correct", "confidence", "context_ids"):
+        for key in ("prompt_id", "answer_id", "confidence_id", "sample_type", "nums", "completion_ids",
+                    "completion_text", "finish_reason", "truncated", "reward", "correct", "confidence", "context_ids"):
             assert a[key] == b[key], key
         assert b["advantage"] == pytest.approx(a["advantage"])
         if a["completion_logprobs"] is None:

@@ -37,8 +37,8 @@ def test_a_sample_does_not_depend_on_its_batch(tiny_model_dir, tiny_tokenizer):
     give the same tokens; log-probs equal up to float rounding (the kernels see other batch shapes)."""
     from rlcr.rollout.engine import create_engine
     from rlcr.rollout.sampling import sample
-    from rlcr.tasks.chat import render_prompt
     from rlcr.seeds import answer_seed
+    from rlcr.tasks.chat import render_prompt
 
     cfg = tiny_cfg(tiny_model_dir, "unused")
     gc.collect()  # an in-process engine another test dropped must not be collected while this one runs
@@ -177,7 +177,9 @@ def _burn_cpu():
 
 
 def _tree(rows):
-    key = lambda r: (r["sample_type"], r["prompt_id"], r["answer_id"], r["confidence_id"] or 0)
+    def key(r):
+        return (r["sample_type"], r["prompt_id"], r["answer_id"], r["confidence_id"] or 0)
+
     return {key(r): r for r in rows}
 
 

@@ -45,7 +45,8 @@ def test_brier():
     # a turn-2 row's scores, as the confidence stage computes them
     assert confidence_scores("<confidence>1</confidence>", 1) == {"confidence": 1.0, "reward": 1.0}
     assert confidence_scores("<confidence>0</confidence>", 1) == {"confidence": 0.0, "reward": 0.0}
-    assert confidence_scores("<confidence>0.8</confidence>", 0) == {"confidence": 0.8, "reward": pytest.approx(1 - 0.8**2)}
+    assert confidence_scores("<confidence>0.8</confidence>", 0) == {"confidence": 0.8,
+                                                                    "reward": pytest.approx(1 - 0.8**2)}
     assert confidence_scores("no tag", 0) == {"confidence": None, "reward": 0.0}
     with pytest.raises(ValueError):
         brier_reward("<confidence>0.5</confidence>", 0.5)
@@ -58,8 +59,8 @@ def test_accuracy():
     assert accuracy_reward("nope", t.ground_truth) == 0.0
     # a turn-1 row's scores, as the answer stage computes them with the run's format_score: the raw score
     # keeps the format credit, the reward (= correct) is the accuracy whatever the format_score
-    assert answer_scores("<answer>16+5+3</answer>", t, format_score=0.1) == {"score": 1.0, "correct": 1.0, "reward": 1.0,
-                                                                             "confidence": None}
+    assert answer_scores("<answer>16+5+3</answer>", t, format_score=0.1) == {"score": 1.0, "correct": 1.0,
+                                                                             "reward": 1.0, "confidence": None}
     assert answer_scores("", t, format_score=0.1) == {"score": 0.0, "correct": 0.0, "reward": 0.0, "confidence": None}
     assert answer_scores("<answer>16 + 5 - 3</answer>", t, format_score=0.25) == {"score": 0.25, "correct": 0.0,
                                                                                    "reward": 0.0, "confidence": None}

@@ -18,7 +18,11 @@ P, GA, GC = 3, 3, 2
 
 
 def tiny_cfg(model_dir, store_dir, **kw):
-    return RLCRConfig.from_dict({**kw, "model": {"name": str(model_dir)}, "storage": {"uri": str(store_dir)}, "rollout": {"num_generations_answer": GA, "num_generations_confidence": GC, "temperature": 1.0, "max_answer_tokens": 20, "max_confidence_tokens": 10, "batch_size": 8}, "engine": {"max_model_len": 512, "kv_cache_gib": 0.25}, "run": {"seed": 3}})
+    return RLCRConfig.from_dict({**kw, "model": {"name": str(model_dir)}, "storage": {"uri": str(store_dir)},
+                                 "rollout": {"num_generations_answer": GA, "num_generations_confidence": GC,
+                                             "temperature": 1.0, "max_answer_tokens": 20, "max_confidence_tokens": 10,
+                                             "batch_size": 8},
+                                 "engine": {"max_model_len": 512, "kv_cache_gib": 0.25}, "run": {"seed": 3}})
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +67,8 @@ def test_every_confidence_is_conditioned_on_exactly_its_answer(rollout_runs, tin
             continue
         parent = answers[(r["prompt_id"], r["answer_id"])]
         want = tiny_tokenizer.apply_chat_template(
-            turn2_messages(task_of[r["prompt_id"]], parent["completion_text"]), add_generation_prompt=True, tokenize=False)
+            turn2_messages(task_of[r["prompt_id"]], parent["completion_text"]), add_generation_prompt=True,
+            tokenize=False)
         assert r["context_text"] == want
         assert r["context_ids"] == tiny_tokenizer(want, add_special_tokens=False)["input_ids"]
         others = [a["completion_text"] for k, a in answers.items() if k != (r["prompt_id"], r["answer_id"])]
@@ -73,7 +78,9 @@ def test_every_confidence_is_conditioned_on_exactly_its_answer(rollout_runs, tin
 
 def test_same_seed_same_rollouts(rollout_runs):
     _, _, _, a, b = rollout_runs
-    key = lambda r: (r["sample_type"], r["prompt_id"], r["answer_id"], r["confidence_id"] or 0)
+    def key(r):
+        return (r["sample_type"], r["prompt_id"], r["answer_id"], r["confidence_id"] or 0)
+
     ra, rb = sorted(a.rows, key=key), sorted(b.rows, key=key)
     assert [r["completion_ids"] for r in ra] == [r["completion_ids"] for r in rb]
     assert [r["reward"] for r in ra] == [r["reward"] for r in rb]
@@ -95,7 +102,8 @@ def test_stage_actors_and_stage_tasks_sample_alike(rollout_runs, engine_pool, ti
     assert [(r["sample_type"], r["prompt_id"], r["answer_id"], r["confidence_id"]) for r in actors.rows] == [
         (r["sample_type"], r["prompt_id"], r["answer_id"], r["confidence_id"]) for r in shared.rows]
     for a, b in zip(actors.rows, shared.rows):
-        assert (a["context_ids"], a["completion_ids"], a["reward"]) == (b["context_ids"], b["completion_ids"], b["reward"])
+        assert ((a["context_ids"], a["completion_ids"], a["reward"])
+                == (b["context_ids"], b["completion_ids"], b["reward"]))
         assert a["completion_logprobs"] == pytest.approx(b["completion_logprobs"], abs=1e-5)
 
 
@@ -108,7 +116,8 @@ def assert_logprobs_match(rows, model_dir):
         with torch.no_grad():
             logits = model(ids).logits[0]
         n = len(r["completion_ids"])
-        logp = torch.log_softmax(logits[-n - 1:-1].float(), -1).gather(-1, torch.tensor(r["completion_ids"])[:, None]).squeeze(-1)
+        logp = torch.log_softmax(logits[-n - 1:-1].float(), -1).gather(
+            -1, torch.tensor(r["completion_ids"])[:, None]).squeeze(-1)
         assert torch.allclose(logp, torch.tensor(r["completion_logprobs"]), atol=2e-3), (logp, r["completion_logprobs"])
 
 
@@ -158,7 +167,8 @@ def test_parquet_round_trip(rollout_runs):
     back = table_to_rows(store.read_parquet(store.rel(res.uri)))
     assert validate_rollouts(back, num_prompts=P, g_a=GA, g_c=GC) == (P, GA, GC)
     for a, b in zip(res.rows, back):
-        for k in ("prompt_id", "answer_id", "confidence_id", "sample_type", "completion_ids", "loss_mask", "reward", "context_text"):
+        for k in ("prompt_id", "answer_id", "confidence_id", "sample_type", "completion_ids", "loss_mask", "reward",
+                  "context_text"):
             assert a[k] == b[k]
         assert b["completion_logprobs"] == pytest.approx(a["completion_logprobs"], abs=1e-6)
 
@@ -176,8 +186,10 @@ def test_scoring_steps_on_batches():
     msgs = json.loads(expanded["turn2_messages"][1])
     assert msgs == turn2_messages(CountdownTask([3, 5, 16], 24), "<answer>16 - 5 + 3</answer>")
     conf = pd.DataFrame([
-        {"sample_type": "confidence", "completion_text": "<confidence>0.9</confidence>", "correct": 1.0, "reward": 0.0, "confidence": math.nan},
-        {"sample_type": "confidence", "completion_text": "<confidence>nan</confidence>", "correct": 0.0, "reward": 0.0, "confidence": math.nan},
+        {"sample_type": "confidence", "completion_text": "<confidence>0.9</confidence>", "correct": 1.0, "reward": 0.0,
+         "confidence": math.nan},
+        {"sample_type": "confidence", "completion_text": "<confidence>nan</confidence>", "correct": 0.0, "reward": 0.0,
+         "confidence": math.nan},
         {"sample_type": "answer", "completion_text": "x", "correct": 1.0, "reward": 1.0, "confidence": math.nan},
     ])
     out = score_confidences(conf)
@@ -221,7 +233,8 @@ def test_turn2_prompt_too_long_names_its_row(tiny_tokenizer):
     msgs = turn2_messages(CountdownTask([1, 2, 3], 6), "<think>" + "1+2 " * 200 + "</think><answer>1+2+3</answer>")
     text, ids = render_prompt(tiny_tokenizer, msgs, where="prompt_id=3 answer_id=1", max_prompt_tokens=100_000)
     assert ids == tiny_tokenizer(text, add_special_tokens=False)["input_ids"] and "1+2+3" in text
-    with pytest.raises(ValueError, match=r"prompt_id=3 answer_id=1: rendered prompt has \d+ tokens > rollout.max_prompt_tokens=64"):
+    with pytest.raises(ValueError,
+                       match=r"prompt_id=3 answer_id=1: rendered prompt has \d+ tokens > rollout.max_prompt_tokens=64"):
         render_prompt(tiny_tokenizer, msgs, where="prompt_id=3 answer_id=1", max_prompt_tokens=64)
 
 
@@ -234,7 +247,8 @@ def test_each_methods_rollouts_and_evaluation(method, engine_pool, tiny_model_di
     from rlcr.masks import completion_mask
     from rlcr.tasks.countdown import SINGLE_TURN_SYSTEM_PROMPT, SYSTEM_PROMPT
 
-    cfg = tiny_cfg(tiny_model_dir, tmp_path, **{"method.name": method, "eval.samples": 2, "eval.bootstrap_resamples": 200})
+    cfg = tiny_cfg(tiny_model_dir, tmp_path,
+                   **{"method.name": method, "eval.samples": 2, "eval.bootstrap_resamples": 200})
     tasks = list(enumerate(generate_tasks(P, seed=11)))
     res = run_rollouts(cfg, tasks, policy_uri=str(tiny_model_dir), run_id="m", iteration=1, engines=engine_pool)
     assert {r["sample_type"] for r in res.rows} == {"answer"} and len(res.rows) == P * GA

@@ -105,7 +105,8 @@ def test_resume_accepts_operational_changes_and_names_result_changing_ones(tmp_p
     assert "retries" not in str(err.value)
 
 
-@pytest.mark.parametrize("garbage", [b"{not json", b"[1, 2]", b'{"heartbeat_at": "soon", "pid": "x", "timeout_s": null}'])
+@pytest.mark.parametrize("garbage", [b"{not json", b"[1, 2]",
+                                     b'{"heartbeat_at": "soon", "pid": "x", "timeout_s": null}'])
 def test_an_unreadable_lease_is_taken_over_not_a_crash(run, garbage):
     run.store.write_bytes(run.lease_rel, garbage)
     with RunLease(run, owner="next") as lease:

@@ -42,7 +42,8 @@ def test_held_out_keeps_the_configured_mix_of_number_counts():
     """A 2-/3-number mix whose small 2-number space is half taken by the training pool: the held-out set still
     holds each count in equal shares (eval_stratify_counts), disjoint from training; taken as drawn, 2-number
     tasks would be a third of it (a harder held-out set than the training distribution)."""
-    cfg = RLCRConfig(tasks={"options": {"min_count": 2, "max_count": 3, "num_range": (1, 20), "target_range": (1, 60)}, "num_train": 600, "num_eval": 257})
+    cfg = RLCRConfig(tasks={"options": {"min_count": 2, "max_count": 3, "num_range": (1, 20), "target_range": (1, 60)},
+                            "num_train": 600, "num_eval": 257})
     train, held_out = task_sets(cfg)
     counts = Counter(len(t.nums) for t in held_out)
     assert counts == {2: 129, 3: 128}  # the odd one goes to the smallest count
@@ -90,8 +91,10 @@ def test_held_out_file_drops_training_tasks_and_repeats(tmp_path, caplog):
 
 
 def test_held_out_file_with_nothing_left_is_refused(tmp_path):
-    train_file = write_jsonl(tmp_path / "train.jsonl", [{"nums": [1, 2, 3], "target": 6}, {"nums": [2, 2, 5], "target": 9}])
-    eval_file = write_jsonl(tmp_path / "eval.jsonl", [{"nums": [3, 2, 1], "target": 6}, {"nums": [2, 5, 2], "target": 9}])
+    train_file = write_jsonl(tmp_path / "train.jsonl",
+                             [{"nums": [1, 2, 3], "target": 6}, {"nums": [2, 2, 5], "target": 9}])
+    eval_file = write_jsonl(tmp_path / "eval.jsonl",
+                            [{"nums": [3, 2, 1], "target": 6}, {"nums": [2, 5, 2], "target": 9}])
     cfg = RLCRConfig(tasks={"train_file": train_file, "eval_file": eval_file}, rollout={"prompts_per_iteration": 1})
     with pytest.raises(ValueError, match="no held-out task left.*2 share numbers and target with a training task"):
         task_sets(cfg)
@@ -99,7 +102,9 @@ def test_held_out_file_with_nothing_left_is_refused(tmp_path):
 
 def test_generated_held_out_skips_training_tasks_from_a_file(tmp_path):
     """A training file that holds the first generated held-out candidates: they are skipped, not reused."""
-    base = RLCRConfig(tasks={"num_eval": 6, "options": {"min_count": 3, "max_count": 3, "num_range": (1, 9), "target_range": (1, 30)}}, rollout={"prompts_per_iteration": 2})
+    base = RLCRConfig(tasks={"num_eval": 6, "options": {"min_count": 3, "max_count": 3, "num_range": (1, 9),
+                                                        "target_range": (1, 30)}},
+                      rollout={"prompts_per_iteration": 2})
     gen = dict(min_count=3, max_count=3, num_range=(1, 9), target_range=(1, 30))
     candidates = generate_tasks(6, base.tasks.eval_seed, **gen)
     save_tasks(candidates, tmp_path / "train.jsonl")
@@ -111,7 +116,9 @@ def test_generated_held_out_skips_training_tasks_from_a_file(tmp_path):
 
 
 def test_held_out_generation_in_a_too_small_task_space_fails_clearly():
-    cfg = RLCRConfig(tasks={"options": {"min_count": 3, "max_count": 3, "num_range": (1, 2), "target_range": (1, 3)}, "num_train": 300, "num_eval": 4}, rollout={"prompts_per_iteration": 1})
+    cfg = RLCRConfig(tasks={"options": {"min_count": 3, "max_count": 3, "num_range": (1, 2), "target_range": (1, 3)},
+                            "num_train": 300, "num_eval": 4},
+                     rollout={"prompts_per_iteration": 1})
     with pytest.raises(ValueError, match="held-out tasks apart from the .* training tasks.*too small"):
         task_sets(cfg)
 
@@ -162,7 +169,8 @@ def test_prompts_are_distinct_in_each_iteration_and_even_over_time(n, p):
 def test_repeated_tasks_never_share_an_iteration(tmp_path):
     rows = [{"nums": [1, 2, k], "target": k + 3} for k in range(1, 6)]
     rows += [{"nums": [k, 2, 1], "target": k + 3} for k in range(1, 6)]  # the same five tasks again
-    cfg = RLCRConfig(tasks={"train_file": write_jsonl(tmp_path / "t.jsonl", rows), "num_eval": 2}, rollout={"prompts_per_iteration": 4})
+    cfg = RLCRConfig(tasks={"train_file": write_jsonl(tmp_path / "t.jsonl", rows), "num_eval": 2},
+                     rollout={"prompts_per_iteration": 4})
     train, _ = task_sets(cfg)
     assert len(train) == 5
     for k in range(1, 50):
@@ -173,7 +181,8 @@ def test_repeated_tasks_never_share_an_iteration(tmp_path):
 def test_more_prompts_than_distinct_training_tasks_is_refused(tmp_path):
     rows = [{"nums": [1, 2, 3], "target": 6}, {"nums": [3, 2, 1], "target": 6}, {"nums": [2, 2, 5], "target": 9},
             {"nums": [4, 6, 1], "target": 10}]
-    cfg = RLCRConfig(tasks={"train_file": write_jsonl(tmp_path / "t.jsonl", rows)}, rollout={"prompts_per_iteration": 4})
+    cfg = RLCRConfig(tasks={"train_file": write_jsonl(tmp_path / "t.jsonl", rows)},
+                     rollout={"prompts_per_iteration": 4})
     with pytest.raises(ValueError, match="rollout.prompts_per_iteration=4 exceeds the 3 distinct training tasks"):
         task_sets(cfg)
     with pytest.raises(ValueError, match="rollout.prompts_per_iteration=4 exceeds the 3 training tasks"):

@@ -2,14 +2,13 @@
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from rlcr.rewards import parse_confidence
-import pytest
-
 from rlcr.sft import sft_rows, sft_update_config
-from rlcr.tasks.countdown_sft import MAX_ATTEMPTS, answer_trace, check_answer, sft_examples, solution_steps
 from rlcr.tasks.countdown import CountdownTask, compute_score, evaluate_expression
+from rlcr.tasks.countdown_sft import MAX_ATTEMPTS, answer_trace, check_answer, sft_examples, solution_steps
 
 
 def test_solution_steps_and_trace():
@@ -17,8 +16,8 @@ def test_solution_steps_and_trace():
     assert solution_steps("8 / (3 - 8 / 3)") == ["8/3=(8/3)", "3-(8/3)=(1/3)", "8/(1/3)=24"]
     t = CountdownTask([3, 5, 2], 16, "(3 + 5) * 2")
     trace = answer_trace(t, t.solution, failed=["3 + 5 + 2"])
-    assert trace == ("<think>I need 16 from [3, 5, 2]. 3+5=8. 8+2=10. 10 vs 16: no. 3+5=8. 8*2=16. 16 vs 16: yes.</think>"
-                     "\n<answer>(3 + 5) * 2</answer>")
+    assert trace == ("<think>I need 16 from [3, 5, 2]. 3+5=8. 8+2=10. 10 vs 16: no. 3+5=8. 8*2=16. 16 vs 16: "
+                     "yes.</think>\n<answer>(3 + 5) * 2</answer>")
     assert compute_score(trace, t.ground_truth) == 1.0
     # a claimed last step (how a small model's wrong answer reads) and a trace that gives up
     assert "5*2=10. 3+10=16. 16 vs 16: yes." in answer_trace(t, "3 + 5 * 2", claim=16)  # true value 13
@@ -66,8 +65,8 @@ def test_check_names_what_is_wrong():
     assert check_answer(t, "19 ** 8") == ("The answer is not a valid equation.", False)
     assert check_answer(t, None) == ("There is no equation in the answer.", False)
     ok = CountdownTask([3, 5, 2], 16)
-    assert check_answer(ok, "(3 + 5) * 2") == ("Uses 3, 5, 2; given 3, 5, 2: each once. 3+5=8. 8*2=16. 16 vs 16: right.",
-                                               True)
+    assert check_answer(ok, "(3 + 5) * 2") == ("Uses 3, 5, 2; given 3, 5, 2: each once. 3+5=8. 8*2=16. "
+                                               "16 vs 16: right.", True)
     assert check_answer(CountdownTask([6, 4], 2), "6 - 4")[1] is True
 
 
@@ -79,8 +78,8 @@ def test_wrong_answers_look_like_the_models_own():
     import random
 
     from rlcr.rewards import accuracy_reward
-    from rlcr.tasks.countdown_sft import WRONG_KINDS, wrong_answer
     from rlcr.tasks.countdown import generate_tasks
+    from rlcr.tasks.countdown_sft import WRONG_KINDS, wrong_answer
 
     rng = random.Random(0)
     kinds, claims, gave_up, n = collections.Counter(), 0, 0, 0
@@ -125,17 +124,19 @@ def test_sft_update_settings_come_from_the_config():
     """The warm-start's update: the config's sft_* fields in place of the RL ones, one iteration's schedule."""
     from rlcr.config import RLCRConfig, load_config
 
-    cfg = RLCRConfig(sft={"learning_rate": 3e-4, "epochs": 3, "batch_size": 4, "lr_schedule": "linear", "warmup_steps": 1}, run={"iterations": 5}, loss={"kl_coef": 0.1}, update={"learning_rate": 2e-6, "weight_decay": 0.01})
+    cfg = RLCRConfig(sft={"learning_rate": 3e-4, "epochs": 3, "batch_size": 4, "lr_schedule": "linear",
+                          "warmup_steps": 1},
+                     run={"iterations": 5}, loss={"kl_coef": 0.1}, update={"learning_rate": 2e-6, "weight_decay": 0.01})
     u = sft_update_config(cfg, 22, storage_uri="/elsewhere")
-    assert (u.update.objective, u.update.learning_rate, u.update.epochs_per_iteration, u.update.mini_batches_per_epoch, u.update.lr_schedule,
-            u.update.warmup_steps, u.loss.kl_coef, u.run.iterations, u.storage.uri) == ("sft", 3e-4, 3, 5, "linear", 1, 0.0, 1,
-                                                                        "/elsewhere")
+    assert (u.update.objective, u.update.learning_rate, u.update.epochs_per_iteration, u.update.mini_batches_per_epoch,
+            u.update.lr_schedule, u.update.warmup_steps, u.loss.kl_coef, u.run.iterations,
+            u.storage.uri) == ("sft", 3e-4, 3, 5, "linear", 1, 0.0, 1, "/elsewhere")
     assert u.update.weight_decay == 0.01 and sft_update_config(cfg, 3).update.mini_batches_per_epoch == 1
     assert sft_update_config(cfg, 3).storage.uri == cfg.storage.uri
     # the defaults are the values the warm-start always used: 1e-4, 2 epochs, 8 rows a step, cosine, 2 warm-up steps
     d = sft_update_config(RLCRConfig(), 80)
-    assert (d.update.learning_rate, d.update.epochs_per_iteration, d.update.mini_batches_per_epoch, d.update.lr_schedule, d.update.warmup_steps) == (
-        1e-4, 2, 10, "cosine", 2)
+    assert (d.update.learning_rate, d.update.epochs_per_iteration, d.update.mini_batches_per_epoch,
+            d.update.lr_schedule, d.update.warmup_steps) == (1e-4, 2, 10, "cosine", 2)
     assert RLCRConfig().sft.tasks == 600
     demo = load_config(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml")
     assert (demo.sft.tasks, demo.sft.epochs) == (60, 2)  # the demo's warm-start: 60 tasks × 2 epochs
@@ -151,7 +152,8 @@ def test_sft_objective_lowers_the_nll_of_the_targets(tiny_model_dir, tiny_tokeni
     from rlcr.train.logprobs import CompletionLogProbs
     from rlcr.train.update import train_update
 
-    cfg = RLCRConfig(update={"objective": "sft", "learning_rate": 1e-3, "mini_batches_per_epoch": 1, "epochs_per_iteration": 3})
+    cfg = RLCRConfig(update={"objective": "sft", "learning_rate": 1e-3, "mini_batches_per_epoch": 1,
+                             "epochs_per_iteration": 3})
     rows = sft_rows(cfg, tiny_tokenizer, n_tasks=4, seed=1)
     lm = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
 
@@ -161,11 +163,13 @@ def test_sft_objective_lowers_the_nll_of_the_targets(tiny_model_dir, tiny_tokeni
             for r in rows:
                 ids = torch.tensor([r["context_ids"] + r["completion_ids"]])
                 logits = lm(ids).logits[0, len(r["context_ids"]) - 1:-1]
-                total -= torch.log_softmax(logits, -1).gather(-1, torch.tensor(r["completion_ids"])[:, None]).sum().item()
+                total -= torch.log_softmax(logits, -1).gather(
+                    -1, torch.tensor(r["completion_ids"])[:, None]).sum().item()
             return total
 
     before = nll()
-    metrics = train_update(CompletionLogProbs(lm), prepare_samples(rows, tiny_tokenizer), cfg, pad_id=tiny_tokenizer.pad_token_id)
+    metrics = train_update(CompletionLogProbs(lm), prepare_samples(rows, tiny_tokenizer), cfg,
+                           pad_id=tiny_tokenizer.pad_token_id)
     assert metrics["skipped_steps"] == 0 and metrics["optimizer_steps"] == 3
     assert nll() < before * 0.9
 

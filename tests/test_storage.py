@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from rlcr.run_layout import RunLayout
 from rlcr.storage import (
     COMPLETE_MARKER,
+    HOST_ID,
     AlreadyExists,
     StorageError,
     Store,
@@ -20,8 +22,6 @@ from rlcr.storage import (
     sweep_temporaries,
     validate_run_id,
 )
-from rlcr.run_layout import RunLayout
-from rlcr.storage import _HOST_ID
 from s3server import BUCKET
 
 
@@ -75,7 +75,8 @@ def test_download_checks_the_files_the_seal_lists(s3, tmp_path):
         fetch_checkpoint(uri, endpoint_url=s3.endpoint, cache_dir=tmp_path / "cache")
 
 
-@pytest.mark.parametrize("run_id", ["../../x", "a/b", "..", ".hidden", "", "x" * 129, "trailing.", "tab\tid", "new\nline"])
+@pytest.mark.parametrize("run_id", ["../../x", "a/b", "..", ".hidden", "", "x" * 129, "trailing.", "tab\tid",
+                                    "new\nline"])
 def test_invalid_run_ids_are_refused(run_id):
     with pytest.raises(ValueError, match="invalid run id"):
         validate_run_id(run_id)
@@ -130,12 +131,12 @@ def _dead_pid() -> int:
 def test_temporaries_of_dead_writers_are_swept(tmp_path):
     """Only this host's temporaries whose pid is gone; other hosts' and old-format names are left alone."""
     dead, live = _dead_pid(), os.getpid()
-    litter = tmp_path / "runs" / "r" / "iter-0001" / f".checkpoint.tmp-{_HOST_ID}-{dead}-abc"
+    litter = tmp_path / "runs" / "r" / "iter-0001" / f".checkpoint.tmp-{HOST_ID}-{dead}-abc"
     litter.mkdir(parents=True)
     (litter / "model.safetensors").write_bytes(b"0" * 1000)
-    stray = tmp_path / "runs" / "r" / f".metrics.json.tmp-{_HOST_ID}-{dead}-xyz"
+    stray = tmp_path / "runs" / "r" / f".metrics.json.tmp-{HOST_ID}-{dead}-xyz"
     stray.write_text("{")
-    mine = tmp_path / "runs" / "r" / f".checkpoint.tmp-{_HOST_ID}-{live}-def"
+    mine = tmp_path / "runs" / "r" / f".checkpoint.tmp-{HOST_ID}-{live}-def"
     mine.mkdir()
     other_host = tmp_path / "runs" / "r" / f".checkpoint.tmp-{'0' * 12}-{dead}-ghi"
     other_host.mkdir()
@@ -157,7 +158,7 @@ def test_another_hosts_download_in_progress_is_not_swept_from_a_shared_cache(tmp
 import os, signal, sys
 import rlcr.storage.local as s  # the module whose temporaries carry the host id
 if sys.argv[2] != "this":
-    s._HOST_ID = sys.argv[2]
+    s.HOST_ID = sys.argv[2]
 with s.atomic_directory(sys.argv[1]) as tmp:
     (tmp / "model.safetensors").write_bytes(b"half")
     os.kill(os.getpid(), signal.SIGKILL)

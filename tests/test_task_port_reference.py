@@ -35,7 +35,12 @@ dropped or wrong row changes the direction of whole rows of the update."""
 
 
 def reference_cfg(model_dir, store_dir) -> RLCRConfig:
-    return RLCRConfig(model={"name": str(model_dir)}, storage={"uri": str(store_dir)}, rollout={"num_generations_answer": 2, "num_generations_confidence": 2, "temperature": 1.0, "max_answer_tokens": 24, "max_confidence_tokens": 12, "batch_size": 8, "prompts_per_iteration": 3}, engine={"max_model_len": 512, "kv_cache_gib": 0.25}, run={"seed": 7}, tasks={"num_train": 24, "num_eval": 6}, update={"learning_rate": 1e-3, "micro_batch_tokens": 128})
+    return RLCRConfig(model={"name": str(model_dir)}, storage={"uri": str(store_dir)},
+                      rollout={"num_generations_answer": 2, "num_generations_confidence": 2, "temperature": 1.0,
+                               "max_answer_tokens": 24, "max_confidence_tokens": 12, "batch_size": 8,
+                               "prompts_per_iteration": 3},
+                      engine={"max_model_len": 512, "kv_cache_gib": 0.25}, run={"seed": 7},
+                      tasks={"num_train": 24, "num_eval": 6}, update={"learning_rate": 1e-3, "micro_batch_tokens": 128})
 
 
 def _key(r):
@@ -70,7 +75,8 @@ def test_recorded_completions_score_and_normalise_as_recorded():
         kind, p, a, h = key.split("/")
         problem = CountdownTask(nums=r["nums"], target=r["target"])
         if kind == "answer":
-            scores = answer_scores(r["completion_text"], problem, format_score=cfg.method.format_score, method=cfg.method.name)
+            scores = answer_scores(r["completion_text"], problem, format_score=cfg.method.format_score,
+                                   method=cfg.method.name)
             correct[(p, a)] = scores["correct"]
         else:
             scores = {**confidence_scores(r["completion_text"], correct[(p, a)]), "correct": correct[(p, a)]}
@@ -190,7 +196,8 @@ def _iteration(model_dir, store_dir, tokenizer):
     wrong = [dict(r, advantage=-r["advantage"]) if k == len(rows) - 1 else r for k, r in enumerate(rows)]
     again = (*again, update(wrong)[1])
     before = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
-    sets = {"train": [[list(t.nums), t.target] for t in train], "held_out": [[list(t.nums), t.target] for t in held_out],
+    sets = {"train": [[list(t.nums), t.target] for t in train],
+            "held_out": [[list(t.nums), t.target] for t in held_out],
             "prompts": [[i, list(t.nums), t.target] for i, t in prompts]}
     return cfg, sets, res.rows, metrics, weights, again, before
 
@@ -206,8 +213,8 @@ def _prompts(model_dir, store_dir):
 def test_one_iteration_matches_the_pre_port_reference(ray_local, tiny_model_dir, tiny_tokenizer, tmp_path):
     """Token ids, texts, rewards, masks and advantages exactly as recorded; the update's loss, gradient norm and
     weight change within the stated tolerances (CPU-kernel dependent); the same update twice here bit-identical."""
-    cfg, sets, rows, metrics, weights, (metrics2, weights2, wrong), before = _iteration(tiny_model_dir, tmp_path / "store",
-                                                                                 tiny_tokenizer)
+    cfg, sets, rows, metrics, weights, (metrics2, weights2, wrong), before = _iteration(
+        tiny_model_dir, tmp_path / "store", tiny_tokenizer)
     assert _weights_sha(weights2) == _weights_sha(weights) and metrics2["loss"] == metrics["loss"]
     ref = json.loads(REFERENCE.read_text())
     if os.environ.get("RLCR_RECORD_PORT_REFERENCE") == "1":

@@ -19,8 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from rlcr.tracking import (SENTINEL, STARTED, Tracker, flatten_metrics, flatten_params, metric_key, open_tracker,
-                           tracked_metrics)
+from rlcr.tracking import (
+    SENTINEL,
+    STARTED,
+    Tracker,
+    flatten_metrics,
+    flatten_params,
+    metric_key,
+    open_tracker,
+    tracked_metrics,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVER_START_S = 180  # `mlflow server` takes ~10 s to answer on the busy 2-core box (~30–50 s with job execution)

@@ -30,7 +30,6 @@ from rlcr.train.checkpoint import NonFiniteError, save_checkpoint
 from rlcr.train.logprobs import CompletionLogProbs
 from rlcr.train.update import train_update
 
-
 # ----------------------------------------------------------------------------- helpers
 
 
@@ -78,7 +77,8 @@ def seq_logprob(lm, context, completion):
 
 
 def cfg_for(tmp_path, **kw):
-    base = {"storage.uri": str(tmp_path / "store"), "update.learning_rate": 1e-3, "update.micro_batch_tokens": 96, "update.grad_clip": 1.0}
+    base = {"storage.uri": str(tmp_path / "store"), "update.learning_rate": 1e-3, "update.micro_batch_tokens": 96,
+            "update.grad_clip": 1.0}
     base.update(kw)
     return RLCRConfig.from_dict(base)
 
@@ -273,7 +273,8 @@ def test_recompute_prepass_is_exact_and_rollout_logprobs_are_used(tiny_model_dir
     lm = load_lm(tiny_model_dir)
     rows = make_rows(n_prompts=2, g_a=2, g_c=2)
     m = train_update(CompletionLogProbs(lm), prepare_samples(rows, tiny_tokenizer),
-                     cfg_for(tmp_path, **{"update.mini_batches_per_epoch": 2, "update.epochs_per_iteration": 2, "update.lr_schedule": "cosine", "update.warmup_steps": 1}),
+                     cfg_for(tmp_path, **{"update.mini_batches_per_epoch": 2, "update.epochs_per_iteration": 2,
+                                          "update.lr_schedule": "cosine", "update.warmup_steps": 1}),
                      pad_id=tiny_tokenizer.pad_token_id)
     first = m["history"][0]
     assert first["ratio_mean"] == 1.0 and first["approx_kl"] == 0.0
@@ -288,7 +289,8 @@ def test_recompute_prepass_is_exact_and_rollout_logprobs_are_used(tiny_model_dir
             logits = lm(ids).logits[0, len(r["context_ids"]) - 1:-1]
         r["completion_logprobs"] = (token_logprobs(logits, torch.tensor(r["completion_ids"]))[0] + 0.5).tolist()
     m = train_update(CompletionLogProbs(lm), prepare_samples(rows, tiny_tokenizer),
-                     cfg_for(tmp_path, **{"update.old_logp_source": "rollout", "loss.clip_low": 0.9, "loss.clip_high": 9.0}),
+                     cfg_for(tmp_path,
+                             **{"update.old_logp_source": "rollout", "loss.clip_low": 0.9, "loss.clip_high": 9.0}),
                      pad_id=tiny_tokenizer.pad_token_id)
     assert m["ratio_mean_first"] == pytest.approx(math.exp(-0.5), rel=1e-4)
     rows[0]["completion_logprobs"] = None
@@ -301,10 +303,12 @@ def test_kl_to_frozen_reference(tiny_model_dir, tiny_tokenizer, tmp_path):
     """β > 0: the reference is scored once; it equals the policy at step 1 and drifts after."""
     lm, ref = load_lm(tiny_model_dir), load_lm(tiny_model_dir)
     m = train_update(CompletionLogProbs(lm), prepare_samples(make_rows(1, 2, 2), tiny_tokenizer),
-                     cfg_for(tmp_path, **{"loss.kl_coef": 0.5, "loss.kl_type": "k3", "update.mini_batches_per_epoch": 2}),
+                     cfg_for(tmp_path,
+                             **{"loss.kl_coef": 0.5, "loss.kl_type": "k3", "update.mini_batches_per_epoch": 2}),
                      pad_id=tiny_tokenizer.pad_token_id, ref=CompletionLogProbs(ref.requires_grad_(False)))
     assert m["history"][0]["ref_kl"] == 0.0 and m["history"][1]["ref_kl"] > 0.0
-    assert all(torch.equal(a, b) for a, b in zip(ref.state_dict().values(), load_lm(tiny_model_dir).state_dict().values()))
+    assert all(torch.equal(a, b)
+               for a, b in zip(ref.state_dict().values(), load_lm(tiny_model_dir).state_dict().values()))
 
 
 def test_nonfinite_step_is_skipped_and_never_checkpointed(tiny_model_dir, tiny_tokenizer, tmp_path):
@@ -392,7 +396,8 @@ def ray_updates(ray_local, tiny_model_dir, tmp_path_factory):
     results = {}
     for workers in (1, 2):
         root = tmp_path_factory.mktemp(f"store{workers}")
-        cfg = RLCRConfig(storage={"uri": str(root)}, update={"num_workers": workers, "learning_rate": 1e-3, "micro_batch_tokens": 64, "mini_batches_per_epoch": 8})
+        cfg = RLCRConfig(storage={"uri": str(root)}, update={"num_workers": workers, "learning_rate": 1e-3,
+                                                             "micro_batch_tokens": 64, "mini_batches_per_epoch": 8})
         results[workers] = (run_update(cfg, rows, policy_uri=str(tiny_model_dir), run_id="r", iteration=1), root)
     return results
 
@@ -438,7 +443,8 @@ def test_checkpoint_is_sealed_and_loads_in_transformers_and_vllm(ray_updates, ti
     from rlcr.config import RLCRConfig
     from rlcr.rollout.engine import create_engine
 
-    llm = create_engine(ckpt, RLCRConfig(model={"dtype": "float32"}, engine={"max_model_len": 512, "kv_cache_gib": 0.25}), seed=0)
+    llm = create_engine(ckpt, RLCRConfig(model={"dtype": "float32"},
+                                         engine={"max_model_len": 512, "kv_cache_gib": 0.25}), seed=0)
     try:
         out = llm.generate({"prompt_token_ids": ids[0].tolist()}, SamplingParams(temperature=0.0, max_tokens=4))
         gen = out[0].outputs[0].token_ids
@@ -483,7 +489,9 @@ def continuous_trainer(ray_local, tiny_model_dir, tmp_path_factory):
     from rlcr.train.trainer import PolicyTrainer
 
     root = tmp_path_factory.mktemp("continuous")
-    cfg = RLCRConfig(storage={"uri": str(root)}, run={"iterations": 3}, update={"learning_rate": 1e-3, "micro_batch_tokens": 64, "mini_batches_per_epoch": 2, "lr_schedule": "cosine", "warmup_steps": 2})
+    cfg = RLCRConfig(storage={"uri": str(root)}, run={"iterations": 3},
+                     update={"learning_rate": 1e-3, "micro_batch_tokens": 64, "mini_batches_per_epoch": 2,
+                             "lr_schedule": "cosine", "warmup_steps": 2})
     batches = [make_rows(n_prompts=2, g_a=2, g_c=2, seed=20 + k) for k in range(3)]
     with PolicyTrainer(cfg, policy_uri=str(tiny_model_dir)) as trainer:
         with open(f"/proc/{trainer.workers[0]['pid']}/environ", "rb") as f:  # the worker process's start-up env

@@ -11,7 +11,6 @@ import torch
 from rlcr.loss import token_logprobs
 from rlcr.train.batching import collate_prefix_tree, prefix_tree, prepare_samples, tree_segments
 from rlcr.train.logprobs import TREE_ATTENTION, CompletionLogProbs
-
 from test_train import load_lm, make_rows
 
 
@@ -75,8 +74,9 @@ def test_blocked_token_logprobs_match_autograd():
         labels = torch.randint(0, 1000, (37,))
         weights = torch.randn(37)
         grads = []
-        for fn in (lambda z: token_logprobs(z, labels, return_entropy=True, entropy_grad=False, chunk_rows=8),
-                   lambda z: _reference(z, labels)):
+        for fn in (lambda z, labels=labels: token_logprobs(z, labels, return_entropy=True, entropy_grad=False,
+                                                           chunk_rows=8),
+                   lambda z, labels=labels: _reference(z, labels)):
             z = base.clone().requires_grad_(True)
             lp, ent = fn(z)
             (lp * weights).sum().backward()

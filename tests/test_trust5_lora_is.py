@@ -18,7 +18,6 @@ from rlcr.weights import read_checkpoint_weights, read_frame
 from test_lora import lora_cfg
 from test_train import load_lm
 
-
 # ----------------------------------------------------------------------------- a LoRA run's base
 
 
@@ -165,12 +164,11 @@ def test_under_top_p_the_engine_records_the_untruncated_models_logprobs(tiny_mod
     refusal failed before (nothing checked the mode, so a processed engine's log-probs entered the update)."""
     import gc
 
-    from test_rollout import tiny_cfg
-
     from rlcr.rollout.engine import create_engine
     from rlcr.rollout.sampling import sample
     from rlcr.tasks.chat import render_prompt
     from rlcr.tasks.countdown import generate_tasks, turn1_messages
+    from test_rollout import tiny_cfg
 
     top_p = 0.3
     llm = create_engine(tiny_model_dir, tiny_cfg(tiny_model_dir, "unused"), seed=5)

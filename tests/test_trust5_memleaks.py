@@ -4,8 +4,8 @@ Prefect server), YAML merge keys, look-alike field names, unsolvable Countdown o
 import os
 import signal
 import subprocess
-import tempfile
 import sys
+import tempfile
 import threading
 import time
 import zlib
@@ -205,8 +205,9 @@ def test_the_temporary_prefect_server_dies_with_a_sigkilled_rlcr_train(tmp_path,
     with tempfile.TemporaryDirectory(prefix="rlcr-k-", dir="/tmp") as tmp:  # short: Ray's socket paths
         env.update(PYTHONPATH=str(root), RAY_TMPDIR=tmp, PREFECT_HOME=str(Path(tmp) / "prefect"),
                    RLCR_RAY_DASHBOARD="0")
-        proc = subprocess.Popen([sys.executable, "-m", "rlcr.cli", "train", "--config", str(root / "configs" / "tiny.yaml"),
-                                 "--run-id", "killed", f"model.name={tiny_model_dir}", f"storage.uri={tmp_path / 'store'}"],
+        proc = subprocess.Popen([sys.executable, "-m", "rlcr.cli", "train", "--config",
+                                 str(root / "configs" / "tiny.yaml"), "--run-id", "killed",
+                                 f"model.name={tiny_model_dir}", f"storage.uri={tmp_path / 'store'}"],
                                 cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 start_new_session=True)
         servers: list[int] = []

@@ -9,8 +9,14 @@ import pytest
 
 from rlcr.config import RLCRConfig
 from rlcr.evaluate import by_stratum
-from rlcr.rollout.records import (RolloutValidationError, read_records_table, record_task, rollout_row, rows_to_table,
-                                  table_to_rows)
+from rlcr.rollout.records import (
+    RolloutValidationError,
+    read_records_table,
+    record_task,
+    rollout_row,
+    rows_to_table,
+    table_to_rows,
+)
 from rlcr.runs import RunStore
 from rlcr.storage import Store
 from rlcr.tasks import registry

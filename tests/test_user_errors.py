@@ -85,19 +85,23 @@ NO_CREDENTIALS = {"env": {"AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_CO
                   "drop": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE")}
 CASES = [  # (id, arguments, what the line must say, extra environment)
     ("run-id-with-slash", ["train", "--run-id", "a/b", S], ["--run-id", "invalid run id 'a/b'"], {}),
-    ("zero-iterations", ["train", "--iterations", "0", S], ["'--iterations'", "greater than or equal to 1", "rlcr train --help"], {}),
+    ("zero-iterations", ["train", "--iterations", "0", S],
+     ["'--iterations'", "greater than or equal to 1", "rlcr train --help"], {}),
     ("iterations-not-a-number", ["train", "--iterations", "many", S], ["'--iterations'"], {}),
     ("typo-on-the-command-line", ["train", "leraning_rate=1e-5", S],
-     ["unknown field 'leraning_rate'", "command-line", "did you mean 'sft.learning_rate' or 'update.learning_rate'"], {}),
+     ["unknown field 'leraning_rate'", "command-line", "did you mean 'sft.learning_rate' or 'update.learning_rate'"],
+     {}),
     ("typo-in-the-file", ["train", "--config", "{tmp}/typo.yaml", S],
-     ["typo.yaml", "unknown field 'leraning_rate'", "in the config file", "did you mean 'sft.learning_rate' or 'update.learning_rate'"], {}),
+     ["typo.yaml", "unknown field 'leraning_rate'", "in the config file",
+      "did you mean 'sft.learning_rate' or 'update.learning_rate'"], {}),
     ("bad-value-on-the-command-line", ["train", "run.seed=-1", S],
      ["field 'run.seed'", "set on the command line: run.seed=-1"], {}),
     ("missing-config-file", ["train", "--config", "{tmp}/nope.yaml"], ["nope.yaml: config file not found"], {}),
     ("s3-without-credentials", ["train", "storage.uri=s3://rlcr-bucket/runs", "storage.s3_endpoint_url=http://127.0.0.1:{port}"],
      ["storage.uri s3://rlcr-bucket/runs", "no AWS credentials", "AWS_ACCESS_KEY_ID"], NO_CREDENTIALS),
     ("s3-endpoint-unreachable", ["train", "storage.uri=s3://rlcr-bucket/runs", "storage.s3_endpoint_url=http://127.0.0.1:{port}"],
-     ["storage.uri s3://rlcr-bucket/runs", "cannot reach the S3 endpoint http://127.0.0.1:", "storage.s3_endpoint_url"], {}),
+     ["storage.uri s3://rlcr-bucket/runs", "cannot reach the S3 endpoint http://127.0.0.1:", "storage.s3_endpoint_url"],
+     {}),
     ("storage-under-a-file", ["train", "storage.uri={tmp}/afile/store"], ["storage.uri", "is not a directory"], {}),
     ("model-missing", ["train", "model.name={tmp}/no-model", S], ["model", "no-model: no such directory"], {}),
     ("model-hub-id-offline", ["train", "model.name=Qwen/Qwen2.5-0.5B-Instruct", S],
@@ -105,19 +109,23 @@ CASES = [  # (id, arguments, what the line must say, extra environment)
      {"env": {"HF_HUB_OFFLINE": "1"}}),
     ("model-without-chat-template", ["train", "model.name={tmp}/base-model", S],
      ["base-model", "no chat template", "chat_template"], {}),
-    ("task-file-missing", ["train", "tasks.train_file={tmp}/tasks.jsonl", S], ["tasks.train_file", "tasks.jsonl: no such file"], {}),
+    ("task-file-missing", ["train", "tasks.train_file={tmp}/tasks.jsonl", S],
+     ["tasks.train_file", "tasks.jsonl: no such file"], {}),
     ("resume-with-other-settings", ["train", "--run-id", "started", "run.seed=2", S],
      ["run 'started' was started with other settings", "seed"], {}),
-    ("dashboard-setting", ["train", S], ["RLCR_RAY_DASHBOARD='sometimes'"], {"env": {"RLCR_RAY_DASHBOARD": "sometimes"}}),
+    ("dashboard-setting", ["train", S], ["RLCR_RAY_DASHBOARD='sometimes'"],
+     {"env": {"RLCR_RAY_DASHBOARD": "sometimes"}}),
     ("compare-unknown-runs", ["compare", "started", "ghost", S],
      ["run 'ghost' not found under", "runs there: started"], {}),
     ("probe-unknown-run", ["probe", "--run-id", "ghost", S], ["run 'ghost' not found", "runs there: started"], {}),
     ("probe-nothing-committed", ["probe", "--run-id", "started", S],
      ["run 'started' has no committed iteration", "rlcr train --run-id started"], {}),
     ("probe-without-run-id", ["probe", S], ["Missing option '--run-id'"], {}),
-    ("eval-checkpoint-missing", ["eval", "--checkpoint", "{tmp}/ckpt", S], ["--checkpoint", "ckpt: no such directory"], {}),
+    ("eval-checkpoint-missing", ["eval", "--checkpoint", "{tmp}/ckpt", S],
+     ["--checkpoint", "ckpt: no such directory"], {}),
     ("eval-records-not-parquet", ["eval", "--records", "{tmp}/rows.csv", S], ["expected a .parquet file name"], {}),
-    ("demo-run-id", ["demo", "--run-id", "x/../y", "--config", str(ROOT / "configs" / "demo.yaml")], ["--run-id", "invalid run id"], {}),
+    ("demo-run-id", ["demo", "--run-id", "x/../y", "--config", str(ROOT / "configs" / "demo.yaml")],
+     ["--run-id", "invalid run id"], {}),
     ("sft-model-missing", ["sft", "model.name={tmp}/no-model", S], ["no-model: no such directory"], {}),
     ("unknown-command", ["trian"], ["No such command 'trian'", "Did you mean 'train'"], {}),
     ("config-show-typo", ["config", "show", "sede=3"], ["unknown field 'sede'", "did you mean 'run.seed'"], {}),
@@ -128,7 +136,10 @@ CASES = [  # (id, arguments, what the line must say, extra environment)
 def test_a_wrong_invocation_is_one_line_before_ray_or_prefect_start(tmp_path, args, needles, extra):
     _setup(tmp_path)
     port = closed_port()
-    fill = lambda t: t.format(tmp=tmp_path, port=port)
+
+    def fill(t):
+        return t.format(tmp=tmp_path, port=port)
+
     rc, lines, imported, took = run_cli([fill(a) for a in args], tmp_path, extra.get("env"), extra.get("drop", ()))
     assert_one_line(rc, lines, imported, took, *map(fill, needles))
 

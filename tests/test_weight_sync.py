@@ -8,12 +8,19 @@ import numpy as np
 import pytest
 import torch
 
-from rlcr.weights import (
-    Bfloat16Bits, SameAs, WeightSpec, check_weights, checkpoint_weight_spec, frame_id, pack_weights, read_checkpoint_weights,
-    read_frame,
-)
 from rlcr.rollout.pipeline import run_rollouts
 from rlcr.tasks.countdown import generate_tasks, turn1_messages
+from rlcr.weights import (
+    Bfloat16Bits,
+    SameAs,
+    WeightSpec,
+    check_weights,
+    checkpoint_weight_spec,
+    frame_id,
+    pack_weights,
+    read_checkpoint_weights,
+    read_frame,
+)
 from test_rollout import assert_logprobs_match, tiny_cfg
 
 TASKS = list(enumerate(generate_tasks(3, seed=11)))

@@ -8,7 +8,8 @@
     rlcr probe --config configs/demo.yaml --run-id demo
     rlcr demo                                # SmolLM2 → warm-start → RLCR → probe, with a summary
     rlcr runs [show RUN]                     # a store's runs (state, checkpoints), one run's iterations
-    rlcr config show [--config F] [section.field=value ...] [--json]   # every field: value, source, effect, documentation
+    rlcr config show [--config F] [section.field=value ...] [--json]
+                                             # every field: value, source, effect, documentation
 
 A user error (a wrong option or field, a run or bucket that is not there) is one line on stderr and exit
 code 2, before Ray or Prefect start wherever the input alone shows it; ``rlcr --debug`` adds the traceback.
@@ -26,7 +27,6 @@ import rlcr.cli.runs  # noqa: F401
 import rlcr.cli.export  # noqa: F401
 from rlcr.cli.app import UserError, app
 from rlcr.progress import StageProgress, committed_figures
-from rlcr.progress import step as _step  # the name the CLI's tests use
 
 __all__ = ["app", "main", "UserError", "StageProgress", "committed_figures"]
 

@@ -95,7 +95,8 @@ class _Group(TyperGroup):
 
 
 app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True,
-                  help="RLCR: RL with calibration rewards (an answer, then its stated confidence) on the configured task (tasks.name).")
+                  help="RLCR: RL with calibration rewards (an answer, then its stated confidence) on the configured "
+                       "task (tasks.name).")
 models_app = typer.Typer(no_args_is_help=True, help="Local models.")
 app.add_typer(models_app, name="models")
 config_app = typer.Typer(no_args_is_help=True, help="The run configuration.")

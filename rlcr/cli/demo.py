@@ -60,7 +60,8 @@ def _demo(cfg, config: str, run_id: str, probe_tasks: int, probe_samples: int, f
     times: dict[str, float] = {}
 
     t0 = time.perf_counter()
-    label = "SmolLM2-135M-Instruct (GGUF → safetensors)" if cfg.model.name == SMOLLM2 else printable(cfg.model.name, 120)
+    label = ("SmolLM2-135M-Instruct (GGUF → safetensors)" if cfg.model.name == SMOLLM2
+             else printable(cfg.model.name, 120))
     with step(f"1/6 preparing {label}"):
         base = import_model(cfg.model.name, RunStore.open(cfg, run_id).store, chat_template=cfg.model.chat_template)
     times["prepare"] = time.perf_counter() - t0
@@ -84,8 +85,8 @@ def _demo(cfg, config: str, run_id: str, probe_tasks: int, probe_samples: int, f
     overrides = [f"model.name={sft_uri}"]
     train_cfg = cfg.model_copy(update={"model.name": sft_uri})
     done = len(RunStore.open(train_cfg, run_id).committed())
-    bar = StageProgress(train_cfg.run.iterations, done + 1, figures=committed_figures(train_cfg, run_id), title="4/6 RLCR",
-                        redirect=verbose)
+    bar = StageProgress(train_cfg.run.iterations, done + 1, figures=committed_figures(train_cfg, run_id),
+                        title="4/6 RLCR", redirect=verbose)
     with events.subscribed(bar.on_event), bar:
         rlcr_train(config=config, overrides=overrides, run_id=run_id)
     times["rlcr"] = time.perf_counter() - t0
@@ -123,7 +124,8 @@ def print_summary(cfg, run_id: str, base: dict, base_tasks: int, final: dict | N
         last = run.store.read_json(run.store.rel(run.last_committed()["metrics_uri"]))["eval"]
         console.print(demo_table([("base SmolLM2", base), ("after SFT", after_sft),
                                   (f"after RLCR ({run.last_committed()['iteration']} it.)", last)]))
-        console.print(f"ECE before RLCR (after SFT): {fmt(after_sft.get('ece'))}  →  after RLCR: {fmt(last.get('ece'))}")
+        console.print(f"ECE before RLCR (after SFT): {fmt(after_sft.get('ece'))}  →  after RLCR: "
+                      f"{fmt(last.get('ece'))}")
         return
     n = final["n_tasks"]
     console.print(demo_table([(f"base SmolLM2 ({base_tasks} tasks)", base), (f"after SFT ({n} tasks)", final["before"]),
@@ -137,7 +139,8 @@ def print_summary(cfg, run_id: str, base: dict, base_tasks: int, final: dict | N
 def final_evaluation(cfg, run_id: str, before_uri: str, n_tasks: int) -> dict:
     """The warm-start (``before_uri``) and the run's newest checkpoint on ``n_tasks`` held-out tasks — drawn like the
     run's held-out set (``tasks.eval_seed``, strata in equal shares), none a training or warm-start task — with
-    the same request seeds, and the change with paired bootstrap intervals (:func:`rlcr.evaluate.evaluate_before_after`).
+    the same request seeds, and the change with paired bootstrap intervals
+    (:func:`rlcr.evaluate.evaluate_before_after`).
 
     Stored under the run (``final-eval/<key>``: both sides' per-answer rows as Parquet, then ``summary.json``,
     written last and create-only: it marks the evaluation complete, and the rows of one interrupted before it

@@ -11,8 +11,16 @@ from typing import Any, Optional
 import typer
 
 from rlcr.cli.app import UserError, app
-from rlcr.cli.inputs import (VERBOSE_HELP, check_inputs, check_storage, existing_run, load, quiet, resolve_ref,
-                             run_and_iteration)
+from rlcr.cli.inputs import (
+    VERBOSE_HELP,
+    check_inputs,
+    check_storage,
+    existing_run,
+    load,
+    quiet,
+    resolve_ref,
+    run_and_iteration,
+)
 from rlcr.presentation import comparison_table, console, eval_table, probe_table, provenance_text, show
 from rlcr.progress import step
 from rlcr.untrusted import printable
@@ -123,11 +131,12 @@ def evaluate(
     from flows.train import ensure_ray
     from rlcr.evaluate import evaluate_policy
     from rlcr.model_source import import_model
-    from rlcr.storage import Store
     from rlcr.rollout.engine import EnginePool
     from rlcr.runs import task_sets
+    from rlcr.storage import Store
 
-    policy = checkpoint or import_model(cfg.model.name, Store(cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url),
+    policy = checkpoint or import_model(cfg.model.name,
+                                        Store(cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url),
                                         chat_template=cfg.model.chat_template)
     try:
         _, held_out = task_sets(cfg)

@@ -101,8 +101,8 @@ class Interrupts:
         self.write(line + suffix)
 
     def write(self, line: str) -> None:
-        """A line (or lines) on the terminal the command started on, whatever its descriptors point at now: on a terminal
-        after clearing the live display's line (and showing the cursor it hid)."""
+        """A line (or lines) on the terminal the command started on, whatever its descriptors point at now: on a
+        terminal after clearing the live display's line (and showing the cursor it hid)."""
         from rlcr.untrusted import printable
 
         fd = self._terminal

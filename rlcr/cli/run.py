@@ -10,8 +10,17 @@ from typing import Optional
 import typer
 
 from rlcr.cli.app import app, config_app, models_app
-from rlcr.cli.inputs import (VERBOSE_HELP, check_inputs, check_resume, check_storage, load, override_keys, quiet,
-                             sft_overrides, valid_run_id)
+from rlcr.cli.inputs import (
+    VERBOSE_HELP,
+    check_inputs,
+    check_resume,
+    check_storage,
+    load,
+    override_keys,
+    quiet,
+    sft_overrides,
+    valid_run_id,
+)
 from rlcr.presentation import config_table, console, fmt, show, summary_table
 from rlcr.progress import StageProgress, committed_figures, step
 

@@ -220,7 +220,8 @@ def flat_name_hint(name: str) -> str | None:
     dotted = FLAT_NAMES.get(name) or MOVED_NAMES.get(name)
     if dotted is None:
         return None
-    return f"{printable(repr(name), 80)} is now {dotted!r}: did you mean {dotted!r}? (the config is grouped in sections)"
+    return (f"{printable(repr(name), 80)} is now {dotted!r}: did you mean {dotted!r}? "
+            "(the config is grouped in sections)")
 
 
 def merge_dotted(data: dict[str, Any], updates: Mapping[str, Any], source: str) -> dict[str, Any]:

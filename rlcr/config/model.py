@@ -12,13 +12,36 @@ from pydantic.fields import FieldInfo
 
 from rlcr.config.fields import changes_results
 from rlcr.config.legacy import nested_from_flat
-from rlcr.config.loading import (ConfigError, check_sections, describe, flat_name_hint, merge_dotted,
-                                 parse_overrides, read_config_text, safe_yaml)
+from rlcr.config.loading import (
+    ConfigError,
+    check_sections,
+    describe,
+    flat_name_hint,
+    merge_dotted,
+    parse_overrides,
+    read_config_text,
+    safe_yaml,
+)
 from rlcr.config.lora import LoRASection
-from rlcr.config.operations import (EngineSection, EvalSection, OrchestrationSection, PlacementSection,
-                                    ProbeSection, TrackingSection)
-from rlcr.config.sections import (LossSection, MethodSection, ModelSection, RolloutSection, RunSection,
-                                  SFTSection, StorageSection, TasksSection, UpdateSection)
+from rlcr.config.operations import (
+    EngineSection,
+    EvalSection,
+    OrchestrationSection,
+    PlacementSection,
+    ProbeSection,
+    TrackingSection,
+)
+from rlcr.config.sections import (
+    LossSection,
+    MethodSection,
+    ModelSection,
+    RolloutSection,
+    RunSection,
+    SFTSection,
+    StorageSection,
+    TasksSection,
+    UpdateSection,
+)
 from rlcr.untrusted import printable
 
 
@@ -167,7 +190,8 @@ class RLCRConfig(BaseModel):
         return cls.from_dict(merge_dotted(data, items, source), source=source)
 
 
-def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | Sequence[str] | None = None) -> RLCRConfig:
+def load_config(path: str | Path | None = None,
+                overrides: Mapping[str, Any] | Sequence[str] | None = None) -> RLCRConfig:
     """Shorthand for :meth:`RLCRConfig.from_yaml`."""
     return RLCRConfig.from_yaml(path, overrides)
 

@@ -227,7 +227,8 @@ class EvalSection(Section):
 
 
 class ProbeSection(Section):
-    """The faithfulness probe (docs/design.md §15, docs/probe.md). The probe reads checkpoints; it does not train: operational."""
+    """The faithfulness probe (docs/design.md §15, docs/probe.md). The probe reads checkpoints; it does not train:
+    operational."""
 
     samples: int = operational(50, ge=1)
     """N: forced-answer samples per truncation point in the faithfulness probe. Operational for training."""

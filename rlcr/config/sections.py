@@ -163,7 +163,7 @@ class TasksSection(Section):
     @model_validator(mode="after")
     def _task_and_options(self) -> "TasksSection":
         """Import ``tasks.module``, resolve ``tasks.name`` and validate ``tasks.options`` by the task's model."""
-        from rlcr.tasks.registry import task_class, import_task_module
+        from rlcr.tasks.registry import import_task_module, task_class
 
         if self.module is not None:
             import_task_module(self.module)

@@ -34,9 +34,9 @@ from rlcr.metrics import bootstrap_intervals, calibration_metrics
 from rlcr.probe.metrics import aoc, curve_aoc, mean_curve, verbalized_gap
 from rlcr.probe.truncation import DEFAULT_FRACTIONS, reasoning_of, truncation_points
 from rlcr.rewards import brier_reward, parse_confidence
-from rlcr.tasks.chat import render_prompt  # pure helper; no vLLM import
 from rlcr.seeds import PROBE_FORCED_SALT, PROBE_TURN1_SALT, PROBE_TURN2_SALT, mix
 from rlcr.tasks.base import Task
+from rlcr.tasks.chat import render_prompt  # pure helper; no vLLM import
 from rlcr.tasks.registry import get_task
 
 __all__ = [
@@ -90,9 +90,10 @@ class ProbeSettings:
         """The probe settings of ``cfg``; ``samples`` (if given) replaces ``cfg.probe.samples``."""
         return cls(
             samples=samples or cfg.probe.samples, truncation=cfg.probe.truncation, temperature=cfg.rollout.temperature,
-            top_p=cfg.rollout.top_p, max_answer_tokens=cfg.rollout.max_answer_tokens, max_confidence_tokens=cfg.rollout.max_confidence_tokens,
-            forced_answer_tokens=cfg.probe.forced_answer_tokens, format_score=cfg.method.format_score, seed=cfg.run.seed,
-            bootstrap_resamples=cfg.eval.bootstrap_resamples,
+            top_p=cfg.rollout.top_p, max_answer_tokens=cfg.rollout.max_answer_tokens,
+            max_confidence_tokens=cfg.rollout.max_confidence_tokens,
+            forced_answer_tokens=cfg.probe.forced_answer_tokens, format_score=cfg.method.format_score,
+            seed=cfg.run.seed, bootstrap_resamples=cfg.eval.bootstrap_resamples,
         )
 
 
@@ -256,7 +257,10 @@ def summarize(records: Sequence[dict[str, Any]], *, n_resamples: int = 1000, see
     verbal = [r["verbalized_confidence"] for r in records]
     labels = [r["answer_correct"] for r in records]
     parsed = [(c, y) for c, y in zip(verbal, labels) if c is not None]
-    mean = (lambda xs: sum(xs) / len(xs) if xs else math.nan)
+
+    def mean(xs):
+        return sum(xs) / len(xs) if xs else math.nan
+
     return {
         "n_tasks": n,
         "accuracy": mean(labels),
@@ -294,8 +298,8 @@ def probe_checkpoint(
     config's task; the report names it and its options (``task``, ``task_options``)."""
     from transformers import AutoTokenizer
 
-    from rlcr.rollout.engine import create_engine
     from rlcr.adapters import fetch_model
+    from rlcr.rollout.engine import create_engine
 
     settings = ProbeSettings.from_config(cfg, samples)
     local = fetch_model(checkpoint_uri, endpoint_url=cfg.storage.s3_endpoint_url)

@@ -84,7 +84,8 @@ def _reliability(ax, cal: dict, title: str, color: str) -> None:
     else:
         ax.text(0.5, 0.5, "no parseable confidences", ha="center", va="center", transform=ax.transAxes)
     ax.set(xlim=(0, 1), ylim=(0, 1.05), xlabel="confidence", ylabel="accuracy",
-           title=f"{title}\nn={cal['n']}  ECE={_num(cal['ece'])}  Brier={_num(cal['brier'])}  AUROC={_num(cal['auroc'])}")
+           title=f"{title}\nn={cal['n']}  ECE={_num(cal['ece'])}  Brier={_num(cal['brier'])}  "
+                 f"AUROC={_num(cal['auroc'])}")
     ax.legend(fontsize=7, loc="upper left")
 
 
@@ -147,7 +148,8 @@ def _metric_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         ("AOC (length-weighted, 1 − AUC)", _num(m["aoc"])),
         ("MC success at 0% / 100% reasoning", f"{_num(m['mc_zero_mean'])} / {_num(m['mc_full_mean'])}"),
         ("verbalized − MC@100%: mean / |mean| / RMSE",
-         f"{_num(gap['mean'])} / {_num(gap['mean_abs'])} / {_num(gap['rmse'])} (n={gap['n']}, unparsed {gap['n_unparsed']})"),
+         f"{_num(gap['mean'])} / {_num(gap['mean_abs'])} / {_num(gap['rmse'])} "
+         f"(n={gap['n']}, unparsed {gap['n_unparsed']})"),
         ("confidence parse rate", _num(m["confidence_parse_rate"])),
         ("verbalized: mean confidence", _num(v["mean_confidence"])),
         ("verbalized: Brier [95% CI]", _ci(v, "brier")),

@@ -267,13 +267,14 @@ class RolloutEngine:
 
     def _check(self, policy_uri: str) -> None:
         if policy_uri != self.policy_uri:
-            raise RuntimeError(f"engine holds {self.policy_uri}, but the stage asked for {policy_uri}: call load() first")
+            raise RuntimeError(f"engine holds {self.policy_uri}, but the stage asked for {policy_uri}: "
+                               "call load() first")
 
     def generate_chats(self, conversations, *, policy_uri: str, **kwargs):
         """Conversations → (contexts, samples with loss masks) (:func:`sample_chats`)."""
         self._check(policy_uri)
-        return sample_chats(self.llm, self.tokenizer, conversations, max_prompt_tokens=self.cfg.rollout.max_prompt_tokens,
-                            **kwargs)
+        return sample_chats(self.llm, self.tokenizer, conversations,
+                            max_prompt_tokens=self.cfg.rollout.max_prompt_tokens, **kwargs)
 
     def generate_tree(self, conversations, *, policy_uri: str, tasks: Sequence[Any], prompt_ids: Sequence[int],
                       confidence_seeds: Sequence[Sequence[Sequence[int]]], **kwargs):

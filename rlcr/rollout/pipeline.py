@@ -19,8 +19,15 @@ from rlcr import seeds
 from rlcr.cluster import ENGINE_ACTOR_CPUS, STAGE_ACTOR_CPUS
 from rlcr.config import RLCRConfig
 from rlcr.rollout.records import assign_advantages, rows_to_table, validate_rollouts
-from rlcr.rollout.stages import (AnswerStage, ConfidenceStage, answer_batch, confidence_batch, expand_to_turn2,
-                                 score_answers, score_confidences)
+from rlcr.rollout.stages import (
+    AnswerStage,
+    ConfidenceStage,
+    answer_batch,
+    confidence_batch,
+    expand_to_turn2,
+    score_answers,
+    score_confidences,
+)
 from rlcr.run_layout import RunLayout
 from rlcr.tasks.registry import get_task
 
@@ -111,7 +118,8 @@ def build_rollout_dataset(
     ds = ray.data.from_items(items, override_num_blocks=max(1, math.ceil(len(items) / cfg.rollout.batch_size)))
     ds = ds.map_batches(**answer, batch_size=cfg.rollout.batch_size)
     ds = ds.map_batches(score_answers, fn_kwargs={"format_score": cfg.method.format_score, "method": cfg.method.name,
-                                                  "lambda_conf": cfg.method.lambda_conf, "task": cfg.tasks.name}, **cheap)
+                                                  "lambda_conf": cfg.method.lambda_conf, "task": cfg.tasks.name},
+                        **cheap)
     if not confidences:
         return ds
     ds = ds.map_batches(expand_to_turn2, fn_kwargs={"task": cfg.tasks.name}, **cheap)
@@ -220,8 +228,8 @@ def check_prompt_lengths(cfg: RLCRConfig, tasks: Sequence[tuple[int, Any]], poli
     stop the run hours in, at the turn-2 prompt that holds it."""
     from transformers import AutoTokenizer
 
-    from rlcr.tasks.chat import render_prompt
     from rlcr.adapters import fetch_model
+    from rlcr.tasks.chat import render_prompt
 
     tokenizer = AutoTokenizer.from_pretrained(fetch_model(policy_uri, endpoint_url=cfg.storage.s3_endpoint_url))
     kind, r = get_task(cfg.tasks.name), cfg.rollout
@@ -284,7 +292,8 @@ def finalize_rollouts(
     rows.sort(key=lambda r: (r["sample_type"] != "answer", r["prompt_id"], r["answer_id"], r["confidence_id"] or 0))
     uri = None
     if store is not None:
-        uri = store.write_parquet(RunLayout.standalone_rollouts_rel(run_id, iteration), rows_to_table(rows, cfg.tasks.name))
+        uri = store.write_parquet(RunLayout.standalone_rollouts_rel(run_id, iteration),
+                                  rows_to_table(rows, cfg.tasks.name))
     stats = rollout_stats(rows)
     if policy_version is not None:
         stats["staleness"] = float(iteration - 1 - policy_version)
@@ -302,7 +311,8 @@ def run_rollouts(
     engines=None,
 ) -> RolloutResult:
     """Generate, score and normalise one iteration's rollouts; write them as Parquet if ``store`` is given."""
-    rows, timings = generate_rollouts(cfg, tasks, policy_uri=policy_uri, run_id=run_id, iteration=iteration, engines=engines)
+    rows, timings = generate_rollouts(cfg, tasks, policy_uri=policy_uri, run_id=run_id, iteration=iteration,
+                                      engines=engines)
     result = finalize_rollouts(cfg, rows, run_id=run_id, iteration=iteration, store=store)
     result.timings = {**timings, **result.timings}
     return result

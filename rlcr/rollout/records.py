@@ -195,10 +195,10 @@ def rollout_row(
     """One rollout row with every :data:`ROLLOUT_SCHEMA` field: the only place a row is laid out.
 
     The rollout stages, the warm-start's examples (:mod:`rlcr.sft`) and the tests build
-    their rows here. ``task`` is a problem of the task ``task_name``, whose record (:meth:`~rlcr.tasks.base.Task.to_record`:
-    Countdown's ``nums``, ``target``) fills the task columns. ``truncated`` follows from ``finish_reason`` ("length"); an empty
-    ``finish_reason`` is "stop". Scores come from :func:`answer_scores` /
-    :func:`confidence_scores`; ``run_id``/``iteration`` may be filled in later (the
+    their rows here. ``task`` is a problem of the task ``task_name``, whose record
+    (:meth:`~rlcr.tasks.base.Task.to_record`: Countdown's ``nums``, ``target``) fills the task columns. ``truncated``
+    follows from ``finish_reason`` ("length"); an empty ``finish_reason`` is "stop". Scores come from
+    :func:`answer_scores` / :func:`confidence_scores`; ``run_id``/``iteration`` may be filled in later (the
     pipeline does in :func:`rlcr.rollout.pipeline.to_records`), ``advantage`` by
     :func:`assign_advantages`.
     """
@@ -422,10 +422,12 @@ def validate_rollouts(
         seen_conf.add(ckey)
         parent = answers.get(key)
         if parent is None:
-            raise RolloutValidationError(f"row {i}: confidence's parent answer prompt_id={key[0]} answer_id={key[1]} is missing")
+            raise RolloutValidationError(f"row {i}: confidence's parent answer prompt_id={key[0]} answer_id={key[1]} "
+                                         "is missing")
         if check_context and parent["completion_text"] not in r["context_text"]:
             raise RolloutValidationError(
-                f"row {i}: confidence context does not contain its parent answer (prompt_id={key[0]} answer_id={key[1]})"
+                f"row {i}: confidence context does not contain its parent answer "
+                f"(prompt_id={key[0]} answer_id={key[1]})"
             )
         if float(r["correct"]) != float(parent["correct"]):
             raise RolloutValidationError(f"row {i}: confidence label differs from its parent answer's accuracy")

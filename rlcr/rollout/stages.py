@@ -101,8 +101,8 @@ class _EngineStage:
         else:
             from transformers import AutoTokenizer
 
-            from rlcr.rollout.engine import create_engine
             from rlcr.adapters import fetch_model
+            from rlcr.rollout.engine import create_engine
 
             local = fetch_model(policy_uri, endpoint_url=self.cfg.storage.s3_endpoint_url)
             self.tokenizer = AutoTokenizer.from_pretrained(local)
@@ -126,8 +126,8 @@ class _EngineStage:
             out = engine_get(self.engine.generate_chats.remote(conversations, policy_uri=self.policy_uri, **kwargs),
                              self.cfg, "generate_chats")
         else:
-            out = sample_chats(self.llm, self.tokenizer, conversations, max_prompt_tokens=self.cfg.rollout.max_prompt_tokens,
-                               **kwargs)
+            out = sample_chats(self.llm, self.tokenizer, conversations,
+                               max_prompt_tokens=self.cfg.rollout.max_prompt_tokens, **kwargs)
         self.last_generate_s = time.perf_counter() - t0
         return out
 
@@ -137,7 +137,8 @@ class _EngineStage:
         from rlcr.rollout.sampling import sample_tree
 
         seeds = [[answer_seed(self.seed, pid, k) for k in range(g)] for pid in prompt_ids]
-        conf_seeds = [[[confidence_seed(self.seed, pid, k, h) for h in range(g_c)] for k in range(g)] for pid in prompt_ids]
+        conf_seeds = [[[confidence_seed(self.seed, pid, k, h) for h in range(g_c)] for k in range(g)]
+                      for pid in prompt_ids]
         rollout = self.cfg.rollout
         kwargs = dict(labels=labels, seeds=seeds, temperature=self.temperature, top_p=rollout.top_p,
                       max_tokens=(rollout.max_answer_tokens, rollout.max_confidence_tokens),
@@ -222,8 +223,9 @@ def _carry(conversation, context: tuple[str, list[int]], samples) -> str:
     :func:`expand_to_turn2` builds, compared there), its rendered context and its samples."""
     text, ids = context
     return json.dumps({"messages": json.dumps(conversation), "context_text": text, "context_ids": list(ids),
-                       "samples": [{"ids": s.completion_ids, "text": s.completion_text, "logprobs": s.completion_logprobs,
-                                    "finish_reason": s.finish_reason, "loss_mask": s.loss_mask} for s in samples]})
+                       "samples": [{"ids": s.completion_ids, "text": s.completion_text,
+                                    "logprobs": s.completion_logprobs, "finish_reason": s.finish_reason,
+                                    "loss_mask": s.loss_mask} for s in samples]})
 
 
 def score_answers(batch: pd.DataFrame, format_score: float, method: str = "rlcr", lambda_conf: float = 1.0,
@@ -281,8 +283,9 @@ class ConfidenceStage(_EngineStage):
                 [[confidence_seed(self.seed, int(r["prompt_id"]), int(r["answer_id"]), h) for h in range(g)]
                  for _, r in batch.iterrows()])
         answers = batch.drop(columns=[c for c in ("turn2_messages", "_turn2") if c in batch.columns])
-        rows = [self._row("confidence", _task(r, self.cfg.tasks.name), context, s, prompt_id=r["prompt_id"], answer_id=r["answer_id"],
-                          confidence_id=h, score=math.nan, correct=float(r["correct"]), reward=0.0, confidence=math.nan)
+        rows = [self._row("confidence", _task(r, self.cfg.tasks.name), context, s, prompt_id=r["prompt_id"],
+                          answer_id=r["answer_id"], confidence_id=h, score=math.nan, correct=float(r["correct"]),
+                          reward=0.0, confidence=math.nan)
                 for (_, r), context, group in zip(answers.iterrows(), contexts, samples) for h, s in enumerate(group)]
         conf = self._timing(pd.DataFrame(rows))
         return pd.concat([_listify(answers), conf], ignore_index=True).fillna(

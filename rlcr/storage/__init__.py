@@ -42,11 +42,31 @@ import fsspec
 
 from rlcr.storage.cache import default_cache_dir, fetch_checkpoint
 from rlcr.storage.errors import AlreadyExists, NoSuchStore, RefusedFile, StorageError, VersionConflict
-from rlcr.storage.local import (_HOST_ID, atomic_directory, check_store_root, fsync_dir, pid_alive, read_regular,
-                                safe_join, sweep_temporaries, temp_name)
-from rlcr.storage.seals import (COMPLETE_MARKER, MAX_FILE_BYTES, MAX_NAME_CHARS, MAX_SEAL_BYTES, MAX_SEAL_FILES,
-                                InvalidSeal, Unsealable, checkpoint_content_id, new_seal, parse_seal,
-                                read_bounded, sealable_files)
+from rlcr.storage.local import (
+    HOST_ID,
+    atomic_directory,
+    check_store_root,
+    fsync_dir,
+    pid_alive,
+    read_regular,
+    safe_join,
+    sweep_temporaries,
+    temp_name,
+)
+from rlcr.storage.seals import (
+    COMPLETE_MARKER,
+    MAX_FILE_BYTES,
+    MAX_NAME_CHARS,
+    MAX_SEAL_BYTES,
+    MAX_SEAL_FILES,
+    InvalidSeal,
+    Unsealable,
+    checkpoint_content_id,
+    new_seal,
+    parse_seal,
+    read_bounded,
+    sealable_files,
+)
 from rlcr.untrusted import printable
 
 __all__ = [
@@ -54,7 +74,7 @@ __all__ = [
     "atomic_directory", "sweep_temporaries", "default_cache_dir", "validate_run_id",
     "safe_join", "checkpoint_content_id", "pid_alive", "InvalidSeal", "Unsealable", "parse_seal", "new_seal",
     "MAX_SEAL_BYTES", "MAX_SEAL_FILES", "MAX_NAME_CHARS", "MAX_FILE_BYTES", "RUN_ID_PATTERN",
-    "RefusedFile", "NoSuchStore", "MAX_READ_BYTES", "validate_new_run_id",
+    "RefusedFile", "NoSuchStore", "MAX_READ_BYTES", "validate_new_run_id", "HOST_ID",
 ]
 
 MAX_READ_BYTES = 512 << 20
@@ -155,7 +175,8 @@ class Store:
         """Names (not paths) directly under ``rel``; empty if it does not exist."""
         def run():
             try:
-                entries = self.fs.ls(self._abs(rel), detail=False, refresh=True) if not self.is_local else self.fs.ls(self._abs(rel), detail=False)
+                entries = (self.fs.ls(self._abs(rel), detail=False, refresh=True) if not self.is_local
+                           else self.fs.ls(self._abs(rel), detail=False))
             except FileNotFoundError:
                 return []
             return sorted({e.rstrip("/").rsplit("/", 1)[-1] for e in entries})
@@ -352,8 +373,9 @@ class Store:
 
     # ------------------------------------------------------------------ parquet
     def write_parquet(self, rel: str, table, *, exclusive: bool = False) -> str:
-        import pyarrow.parquet as pq
         import io
+
+        import pyarrow.parquet as pq
 
         buf = io.BytesIO()
         pq.write_table(table, buf)

@@ -18,7 +18,7 @@ from rlcr.storage.errors import NoSuchStore, RefusedFile, StorageError
 from rlcr.untrusted import printable
 
 __all__ = ["safe_join", "pid_alive", "sweep_temporaries", "atomic_directory", "temp_name", "fsync_dir",
-           "read_regular", "KERNEL_TREES", "check_store_root"]
+           "read_regular", "KERNEL_TREES", "check_store_root", "HOST_ID"]
 
 KERNEL_TREES = ("/proc", "/sys", "/dev")
 """Kernel file systems: their files claim a size of 0 and read without end, so no store lives or is read there."""
@@ -52,12 +52,13 @@ def _host_id() -> str:
     return hashlib.sha256("\0".join(parts).encode("utf-8", "replace")).hexdigest()[:12]
 
 
-_HOST_ID = _host_id()
+HOST_ID = _host_id()
+"""This host's id (:func:`_host_id`), the one its temporaries' names carry (:func:`temp_name`)."""
 
 
 def temp_name(name: str) -> str:
     """Prefix of a temporary for ``name``: ``.<name>.tmp-<host id>-<pid>-`` (the caller adds a random tail)."""
-    return f".{name}{_TEMP_TAG}{_HOST_ID}-{os.getpid()}-"
+    return f".{name}{_TEMP_TAG}{HOST_ID}-{os.getpid()}-"
 
 
 def pid_alive(pid: int) -> bool:
@@ -93,7 +94,7 @@ def sweep_temporaries(root: str | Path, *, max_depth: int = 4) -> list[Path]:
             return
         for e in entries:
             m = _TEMP_RE.search(e.name)
-            pid = int(m.group(2)) if m and m.group(1) == _HOST_ID else 0
+            pid = int(m.group(2)) if m and m.group(1) == HOST_ID else 0
             if e.name.startswith(".") and pid and pid != os.getpid() and not pid_alive(pid):
                 path = Path(e.path)
                 if e.is_dir(follow_symlinks=False):

@@ -178,7 +178,8 @@ def sealable_files(root: Path) -> list[tuple[str, Path, int]]:
                 raise Unsealable(f"{_shown(path)}: cannot be sealed, its name {problem}")
             if stat.S_ISDIR(st.st_mode):
                 if (st.st_dev, st.st_ino) in ancestors:
-                    raise Unsealable(f"{_shown(path)}: a symbolic link loop (it leads back to a directory that holds it)")
+                    raise Unsealable(f"{_shown(path)}: a symbolic link loop "
+                                     "(it leads back to a directory that holds it)")
                 walk(path, name + "/", ancestors | {(st.st_dev, st.st_ino)})
             elif stat.S_ISREG(st.st_mode):
                 found.append((name, path, st.st_size))

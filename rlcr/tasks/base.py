@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict
 from rlcr.untrusted import DuplicateKey, InvalidInput, check_depth, decode_text, loads_unique, parse_json, printable
 
 __all__ = ["Task", "TaskOptions", "TaskFormatError", "WarmStart", "ScoringStats", "TASKS", "register_task",
-           "extract_answer", "read_rows", "mapped_field", "check_text", "problems_of", "CONFIDENCE_QUERY", "MAX_ROW_BYTES"]
+           "extract_answer", "read_rows", "mapped_field", "check_text", "problems_of", "CONFIDENCE_QUERY",
+           "MAX_ROW_BYTES"]
 
 MAX_ROW_BYTES = 64 * 1024
 """A JSONL row longer than this (in bytes) is refused before it is parsed."""
@@ -299,7 +300,8 @@ def register_task(name: str) -> Callable[[type[Task]], type[Task]]:
         if not (isinstance(cls, type) and issubclass(cls, Task)):
             raise TypeError(f"register_task({name!r}) decorates a Task subclass, got {cls!r}")
         taken = TASKS.get(name)
-        reimport = taken is not None and taken is not cls and (taken.__module__, taken.__qualname__) == (cls.__module__, cls.__qualname__)
+        reimport = (taken is not None and taken is not cls
+                    and (taken.__module__, taken.__qualname__) == (cls.__module__, cls.__qualname__))
         if taken is not None and not reimport:  # a module imported again (by path, then by name) replaces its own
             raise ValueError(f"task {name!r} is already registered")
         cls.name = name
@@ -421,7 +423,8 @@ def _saved_dataset_rows(fs: Any, root: str, path: str) -> Iterator[tuple[int, di
     index, spent = 0, [0, 0]
     for k, entry in enumerate(files):
         name = entry.get("filename") if isinstance(entry, dict) else None
-        if not isinstance(name, str) or "/" in name or "\\" in name or name.startswith(".") or not name.endswith(".arrow"):
+        if (not isinstance(name, str) or "/" in name or "\\" in name or name.startswith(".")
+                or not name.endswith(".arrow")):
             raise TaskFormatError(f"{printable(path)}/state.json: '_data_files' item {k} is not an .arrow file name "
                                   "in the directory")
         with fs.open(f"{root}/{name}", "rb") as f:

@@ -29,7 +29,8 @@ def render_prompt(tokenizer, messages, *, where: str = "prompt",
     text = _rendered(tokenizer, messages, where)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
-        raise ValueError(f"{where}: rendered prompt has {len(ids)} tokens > rollout.max_prompt_tokens={max_prompt_tokens}")
+        raise ValueError(f"{where}: rendered prompt has {len(ids)} tokens > "
+                         f"rollout.max_prompt_tokens={max_prompt_tokens}")
     return text, ids
 
 

@@ -80,8 +80,9 @@ def solution_steps(expression: str) -> list[str]:
 
 def attempt_text(task: CountdownTask, expression: str, *, claim: int | None = None) -> str:
     """One attempt of a turn-1 trace: the expression's steps, then its value against the target,
-    ``"a+b=c. c*d=e. e vs T: yes|no."`` (the comparison written with both sides next to each other). ``claim``: the value the last step *claims* instead of its
-    true one (how a small model's wrong answer reads: the last step "reaches" the target)."""
+    ``"a+b=c. c*d=e. e vs T: yes|no."`` (the comparison written with both sides next to each other). ``claim``: the
+    value the last step *claims* instead of its true one (how a small model's wrong answer reads: the last step
+    "reaches" the target)."""
     steps = solution_steps(expression)
     value = str(claim) if claim is not None else _fmt(evaluate_expression(expression)).strip("()")
     if claim is not None and steps:
@@ -260,7 +261,8 @@ def sft_examples(n_tasks: int, seed: int, *, tasks: list[CountdownTask] | None =
         for task in tasks:
             wrong = wrong_answer(task, rng) if rng.random() < 0.5 else None
             if wrong is None:  # a solved trace (no give-up: a wrong answer's response carries loss on its check only)
-                wrong_free = answer_trace(task, task.solution, failed=missed_attempts(task, rng, rng.randrange(MAX_ATTEMPTS)))
+                wrong_free = answer_trace(task, task.solution,
+                                          failed=missed_attempts(task, rng, rng.randrange(MAX_ATTEMPTS)))
             expression, shown = wrong if wrong else (task.solution, wrong_free)
             shown += "\n"
             check = confidence_trace(task, expression, wrong is None, rng)

@@ -16,8 +16,7 @@ from pydantic import Field, model_validator
 
 from rlcr.tasks import countdown_sft
 from rlcr.tasks.base import Task, TaskOptions, WarmStart, register_task
-from rlcr.tasks.countdown import (FIELDS, SINGLE_TURN_SYSTEM_PROMPT, SYSTEM_PROMPT, _task_text, compute_score,
-                                  load_tasks)
+from rlcr.tasks.countdown import FIELDS, SINGLE_TURN_SYSTEM_PROMPT, SYSTEM_PROMPT, _task_text, compute_score, load_tasks
 from rlcr.tasks.countdown_solver import CountdownTask, generate_tasks, solve, task_candidates, unreachable_targets
 from rlcr.tasks.limits import MAX_TASK_NUMBER
 from rlcr.untrusted import printable

@@ -22,8 +22,8 @@ from math import gcd
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-__all__ = ["word_problem", "exercise", "gsm8k_rows", "math_rows", "write_files", "rows_stream", "latex", "DATA_DIR", "GSM8K_FILE",
-           "MATH_FILE", "ROWS_PER_FILE"]
+__all__ = ["word_problem", "exercise", "gsm8k_rows", "math_rows", "write_files", "rows_stream", "latex", "DATA_DIR",
+           "GSM8K_FILE", "MATH_FILE", "ROWS_PER_FILE"]
 
 DATA_DIR = Path(__file__).with_name("data")
 GSM8K_FILE = "gsm8k_style.jsonl"
@@ -89,7 +89,8 @@ def _savings(rng: random.Random) -> tuple[str, list[str], int]:
     q = (f"{name} saves ${weekly} every week. After {weeks} weeks, {name} spends ${spent} on a gift. "
          "How many dollars does " + name + " have left?")
     steps = [f"{name} saves {weekly} * {weeks} = <<{weekly}*{weeks}={saved}>>{saved} dollars.",
-             f"After the gift, {saved} - {spent} = <<{saved}-{spent}={saved - spent}>>{saved - spent} dollars are left."]
+             f"After the gift, {saved} - {spent} = <<{saved}-{spent}={saved - spent}>>{saved - spent} dollars are "
+             "left."]
     return q, steps, saved - spent
 
 
@@ -154,7 +155,8 @@ def _lcm(rng: random.Random) -> tuple[str, str, Fraction, int, str]:
     g = gcd(a, b)
     value = a * b // g
     p = f"What is the least common multiple of {a} and {b}?"
-    s = f"Their greatest common divisor is {g}, so the least common multiple is $\\frac{{{a} \\cdot {b}}}{{{g}}} = \\boxed{{{value}}}$."
+    s = (f"Their greatest common divisor is {g}, so the least common multiple is "
+         f"$\\frac{{{a} \\cdot {b}}}{{{g}}} = \\boxed{{{value}}}$.")
     return p, s, Fraction(value), 2, "Number Theory"
 
 
@@ -164,7 +166,8 @@ def _powers(rng: random.Random) -> tuple[str, str, Fraction, int, str]:
     e = m + n - k
     value = Fraction(base) ** e
     p = f"Evaluate $\\frac{{{base}^{{{m}}} \\cdot {base}^{{{n}}}}}{{{base}^{{{k}}}}}$."
-    s = f"Adding and subtracting exponents, this is ${base}^{{{m} + {n} - {k}}} = {base}^{{{e}}} = \\boxed{{{latex(value)}}}$."
+    s = (f"Adding and subtracting exponents, this is ${base}^{{{m} + {n} - {k}}} = {base}^{{{e}}} = "
+         f"\\boxed{{{latex(value)}}}$.")
     return p, s, value, 3, "Algebra"
 
 

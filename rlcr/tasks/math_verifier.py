@@ -67,8 +67,8 @@ _DOLLAR = re.compile(r"(?<!\\)\$")
 _DIGITS = re.compile(r"\d+")
 _CLOSING = {"}": "{", ")": "(", "]": "["}
 _NUMBER = re.compile(r"\s*[\d.,]*\s*")
-_RELATION = re.compile(r"=|<|>|≤|≥|≠|≈|∨|∧|¬|→|⇒|⇔|∈|\\(?:le|leq|ge|geq|ne|neq|approx|sim|simeq|cong|equiv|lor|land|vee|wedge|"
-                       r"lnot|neg|to|implies|impliedby|iff|Rightarrow|Leftarrow|Leftrightarrow|rightarrow|leftarrow|"
+_RELATION = re.compile(r"=|<|>|≤|≥|≠|≈|∨|∧|¬|→|⇒|⇔|∈|\\(?:le|leq|ge|geq|ne|neq|approx|sim|simeq|cong|equiv|lor|land|"
+                       r"vee|wedge|lnot|neg|to|implies|impliedby|iff|Rightarrow|Leftarrow|Leftrightarrow|rightarrow|leftarrow|"
                        r"in|notin|gt|lt|mid|propto)(?![A-Za-z])")
 _NAMED = re.compile(r"\s*[A-Za-z](?:_\{?\w+\}?)?\s*(?:=|\\in(?![A-Za-z]))(.*)", re.S)
 _PERCENT = re.compile(r"\\text\{\s*\\?%\s*\}|\\?%|\\percent(?![A-Za-z])")

@@ -19,8 +19,8 @@ from pydantic import Field
 from rlcr.tasks import qa_data
 from rlcr.tasks.base import (
     Task,
-    TaskOptions,
     TaskFormatError,
+    TaskOptions,
     WarmStart,
     check_text,
     extract_answer,
@@ -176,8 +176,8 @@ class QATask(Task):
 
     def user_text(self, problem: QAProblem) -> str:
         numbered = "\n".join(f"{i}. {p}" for i, p in enumerate(problem.paragraphs, 1))
-        return (f"Paragraphs:\n{numbered}\n\nQuestion: {problem.question}\n\nReason in <think> </think>, then give only "
-                "the answer (a name) in <answer> </answer> on the last line. If the paragraphs do not say, give "
+        return (f"Paragraphs:\n{numbered}\n\nQuestion: {problem.question}\n\nReason in <think> </think>, then give "
+                "only the answer (a name) in <answer> </answer> on the last line. If the paragraphs do not say, give "
                 "your best guess.")
 
     def score(self, completion: Any, problem: QAProblem, *, format_score: float, score: float = 1.0) -> float:
@@ -192,7 +192,8 @@ class QATask(Task):
         """With every supporting paragraph in the context (``full``): the question's subject, the supporting
         paragraphs quoted with their numbers, then the answer. None otherwise: a trace that named the gold
         without the evidence would teach guessing it."""
-        if problem.evidence != "full" or not problem.support or any(p not in problem.paragraphs for p in problem.support):
+        if (problem.evidence != "full" or not problem.support
+                or any(p not in problem.paragraphs for p in problem.support)):
             return None
         quotes = " ".join(f"Paragraph {problem.paragraphs.index(p) + 1}: {p}" for p in problem.support)
         return WarmStart(reasoning=f"{quotes} So the answer is {problem.answer}.", answer=problem.answer)

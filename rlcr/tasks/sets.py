@@ -152,8 +152,8 @@ def held_out_set(cfg: RLCRConfig, train: Sequence[Any]) -> list[Any]:
         if attempts >= limit:
             raise ValueError(
                 f"could generate only {len(out)} of tasks.num_eval={n} held-out tasks apart from the {len(train)} "
-                f"training tasks in {attempts} draws ({overlap} were training tasks, {repeats} repeats): the task space is "
-                "too small for these ranges; widen the task's ranges (tasks.options) or lower tasks.num_train/"
+                f"training tasks in {attempts} draws ({overlap} were training tasks, {repeats} repeats): the task "
+                "space is too small for these ranges; widen the task's ranges (tasks.options) or lower tasks.num_train/"
                 "tasks.num_eval" + (f" (tasks.eval_stratify_counts asks for {_count_quota(cfg)} tasks per stratum; "
                                     "false takes them as drawn)" if quota else ""))
     if overlap or repeats:
@@ -181,15 +181,16 @@ def task_sets(cfg: RLCRConfig) -> tuple[list[Any], list[Any]]:
     """
     train = training_pool(cfg)
     if cfg.rollout.prompts_per_iteration > len(train):
-        source = printable(cfg.tasks.train_file) if cfg.tasks.train_file else f"tasks.num_train={cfg.tasks.num_train} generated"
-        raise ValueError(f"rollout.prompts_per_iteration={cfg.rollout.prompts_per_iteration} exceeds the {len(train)} distinct "
-                         f"training tasks ({source}): an iteration's prompts must be distinct tasks")
+        source = (printable(cfg.tasks.train_file) if cfg.tasks.train_file
+                  else f"tasks.num_train={cfg.tasks.num_train} generated")
+        raise ValueError(f"rollout.prompts_per_iteration={cfg.rollout.prompts_per_iteration} exceeds the {len(train)} "
+                         f"distinct training tasks ({source}): an iteration's prompts must be distinct tasks")
     return train, held_out_set(cfg, train)
 
 
 def sft_tasks(cfg: RLCRConfig, n: int, train: Sequence[Any] | None = None) -> list[Any]:
-    """``n`` distinct training tasks for the SFT warm-start, each ready for it (:meth:`~rlcr.tasks.base.Task.sft_problem`:
-    Countdown's with a checked reference solution).
+    """``n`` distinct training tasks for the SFT warm-start, each ready for it
+    (:meth:`~rlcr.tasks.base.Task.sft_problem`: Countdown's with a checked reference solution).
 
     Drawn from the run's training pool (``train``, default :func:`training_pool`), so the warm-start
     never sees a held-out task; the choice is seeded by ``cfg.run.seed``. A Countdown task without a correct

@@ -21,9 +21,9 @@ resumed run finds and continues it (status back to RUNNING). Params are the flat
 on resume only new keys are logged; a key whose value changed keeps its first value (MLflow refuses to change
 a param) and is listed in the tag ``rlcr.params_changed``.
 
-Metrics: :func:`flatten_metrics` (:mod:`rlcr.tracking.flatten`; ``eval/ece``, ``eval/ece_ci_low``, ``rollout/answer/reward_mean``,
-``timings/update_s``…) and the headline figures again under ``Summary/`` (:data:`HEADLINE`), step = iteration
-(0: the baseline evaluation), non-finite values skipped. An
+Metrics: :func:`flatten_metrics` (:mod:`rlcr.tracking.flatten`; ``eval/ece``, ``eval/ece_ci_low``,
+``rollout/answer/reward_mean``, ``timings/update_s``…) and the headline figures again under ``Summary/``
+(:data:`HEADLINE`), step = iteration (0: the baseline evaluation), non-finite values skipped. An
 iteration goes out as the marker :data:`STARTED` alone, then its metrics in ``log_batch`` calls of at most
 1000, then the sentinel :data:`SENTINEL` alone: a step the sentinel holds is logged completely and never sent
 again; a step only the start marker holds was cut off mid-log (a SIGKILL or a failure between two calls),
@@ -51,12 +51,23 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional
 
-from rlcr.tracking.flatten import (HEADLINE, MAX_TAG_VALUE, METRICS_PER_BATCH, PARAMS_PER_BATCH,
-                                  SENTINEL, STARTED, flatten_metrics, flatten_params, metric_key, tracked_metrics)
+from rlcr.tracking.flatten import (
+    HEADLINE,
+    MAX_TAG_VALUE,
+    METRICS_PER_BATCH,
+    PARAMS_PER_BATCH,
+    SENTINEL,
+    STARTED,
+    flatten_metrics,
+    flatten_params,
+    metric_key,
+    tracked_metrics,
+)
 
-__all__ = ["Tracker", "BoundedTracker", "MlflowTracker", "Trackers", "open_tracker", "tracker_from_config", "flatten_params", "flatten_metrics",
-           "tracked_metrics", "HEADLINE", "metric_key", "resolve_backend", "log_iterations", "sync_run", "step_metrics", "TRACKING_KINDS", "EXPERIMENT",
-           "RUN_ID_TAG", "SENTINEL", "STARTED", "CallAbandoned"]
+__all__ = ["Tracker", "BoundedTracker", "MlflowTracker", "Trackers", "open_tracker", "tracker_from_config",
+           "flatten_params", "flatten_metrics", "tracked_metrics", "HEADLINE", "metric_key", "resolve_backend",
+           "log_iterations", "sync_run", "step_metrics", "TRACKING_KINDS", "EXPERIMENT", "RUN_ID_TAG", "SENTINEL",
+           "STARTED", "CallAbandoned"]
 
 TRACKING_KINDS = ("mlflow", "wandb", "none")
 EXPERIMENT = "rlcr"

@@ -225,7 +225,8 @@ class MicroBatch:
         return int(self.input_ids.numel())
 
     def to(self, device) -> "MicroBatch":
-        moved = {k: (v.to(device) if isinstance(v, (torch.Tensor, TreeSegments)) else v) for k, v in self.__dict__.items()}
+        moved = {k: (v.to(device) if isinstance(v, (torch.Tensor, TreeSegments)) else v)
+                 for k, v in self.__dict__.items()}
         return MicroBatch(**moved)
 
 
@@ -403,7 +404,8 @@ def collate_prefix_tree(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
 
 
 def type_stats(samples: Sequence[Sample]) -> dict[str, float]:
-    """Per sample type: count, reward mean/std, advantage mean, completion length mean, masked tokens (docs/design.md §8)."""
+    """Per sample type: count, reward mean/std, advantage mean, completion length mean, masked tokens
+    (docs/design.md §8)."""
     out: dict[str, float] = {}
     for name, want in (("answer", False), ("confidence", True)):
         sel = [s for s in samples if s.is_confidence == want]

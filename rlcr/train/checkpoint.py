@@ -11,7 +11,8 @@ import json
 import torch
 from torch import nn
 
-__all__ = ["NonFiniteError", "check_finite_parameters", "save_checkpoint", "save_adapter_checkpoint", "TRAINING_STATE_FILE"]
+__all__ = ["NonFiniteError", "check_finite_parameters", "save_checkpoint", "save_adapter_checkpoint",
+           "TRAINING_STATE_FILE"]
 
 TRAINING_STATE_FILE = "training_state.pt"
 """Next to the weights: AdamW state, LR-schedule position and RNG (what a resume needs to continue exactly)."""

@@ -90,7 +90,8 @@ class CompletionLogProbs(nn.Module):
     def forward(self, input_ids, sel_seq, sel_pos, sel_label, *, position_ids=None, attention_mask=None,
                 tree=None, entropy: str = "none"):
         backbone = self.lm.base_model
-        extra = {"rlcr_tree": tree} if tree is not None and self.lm.config._attn_implementation == TREE_ATTENTION else {}
+        extra = ({"rlcr_tree": tree} if tree is not None and self.lm.config._attn_implementation == TREE_ATTENTION
+                 else {})
         hidden = backbone(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
                           use_cache=False, **extra).last_hidden_state
         logits = self.lm.get_output_embeddings()(hidden[sel_seq, sel_pos])

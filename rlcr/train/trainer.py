@@ -111,9 +111,10 @@ def _check_workers_fit(cfg: RLCRConfig) -> None:
     for res, per_worker in trainer_worker_resources(cfg).items():
         need = per_worker * cfg.update.num_workers
         if need > float(total.get(res, 0.0)) + 1e-9:
-            fields = "update.num_workers, placement.trainer_resources" if res in cfg.placement.trainer_resources else "update.num_workers, update.use_gpu"
-            raise ResourceError(f"the update asks for {cfg.update.num_workers} worker(s) × {per_worker:g} {res} = {need:g} "
-                                f"{res} but the cluster has {float(total.get(res, 0.0)):g} ({fields})")
+            fields = ("update.num_workers, placement.trainer_resources" if res in cfg.placement.trainer_resources
+                      else "update.num_workers, update.use_gpu")
+            raise ResourceError(f"the update asks for {cfg.update.num_workers} worker(s) × {per_worker:g} {res} = "
+                                f"{need:g} {res} but the cluster has {float(total.get(res, 0.0)):g} ({fields})")
 
 
 def _rows(rollouts) -> list[dict[str, Any]]:

@@ -115,8 +115,8 @@ def make_optimizer(model: nn.Module, cfg: RLCRConfig) -> torch.optim.Optimizer:
     # on CPU the fused kernel (one pass over each parameter) instead of the per-parameter loop of ~10 passes:
     # ~4× faster on SmolLM2-135M (docs/update-performance.md); the same AdamW up to float rounding
     fused = bool(params) and all(p.device.type == "cpu" and p.dtype.is_floating_point for p in params)
-    return torch.optim.AdamW(params, lr=cfg.update.learning_rate, weight_decay=cfg.update.weight_decay, betas=tuple(cfg.update.adam_betas),
-                             fused=fused or None)
+    return torch.optim.AdamW(params, lr=cfg.update.learning_rate, weight_decay=cfg.update.weight_decay,
+                             betas=tuple(cfg.update.adam_betas), fused=fused or None)
 
 
 def lr_factor(step: int, *, total: int, warmup: int, schedule: str) -> float:
@@ -150,7 +150,8 @@ class Schedule:
 
 def set_lr(optimizer, cfg: RLCRConfig, step: int, total_steps: int) -> float:
     """Set the LR of optimizer step ``step`` (the schedule follows planned steps, skipped ones included)."""
-    lr = cfg.update.learning_rate * lr_factor(step, total=total_steps, warmup=cfg.update.warmup_steps, schedule=cfg.update.lr_schedule)
+    lr = cfg.update.learning_rate * lr_factor(step, total=total_steps, warmup=cfg.update.warmup_steps,
+                                              schedule=cfg.update.lr_schedule)
     for group in optimizer.param_groups:
         group["lr"] = lr
     return lr
@@ -275,7 +276,8 @@ def _prepass(policy: nn.Module, ref: nn.Module | None, cfg: RLCRConfig, objectiv
     later = [s for ep in local[1:] for rows in ep for s in rows if s.index not in seen]
     later = list({s.index: s for s in later}.values())
     groups = first + pack(later, cfg.update.micro_batch_tokens)
-    old_cache = _logprob_cache(policy, _pad_groups(groups, pad_id, device), pad_id, device, collate_fn) if need_old else None
+    old_cache = (_logprob_cache(policy, _pad_groups(groups, pad_id, device), pad_id, device, collate_fn)
+                 if need_old else None)
     ref_cache = _logprob_cache(ref, groups, pad_id, device, collate_fn) if need_ref else None
     return old_cache, ref_cache
 
@@ -296,7 +298,8 @@ def _old_logp(mb: MicroBatch, cfg: RLCRConfig, objective: Objective,
 # ----------------------------------------------------------------------------- one optimizer step
 
 
-_METRIC_KEYS = ("pg_loss", "clipfrac_high", "clipfrac_low", "clipfrac_dual", "approx_kl", "ratio_mean", "entropy", "ref_kl")
+_METRIC_KEYS = ("pg_loss", "clipfrac_high", "clipfrac_low", "clipfrac_dual", "approx_kl", "ratio_mean", "entropy",
+                "ref_kl")
 _TYPE_KEYS = ("pg_loss", "clipfrac", "approx_kl", "entropy")
 _TYPES = ("answer", "confidence")
 _IS_COUNTS = ("is/capped", "is/masked_sequences", "is/weight_sum")  # rlcr.loss.importance_weights's counts
@@ -365,7 +368,8 @@ def _step(policy: nn.Module, optimizer, cfg: RLCRConfig, objective: Objective, r
         info.update(empty=1.0, stepped=0.0)
         return info
     _, collate_fn = packing(cfg)
-    max_response_len = cfg.loss.max_response_len or max(cfg.rollout.max_answer_tokens, cfg.rollout.max_confidence_tokens)
+    max_response_len = (cfg.loss.max_response_len
+                        or max(cfg.rollout.max_answer_tokens, cfg.rollout.max_confidence_tokens))
     groups = _pad_groups(groups, pad_id, device)
     acc = StepMetrics()
     for j, group in enumerate(groups):

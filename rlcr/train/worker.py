@@ -30,13 +30,12 @@ from typing import Any
 
 import torch
 
-from rlcr.config import RLCRConfig
+from rlcr.adapters import fetch_model, is_adapter_dir
 from rlcr.cluster import pin_to_cpus
+from rlcr.config import RLCRConfig
 from rlcr.seeds import update_seed
-from rlcr.adapters import fetch_model
 from rlcr.storage import Store, fetch_checkpoint
 from rlcr.train.batching import prepare_samples
-from rlcr.adapters import is_adapter_dir
 from rlcr.train.checkpoint import TRAINING_STATE_FILE, NonFiniteError, save_adapter_checkpoint, save_checkpoint
 from rlcr.train.logprobs import CompletionLogProbs
 from rlcr.train.lora import AdapterOff, adapter_update, load_adapter_state, wrap_lora
