@@ -65,7 +65,7 @@ test-extended: setup-test
 	RLCR_EXTENDED=1 $(PY) -m pytest -q -m extended
 
 bench: setup
-	$(PY) bench/rewards.py
+	$(PY) bench/perf/rewards.py
 
 clean-venv:
 	rm -rf $(VENV)

@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.grid_addendum_table import GOALS, OOD_GOALS, SECOND_DIR, decide_goals, in_domain_rows, ood_rows, read_both  # noqa: E402
 from bench.grid_protocol import load_addendum  # noqa: E402
 from bench.grid_records import DEFAULT_DIR  # noqa: E402
-from bench.grid_table import _recalibrated, _scored  # noqa: E402
-from rlcr.protocol_stats import NON_INFERIORITY_MARGIN, hierarchical_bootstrap, protocol_metrics, seed_level  # noqa: E402
-from rlcr.recalibration import apply_platt, fit_platt  # noqa: E402
+from bench.grid_table import recalibrated_rows, scored_rows  # noqa: E402
+from rlcr.evaluation.protocol_stats import NON_INFERIORITY_MARGIN, hierarchical_bootstrap, protocol_metrics, seed_level  # noqa: E402
+from rlcr.evaluation.recalibration import apply_platt, fit_platt  # noqa: E402
 
 ONE_SIDED_ALPHA = 0.025
 """Each registered rule reads one bound of a 95% two-sided interval: a one-sided test at 2.5%."""
@@ -95,15 +95,15 @@ def main(argv=None) -> int:
           f"(short by {-NON_INFERIORITY_MARGIN - lower:.4f})", flush=True)
 
     for p in ("rlcr",):
-        scored = {s: _scored(records, p, s, "primary", False) for s in seeds}
-        rows[f"{p} + Platt per stratum"] = {s: _recalibrated(t, c, fit_platt, apply_platt, per_stratum=True)
+        scored = {s: scored_rows(records, p, s, "primary", False) for s in seeds}
+        rows[f"{p} + Platt per stratum"] = {s: recalibrated_rows(t, c, fit_platt, apply_platt, per_stratum=True)
                                             for s, (t, c) in scored.items()}
     r = paired(rows, "rlcr + Platt per stratum", "rlvr + Platt per stratum", "brier", seeds, n)
     print(f"Brier (RLCR + Platt per stratum) − (RLVR + Platt per stratum): {describe(r, 'brier')}", flush=True)
 
     r = paired(rows, "rlcr", "rlvr_g4", "auroc_within", seeds, n)
     print(f"within-stratum AUROC RLCR − RLVR (G_a = 4), sampled: {describe(r, 'auroc_within')}", flush=True)
-    greedy = {p: {s: x[0] for s in seeds if (x := _scored(records, p, s, "paper", True)) is not None}
+    greedy = {p: {s: x[0] for s in seeds if (x := scored_rows(records, p, s, "paper", True)) is not None}
               for p in ("rlcr", "rlvr", "rlvr_g4")}
     for other in ("rlvr", "rlvr_g4"):
         have = [s for s in seeds if s in greedy["rlcr"] and s in greedy[other]]

@@ -1,7 +1,7 @@
 """Which Countdown difficulty (and SFT warm-start size) puts the warm-started SmolLM2 in a learnable band?
 
 For each built-in candidate setting (RLCRConfig overrides on top of --config, default configs/methods.yaml):
-train the SFT warm-start with ``rlcr.sft.warm_start`` (a sealed one in the store is reused, so the script
+train the SFT warm-start with ``rlcr.train.sft.warm_start`` (a sealed one in the store is reused, so the script
 is resumable), then evaluate it on 256 held-out tasks (``eval.samples`` answers each, each with one
 confidence) and record accuracy with its bootstrap 95% CI over tasks, accuracy and AUROC per number count,
 format rate, calibration, SFT and eval wall time and mean answer length. Results are appended as JSON lines
@@ -68,12 +68,12 @@ def run_setting(name: str, spec: dict, config: str, store: str, sft_uri: str | N
                 sft_of_uri: dict | None = None) -> dict:
     import numpy as np
 
-    from rlcr.cluster import ensure_ray
     from rlcr.config import load_config
-    from rlcr.evaluate import evaluate_policy
+    from rlcr.evaluation.evaluate import evaluate_policy
     from rlcr.rollout.engine import EnginePool
-    from rlcr.sft import warm_start
-    from rlcr.tasks.sets import held_out_set, sft_tasks, task_sets, training_pool
+    from rlcr.runs.cluster import ensure_ray
+    from rlcr.runs.task_sets import held_out_set, sft_tasks, task_sets, training_pool
+    from rlcr.train.sft import warm_start
 
     base = {"storage.uri": store, "tasks.num_eval": N_EVAL}
     cfg = load_config(config, {**base, **_overrides(spec)})

@@ -81,7 +81,7 @@ def method_overrides(addendum, files, store: Path, seed: int, chunk: int, method
                      sizes: dict[str, int]) -> list[str]:
     """A method's settings on ``seed``: the base protocol's (rlvr_g4: rlvr's with its own group size and λ),
     the split's task files, the store, the warm-start; rlvr's equal-token group size from the seed's plan."""
-    from bench.grid import seed_overrides
+    from bench.grid_runs import seed_overrides
 
     base = addendum.base
     if method == "rlvr_g4":
@@ -106,9 +106,9 @@ def evaluate_ood(cfg, addendum, key: str, seed: int, policy: str, policy_uri: st
                  records: Path, warm_start: str) -> None:
     """The record of one policy on the out-of-domain set ``key`` (skipped if it exists): ``answers_per_task``
     sampled answers per shipped problem at the training temperature, draw 0."""
-    from flows.train import ensure_ray
-    from rlcr.evaluate import evaluate_policy
+    from rlcr.evaluation.evaluate import evaluate_policy
     from rlcr.rollout.engine import EnginePool
+    from rlcr.runs.cluster import ensure_ray
 
     task = addendum.out_of_domain[key]["task"]
     name = record_name(seed, policy, OUT_OF_DOMAIN[key], "primary")
@@ -130,7 +130,7 @@ def evaluate_all(cfg, addendum, seed: int, policy: str, uri: str, iteration: int
     """Every record the addendum names for ``policy`` on ``seed``, in domain then out of domain, the set
     with fewer answers first (question answering before math: a session that ends mid-way loses less); those already
     on record are skipped."""
-    from bench.grid import evaluate_records
+    from bench.grid_runs import evaluate_records
 
     if seed in addendum.runs[policy]:
         evaluate_records(cfg, addendum.base, seed, policy, uri, iteration,
@@ -144,13 +144,13 @@ def evaluate_all(cfg, addendum, seed: int, policy: str, uri: str, iteration: int
 def run_addendum_seed(addendum, files, split, store: Path, seed: int, methods, chunk: int,
                       records: Path = ADDENDUM_DIR) -> None:
     """One seed of the addendum (module docstring): warm-start, group sizes, training, evaluations."""
-    from bench.grid import run_id, seed_overrides
+    from bench.grid_runs import run_id, seed_overrides
     from bench.methods import group_size_plan
-    from flows.probe import newest_checkpoint
     from flows.train import rlcr_train
     from rlcr.config import load_config
-    from rlcr.sft import warm_start
+    from rlcr.runs.refs import newest_checkpoint
     from rlcr.storage import fetch_checkpoint
+    from rlcr.train.sft import warm_start
 
     base = addendum.base
     cfg = load_config(base.config, seed_overrides(base, files, str(store), seed, chunk))

@@ -27,15 +27,15 @@ from bench.grid_protocol import OUT_OF_DOMAIN
 from bench.grid_records import DEFAULT_DIR, RecordError, read_records
 from bench.grid_table import (
     METRIC_COLUMNS,
-    _recalibrated,
-    _scored,
     interval_text,
     metrics_table,
+    recalibrated_rows,
     row_results,
+    scored_rows,
     seed_text,
     warm_start_lines,
 )
-from rlcr.protocol_stats import NON_INFERIORITY_MARGIN
+from rlcr.evaluation.protocol_stats import NON_INFERIORITY_MARGIN
 
 SECOND_DIR = DEFAULT_DIR.parent / "grid-2"
 BEGIN = ("<!-- grid-2-table: begin (written by `python bench/grid.py --protocol bench/protocol-2.yaml --table-only "
@@ -87,15 +87,15 @@ def read_both(first: Path, second: Path) -> tuple[dict, dict]:
 def in_domain_rows(records: Mapping) -> dict[str, dict[int, Any]]:
     """``{label: {seed: Answers}}`` of the primary protocol's test answers: each policy (its difficulty prior set),
     RLVR mapped per stratum (Platt, isotonic: fitted on its calibration answers of the same seed), each prior."""
-    from rlcr.recalibration import apply_isotonic, apply_platt, fit_isotonic, fit_platt
+    from rlcr.evaluation.recalibration import apply_isotonic, apply_platt, fit_isotonic, fit_platt
 
     seeds = sorted({k[0] for k in records})
-    scored = {p: {s: x for s in seeds if (x := _scored(records, p, s, "primary", False)) is not None}
+    scored = {p: {s: x for s in seeds if (x := scored_rows(records, p, s, "primary", False)) is not None}
               for p in POLICIES}
     rows: dict[str, dict[int, Any]] = {p: {s: t for s, (t, _) in v.items()} for p, v in scored.items() if v}
     for name, fit, apply in (("Platt", fit_platt, apply_platt), ("isotonic", fit_isotonic, apply_isotonic)):
         if scored["rlvr"]:
-            rows[f"rlvr + {name} per stratum"] = {s: _recalibrated(t, c, fit, apply, per_stratum=True)
+            rows[f"rlvr + {name} per stratum"] = {s: recalibrated_rows(t, c, fit, apply, per_stratum=True)
                                                   for s, (t, c) in scored["rlvr"].items()}
     for p in POLICIES:
         if scored[p]:
@@ -115,7 +115,7 @@ def ood_rows(records: Mapping, which: str) -> dict[str, dict[int, Any]]:
 
 def _statistic(m: Mapping[str, Any]) -> dict[str, float]:
     """Every goal's figure that the rows in ``m`` allow (a bootstrap passes one goal's rows)."""
-    from rlcr.protocol_stats import protocol_metrics
+    from rlcr.evaluation.protocol_stats import protocol_metrics
 
     s = {k: protocol_metrics(v) for k, v in m.items()}
     out = {"brier_skill": s["rlcr"]["brier_skill"]}
@@ -132,7 +132,7 @@ def _statistic(m: Mapping[str, Any]) -> dict[str, float]:
 def _paired(rows: Mapping, need: Sequence[str], seeds: Sequence[int], statistic, n: int, level: float):
     """The bootstrap and the seed-level reading of ``statistic`` over the ``seeds`` where every one of ``need``
     has answers (None if no seed has them all)."""
-    from rlcr.protocol_stats import hierarchical_bootstrap, seed_level
+    from rlcr.evaluation.protocol_stats import hierarchical_bootstrap, seed_level
 
     have = [s for s in seeds if all(s in rows.get(k, {}) for k in need)]
     if not have:

@@ -7,7 +7,7 @@ fixed task split. Pure Python: no Ray, vLLM or Prefect (tests/test_grid.py).
   training pool (``train_pool_tasks`` distinct tasks, as the generator draws them), then the test split
   (``test_tasks``, the strata in equal shares, none a training task), then the calibration split
   (``calibration_tasks``, equal shares, none a training or test task). Each part is a generated held-out set
-  (:func:`rlcr.tasks.sets.held_out_set`) of its own seed (:func:`rlcr.seeds.mix` of ``split_seed`` and the part's
+  (:func:`rlcr.runs.task_sets.held_out_set`) of its own seed (:func:`rlcr.seeds.mix` of ``split_seed`` and the part's
   salt) that excludes the parts before it.
 * :func:`check_disjoint` — the protocol's disjointness rule, by task identity: test ∩ calibration = ∅, neither
   meets the training pool, and each seed's warm-start tasks lie in the training pool. A violation raises
@@ -27,7 +27,7 @@ from rlcr.untrusted import printable
 
 METHODS = ("rlcr", "rlvr", "rlcr_single")
 GOALS = ("brier_skill", "within_stratum_auroc", "ece", "accuracy_non_inferior")
-"""The decision rules of the protocol, as :func:`rlcr.protocol_stats.decide` names them."""
+"""The decision rules of the protocol, as :func:`rlcr.evaluation.protocol_stats.decide` names them."""
 SPLIT_SALTS = {"train": 1, "test": 2, "calibration": 3}
 """Each part of the split is drawn from ``mix(split_seed, salt)`` (:func:`rlcr.seeds.mix`); never change these."""
 EQUAL_TOKEN = "equal-token"
@@ -278,8 +278,8 @@ class Split:
 def build_split(protocol: Protocol, cfg) -> Split:
     """The split of ``protocol`` (see the module docstring), with ``cfg``'s task and generation settings.
     Deterministic in ``split_seed`` and the settings; no training seed enters."""
+    from rlcr.runs.task_sets import held_out_set
     from rlcr.seeds import mix
-    from rlcr.tasks.sets import held_out_set
 
     def draw(part: str, exclude: Sequence[Any], stratified: bool) -> list[Any]:
         view = cfg.model_copy(update={"tasks.eval_file": None, "tasks.num_eval": protocol.sizes[part],

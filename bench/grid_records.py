@@ -64,12 +64,12 @@ def weights_digest(checkpoint: str | Path) -> str:
 
 def record_table(rows: Sequence[dict[str, Any]], *, seed: int, policy: str, split: str, protocol: str,
                  task_name: str, warm_start: str):
-    """An evaluation's rows (:func:`rlcr.evaluate.evaluate_policy`) as the record's Arrow table: one row per
+    """An evaluation's rows (:func:`rlcr.evaluation.evaluate.evaluate_policy`) as the record's Arrow table: one row per
     answer, its task's identity and stratum (:class:`rlcr.tasks.base.Task`), correct and stated confidence, and
     the seed's warm-start (:func:`weights_digest`) the evaluated policy started from."""
     import pyarrow as pa
 
-    from rlcr.evaluate import answers_with_confidence
+    from rlcr.evaluation.evaluate import answers_with_confidence
     from rlcr.tasks.registry import get_task
 
     task = get_task(task_name)
@@ -109,7 +109,7 @@ def read_records(directory: Path, warm_starts: dict | None = None) -> dict[tuple
     ``warm_starts``: filled with each record's warm-start digest, by the same keys."""
     import pyarrow.parquet as pq
 
-    from rlcr.protocol_stats import Answers
+    from rlcr.evaluation.protocol_stats import Answers
 
     out = {}
     for path in sorted(Path(directory).glob("*.parquet")) if Path(directory).is_dir() else []:

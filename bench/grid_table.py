@@ -1,7 +1,7 @@
 """The pre-registered table built from the grid's records alone (bench/protocol.yaml; the records are
 bench/grid_records.py's: the paper protocol's "unparsed = 0" is applied here, when the table is built).
 
-The table (:func:`build_table`) uses :mod:`rlcr.protocol_stats` for every figure: per policy and baseline
+The table (:func:`build_table`) uses :mod:`rlcr.evaluation.protocol_stats` for every figure: per policy and baseline
 (the warm-start, each policy's difficulty prior, RLVR recalibrated by temperature scaling and by isotonic
 regression, fitted on the calibration split per seed) accuracy, ECE with 10 equal-width and 10 equal-mass
 bins, Brier, Brier skill over the policy's own difficulty prior, mean within-stratum AUROC and pooled AUROC,
@@ -9,11 +9,11 @@ each with its hierarchical bootstrap interval (seeds, then tasks) and its per-se
 protocol's figures in a second table; and the four goals decided by their rules — only once every
 pre-registered seed has its records (the intervals resample the protocol's seeds).
 
-Added after the records were seen (issue 51), marked † and exploratory, never changing a verdict: each per-seed
+Added after the records were seen, marked † and exploratory, never changing a verdict: each per-seed
 bracket ends with the seeds' mean; each goal's figure is also read at the seed level (mean of the per-seed
 values, t-interval df = n − 1, the same rule applied); RLVR and RLCR recalibrated per stratum (Platt, isotonic)
 as rows, with their paired differences; and the goals' figures under greedy decoding with the number of
-distinct confidences per seed (those two in bench/grid_readings.py).
+distinct confidences per seed (those two at the end of this module).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 
 from bench.grid_protocol import ADDENDUM_POLICIES
 from bench.grid_records import DEFAULT_DIR, POLICIES, PROTOCOLS, SPLITS, read_records
-from rlcr.protocol_stats import NON_INFERIORITY_MARGIN
+from rlcr.evaluation.protocol_stats import NON_INFERIORITY_MARGIN
 from rlcr.untrusted import printable
 
 BEGIN = "<!-- grid-table: begin (written by `python bench/grid.py --protocol bench/protocol.yaml --table-only " \
@@ -42,9 +42,9 @@ METRIC_COLUMNS = (("accuracy", "accuracy"), ("ece", "ECE (10 equal-width)"), ("e
                   ("auroc_within", "AUROC within stratum (mean)"), ("auroc", "AUROC pooled (secondary)"))
 
 
-def _scored(records: Mapping, policy: str, seed: int, protocol: str, as_zero: bool):
+def scored_rows(records: Mapping, policy: str, seed: int, protocol: str, as_zero: bool):
     """(test answers with the policy's difficulty prior, calibration answers) or None where a record is missing."""
-    from rlcr.protocol_stats import difficulty_prior
+    from rlcr.evaluation.protocol_stats import difficulty_prior
 
     test, cal = records.get((seed, policy, "test", protocol)), records.get((seed, policy, "calibration", protocol))
     if test is None or cal is None:
@@ -58,7 +58,7 @@ def table_rows(records: Mapping, protocol: str, as_zero: bool) -> dict[str, dict
     """``{row label: {seed: Answers}}``: each policy, RLVR recalibrated (temperature, isotonic: fitted on its
     calibration answers of the same seed) and each policy's difficulty prior (confidence = its accuracy on the
     task's stratum on the calibration split). Every row's ``prior`` is its policy's prior."""
-    from rlcr.recalibration import (
+    from rlcr.evaluation.recalibration import (
         apply_isotonic,
         apply_platt,
         apply_temperature,
@@ -68,30 +68,31 @@ def table_rows(records: Mapping, protocol: str, as_zero: bool) -> dict[str, dict
     )
 
     seeds = sorted({k[0] for k in records})
-    scored = {p: {s: x for s in seeds if (x := _scored(records, p, s, protocol, as_zero)) is not None}
+    scored = {p: {s: x for s in seeds if (x := scored_rows(records, p, s, protocol, as_zero)) is not None}
               for p in POLICIES}
     rows: dict[str, dict[int, Any]] = {p: {s: t for s, (t, _) in v.items()} for p, v in scored.items() if v}
     rlvr = scored["rlvr"]
     if rlvr:
-        rows["rlvr + temperature"] = {s: _recalibrated(t, c, fit_temperature, apply_temperature)
+        rows["rlvr + temperature"] = {s: recalibrated_rows(t, c, fit_temperature, apply_temperature)
                                       for s, (t, c) in rlvr.items()}
-        rows["rlvr + isotonic"] = {s: _recalibrated(t, c, fit_isotonic, apply_isotonic) for s, (t, c) in rlvr.items()}
+        rows["rlvr + isotonic"] = {s: recalibrated_rows(t, c, fit_isotonic, apply_isotonic)
+                                   for s, (t, c) in rlvr.items()}
     for p in ("rlvr", "rlcr"):  # knowing the stratum (exploratory, issue 51): one map per number count
         for name, fit, apply in (("Platt", fit_platt, apply_platt), ("isotonic", fit_isotonic, apply_isotonic)):
             if scored[p]:
                 rows[f"{p} + {name} per stratum {EXPLORATORY}"] = {
-                    s: _recalibrated(t, c, fit, apply, per_stratum=True) for s, (t, c) in scored[p].items()}
+                    s: recalibrated_rows(t, c, fit, apply, per_stratum=True) for s, (t, c) in scored[p].items()}
     for p in POLICIES:
         if scored[p]:
             rows[f"difficulty prior of {p}"] = {s: t.with_confidence(t.prior) for s, (t, _) in scored[p].items()}
     return rows
 
 
-def _recalibrated(test, cal, fit, apply, per_stratum: bool = False):
+def recalibrated_rows(test, cal, fit, apply, per_stratum: bool = False):
     """``test`` with its confidences mapped by ``fit`` on the calibration answers (``per_stratum``: one map per
-    stratum, :func:`rlcr.recalibration.fit_per_stratum`); all NaN (no calibration metric) where the
+    stratum, :func:`rlcr.evaluation.recalibration.fit_per_stratum`); all NaN (no calibration metric) where the
     calibration split has no parsed confidence to fit on."""
-    from rlcr.recalibration import apply_per_stratum, fit_per_stratum
+    from rlcr.evaluation.recalibration import apply_per_stratum, fit_per_stratum
 
     try:
         if per_stratum:
@@ -103,7 +104,7 @@ def _recalibrated(test, cal, fit, apply, per_stratum: bool = False):
 
 
 def _row_bootstrap(runs: Mapping[int, Any], n_resamples: int, level: float) -> dict[str, Any]:
-    from rlcr.protocol_stats import hierarchical_bootstrap, protocol_metrics
+    from rlcr.evaluation.protocol_stats import hierarchical_bootstrap, protocol_metrics
 
     return hierarchical_bootstrap({"row": runs}, lambda d: protocol_metrics(d["row"]), n_resamples=n_resamples,
                                   level=level, seed=0)
@@ -128,7 +129,7 @@ def interval_text(result: Mapping[str, Any], key: str, per_seed: bool = True) ->
 
 def seed_text(read: Mapping[str, Any], key: str) -> str:
     """``"0.080 [-0.033, 0.193]"``: the mean of a figure's per-seed values and its t-interval over the seeds
-    (:func:`rlcr.protocol_stats.seed_level`)."""
+    (:func:`rlcr.evaluation.protocol_stats.seed_level`)."""
     ci = read["ci"].get(key)
     return _num(read["point"].get(key)) + (f" [{_num(ci[0])}, {_num(ci[1])}]" if ci else " [–]")
 
@@ -159,7 +160,8 @@ GOAL_TEXT = {"brier_skill": ("RLCR's Brier skill over its difficulty prior", "lo
                                               "above)", "lower bound > 0"),
              "ece_vs_rlvr": ("RLCR − RLVR, ECE (10 equal-width)", "upper bound < 0"),
              "accuracy_vs_rlvr": ("RLCR − RLVR, accuracy", f"lower bound > −{NON_INFERIORITY_MARGIN:g}")}
-"""Per figure of a goal: (what it is, its rule), the rule as :func:`rlcr.protocol_stats.decide` applies it."""
+"""Per figure of a goal: (what it is, its rule), the rule as :func:`rlcr.evaluation.protocol_stats.decide` applies
+it."""
 
 
 def decide_goals(rows: Mapping[str, Mapping[int, Any]], protocol_seeds: Sequence[int], n_resamples: int,
@@ -167,7 +169,7 @@ def decide_goals(rows: Mapping[str, Mapping[int, Any]], protocol_seeds: Sequence
     """The goals' paired bootstrap over the seeds that have rlcr's and rlvr's records, decided by their rules:
     ``{"result", "goals", "parts", "seeds", "decided"}``; ``decided`` once every pre-registered seed is in.
     None while no seed has them."""
-    from rlcr.protocol_stats import decide, goals_statistic, hierarchical_bootstrap, seed_level
+    from rlcr.evaluation.protocol_stats import decide, goals_statistic, hierarchical_bootstrap, seed_level
 
     need = ("rlcr", "rlvr", "rlvr + temperature")
     seeds = sorted(set.intersection(*(set(rows.get(k, {})) for k in need)))
@@ -313,8 +315,6 @@ def build_table(directory: Path, protocol, n_resamples: int | None = None) -> Gr
     decided = decide_goals(primary, protocol.seeds, n, protocol.level)
     goal_lines, headline = goals_section(decided, protocol.seeds)
     lines += ["", "**Goals** (primary protocol; the rules of bench/protocol.yaml):", ""] + goal_lines
-    from bench.grid_readings import paper_flags, recalibration_comparison, recalibration_lines
-
     recal = recalibration_comparison(primary, n, protocol.level)
     if recal is not None:
         lines += ["", f"**{EXPLORATORY} Stratum-aware recalibration** (exploratory, added in round 2 after the records "
@@ -396,3 +396,77 @@ def docs_section(text: str, begin: str = BEGIN, end: str = END) -> str:
     """The generated part of ``text`` (docs/results.md's by default): what lies between the markers."""
     head, rest = text.split(begin, 1)
     return rest.split(end, 1)[0].strip("\n")
+
+
+# ----------------------------------------------------------------------------- the round-2 readings (exploratory)
+# Added after the first grid's records were seen, never changing a verdict: RLCR and RLVR recalibrated per stratum
+# compared pairwise, and the goals' figures under the paper protocol (greedy) with the distinct confidences stated.
+
+RECALIBRATION_PAIRS = {"RLCR − (RLVR + Platt per stratum)": ("rlcr", "rlvr + Platt per stratum"),
+                       "RLCR − (RLVR + isotonic per stratum)": ("rlcr", "rlvr + isotonic per stratum"),
+                       "(RLCR + Platt per stratum) − (RLVR + Platt per stratum)":
+                           ("rlcr + Platt per stratum", "rlvr + Platt per stratum"),
+                       "(RLCR + isotonic per stratum) − (RLVR + isotonic per stratum)":
+                           ("rlcr + isotonic per stratum", "rlvr + isotonic per stratum")}
+"""The exploratory comparisons with stratum-aware recalibration (row labels without their mark)."""
+DIFFERENCE_COLUMNS = (("brier", "Brier"), ("ece", "ECE (10 equal-width)"), ("auroc_within", "AUROC within stratum"))
+
+
+def recalibration_comparison(rows: Mapping[str, Mapping[int, Any]], n_resamples: int,
+                             level: float) -> dict[str, Any] | None:
+    """Paired differences (Brier, ECE, within-stratum AUROC) of :data:`RECALIBRATION_PAIRS` on the seeds every
+    row has, by the hierarchical bootstrap, and their seed-level reading; None without the rows."""
+    from rlcr.evaluation.protocol_stats import difference_statistic, hierarchical_bootstrap, seed_level
+
+    labels = {k: k if k in POLICIES else f"{k} {EXPLORATORY}" for pair in RECALIBRATION_PAIRS.values() for k in pair}
+    if any(v not in rows for v in labels.values()):
+        return None
+    seeds = sorted(set.intersection(*(set(rows[v]) for v in labels.values())))
+    runs = {k: {s: rows[v][s] for s in seeds} for k, v in labels.items()}
+    result = hierarchical_bootstrap(runs, difference_statistic(RECALIBRATION_PAIRS, [k for k, _ in DIFFERENCE_COLUMNS]),
+                                    n_resamples=n_resamples, level=level, seed=0)
+    return {"result": result, "seed_level": seed_level(result, level), "seeds": seeds}
+
+
+def recalibration_lines(c: Mapping[str, Any] | None) -> list[str]:
+    """The stratum-aware recalibration comparisons as a table: each difference pooled with its bootstrap
+    interval and per-seed values, then its seed-level mean and t-interval."""
+    if c is None:
+        return []
+    df = len(c["seeds"]) - 1
+    lines = ["| comparison (paired) | " + " | ".join(t for _, t in DIFFERENCE_COLUMNS) + " |",
+             "|---|" + "---|" * len(DIFFERENCE_COLUMNS)]
+    for name in RECALIBRATION_PAIRS:
+        cells = [f"{interval_text(c['result'], f'{name}:{k}')}; seed level {seed_text(c['seed_level'], f'{name}:{k}')}"
+                 for k, _ in DIFFERENCE_COLUMNS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines + ["", f"Seed level: mean of the per-seed differences [95% t-interval, df {df}]."]
+
+
+def paper_flags(paper: Mapping[str, Mapping[int, Any]], protocol_seeds: Sequence[int], n: int,
+                level: float) -> tuple[list[str], str]:
+    """The goals' figures under greedy decoding (no decision: the rules read the primary protocol), with their
+    seed-level reading, and how many distinct confidences each policy states per seed. Returns (lines, the
+    README's one-line flag)."""
+    d = decide_goals(paper, protocol_seeds, n, level)
+    if d is None:
+        return [], ""
+    df = len(d["seeds"]) - 1
+    lines = [f"| figure (greedy; no decision) | pooled [bootstrap] (per seed; mean) | the primary protocol's rule | "
+             f"would it hold | seed level: mean [95% t, df {df}] |", "|---|---|---|---|---|"]
+    for goal, items in d["parts"].items():
+        for i, (key, g) in enumerate(items):
+            lines.append(f"| {GOAL_TEXT[key][0]} | {interval_text(d['result'], key)} | {GOAL_TEXT[key][1]} | "
+                         f"{'yes' if g['met'] else '**no**'} | {seed_text(d['seed_level'], key)} |")
+    counts = {p: {s: int(np.unique(a.confidence[np.isfinite(a.confidence)]).size) for s, a in paper[p].items()}
+              for p in POLICIES if p in paper}
+    lines += ["", "Distinct stated confidences per seed on the greedy test answers (one per task; unparsed = 0 "
+                  "counted as a value): " + "; ".join(f"{p} " + ", ".join(f"s{s} {k}" for s, k in v.items())
+                                        for p, v in counts.items()) + "."]
+    r = d["result"]
+    short = (f"{EXPLORATORY} Under the paper protocol (greedy, one answer per task; no decision) RLCR's Brier skill is "
+             f"{interval_text(r, 'brier_skill', False)} and RLCR − RLVR within-stratum AUROC "
+             f"{interval_text(r, 'auroc_within_vs_rlvr', False)}; greedy RLCR states "
+             + ", ".join(str(k) for k in counts.get("rlcr", {}).values()) + " distinct confidences on seeds "
+             + ", ".join(map(str, counts.get("rlcr", {}))) + ".")
+    return lines, short

@@ -43,8 +43,8 @@ def main() -> None:
 
     from flows.train import rlcr_train
     from rlcr.config import load_config
-    from rlcr.runs import RunStore
-    from rlcr.sft import warm_start
+    from rlcr.runs.store import RunStore
+    from rlcr.train.sft import warm_start
 
     cfg = load_config(a.config, [*a.overrides, f"sft.tasks={a.sft_tasks}"])
     t0 = time.perf_counter()

@@ -56,10 +56,10 @@ CALIBRATION_ITERATIONS = 4
 def calibrate_group_sizes(cfg, sft_uri: str) -> dict:
     """One rollout of ``rlcr`` and ``rlcr_single`` from the warm-start on the first iterations' prompts → G_a per
     method so that generated tokens per prompt match ``rlcr``'s."""
-    from flows.train import ensure_ray
     from rlcr.rollout.engine import EnginePool
     from rlcr.rollout.pipeline import generate_rollouts
-    from rlcr.tasks.sets import prompts_for_iteration, task_sets
+    from rlcr.runs.cluster import ensure_ray
+    from rlcr.runs.task_sets import prompts_for_iteration, task_sets
 
     ensure_ray()
     train, _ = task_sets(cfg)
@@ -88,7 +88,7 @@ def calibrate_group_sizes(cfg, sft_uri: str) -> dict:
 def evaluations(cfg, run_id: str) -> list[tuple[int, dict, dict]]:
     """(iteration, eval metrics, rollout stats) of the baseline and every evaluated committed iteration; an
     iteration's eval carries its wall time as ``seconds`` (the baseline's is not recorded)."""
-    from rlcr.runs import RunStore
+    from rlcr.runs.store import RunStore
 
     run = RunStore.open(cfg, run_id)
     out = []
@@ -125,7 +125,7 @@ def group_size_plan(cfg, path: Path, sft_uri: str, methods) -> dict:
 
 def per_iteration(cfg, run_id: str) -> dict[str, float]:
     """Mean generated / trained tokens and training seconds (rollouts → weight sync) per committed iteration."""
-    from rlcr.runs import RunStore
+    from rlcr.runs.store import RunStore
 
     run = RunStore.open(cfg, run_id)
     gen, trained, secs = [], [], []
@@ -147,7 +147,7 @@ def per_iteration(cfg, run_id: str) -> dict[str, float]:
 
 
 def cell(ev: dict, key: str) -> str:
-    from rlcr.presentation import with_ci
+    from rlcr.ui.presentation import with_ci
 
     return with_ci(ev, key)
 
@@ -161,7 +161,7 @@ def count_cell(ev: dict, n: str) -> str:
 
 
 def by_count_text(ev: dict) -> str:
-    from rlcr.presentation import by_count_text as text
+    from rlcr.ui.presentation import by_count_text as text
 
     return text(ev)
 
@@ -169,13 +169,15 @@ def by_count_text(ev: dict) -> str:
 def paired_lines(methods, method_cfg, run_id, iteration) -> list[str]:
     """Markdown rows of rlcr − other at ``iteration``, paired on the same held-out tasks (where both
     evaluations kept their per-answer rows)."""
-    from rlcr.evaluate import compare_evaluations
-    from rlcr.presentation import difference_text
-    from rlcr.runs import RunStore
+    from rlcr.evaluation.evaluate import compare_evaluations
+    from rlcr.rollout.records import table_to_rows
+    from rlcr.runs.store import RunStore
+    from rlcr.ui.presentation import difference_text
 
     if iteration is None:
         return []
-    rows = {m: RunStore.open(method_cfg(m), run_id(m)).eval_records(iteration) for m in methods}
+    tables = {m: RunStore.open(method_cfg(m), run_id(m)).eval_table(iteration) for m in methods}
+    rows = {m: None if t is None else table_to_rows(t) for m, t in tables.items()}
     out = []
     for other in (m for m in methods if m != "rlcr"):
         if rows["rlcr"] is None or rows[other] is None:
@@ -344,10 +346,10 @@ def ece_ratio(curves) -> tuple[int | None, dict[str, float], float]:
 def warm_start_and_plan(ap, a, cfg, plan_path: Path, methods) -> tuple[str, dict]:
     """The shared warm-start (trained, or reused when sealed) and the kept group sizes; with ``--table-only`` both
     must exist already (nothing is trained or rolled out)."""
-    from rlcr.sft import warm_start
+    from rlcr.train.sft import warm_start
 
     if a.table_only:
-        from rlcr.runs import RunStore
+        from rlcr.runs.store import RunStore
 
         sft_run = RunStore.open(cfg, f"{a.prefix}-sft")
         if not sft_run.store.is_complete(sft_run.checkpoint_rel(0)) or not plan_path.exists():

@@ -22,7 +22,7 @@ from flows.tasks import (
 from rlcr import events
 from rlcr.rollout.ahead import Ahead, manifest_fields, read_ahead, seal_ahead
 from rlcr.rollout.pipeline import rollout_seed
-from rlcr.runs import attempt_id, prompts_for_iteration
+from rlcr.runs.store import attempt_id, prompts_for_iteration
 
 __all__ = ["read_ahead_rollouts", "run_iteration", "PendingSave", "finish_save"]
 

@@ -3,7 +3,7 @@
     resolve the run's newest committed checkpoint → probe (docs/design.md §15) → report.json + report.html → artifact
 
 The probe runs on the task the run was trained on (its task and task options, from the run's recorded config:
-:func:`rlcr.run_refs.with_run_task`), whatever the config names; the report names it (``task``, ``task_options``).
+:func:`rlcr.runs.refs.with_run_task`), whatever the config names; the report names it (``task``, ``task_options``).
 
 The report goes to ``<storage>/runs/<run_id>/probes/<timestamp>/`` and a Prefect
 markdown artifact links it. The probe's vLLM engine runs in the flow's own
@@ -26,11 +26,12 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE as NO_CACHE
 from prefect.schedules import Cron
 
-from flows.train import resolve_config, run_key
-from rlcr.probe.probe import NoCommittedIteration, newest_run, probe_checkpoint
+from flows.train import run_key
+from rlcr.config import resolve_config
+from rlcr.probe.probe import probe_checkpoint
 from rlcr.probe.report import report_markdown, write_report
-from rlcr.run_refs import task_fields, with_run_task
-from rlcr.runs import RunStore, task_sets
+from rlcr.runs.refs import NoCommittedIteration, newest_checkpoint, newest_run, task_fields, with_run_task
+from rlcr.runs.store import RunStore, task_sets
 from rlcr.storage import Store
 from rlcr.tracking import tracker_from_config
 
@@ -61,27 +62,9 @@ def track_report(cfg, run_id: str, uris: dict[str, str], log) -> None:
         tracker.log_artifact(d, f"probe/{uris['prefix'].rstrip('/').rsplit('/', 1)[-1]}")
 
 
-def newest_checkpoint(cfg, run_id: str, iteration: int | None = None) -> tuple[int, str]:
-    """(iteration, checkpoint URI) of the run's newest committed iteration (or of ``iteration``: a one-line
-    :class:`~rlcr.run_refs.RunRefError` naming the iterations with a checkpoint where it has none), its seal
-    checked against the manifest; a clear error if there is none."""
-    run = RunStore.open(cfg, run_id)
-    if iteration is not None:
-        from rlcr.run_refs import resolve_checkpoint
-
-        uri = resolve_checkpoint(run.store, f"{run_id}@{iteration}", label="probe")
-        return iteration, (run.verified_state(run.manifest(iteration)) if iteration else uri)
-    last = run.last_committed()
-    if last is None or not last.get("checkpoint_uri"):
-        raise NoCommittedIteration(
-            f"run {run_id!r} has no committed iteration under {run.store.url(run.prefix)}: nothing to probe "
-            "(train it first, or pass another run_id)")
-    return int(last["iteration"]), run.verified_state(last)
-
-
 def override_names(overrides: dict[str, Any] | list[str] | None) -> list[str]:
     """The dotted fields a flow's ``overrides`` set (``section.field=value`` items, or a mapping's keys): what the
-    caller chose explicitly, which a run's own task may not silently replace (:func:`rlcr.run_refs.with_run_task`)."""
+    caller chose explicitly, which a run's own task may not silently replace (:func:`rlcr.runs.refs.with_run_task`)."""
     if isinstance(overrides, dict):
         return [str(k) for k in overrides]
     return [str(item).split("=", 1)[0].strip() for item in overrides or [] if "=" in str(item)]

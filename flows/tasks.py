@@ -10,10 +10,10 @@ from prefect.tasks import exponential_backoff
 
 from rlcr import events
 from rlcr.config import RLCRConfig
-from rlcr.evaluate import evaluate_policy
+from rlcr.evaluation.evaluate import evaluate_policy
 from rlcr.rollout.pipeline import finalize_rollouts, generate_rollouts
 from rlcr.rollout.records import rows_to_table
-from rlcr.runs import AlreadyCommitted, LeaseLost, StateMismatch, attempt_id
+from rlcr.runs.store import AlreadyCommitted, LeaseLost, StateMismatch, attempt_id
 from rlcr.train.trainer import StateLost, TrainerLost
 
 __all__ = ["task_options", "rollouts_task", "advantages_task", "update_task", "sync_weights_task", "evaluate_task",

@@ -6,7 +6,7 @@ iteration in :mod:`flows.iteration`, the flow here):
     rollouts (answer stage → confidence stage, Ray Data + vLLM)
       → advantages (+ rollouts Parquet) → update (Ray Train) → evaluate (held-out) → commit
 
-An iteration is committed by writing its manifest last (``rlcr.runs``). Running
+An iteration is committed by writing its manifest last (``rlcr.runs.store``). Running
 the flow again with the same ``run_id`` resumes after the last committed
 iteration; a crash mid-iteration leaves nothing that looks committed. The vLLM
 engines live for the whole flow run and take each new checkpoint in turn.
@@ -33,36 +33,23 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from flows.iteration import PendingSave, finish_save, read_ahead_rollouts, run_iteration
 from flows.tasks import evaluate_task, prune_task, task_options
 from rlcr import events
-from rlcr.cluster import check_cluster_fits, check_storage, engines_start_beside_trainer, ensure_ray
-from rlcr.config import ConfigError, RLCRConfig, load_config
-from rlcr.lease import LeaseLost
-from rlcr.model_source import run_initial_model
-from rlcr.presentation import metrics_markdown, progress_line
+from rlcr.config import ConfigError, RLCRConfig, resolve_config
+from rlcr.models.source import run_initial_model
 from rlcr.rollout.engine import EnginePool
-from rlcr.runs import RunLease, RunStore, new_run_id, task_sets
+from rlcr.runs.cluster import check_cluster_fits, check_storage, engines_start_beside_trainer, ensure_ray
+from rlcr.runs.lease import LeaseLost
+from rlcr.runs.store import RunLease, RunStore, new_run_id, task_sets
 from rlcr.storage import validate_run_id
 from rlcr.tracking import Tracker, sync_run, tracker_from_config
 from rlcr.train.mismatch import mismatch_warning
 from rlcr.train.trainer import PolicyTrainer, StateLost
+from rlcr.ui.presentation import metrics_markdown, progress_line
 from rlcr.untrusted import printable
 
-__all__ = ["rlcr_train", "ensure_ray", "resolve_config", "artifact_key", "run_key"]
+__all__ = ["rlcr_train", "artifact_key", "run_key"]
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def resolve_config(config: str | None, overrides: dict | list | None, iterations: int | None) -> RLCRConfig:
-    """Config file + overrides (+ iterations); raises ConfigError naming the field, before any Ray work."""
-    extra = dict(overrides) if isinstance(overrides, dict) else {}
-    items = list(overrides) if isinstance(overrides, (list, tuple)) else []
-    cfg = load_config(config, items)
-    if extra or iterations is not None:
-        data = {**cfg.model_dump(), **extra}
-        if iterations is not None:
-            data["run.iterations"] = iterations
-        cfg = RLCRConfig.from_dict(data, source=config or "config")
-    return cfg
 
 
 def resolve_run_id(cfg: RLCRConfig, run_id: str | None) -> str:
@@ -205,7 +192,7 @@ def _last_state(run: RunStore, done: list[dict], initial: str) -> str:
 def _start_workers(cfg, workers: contextlib.ExitStack, policy: str, restore: bool, initial: str):
     """The run's vLLM engines and Ray Train workers on ``policy`` (``restore``: with its optimizer state), entered
     into ``workers``: the engines start first, beside the trainer where the cluster allows
-    (:func:`rlcr.cluster.engines_start_beside_trainer`), and are waited for once the trainer is up."""
+    (:func:`rlcr.runs.cluster.engines_start_beside_trainer`), and are waited for once the trainer is up."""
     beside = engines_start_beside_trainer(cfg)
     events.started("engines", 0)
     engines_t0 = time.perf_counter()

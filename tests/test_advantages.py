@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from rlcr.advantages import answer_advantages, confidence_advantages, spread_to_tokens
+from rlcr.core.advantages import answer_advantages, confidence_advantages, spread_to_tokens
 
 
 def test_answer_hand_computed():

@@ -1,4 +1,4 @@
-"""bench/update.py's device/dtype options on CPU at a tiny size (the GPU path is measured by hand, see
+"""bench/perf/update.py's device/dtype options on CPU at a tiny size (the GPU path is measured by hand, see
 docs/update-performance.md "On a GPU (H100)")."""
 
 import sys
@@ -16,7 +16,7 @@ def _bench():
 
 
 def _main(monkeypatch, args):
-    monkeypatch.setattr(sys, "argv", ["bench/update.py", *args])
+    monkeypatch.setattr(sys, "argv", ["bench/perf/update.py", *args])
     _bench().main()
 
 

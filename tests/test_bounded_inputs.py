@@ -143,7 +143,7 @@ def _stream_bomb(directory) -> None:
 _CHILD = textwrap.dedent("""
     import json, os, resource, sys, threading, time
     kind, path = sys.argv[1], sys.argv[2]
-    from rlcr.comparison import read_records
+    from rlcr.evaluation.comparison import read_records
     from rlcr.storage import Store
     from rlcr.tasks.countdown import load_tasks
     from rlcr.tasks.registry import get_task
@@ -253,7 +253,7 @@ def test_records_missing_a_column_are_refused_before_rows_are_read(tmp_path):
 
 
 def test_provenance_with_a_key_twice_is_refused_naming_the_file(tmp_path):
-    from rlcr.comparison import RowsRefused, read_records
+    from rlcr.evaluation.comparison import RowsRefused, read_records
     from rlcr.rollout.records import PROVENANCE_KEY, rows_to_table
     from test_hostile_inputs import eval_rows
 

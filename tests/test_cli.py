@@ -10,8 +10,8 @@ from rich.console import Console
 from rlcr.cli import StageProgress, committed_figures
 from rlcr.config import RLCRConfig
 from rlcr.events import StageEvent
-from rlcr.progress import step as _step
-from rlcr.runs import RunStore
+from rlcr.runs.store import RunStore
+from rlcr.ui.progress import step as _step
 
 TS = r"\[\d\d:\d\d:\d\d\] "
 
@@ -212,11 +212,12 @@ def test_sft_options_override_the_configs_warm_start_settings(monkeypatch, tmp_p
 
     from typer.testing import CliRunner
 
-    import rlcr.sft
+    import rlcr.train.sft
     from rlcr.cli import app
 
     seen = []
-    monkeypatch.setattr(rlcr.sft, "run_sft", lambda cfg, out=None: seen.append((cfg, out)) or ("uri", {"loss": 1.0}))
+    monkeypatch.setattr(rlcr.train.sft, "run_sft",
+                        lambda cfg, out=None: seen.append((cfg, out)) or ("uri", {"loss": 1.0}))
     demo = str(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml")
     store = f"storage.uri={tmp_path}"
     assert CliRunner().invoke(app, ["sft", "--config", demo, store]).exit_code == 0
@@ -461,7 +462,7 @@ def test_version_prints_the_package_version():
 def test_the_ray_dashboard_follows_its_packages_or_the_environment(monkeypatch):
     """On for a local Ray when ray[default]'s dashboard packages import; RLCR_RAY_DASHBOARD=0/1 decides otherwise
     (1 without the packages, or a value that is neither, is a one-line config error)."""
-    import rlcr.cluster as cluster
+    import rlcr.runs.cluster as cluster
     from rlcr.config import ConfigError
 
     monkeypatch.delenv("RLCR_RAY_DASHBOARD", raising=False)
@@ -493,7 +494,7 @@ def test_train_says_where_the_logs_go_once_before_it_starts(tmp_path):
     import subprocess
     import sys
 
-    from rlcr.cluster import ray_log_dir
+    from rlcr.runs.cluster import ray_log_dir
     from s3server import free_port
 
     api = f"http://127.0.0.1:{free_port()}/api"
@@ -533,7 +534,7 @@ def test_train_on_a_terminal_shows_rlcrs_own_lines_only(tiny_model_dir, tmp_path
     import sys
     import tempfile
 
-    from rlcr.progress import StageProgress
+    from rlcr.ui.progress import StageProgress
 
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items()
@@ -582,8 +583,8 @@ def test_the_demos_larger_held_out_set_is_stratified_and_apart_from_training_and
     """`rlcr demo` step 5 evaluates the warm-start and the final policy on 256 held-out tasks drawn like the run's
     held-out set: none is a training task or a warm-start task, and both number counts have equal shares."""
     from rlcr.config import load_config
+    from rlcr.runs.task_sets import held_out_set, sft_tasks, training_pool
     from rlcr.tasks.registry import get_task
-    from rlcr.tasks.sets import held_out_set, sft_tasks, training_pool
 
     cfg = load_config("configs/demo.yaml").model_copy(update={"tasks.num_eval": 256})
     task = get_task(cfg.tasks.name)

@@ -1,4 +1,4 @@
-"""What a run asks of its Ray cluster (``rlcr/cluster.py``): the demand the fit check compares with the cluster,
+"""What a run asks of its Ray cluster (``rlcr/runs/cluster.py``): the demand the fit check compares with the cluster,
 proven on a real Ray of a shape where under-counting it would hang the run, and the local Ray ``ensure_ray``
 starts (its worker soft limit).
 
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from rlcr.cluster import (
+from rlcr.config import RLCRConfig
+from rlcr.runs.cluster import (
     STAGE_ACTOR_CPUS,
     WORKER_SOFT_LIMIT,
     WORKER_SOFT_LIMIT_ENV,
@@ -25,7 +26,6 @@ from rlcr.cluster import (
     run_demand,
     trainer_worker_resources,
 )
-from rlcr.config import RLCRConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,7 +85,8 @@ def test_the_shape_the_old_check_passed_is_refused_in_one_line():
 SHAPE_SCRIPT = r"""
 import json, sys, time
 import ray
-from rlcr.cluster import ENGINE_ACTOR_CPUS, STAGE_ACTOR_CPUS, ResourceError, check_cluster_fits, engine_actor_resources
+from rlcr.runs.cluster import (ENGINE_ACTOR_CPUS, STAGE_ACTOR_CPUS, ResourceError, check_cluster_fits,
+                               engine_actor_resources)
 from rlcr.config import RLCRConfig
 from rlcr.train.trainer import PolicyTrainer
 
@@ -164,7 +165,7 @@ def test_a_cluster_the_old_check_passed_hangs_the_rollouts_and_is_refused(tiny_m
 SOFT_LIMIT_SCRIPT = r"""
 import json, os
 import ray
-from rlcr.cluster import WORKER_SOFT_LIMIT_ENV, ensure_ray
+from rlcr.runs.cluster import WORKER_SOFT_LIMIT_ENV, ensure_ray
 
 ensure_ray()
 

@@ -120,7 +120,7 @@ def test_more_prompts_than_training_tasks_is_refused():
     with pytest.raises(ConfigError) as e:
         RLCRConfig.from_yaml(None, ["tasks.num_train=6", "rollout.prompts_per_iteration=7"])
     assert "rollout.prompts_per_iteration" in str(e.value) and "tasks.num_train" in str(e.value)
-    # with a task file the count is checked against its distinct tasks (rlcr.tasks.sets.task_sets)
+    # with a task file the count is checked against its distinct tasks (rlcr.runs.task_sets.task_sets)
     assert RLCRConfig(tasks={"num_train": 6, "train_file": "t.jsonl"},
                       rollout={"prompts_per_iteration": 7}).rollout.prompts_per_iteration == 7
 

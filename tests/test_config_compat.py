@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlcr.config import RLCRConfig, nested_from_flat, result_changing_diff
-from rlcr.runs import RunConfigMismatch, RunStore
+from rlcr.runs.store import RunConfigMismatch, RunStore
 
 RECORD = json.loads((Path(__file__).parent / "data" / "flat_config_record.json").read_text())
 

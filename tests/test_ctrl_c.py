@@ -87,7 +87,7 @@ def in_terminal(args: list[str], cwd: Path, env: dict, interrupt_at: str, second
 
 def stored_run(store: Path, run_id: str):
     from rlcr.config import RLCRConfig
-    from rlcr.runs import RunStore
+    from rlcr.runs.store import RunStore
 
     return RunStore.open(RLCRConfig.from_dict({"storage.uri": str(store)}), run_id)
 

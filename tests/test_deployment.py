@@ -117,7 +117,7 @@ def test_deployment_run_against_local_server(prefect_server, tiny_model_dir, tmp
         assert run.returncode == 0, out + serve_log.read_text()[-4000:]
         assert "Completed" in out
         assert (store / "runs" / "dep" / "iter-0001" / "manifest.json").exists()
-        from rlcr.runs import RunStore
+        from rlcr.runs.store import RunStore
         from rlcr.storage import Store
 
         run = RunStore(Store(str(store)), "dep")

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from rlcr.runs import PROCESS_ATTEMPT, AlreadyCommitted, LeaseLost, RunLease, RunLocked, RunStore
+from rlcr.runs.store import PROCESS_ATTEMPT, AlreadyCommitted, LeaseLost, RunLease, RunLocked, RunStore
 from rlcr.storage import Store
 
 
@@ -74,7 +74,7 @@ def test_a_stalled_writer_past_its_checks_cannot_replace_what_another_committed(
     import pyarrow as pa
 
     from flows.tasks import save_task
-    from rlcr.runs import check_fence
+    from rlcr.runs.store import check_fence
 
     class Uploader:  # the trainer's rank 0: its fence check (passed before the stall), then the upload
         def __init__(self, text):
@@ -144,12 +144,12 @@ def test_a_run_from_before_attempts_still_reads_and_finishes_its_group(run):
     assert run.finish_group() and [m["iteration"] for m in run.committed()] == [1, 2]
     assert [run.metrics(k) for k in (1, 2)] == [{"k": 1}, {"k": 2}] and run.pending() == []
     assert run.checkpoint_rel(2) == f"{run.iteration_dir(2)}/checkpoint" and run.verified_state(run.manifest(2)) == uri
-    assert run.eval_records_rel(2) == f"{run.iteration_dir(2)}/eval.parquet" and run.eval_records(2) is None
+    assert run.eval_records_rel(2) == f"{run.iteration_dir(2)}/eval.parquet" and run.eval_table(2) is None
 
 
 def test_the_worker_side_fence_refuses_after_a_takeover(run):
     """Item 2: the trainer worker's last check before an upload (check_fence) sees a lost lease and a commit."""
-    from rlcr.runs import check_fence
+    from rlcr.runs.store import check_fence
 
     a = RunLease(run, owner="A", timeout_s=1.0, heartbeat_s=0.2).acquire()
     fence = run.checkpoint_fence(1, a)
@@ -244,9 +244,9 @@ def test_a_lease_with_an_impossible_pid_is_no_crash(run, pid):
     """Item 6: a pid of 2^70 gave OverflowError; an invalid lease is taken over (its holder cannot renew it)."""
     import socket
 
-    from rlcr.lease import _machine_id
+    from rlcr.runs.lease import machine_id
 
-    _fake_holder(run, pid=pid, machine=_machine_id(), host=socket.gethostname())
+    _fake_holder(run, pid=pid, machine=machine_id(), host=socket.gethostname())
     with RunLease(run, owner="next") as lease:
         lease.check()
 
@@ -325,7 +325,7 @@ def test_a_moved_store_resumes_reads_metrics_and_finishes_a_group(tmp_path):
 
 def test_list_runs_skips_entries_that_are_not_runs(tmp_path):
     """Item 8: the probe's run search skips .DS_Store, a README and folders with invalid names."""
-    from flows.probe import newest_run
+    from rlcr.runs.refs import newest_run
 
     store = Store(str(tmp_path / "store"))
     run = RunStore(store, "real")

@@ -93,7 +93,7 @@ def test_the_docs_task_runs_as_written_and_one_without_load_is_named_before_the_
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({"tasks": {"name": "sumlist", "num_train": 32, "num_eval": 8}}))
     example = str(ROOT / "examples" / "sumlist")  # its check.py: the verifier's module
-    code = ("import sys\nfrom rlcr.config import load_config\nfrom rlcr.tasks.preflight import check_task\n"
+    code = ("import sys\nfrom rlcr.config import load_config\nfrom rlcr.runs.preflight import check_task\n"
             f"check_task(load_config({str(config)!r}, ['tasks.module=' + sys.argv[1]]))\nprint('checked')\n")
     ok = subprocess.run([sys.executable, "-c", code, str(tmp_path / "sumlist_docs.py")], cwd=tmp_path,
                         env={**os.environ, "PYTHONPATH": f"{example}{os.pathsep}{ROOT}"}, capture_output=True,
@@ -122,10 +122,10 @@ def test_each_method_at_fault_is_named(monkeypatch):
     import pytest
 
     from rlcr.config import RLCRConfig
+    from rlcr.runs.preflight import TaskCheckError, check_task
     from rlcr.tasks import registry
     from rlcr.tasks.base import TASKS, register_task
     from rlcr.tasks.countdown_task import Countdown
-    from rlcr.tasks.preflight import TaskCheckError, check_task
 
     broken = {
         "record_fields": {"record_fields": lambda self: []},
@@ -154,7 +154,7 @@ def test_a_run_that_committed_nothing_says_how_to_discard_it(tmp_path):
     import pytest
 
     from rlcr.config import RLCRConfig
-    from rlcr.runs import RunConfigMismatch, RunStore
+    from rlcr.runs.store import RunConfigMismatch, RunStore
     from rlcr.storage import Store
 
     store = Store(str(tmp_path / "store"))
@@ -257,7 +257,7 @@ def test_eval_titles_name_the_run_reference_and_never_cut_a_word():
     from rich.console import Console
 
     from rlcr.cli.evaluation import policy_label
-    from rlcr.presentation import eval_table
+    from rlcr.ui.presentation import eval_table
 
     path = "/home/researcher/runs-store/runs/prime-1/iter-0003/checkpoint-attempt-3f2a9c81d0e4"
     assert policy_label("prime-1@latest", path) == "prime-1@3" and policy_label("prime-1@2", path) == "prime-1@2"
@@ -275,7 +275,7 @@ def test_eval_titles_name_the_run_reference_and_never_cut_a_word():
 def test_rlcr_runs_shows_the_current_target_the_stop_reason_and_warm_start_runs(tmp_path):
     """``rlcr runs`` showed ``5/3`` for a run extended to 5, left out the ``rlcr sft`` run, and said ``stopped``
     with no reason. The status record each attempt writes (its target, how it ended) fills both in."""
-    from rlcr.run_layout import RunLayout
+    from rlcr.runs.layout import RunLayout
     from rlcr.storage import Store
     from test_run_refs import cli, make_run, sealed
 
@@ -308,7 +308,7 @@ def test_rlcr_runs_shows_the_current_target_the_stop_reason_and_warm_start_runs(
 def test_a_status_record_from_a_file_is_checked(tmp_path):
     import pytest
 
-    from rlcr.runs import RunStore
+    from rlcr.runs.store import RunStore
     from rlcr.storage import Store
     from rlcr.untrusted import InvalidInput
 

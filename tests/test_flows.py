@@ -50,7 +50,7 @@ def test_train_flow_fail_resume_and_s3_outage(ray_local, prefect_harness, tiny_m
     with pytest.raises(RuntimeError, match="injected update failure"):
         rlcr_train(overrides=overrides(tiny_model_dir, s3), run_id=run, iterations=2)
     from rlcr.config import RLCRConfig
-    from rlcr.runs import RunStore
+    from rlcr.runs.store import RunStore
 
     def key(uri):  # a manifest's URI → its S3 key
         return uri.removeprefix(f"s3://{BUCKET}/")
@@ -134,7 +134,7 @@ def test_invalid_config_fails_before_any_work(prefect_harness, tmp_path):
 def test_resume_refuses_a_changed_config(prefect_harness, tmp_path):
     from flows.train import rlcr_train
     from rlcr.config import RLCRConfig
-    from rlcr.runs import RunConfigMismatch, RunStore
+    from rlcr.runs.store import RunConfigMismatch, RunStore
 
     cfg = RLCRConfig(storage={"uri": str(tmp_path)}, model={"name": "unused"})
     RunStore.open(cfg, "r").check_config(cfg)
@@ -155,7 +155,7 @@ def test_artifact_keys_follow_prefects_rule_and_stay_distinct():
 
 
 def test_progress_line_shows_held_out_figures_or_says_it_has_none():
-    from rlcr.presentation import progress_line
+    from rlcr.ui.presentation import progress_line
 
     assert progress_line({"eval": {"accuracy": 0.25, "ece": 0.125}, "rollout": {"answer/accuracy": 0.5}}) == \
         "held-out accuracy 0.25, ECE 0.125"
@@ -180,7 +180,7 @@ def test_second_writer_on_a_run_fails_within_seconds(prefect_harness, tmp_path):
 
     from flows.train import rlcr_train
     from rlcr.config import RLCRConfig
-    from rlcr.runs import RunLease, RunLocked, RunStore
+    from rlcr.runs.store import RunLease, RunLocked, RunStore
 
     cfg = RLCRConfig(storage={"uri": str(tmp_path)}, model={"name": "unused"})
     run = RunStore.open(cfg, "shared")
@@ -197,7 +197,7 @@ def test_a_run_that_cannot_fit_the_cluster_fails_fast(ray_local, prefect_harness
     import time
 
     from flows.train import rlcr_train
-    from rlcr.cluster import ResourceError
+    from rlcr.runs.cluster import ResourceError
 
     t0 = time.monotonic()
     with pytest.raises(ResourceError, match=r"update phase needs 5 CPU but the cluster has 4") as err:
@@ -211,9 +211,9 @@ def test_an_update_that_cannot_fit_fails_fast(ray_local, tiny_model_dir, tmp_pat
     """`rlcr sft` or any update on its own: 8 trainer workers on a 4-CPU cluster fail at once, not wait."""
     import time
 
-    from rlcr.cluster import ResourceError
     from rlcr.config import RLCRConfig
-    from rlcr.train import run_update
+    from rlcr.runs.cluster import ResourceError
+    from rlcr.train.trainer import run_update
 
     cfg = RLCRConfig(model={"name": str(tiny_model_dir)}, storage={"uri": str(tmp_path)}, update={"num_workers": 8})
     t0 = time.monotonic()
@@ -240,7 +240,7 @@ def test_save_every_stages_rewinds_and_resumes_exactly(ray_local, prefect_harnes
 
     from flows.train import rlcr_train
     from rlcr.config import RLCRConfig
-    from rlcr.runs import RunStore
+    from rlcr.runs.store import RunStore
 
     def cfg_for(name):
         return {"model.name": str(tiny_model_dir), "storage.uri": str(tmp_path / name),

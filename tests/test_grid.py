@@ -25,8 +25,8 @@ from bench.grid_protocol import (
 from bench.grid_records import DEFAULT_DIR, MAX_RECORD_BYTES, RecordError, read_records, record_name, write_record
 from bench.grid_table import BEGIN, END, README_BEGIN, README_END, build_table, docs_section, replace_section
 from rlcr.config import load_config
+from rlcr.runs.task_sets import held_out_set, sft_tasks, training_pool
 from rlcr.tasks.registry import get_task
-from rlcr.tasks.sets import held_out_set, sft_tasks, training_pool
 
 ROOT = Path(__file__).resolve().parents[1]
 PROTOCOL = ROOT / "bench" / "protocol.yaml"
@@ -63,7 +63,7 @@ def test_the_decision_applies_the_registered_accuracy_margin():
     """The non-inferiority margin that decides the goal is the one bench/protocol.yaml registered in words."""
     import yaml
 
-    from rlcr.protocol_stats import NON_INFERIORITY_MARGIN, decide
+    from rlcr.evaluation.protocol_stats import NON_INFERIORITY_MARGIN, decide
 
     rule = yaml.safe_load(PROTOCOL.read_text())["goals"]["accuracy_non_inferior"]
     assert f"> -{NON_INFERIORITY_MARGIN:g} ({NON_INFERIORITY_MARGIN * 100:g} points)" in rule
@@ -102,7 +102,7 @@ def test_the_committed_addendum_reads_as_registered():
     import yaml
 
     from bench.grid_protocol import ADDENDUM_GOALS, load_addendum
-    from rlcr.protocol_stats import NON_INFERIORITY_MARGIN
+    from rlcr.evaluation.protocol_stats import NON_INFERIORITY_MARGIN
 
     a = load_addendum(ADDENDUM)
     assert a.seeds == [1, 2, 3, 4, 5] and a.new_seeds == [4, 5] and a.base.seeds == [1, 2, 3]

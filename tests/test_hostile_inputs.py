@@ -146,7 +146,7 @@ def test_task_files_that_are_not_utf8_or_nest_deeply_are_named(tmp_path):
     with pytest.raises(TaskFormatError) as e:
         load_tasks(bad)
     one_line_refusal(e.value, str(bad), "row 2", "not UTF-8")
-    from rlcr.tasks.sets import task_sets
+    from rlcr.runs.task_sets import task_sets
 
     cfg = RLCRConfig(tasks={"eval_file": str(bad), "num_train": 20})
     with pytest.raises(TaskFormatError) as e:  # where a run reads it

@@ -11,10 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from rlcr.cli import app
-from rlcr.model_source import ModelSourceError, check_model
+from rlcr.models.chat import render_prompt
+from rlcr.models.source import ModelSourceError, check_model
 from rlcr.storage import COMPLETE_MARKER, InvalidSeal, StorageError, Store
 from rlcr.storage.seals import checkpoint_content_id, read_bounded, sealable_files
-from rlcr.tasks.chat import render_prompt
 from rlcr.untrusted import InvalidInput
 
 CONVERSATIONS = (
@@ -68,7 +68,7 @@ def plain_model(tiny_model_dir, tmp_path, monkeypatch):
     ("{% for i in range(3) recursive %}{{ loop(range(100000)) }}{% endfor %}", "recurses"),
 ])
 def test_a_template_over_the_bounds_is_refused_quickly(template, needle):
-    from rlcr.tasks.template import SAMPLE_CONVERSATIONS, TemplateRefused, render_chat
+    from rlcr.models.template import SAMPLE_CONVERSATIONS, TemplateRefused, render_chat
 
     t0 = time.perf_counter()
     with pytest.raises(TemplateRefused, match=needle):

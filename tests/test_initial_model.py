@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from rlcr.model_source import import_model
-from rlcr.runs import RunStore
+from rlcr.models.source import import_model
+from rlcr.runs.store import RunStore
 from rlcr.storage import COMPLETE_MARKER, fetch_checkpoint
 
 
@@ -50,8 +50,8 @@ def test_a_resume_uses_the_model_the_run_started_with_naming_both_digests(plain_
     (the KL reference, the tokenizer) it started with and says so, naming both digests; a store copy rewritten
     under the run is refused, naming both content ids."""
     from rlcr.config import RLCRConfig
-    from rlcr.model_source import ModelSourceError, content_digest, run_initial_model
-    from rlcr.runs import RunLease
+    from rlcr.models.source import ModelSourceError, content_digest, run_initial_model
+    from rlcr.runs.store import RunLease
 
     cfg = RLCRConfig.from_dict({"model.name": str(plain_model), "storage.uri": str(tmp_path / "store")})
     run, warnings, cache = RunStore.open(cfg, "r"), [], tmp_path / "cache"

@@ -1,4 +1,4 @@
-"""The benchmarks' bookkeeping (bench/iteration.py; bench/generation.py's tail estimate; no flow run) and the
+"""The benchmarks' bookkeeping (bench/perf/iteration.py; bench/perf/generation.py's tail estimate; no flow run) and the
 rollout stages' mode switch (no Ray)."""
 
 import math
@@ -57,7 +57,7 @@ def test_stage_mode_switch(monkeypatch):
 
 
 def test_the_generation_tail_is_costed_from_the_batch_curve():
-    """bench/generation.py --batch-curve: a step with k sequences decoding costs k / rate(k), the rate
+    """bench/perf/generation.py --batch-curve: a step with k sequences decoding costs k / rate(k), the rate
     interpolated between measured batch sizes; the tail is the steps with at most two decoding."""
     g = load_bench("generation")
     curve = {1: 30.0, 2: 55.0, 4: 90.0, 8: 130.0, 16: 160.0, 32: 170.0}

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from rlcr.config import RLCRConfig
-from rlcr.runs import RunStore
+from rlcr.runs.store import RunStore
 
 HERE = Path(__file__).parent
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlcr.adapters import (
+from rlcr.config import RLCRConfig
+from rlcr.models.adapters import (
     ADAPTER_WEIGHTS,
     base_content_id,
     export_merged,
@@ -19,14 +20,13 @@ from rlcr.adapters import (
     merged_dir,
     read_adapter,
 )
-from rlcr.config import RLCRConfig
+from rlcr.models.weights import read_checkpoint_weights, read_frame
 from rlcr.storage import Store, fetch_checkpoint
 from rlcr.train.batching import prepare_samples
 from rlcr.train.checkpoint import TRAINING_STATE_FILE, save_adapter_checkpoint
 from rlcr.train.logprobs import CompletionLogProbs
 from rlcr.train.lora import AdapterOff, adapter_update, load_adapter_state, lora_layers, wrap_lora
 from rlcr.train.update import make_optimizer, train_update
-from rlcr.weights import read_checkpoint_weights, read_frame
 from test_train import load_lm, make_rows
 
 HERE = Path(__file__).parent
@@ -252,7 +252,7 @@ def test_a_lora_run_commits_adapter_checkpoints_and_evaluates_the_merged_policy(
     """The real flow with ``lora.enabled``, in this process: every committed checkpoint is an adapter (no full
     weights) with its AdamW state over the adapters only, and the held-out evaluation ran on the merged policy."""
     from flows.train import rlcr_train
-    from rlcr.runs import RunStore
+    from rlcr.runs.store import RunStore
 
     overrides = lora_flow_overrides(tiny_model_dir, tmp_path / "store")
     rlcr_train(overrides=overrides, run_id="straight", iterations=2)
@@ -279,7 +279,7 @@ def test_a_lora_run_killed_during_its_update_resumes_exactly(ray_local, prefect_
     import ray
     from prefect.settings import PREFECT_API_URL
 
-    from rlcr.runs import RunStore
+    from rlcr.runs.store import RunStore
     from test_kill import run_flow
 
     env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address,

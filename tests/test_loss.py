@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from rlcr.loss import aggregate, kl_penalty, policy_loss, token_logprobs
+from rlcr.core.loss import aggregate, kl_penalty, policy_loss, token_logprobs
 
 
 def test_ratio_one_gives_minus_advantage():
@@ -139,7 +139,7 @@ def test_log_prob_blocks_fit_a_cpu_cache_and_are_large_on_a_gpu():
     """The CPU keeps its cache-sized blocks (2^19 logits: 3 rows of a 152k vocabulary, 10 of SmolLM2's 49k); a GPU,
     launch-bound with blocks that small, takes 2^26 logits (441 rows of Qwen2.5's vocabulary), both capped by
     ``chunk_rows`` and at least one row."""
-    from rlcr.loss import block_rows
+    from rlcr.core.loss import block_rows
 
     assert block_rows(151_936, "cpu", 1024) == 3 and block_rows(49_152, "cpu", 1024) == 10
     assert block_rows(151_936, "cuda", 1024) == 441 and block_rows(49_152, "cuda", 1024) == 1024

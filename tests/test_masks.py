@@ -2,7 +2,7 @@
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from rlcr.masks import (
+from rlcr.core.masks import (
     answer_span,
     completion_mask,
     completion_offsets,

@@ -39,7 +39,7 @@ def test_an_unknown_task_is_a_one_line_error_naming_the_tasks():
 def test_train_flow_on_math_then_resume(ray_local, prefect_harness, tiny_model_dir, tmp_path):
     from flows.train import rlcr_train
     from rlcr.config import RLCRConfig
-    from rlcr.runs import RunStore
+    from rlcr.runs.store import RunStore
 
     held_out = tmp_path / "held_out.jsonl"  # four of the shipped MATH-style rows: a short evaluation
     held_out.write_text("".join((DATA / "math_style.jsonl").read_text().splitlines(keepends=True)[:4]))
@@ -71,10 +71,10 @@ def test_train_flow_on_math_then_resume(ray_local, prefect_harness, tiny_model_d
 
 def test_the_math_warm_start_is_worked_solutions_then_a_format_only_confidence():
     from rlcr.config import RLCRConfig
-    from rlcr.rewards import parse_confidence
-    from rlcr.sft import task_examples
+    from rlcr.core.rewards import parse_confidence
     from rlcr.tasks.base import FORMAT_ONLY_CONFIDENCES
     from rlcr.tasks.registry import get_task
+    from rlcr.train.sft import task_examples
 
     cfg = RLCRConfig(tasks={"name": "math", "train_file": str(DATA / "math_style.jsonl")}, sft={"single_turn": True})
     examples = task_examples(cfg, 6, seed=3)

@@ -8,17 +8,17 @@ import pandas as pd
 import pytest
 import torch
 
-from rlcr.advantages import METHOD_ADVANTAGES, answer_advantages, method_advantages
 from rlcr.config import ConfigError, RLCRConfig
-from rlcr.evaluate import compare_evaluations, pool_draws, summarize_eval
-from rlcr.masks import completion_mask, single_span
-from rlcr.metrics import auroc, bootstrap_intervals, calibration_metrics, paired_bootstrap_differences
-from rlcr.presentation import difference_text, with_ci
-from rlcr.rewards import ANSWER_REWARDS, METHODS, answer_reward
+from rlcr.core.advantages import METHOD_ADVANTAGES, answer_advantages, method_advantages
+from rlcr.core.masks import completion_mask, single_span
+from rlcr.core.metrics import auroc, bootstrap_intervals, calibration_metrics, paired_bootstrap_differences
+from rlcr.core.rewards import ANSWER_REWARDS, METHODS, answer_reward
+from rlcr.evaluation.evaluate import compare_evaluations, pool_draws, summarize_eval
 from rlcr.rollout.pipeline import rollout_stats
 from rlcr.rollout.records import answer_scores, assign_advantages, rollout_row, validate_rollouts
 from rlcr.rollout.stages import score_answers
 from rlcr.tasks.countdown import SINGLE_TURN_SYSTEM_PROMPT, CountdownTask, single_turn_messages
+from rlcr.ui.presentation import difference_text, with_ci
 
 TASK = CountdownTask([3, 5, 2], 16)
 RIGHT = "<think>3 + 5 = 8. 8 * 2 = 16.</think>\n<answer>(3 + 5) * 2</answer>"
@@ -334,7 +334,7 @@ def test_evaluation_breaks_calibration_down_by_number_count():
 def test_single_turn_answer_is_scored_on_its_answer_part():
     """The extraction reads the last line (docs/design.md §2–§4): the confidence after the answer must not hide it, and
     an <answer> written inside the confidence section does not count."""
-    from rlcr.rewards import split_single_turn
+    from rlcr.core.rewards import split_single_turn
 
     answer, stated = split_single_turn(RIGHT + conf(0.6))
     assert answer == RIGHT and stated.startswith("<analysis>")

@@ -5,7 +5,7 @@ import math
 import pytest
 from hypothesis import given, strategies as st
 
-from rlcr.metrics import auroc, brier, calibration_metrics, ece, reliability_bins
+from rlcr.core.metrics import auroc, brier, calibration_metrics, ece, reliability_bins
 
 
 def test_hand_computed():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlcr.config import RLCRConfig
-from rlcr.loss import importance_weights, policy_loss, sequence_band_mask, truncated_is_weights
+from rlcr.core.loss import importance_weights, policy_loss, sequence_band_mask, truncated_is_weights
 from rlcr.train.batching import Sample, collate
 from rlcr.train.mismatch import BAND, WARN_MEAN_ABS, MismatchStats, mismatch_warning
 from rlcr.train.objectives import LossInputs, get_objective
@@ -238,7 +238,7 @@ def test_mismatch_is_all_reduced_over_ranks(tmp_path):
 
 
 def test_warning_past_the_threshold_and_the_progress_line():
-    from rlcr.presentation import progress_line
+    from rlcr.ui.presentation import progress_line
 
     quiet = {"mismatch/mean_abs": WARN_MEAN_ABS / 2, "mismatch/answer/mean_abs": 0.004}
     assert mismatch_warning(quiet) is None and mismatch_warning({}) is None
@@ -257,7 +257,7 @@ def test_warning_past_the_threshold_and_the_progress_line():
 def _rows_with_engine_logprobs(tiny_model_dir, shift_confidence):
     """The synthetic rollout tree of test_train with "engine" log-probs: the trainer's own (a plain full forward)
     for answers, shifted by ``-shift_confidence`` nats for confidences (Δ = log π_trainer − log μ = +shift)."""
-    from rlcr.loss import token_logprobs
+    from rlcr.core.loss import token_logprobs
     from test_train import load_lm, make_rows
 
     lm = load_lm(tiny_model_dir)
@@ -339,9 +339,9 @@ def test_a_real_engine_and_the_trainer_agree(tiny_model_dir, tiny_tokenizer, tmp
     distribution the trainer computes (log-probs of the tempered distribution would differ by far more)."""
     import gc
 
+    from rlcr.models.chat import render_prompt
     from rlcr.rollout.engine import create_engine
     from rlcr.rollout.sampling import sample
-    from rlcr.tasks.chat import render_prompt
     from rlcr.tasks.countdown import generate_tasks, turn1_messages
     from rlcr.train.batching import prepare_samples
     from rlcr.train.logprobs import CompletionLogProbs

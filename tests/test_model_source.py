@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from rlcr.model_source import ModelSourceError, check_model, import_model, local_digest, model_kind
+from rlcr.models.source import ModelSourceError, check_model, import_model, local_digest, model_kind
 from rlcr.storage import COMPLETE_MARKER, Store, fetch_checkpoint
 
 

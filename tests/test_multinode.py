@@ -33,7 +33,8 @@ from pathlib import Path
 
 import pytest
 
-from rlcr.cluster import (
+from rlcr.config import ConfigError, RLCRConfig, changes_results, result_changing_diff
+from rlcr.runs.cluster import (
     ResourceError,
     StorageNotShared,
     check_fits,
@@ -43,7 +44,6 @@ from rlcr.cluster import (
     run_demand,
     trainer_worker_resources,
 )
-from rlcr.config import ConfigError, RLCRConfig, changes_results, result_changing_diff
 from test_task_plugins import _install_example
 
 HERE = Path(__file__).parent
@@ -341,7 +341,7 @@ def test_two_node_cluster_places_engines_and_trainer_on_the_worker_node_with_s3_
 def _two_node_run(root: Path, s3, tiny_model_dir, *, logs: Path, t0: float) -> None:
     from prefect.settings import PREFECT_API_URL
 
-    from rlcr.runs import RunStore
+    from rlcr.runs.store import RunStore
     from rlcr.storage import Store, default_cache_dir, fetch_checkpoint
     from s3server import BUCKET
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rlcr.config import RLCRConfig
-from rlcr.evaluate import summarize_eval
+from rlcr.evaluation.evaluate import summarize_eval
 from rlcr.probe.probe import probe_checkpoint
 from rlcr.probe.report import latest_report, write_report
 from rlcr.rollout.pipeline import rollout_stats
@@ -21,7 +21,7 @@ from rlcr.rollout.records import (
     rollout_row,
     rows_to_table,
 )
-from rlcr.runs import RunStore
+from rlcr.runs.store import RunStore
 from rlcr.storage import Store
 from rlcr.tasks.countdown import generate_tasks
 

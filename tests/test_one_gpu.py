@@ -3,8 +3,8 @@ one GPU in all in every phase, and the engine's memory share leaves the trainer 
 
 from pathlib import Path
 
-from rlcr.cluster import check_fits, engine_actor_resources, run_demand, trainer_worker_resources
 from rlcr.config import load_config
+from rlcr.runs.cluster import check_fits, engine_actor_resources, run_demand, trainer_worker_resources
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,7 +22,7 @@ def test_one_gpu_config_asks_for_one_gpu_in_all():
 def test_the_two_gpu_config_does_not_fit_one_gpu():
     import pytest
 
-    from rlcr.cluster import ResourceError
+    from rlcr.runs.cluster import ResourceError
 
     cfg = load_config(str(ROOT / "configs/gpu.yaml"), [])
     assert run_demand(cfg)["rollouts"]["GPU"] == 2.0

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlcr.config import RLCRConfig
-from rlcr.runs import RunStore
+from rlcr.runs.store import RunStore
 from rlcr.untrusted import InvalidInput
 
 HERE = Path(__file__).parent
@@ -63,7 +63,7 @@ def reference_run(tiny_model_dir, tmp_path):
 def test_one_step_off_samples_one_update_ahead_and_a_resume_reads_exactly_those_rollouts(
         ray_local, prefect_harness, tiny_model_dir, tmp_path):
     from rlcr.rollout.ahead import read_ahead
-    from rlcr.tasks.sets import prompts_for_iteration, task_sets
+    from rlcr.runs.task_sets import prompts_for_iteration, task_sets
 
     ref, m, cfg = reference_run(tiny_model_dir, tmp_path)
     assert [x["rollouts_version"] for x in m] == [0, 0, 1]  # iteration k+1 sampled by the policy after k − 1
@@ -134,7 +134,7 @@ def test_one_step_off_trains_each_rollout_exactly_once_across_sigkills(ray_local
 
 
 def test_the_overlap_benchmark_reads_steady_iterations_and_idle_fractions():
-    """bench/overlap.py's figures: steady iterations are 2 … N−1; idle fractions from the flow's own timings."""
+    """bench/perf/overlap.py's figures: steady iterations are 2 … N−1; idle fractions from the flow's own timings."""
     from conftest import load_bench
 
     overlap = load_bench("overlap")

@@ -14,7 +14,6 @@ import pytest
 from rlcr.config import RLCRConfig
 from rlcr.probe.metrics import aoc, curve_aoc, curve_auc, mean_curve, verbalized_gap
 from rlcr.probe.probe import (
-    NoCommittedIteration,
     ProbeSettings,
     forced_prefix,
     run_probe,
@@ -24,6 +23,7 @@ from rlcr.probe.probe import (
 )
 from rlcr.probe.report import latest_report, render_html, write_report
 from rlcr.probe.truncation import reasoning_of, sentence_cuts, truncation_points, word_ends
+from rlcr.runs.refs import NoCommittedIteration
 from rlcr.storage import Store
 from rlcr.tasks.countdown import CountdownTask, generate_tasks
 
@@ -392,7 +392,7 @@ def test_probe_flow_probes_the_newest_committed_checkpoint(engine, tiny_model_di
 
     import rlcr.rollout.engine
     from flows.probe import rlcr_probe
-    from rlcr.runs import RunStore
+    from rlcr.runs.store import RunStore
 
     cfg = tiny_cfg(tiny_model_dir, tmp_path / "store")
     store = Store(cfg.storage.uri)

@@ -1,4 +1,4 @@
-"""The pre-registered comparison's statistics (rlcr/protocol_stats.py): each test checks a property a wrong
+"""The pre-registered comparison's statistics (rlcr/evaluation/protocol_stats.py): each test checks a property a wrong
 implementation would break."""
 
 import math
@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from rlcr.metrics import auroc
-from rlcr.protocol_stats import (
+from rlcr.core.metrics import auroc
+from rlcr.evaluation.protocol_stats import (
     Answers,
     decide,
     difficulty_prior,
@@ -17,7 +17,7 @@ from rlcr.protocol_stats import (
     protocol_metrics,
     within_stratum_auroc,
 )
-from rlcr.recalibration import apply_isotonic, apply_temperature, fit_isotonic, fit_temperature
+from rlcr.evaluation.recalibration import apply_isotonic, apply_temperature, fit_isotonic, fit_temperature
 
 
 def _answers(rng, n_tasks=60, per_task=4, *, skill=1.0, prefix="t", conf_noise=0.0):
@@ -66,7 +66,7 @@ def test_the_fast_auroc_and_equal_mass_bins_equal_their_rank_definitions_bit_for
     """The bootstrap scores ~10⁵ draws, so AUROC counts negatives below each positive and the equal-mass bins
     find tie groups in one sort; both must give exactly what the textbook definitions give (average ranks;
     tie-group centres from ``np.unique``), so a table rebuilt from the records does not move."""
-    from rlcr.metrics import binned_calibration_error
+    from rlcr.core.metrics import binned_calibration_error
 
     rng = np.random.default_rng(11)
     for case in range(300):
@@ -187,7 +187,7 @@ def test_platt_scaling_is_the_maximum_likelihood_logistic_fit_on_the_logit():
     """Against an independent fit: scipy's optimiser on the same log-likelihood."""
     from scipy.optimize import minimize
 
-    from rlcr.recalibration import apply_platt, fit_platt
+    from rlcr.evaluation.recalibration import apply_platt, fit_platt
 
     rng = np.random.default_rng(5)
     c = np.clip(rng.beta(2, 3, 800), 0.01, 0.99)
@@ -214,7 +214,7 @@ def test_per_stratum_maps_are_fitted_on_each_stratum_alone_and_keep_within_strat
     from sklearn.isotonic import IsotonicRegression
     from sklearn.linear_model import LogisticRegression
 
-    from rlcr.recalibration import apply_per_stratum, apply_platt, fit_per_stratum, fit_platt
+    from rlcr.evaluation.recalibration import apply_per_stratum, apply_platt, fit_per_stratum, fit_platt
 
     rng = np.random.default_rng(6)
     cal = _answers(rng, 80, prefix="c", skill=0.3, conf_noise=0.1)  # not separable: the fit is unique
@@ -243,7 +243,7 @@ def test_per_stratum_maps_are_fitted_on_each_stratum_alone_and_keep_within_strat
 def test_the_t_table_and_seed_level_interval_match_scipy():
     from scipy import stats
 
-    from rlcr.protocol_stats import seed_level, seed_t_interval, t_quantile
+    from rlcr.evaluation.protocol_stats import seed_level, seed_t_interval, t_quantile
 
     for p in (0.95, 0.975):
         for df in range(1, 11):
@@ -272,7 +272,7 @@ def test_the_t_table_and_seed_level_interval_match_scipy():
 def test_seed_level_rules_fail_where_the_seeds_disagree_though_the_bootstrap_passes():
     """Three seeds, one near 0: the bootstrap's interval (resting on the tasks) excludes 0, the t-interval over
     seeds does not — the reading the decision rule alone would hide."""
-    from rlcr.protocol_stats import difference_statistic, seed_level
+    from rlcr.evaluation.protocol_stats import difference_statistic, seed_level
 
     runs = _runs([0.15, 1.0, 1.8])
     result = hierarchical_bootstrap(runs, goals_statistic, n_resamples=200)
@@ -292,7 +292,7 @@ def test_seed_level_rules_fail_where_the_seeds_disagree_though_the_bootstrap_pas
 def _ece_equal_mass_by_search(c, y, n_bins=10):
     """The equal-mass ECE by its definition, independently of rlcr's tie-group counting: each answer's tie group
     found by binary search in the sorted confidences, the bin from the group's centre."""
-    from rlcr.metrics import binned_calibration_error
+    from rlcr.core.metrics import binned_calibration_error
 
     ordered = np.sort(c)
     ends = np.append(np.flatnonzero(np.diff(ordered)) + 1, c.size)
@@ -304,9 +304,9 @@ def _ece_equal_mass_by_search(c, y, n_bins=10):
 def test_protocol_metrics_equal_the_reference_metrics_bit_for_bit():
     """protocol_metrics shares one sort between the equal-mass ECE and the AUROCs (counts per tie group): on
     answers with many ties, unparsed confidences and uneven strata, every figure equals the one-metric-at-a-time
-    reference (rlcr.metrics; AUROC per stratum by its own binary searches) exactly, and the bootstrap's
+    reference (rlcr.core.metrics; AUROC per stratum by its own binary searches) exactly, and the bootstrap's
     integer-coded strata give the same point values as the names."""
-    from rlcr.metrics import brier, ece, mann_whitney_auroc
+    from rlcr.core.metrics import brier, ece, mann_whitney_auroc
 
     rng = np.random.default_rng(7)
     for trial in range(300):
@@ -352,7 +352,7 @@ def test_a_draws_figures_are_the_same_with_the_bootstraps_codes_as_without():
     whose confidences a statistic replaced is sorted afresh, not read through the old codes."""
     import copy
 
-    from rlcr.protocol_stats import Answers as A
+    from rlcr.evaluation.protocol_stats import Answers as A
 
     rng = np.random.default_rng(11)
     checked = 0

@@ -200,7 +200,7 @@ def test_prompts_the_one_turn_form_and_the_format_only_warm_start():
 
 def test_the_held_out_set_holds_each_evidence_state_and_no_training_question():
     from rlcr.config import RLCRConfig
-    from rlcr.tasks.sets import sft_tasks, task_sets
+    from rlcr.runs.task_sets import sft_tasks, task_sets
 
     cfg = RLCRConfig(tasks={"name": "qa", "num_train": 90, "num_eval": 12})
     train, held_out = task_sets(cfg)
@@ -224,7 +224,7 @@ def test_the_qa_config_loads():
 def test_train_flow_on_qa(ray_local, prefect_harness, tiny_model_dir, tmp_path):
     from flows.train import rlcr_train
     from rlcr.config import RLCRConfig
-    from rlcr.runs import RunStore
+    from rlcr.runs.store import RunStore
 
     overrides = {
         "tasks.name": "qa", "model.name": str(tiny_model_dir), "storage.uri": str(tmp_path / "store"),
@@ -265,8 +265,8 @@ def _eval_rows(problems, right: set[int], confidences: dict[str, float]) -> list
 
 
 def test_the_qa_report_gives_figures_and_paired_changes_per_evidence_state(tmp_path, capsys):
+    from rlcr.evaluation.qa_report import main
     from rlcr.rollout.records import rows_to_table
-    from rlcr.tasks.qa_report import main
 
     problems = get_task("qa").generate(30, 9)
     right = {i for i, p in enumerate(problems) if p.evidence == "full"} | {1}

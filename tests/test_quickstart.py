@@ -93,14 +93,14 @@ def test_a_clean_clone_installs_only_into_venv_then_runs_the_documented_command(
     demo, test = dry_run(clone, "demo"), dry_run(clone, "test")
     demo_recipe = (clone / "Makefile").read_text().split("\ndemo:", 1)[1]
     assert demo[-1] == ".venv/bin/rlcr demo --config configs/demo.yaml" and demo[-1].split(" ", 1)[1] in demo_recipe
-    assert test[-1] == ".venv/bin/python -m pytest -q"
-    for lines in (demo[:-1], test[:-1]):
+    assert test[-2:] == [".venv/bin/python -m ruff check .", ".venv/bin/python -m pytest -q"]  # the linter first
+    for lines in (demo[:-1], test[:-2]):
         odd = [line for line in lines if not SETUP_STEP.match(line) and not line.startswith("command -v chromium")]
         assert not odd, f"a set-up step that is not an install into .venv: {odd}"
         assert any(" -m pip install " in line and "-e " in line for line in lines)  # the project itself
         assert "touch .venv/.setup-done" in lines
     assert demo[-2] == "touch .venv/.setup-done"
-    assert test[-2].startswith("command -v chromium")  # then the page tests' browser (README), outside .venv
+    assert test[-3].startswith("command -v chromium")  # then the page tests' browser (README), outside .venv
     assert not [line for line in demo if "chromium" in line or "apt-get" in line or "sudo" in line]
     # set up once, both run the documented command at once ("seconds afterwards")
     stamp = clone / ".venv" / ".setup-done"
@@ -108,7 +108,7 @@ def test_a_clean_clone_installs_only_into_venv_then_runs_the_documented_command(
     stamp.touch()
     try:
         assert dry_run(clone, "demo") == [".venv/bin/rlcr demo --config configs/demo.yaml"]
-        assert dry_run(clone, "test")[-1:] == [".venv/bin/python -m pytest -q"]
+        assert dry_run(clone, "test")[-2:] == [".venv/bin/python -m ruff check .", ".venv/bin/python -m pytest -q"]
     finally:
         shutil.rmtree(clone / ".venv")
 

@@ -4,7 +4,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from rlcr.advantages import answer_advantages, confidence_advantages
+from rlcr.core.advantages import answer_advantages, confidence_advantages
 from rlcr.rollout.records import (
     ROLLOUT_SCHEMA,
     RolloutValidationError,

@@ -35,10 +35,10 @@ def test_a_sample_does_not_depend_on_its_batch(tiny_model_dir, tiny_tokenizer):
     """One in-process engine: the same seeded requests alone, in one large call (more prompt tokens than
     one engine step takes, so prefills are scheduled over several steps) and in other groups and orders
     give the same tokens; log-probs equal up to float rounding (the kernels see other batch shapes)."""
+    from rlcr.models.chat import render_prompt
     from rlcr.rollout.engine import create_engine
     from rlcr.rollout.sampling import sample
     from rlcr.seeds import answer_seed
-    from rlcr.tasks.chat import render_prompt
 
     cfg = tiny_cfg(tiny_model_dir, "unused")
     gc.collect()  # an in-process engine another test dropped must not be collected while this one runs
@@ -73,7 +73,7 @@ def test_pipelined_turns_sample_the_two_call_tree_and_a_failure_leaves_the_engin
     two-call way (all answers, then all confidences) with the same seeds; a turn-2 conversation that cannot be
     rendered mid-run raises naming its row and aborts what is still in the engine, which then samples as before."""
     from rlcr.rollout.engine import create_engine
-    from rlcr.rollout.sampling import _params as params, run_requests, sample_chats, sample_tree
+    from rlcr.rollout.sampling import run_requests, sample_chats, sample_tree, sampling_params as params
     from rlcr.seeds import answer_seed, confidence_seed
     from rlcr.tasks.countdown import turn2_messages
 
@@ -192,8 +192,8 @@ def test_same_rollouts_whatever_the_batching_timing_and_engines(ray_local, tiny_
     (0.2 s, 0.7 s), a CPU burner running. Same tokens, texts, rewards and advantages."""
     import ray
 
-    from rlcr.cluster import ENGINE_ACTOR_CPUS
     from rlcr.rollout.engine import engine_runtime_env
+    from rlcr.runs.cluster import ENGINE_ACTOR_CPUS
 
     # rollout_batch_size 8: all five prompts in one batch; both turns in one engine run
     quiet = tiny_cfg(tiny_model_dir, tmp_path).model_copy(update={"rollout.pipeline_turns": True})

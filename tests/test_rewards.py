@@ -6,7 +6,7 @@ import math
 import pytest
 from hypothesis import given, strategies as st
 
-from rlcr.rewards import accuracy_reward, brier_reward, parse_confidence
+from rlcr.core.rewards import accuracy_reward, brier_reward, parse_confidence
 from rlcr.rollout.records import answer_scores, confidence_scores
 from rlcr.tasks.countdown import CountdownTask
 

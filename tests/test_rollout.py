@@ -129,7 +129,7 @@ def test_sampling_logprobs_match_transformers(rollout_runs, tiny_model_dir):
 
 def test_shared_engines_take_new_weights(rollout_runs, engine_pool, tiny_model_dir, tmp_path):
     """After the pool loads another checkpoint, samples come from the new weights (not stale ones)."""
-    from rlcr.tiny import build_tiny_model
+    from rlcr.models.tiny import build_tiny_model
 
     cfg, _, tasks, _, before = rollout_runs
     other = build_tiny_model(tmp_path / "other", seed=1)
@@ -209,8 +209,8 @@ def test_a_turn2_prompt_that_a_long_answer_can_overflow_is_refused_before_any_ra
     the row and the fields; one more token of room passes, and rlcr_single, which has no turn 2, passes."""
     from transformers import AutoTokenizer
 
+    from rlcr.models.chat import render_prompt
     from rlcr.rollout.pipeline import check_prompt_lengths
-    from rlcr.tasks.chat import render_prompt
     from rlcr.tasks.countdown import turn2_messages
 
     task = CountdownTask([1, 2, 3], 6)
@@ -227,7 +227,7 @@ def test_a_turn2_prompt_that_a_long_answer_can_overflow_is_refused_before_any_ra
 
 def test_turn2_prompt_too_long_names_its_row(tiny_tokenizer):
     """Turn-2 contexts are rendered where the engine is; an overlong one names prompt and answer."""
-    from rlcr.tasks.chat import render_prompt
+    from rlcr.models.chat import render_prompt
     from rlcr.tasks.countdown import turn2_messages
 
     msgs = turn2_messages(CountdownTask([1, 2, 3], 6), "<think>" + "1+2 " * 200 + "</think><answer>1+2+3</answer>")
@@ -243,8 +243,8 @@ def test_each_methods_rollouts_and_evaluation(method, engine_pool, tiny_model_di
     """`rlcr_single`: one turn (the one-turn prompt, answer + confidence budget, the `single` mask), rewards
     acc + λ·Brier, per-prompt advantages; `rlvr`: turn 1 only in training, and a turn-2 confidence per answer
     at evaluation (`eval_samples` answers per task)."""
-    from rlcr.evaluate import evaluate_policy
-    from rlcr.masks import completion_mask
+    from rlcr.core.masks import completion_mask
+    from rlcr.evaluation.evaluate import evaluate_policy
     from rlcr.tasks.countdown import SINGLE_TURN_SYSTEM_PROMPT, SYSTEM_PROMPT
 
     cfg = tiny_cfg(tiny_model_dir, tmp_path,

@@ -12,9 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 from rlcr.config import load_config
-from rlcr.lease import RunLease
-from rlcr.run_refs import RunRefError, is_run_ref, iteration_rows, parse_ref, resolve_checkpoint, store_summaries
-from rlcr.runs import RunStore
+from rlcr.runs.lease import RunLease
+from rlcr.runs.refs import RunRefError, is_run_ref, iteration_rows, parse_ref, resolve_checkpoint, store_summaries
+from rlcr.runs.store import RunStore
 from rlcr.storage import Store
 from test_user_errors import assert_one_line, run_cli
 
@@ -107,7 +107,7 @@ def test_what_is_a_reference():
 
 
 def test_model_name_reference_is_copied_into_models(local):
-    from rlcr.model_source import import_model, model_kind
+    from rlcr.models.source import import_model, model_kind
 
     make_run(local)
     assert model_kind("first@2") == "run"
@@ -145,7 +145,7 @@ def test_states_of_runs(local, tmp_path):
 def cli(args, width=80):
     """The CLI in-process, its console as wide as an 80-column terminal."""
     from rlcr.cli import app
-    from rlcr.presentation import console
+    from rlcr.ui.presentation import console
 
     before, console.width = console.width, width
     try:

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from rlcr.runs import AlreadyCommitted, LeaseLost, RunLease, RunLocked, RunStore, new_run_id
+from rlcr.runs.store import AlreadyCommitted, LeaseLost, RunLease, RunLocked, RunStore, new_run_id
 from rlcr.storage import Store, validate_run_id
 
 
@@ -89,7 +89,7 @@ def test_a_killed_holder_on_this_machine_is_taken_over_at_once(run):
 
 def test_resume_accepts_operational_changes_and_names_result_changing_ones(tmp_path):
     from rlcr.config import RLCRConfig
-    from rlcr.runs import RunConfigMismatch
+    from rlcr.runs.store import RunConfigMismatch
 
     cfg = RLCRConfig(storage={"uri": str(tmp_path)}, model={"name": "m"})
     run = RunStore.open(cfg, "r")
@@ -116,7 +116,7 @@ def test_an_unreadable_lease_is_taken_over_not_a_crash(run, garbage):
 def test_every_path_of_a_run_comes_from_its_layout(tmp_path):
     """Issue 31 item 5: the run's layout names the paths that other modules used to build themselves (the
     trainer's standalone checkpoint, the pipeline's standalone rollouts, the probe reports)."""
-    from rlcr.run_layout import RunLayout
+    from rlcr.runs.layout import RunLayout
 
     run = RunStore(Store(str(tmp_path)), "lr=1e-5 exp@1")
     assert RunStore.standalone_checkpoint_rel("lr=1e-5 exp@1", 3) == "runs/lr=1e-5 exp@1/iter-0003/checkpoint"

@@ -1,4 +1,4 @@
-"""A run's task sets: a held-out set that is held out, distinct prompts per iteration (rlcr.tasks.sets)."""
+"""A run's task sets: a held-out set that is held out, distinct prompts per iteration (rlcr.runs.task_sets)."""
 
 import json
 import logging
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from rlcr.config import RLCRConfig, load_config
+from rlcr.runs.task_sets import prompts_for_iteration, sft_tasks, task_sets, training_pool
 from rlcr.tasks.countdown import CountdownTask, compute_score, generate_tasks, save_tasks
-from rlcr.tasks.sets import prompts_for_iteration, sft_tasks, task_sets, training_pool
 
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 
@@ -57,7 +57,7 @@ def test_held_out_keeps_the_configured_mix_of_number_counts():
 
 def test_sft_rows_train_on_training_tasks_only(tiny_tokenizer):
     """What run_sft trains on (sft_rows with its seed) is drawn from the run's training pool."""
-    from rlcr.sft import sft_rows
+    from rlcr.train.sft import sft_rows
 
     cfg = load_config(DEMO)
     train, held_out = task_sets(cfg)
@@ -80,7 +80,7 @@ def test_held_out_file_drops_training_tasks_and_repeats(tmp_path, caplog):
         {"nums": [6, 4, 1], "target": 10},  # a training task
     ])
     cfg = RLCRConfig(tasks={"train_file": train_file, "eval_file": eval_file}, rollout={"prompts_per_iteration": 2})
-    with caplog.at_level(logging.WARNING, logger="rlcr.tasks.sets"):
+    with caplog.at_level(logging.WARNING, logger="rlcr.runs.task_sets"):
         train, held_out = task_sets(cfg)
     assert [t.identity for t in train] == [((1, 2, 3), 6), ((2, 2, 5), 9), ((1, 4, 6), 10)]
     assert [t.identity for t in held_out] == [((1, 2, 3), 7), ((2, 3, 7), 12)]

@@ -1,14 +1,14 @@
-"""The format warm-start's supervised examples (rlcr.sft)."""
+"""The format warm-start's supervised examples (rlcr.train.sft)."""
 
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rlcr.rewards import parse_confidence
-from rlcr.sft import sft_rows, sft_update_config
+from rlcr.core.rewards import parse_confidence
 from rlcr.tasks.countdown import CountdownTask, compute_score, evaluate_expression
 from rlcr.tasks.countdown_sft import MAX_ATTEMPTS, answer_trace, check_answer, sft_examples, solution_steps
+from rlcr.train.sft import sft_rows, sft_update_config
 
 
 def test_solution_steps_and_trace():
@@ -77,7 +77,7 @@ def test_wrong_answers_look_like_the_models_own():
     import collections
     import random
 
-    from rlcr.rewards import accuracy_reward
+    from rlcr.core.rewards import accuracy_reward
     from rlcr.tasks.countdown import generate_tasks
     from rlcr.tasks.countdown_sft import WRONG_KINDS, wrong_answer
 

@@ -8,7 +8,7 @@ write's success; an object with other bytes (a genuine other writer) still raise
 
 import pytest
 
-from rlcr.runs import AlreadyCommitted, RunLease, RunLocked, RunStore
+from rlcr.runs.store import AlreadyCommitted, RunLease, RunLocked, RunStore
 from rlcr.storage import AlreadyExists, Store, VersionConflict
 from s3server import BUCKET, SlowProxy
 
@@ -47,7 +47,7 @@ def test_a_late_answer_to_the_manifest_put_is_not_another_writers_commit(slow_ru
 
 def test_a_late_answer_to_the_lease_puts_is_not_another_holder(slow_run, proxy):
     run = slow_run
-    # timeout 6 s, heartbeat 2 s: the lease's own requests wait 1 s for an answer (rlcr.lease._control_store)
+    # timeout 6 s, heartbeat 2 s: the lease's own requests wait 1 s for an answer (rlcr.runs.lease._control_store)
     proxy.hold("slow/lease.json", HELD_S)
     lease = RunLease(run, owner="A", timeout_s=6.0, heartbeat_s=2.0).acquire()  # not RunLocked by itself
     try:

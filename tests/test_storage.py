@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rlcr.run_layout import RunLayout
+from rlcr.runs.layout import RunLayout
 from rlcr.storage import (
     COMPLETE_MARKER,
     HOST_ID,

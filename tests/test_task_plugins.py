@@ -121,7 +121,7 @@ def test_tasks_module_is_imported_before_the_task_is_looked_up(tmp_path, monkeyp
 
 def test_a_fresh_process_finds_the_task_as_a_ray_worker_would(tmp_path):
     """A worker validates the config it is given (``tasks.module``), or imports ``$RLCR_TASK_MODULES`` on a miss
-    (what :func:`rlcr.cluster.ensure_ray` puts in the Ray runtime environment)."""
+    (what :func:`rlcr.runs.cluster.ensure_ray` puts in the Ray runtime environment)."""
     path = tmp_path / "worker_task.py"
     path.write_text(TASK_SOURCE.format(name="workertask"))
     cfg = RLCRConfig.from_dict({"tasks.name": "workertask", "tasks.module": str(path)})
@@ -136,7 +136,7 @@ def test_a_fresh_process_finds_the_task_as_a_ray_worker_would(tmp_path):
                          env={**env, "RLCR_TASK_MODULES": "workertask=worker_task:T",
                               "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])})
     assert out.stdout.split() == ["workertask"], out.stderr[-2000:]
-    from rlcr.cluster import task_runtime_env
+    from rlcr.runs.cluster import task_runtime_env
 
     assert task_runtime_env(RLCRConfig(), ship=True) == {}  # a built-in task: nothing to carry
     env_of = task_runtime_env(cfg, ship=True)
@@ -194,7 +194,7 @@ def test_config_show_lists_the_tasks_options_with_their_docs():
 
 
 def test_options_are_stored_with_the_run_and_part_of_the_resume_diff(tmp_path):
-    from rlcr.runs import RunConfigMismatch, RunStore
+    from rlcr.runs.store import RunConfigMismatch, RunStore
 
     cfg = RLCRConfig(storage={"uri": str(tmp_path)}, tasks={"options": {"max_count": 5}})
     run = RunStore.open(cfg, "opts")

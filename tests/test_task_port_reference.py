@@ -168,8 +168,8 @@ def _iteration(model_dir, store_dir, tokenizer):
     from transformers import AutoModelForCausalLM
 
     from rlcr.rollout.pipeline import run_rollouts
+    from rlcr.runs.task_sets import prompts_for_iteration, task_sets
     from rlcr.seeds import update_seed
-    from rlcr.tasks.sets import prompts_for_iteration, task_sets
     from rlcr.train.batching import prepare_samples
     from rlcr.train.logprobs import CompletionLogProbs
     from rlcr.train.update import train_update
@@ -203,7 +203,7 @@ def _iteration(model_dir, store_dir, tokenizer):
 
 
 def _prompts(model_dir, store_dir):
-    from rlcr.tasks.sets import prompts_for_iteration, task_sets
+    from rlcr.runs.task_sets import prompts_for_iteration, task_sets
 
     cfg = reference_cfg(model_dir, store_dir)
     return prompts_for_iteration(cfg, task_sets(cfg)[0], 1)

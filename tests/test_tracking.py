@@ -288,7 +288,7 @@ def committed_run(root: Path, run_id: str, iterations: dict[int, dict], baseline
     """A run's store holding ``baseline.json`` (the baseline's held-out evaluation) and committed iterations
     with these metrics, written as the flow writes them (RunStore)."""
     from rlcr.config import RLCRConfig
-    from rlcr.runs import RunStore
+    from rlcr.runs.store import RunStore
 
     run = RunStore.open(RLCRConfig(storage={"uri": str(root)}, model={"name": "m"}), run_id)
     if baseline is not None:

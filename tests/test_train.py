@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rlcr.config import RLCRConfig
-from rlcr.loss import policy_loss, token_logprobs
+from rlcr.core.loss import policy_loss, token_logprobs
 from rlcr.storage import COMPLETE_MARKER, Store
 from rlcr.train.batching import (
     collate,
@@ -473,7 +473,7 @@ def _in_process_updates(model_dir, batches, tokenizer, cfg, *, continuous: bool)
 
 def unpacked(weights) -> dict[str, torch.Tensor]:
     """The trainer's object-store weights as tensors (a tied parameter is sent as a reference to its twin)."""
-    from rlcr.weights import SameAs
+    from rlcr.models.weights import SameAs
 
     out = {k: torch.tensor(v) for k, v in weights.items() if not isinstance(v, SameAs)}
     out.update({k: out[v.name] for k, v in weights.items() if isinstance(v, SameAs)})
@@ -554,7 +554,7 @@ def test_a_trainer_worker_keeps_its_freed_memory_for_the_next_update(continuous_
     """``placement.trainer_keeps_memory`` (on by default): each Ray Train worker process starts with glibc's
     allocator told to keep freed memory (one arena, no mmap, no trim), so an update reuses the last one's pages
     instead of faulting them in again; off, the workers start with Ray's environment alone."""
-    from rlcr.cluster import KEEP_MEMORY_ENV, trainer_runtime_env
+    from rlcr.runs.cluster import KEEP_MEMORY_ENV, trainer_runtime_env
 
     cfg, started_with = continuous_trainer[0], continuous_trainer[-1]
     assert cfg.placement.trainer_keeps_memory

@@ -2,13 +2,13 @@
 
 * prefix-tree attention per segment (:func:`rlcr.train.logprobs.tree_sdpa_attention`) = SDPA with the
   dense ``[T, T]`` tree mask, forward and backward;
-* :func:`rlcr.loss.token_logprobs` (blocked, one gradient buffer) = log-softmax + gather under plain
+* :func:`rlcr.core.loss.token_logprobs` (blocked, one gradient buffer) = log-softmax + gather under plain
   autograd, forward and backward, float32 and bfloat16.
 """
 
 import torch
 
-from rlcr.loss import token_logprobs
+from rlcr.core.loss import token_logprobs
 from rlcr.train.batching import collate_prefix_tree, prefix_tree, prepare_samples, tree_segments
 from rlcr.train.logprobs import TREE_ATTENTION, CompletionLogProbs
 from test_train import load_lm, make_rows

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlcr.adapters import ADAPTER_FILE, base_content_id, base_dir, base_reference, export_merged, fetch_model
-from rlcr.models import builtin_dir
+from rlcr.models.adapters import ADAPTER_FILE, base_content_id, base_dir, base_reference, export_merged, fetch_model
+from rlcr.models.smollm2 import builtin_dir
+from rlcr.models.weights import read_checkpoint_weights, read_frame
 from rlcr.storage import Store, fetch_checkpoint
 from rlcr.train.checkpoint import save_adapter_checkpoint
 from rlcr.train.lora import lora_layers, wrap_lora
-from rlcr.weights import read_checkpoint_weights, read_frame
 from test_lora import lora_cfg
 from test_train import load_lm
 
@@ -134,7 +134,7 @@ def test_s3_folder_markers_are_ignored_and_empty_path_segments_refused(tiny_mode
     silently left out of the copy (the delimiter walk hid it). Now markers are ignored (the model imports, the
     files under ``sub/`` with it) and a key with an empty path segment is refused in one line naming it.
     Failed before: the ``sub/`` folder was refused; the ``a//b`` folder was imported without that file."""
-    from rlcr.model_source import ModelSourceError, import_model
+    from rlcr.models.source import ModelSourceError, import_model
     from s3server import BUCKET
 
     store = Store(f"s3://{BUCKET}/{tmp_path.name}", endpoint_url=s3.endpoint)
@@ -164,9 +164,9 @@ def test_under_top_p_the_engine_records_the_untruncated_models_logprobs(tiny_mod
     refusal failed before (nothing checked the mode, so a processed engine's log-probs entered the update)."""
     import gc
 
+    from rlcr.models.chat import render_prompt
     from rlcr.rollout.engine import create_engine
     from rlcr.rollout.sampling import sample
-    from rlcr.tasks.chat import render_prompt
     from rlcr.tasks.countdown import generate_tasks, turn1_messages
     from test_rollout import tiny_cfg
 

@@ -16,7 +16,7 @@ import pytest
 
 from rlcr.config import ConfigError, RLCRConfig
 from rlcr.config.loading import safe_yaml
-from rlcr.presentation import metrics_markdown
+from rlcr.ui.presentation import metrics_markdown
 
 
 def _varint(n):

@@ -210,7 +210,7 @@ def test_a_namespace_package_task_is_carried_to_the_cluster(tmp_path, monkeypatc
     """Item 10, a task in a namespace package (no ``__init__.py``) with ``RAY_ADDRESS`` set: the runtime
     environment carries its package's directory. Before, ``task_runtime_env`` built ``Path(None)`` from the
     package's missing ``__file__`` and ``rlcr train`` ended in a TypeError traceback."""
-    from rlcr.cluster import task_runtime_env
+    from rlcr.runs.cluster import task_runtime_env
 
     (tmp_path / "ns_tasks").mkdir()
     (tmp_path / "ns_tasks" / "mine.py").write_text(TASK_SOURCE.format(name="nstask"))

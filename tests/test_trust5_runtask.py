@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlcr.config import RLCRConfig
-from rlcr.evaluate import by_stratum
+from rlcr.evaluation.evaluate import by_stratum
 from rlcr.rollout.records import (
     RolloutValidationError,
     read_records_table,
@@ -17,7 +17,7 @@ from rlcr.rollout.records import (
     rows_to_table,
     table_to_rows,
 )
-from rlcr.runs import RunStore
+from rlcr.runs.store import RunStore
 from rlcr.storage import Store
 from rlcr.tasks import registry
 from rlcr.tasks.base import TASKS, register_task
@@ -118,7 +118,7 @@ def test_a_run_reference_brings_its_task_and_a_contradiction_is_refused(tmp_path
     from typer.testing import CliRunner
 
     from rlcr.cli import app
-    from rlcr.run_refs import TaskMismatch, with_run_task
+    from rlcr.runs.refs import TaskMismatch, with_run_task
 
     run_cfg = _tiny(tiny_model_dir, tmp_path / "store", tasks={"name": "math"})
     run = _stored_run(tmp_path, run_cfg, tiny_model_dir)

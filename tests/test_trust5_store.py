@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 
 from rlcr.cli import app
 from rlcr.config import RLCRConfig
-from rlcr.lease import RunLease
-from rlcr.run_refs import store_summaries
-from rlcr.runs import PROCESS_ATTEMPT, RunStore
+from rlcr.runs.lease import RunLease
+from rlcr.runs.refs import store_summaries
+from rlcr.runs.store import PROCESS_ATTEMPT, RunStore
 from rlcr.storage import Store
 from rlcr.untrusted import InvalidInput
 from test_cli import write_eval_rows
@@ -86,7 +86,7 @@ def test_a_fifo_manifest_or_lease_is_refused_by_name_not_waited_on(tmp_path):
 _REFUSE = """
 import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
-from rlcr.runs import RunStore
+from rlcr.runs.store import RunStore
 from rlcr.storage import Store
 from rlcr.untrusted import InvalidInput
 run = RunStore(Store(sys.argv[1]), "first")

@@ -67,7 +67,7 @@ def _setup(tmp_path: Path) -> None:
     """A store with run 'started' (config recorded with seed 1, nothing committed), a config file with a typo,
     a plain file where a directory is expected, a base model without a chat template."""
     from rlcr.config import RLCRConfig
-    from rlcr.runs import RunStore
+    from rlcr.runs.store import RunStore
 
     RunStore.open(RLCRConfig(storage={"uri": str(tmp_path / "store")}, run={"seed": 1}), "started").check_config(
         RLCRConfig(storage={"uri": str(tmp_path / "store")}, run={"seed": 1}))

@@ -8,9 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlcr.rollout.pipeline import run_rollouts
-from rlcr.tasks.countdown import generate_tasks, turn1_messages
-from rlcr.weights import (
+from rlcr.models.weights import (
     Bfloat16Bits,
     SameAs,
     WeightSpec,
@@ -21,6 +19,8 @@ from rlcr.weights import (
     read_checkpoint_weights,
     read_frame,
 )
+from rlcr.rollout.pipeline import run_rollouts
+from rlcr.tasks.countdown import generate_tasks, turn1_messages
 from test_rollout import assert_logprobs_match, tiny_cfg
 
 TASKS = list(enumerate(generate_tasks(3, seed=11)))
@@ -29,7 +29,7 @@ TASKS = list(enumerate(generate_tasks(3, seed=11)))
 @pytest.fixture(scope="module")
 def model_b(tiny_model_dir, tmp_path_factory):
     """Policy B: another tiny model's weights in A's config and tokenizer (what a training step changes)."""
-    from rlcr.tiny import build_tiny_model
+    from rlcr.models.tiny import build_tiny_model
 
     root = tmp_path_factory.mktemp("model-b")
     other = build_tiny_model(root / "other", seed=1)
@@ -173,7 +173,7 @@ def test_recreate_from_memory_samples_as_inplace(pool, model_b, samples_a, resto
 
 def test_checkpoint_load_is_inplace_only_for_the_same_config_and_tokenizer(pool, model_b, tmp_path, restore_a):
     """A checkpoint of the running model's frame loads in place; another tokenizer re-creates the engine."""
-    from rlcr.tiny import build_tiny_model
+    from rlcr.models.tiny import build_tiny_model
 
     assert pool.load(str(model_b))[0]["mode"] == "inplace"
     assert pool.load(str(model_b))[0]["mode"] == "unchanged"

@@ -16,8 +16,8 @@ code 2, before Ray or Prefect start wherever the input alone shows it; ``rlcr --
 
 The package: :mod:`~rlcr.cli.app` (the command group and its user errors), :mod:`~rlcr.cli.inputs` (the checks
 every command makes first), the commands by group (:mod:`~rlcr.cli.run`: models, config, train, sft;
-:mod:`~rlcr.cli.evaluation`: eval, compare, probe; :mod:`~rlcr.cli.demo`). Tables are :mod:`rlcr.presentation`'s,
-progress displays :mod:`rlcr.progress`'s.
+:mod:`~rlcr.cli.evaluation`: eval, compare, probe; :mod:`~rlcr.cli.demo`). Tables are :mod:`rlcr.ui.presentation`'s,
+progress displays :mod:`rlcr.ui.progress`'s.
 """
 
 import rlcr.cli.run  # noqa: F401, I001 — registers the commands on `app`, in the order --help lists them
@@ -26,7 +26,7 @@ import rlcr.cli.demo  # noqa: F401
 import rlcr.cli.runs  # noqa: F401
 import rlcr.cli.export  # noqa: F401
 from rlcr.cli.app import UserError, app
-from rlcr.progress import StageProgress, committed_figures
+from rlcr.ui.progress import StageProgress, committed_figures
 
 __all__ = ["app", "main", "UserError", "StageProgress", "committed_figures"]
 

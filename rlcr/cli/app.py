@@ -31,8 +31,8 @@ class UserError(Exception):
 
 _DEBUG = {"on": False}
 """``rlcr --debug``: an error's traceback is shown before its line."""
-_USER_ERROR_TYPES = {("rlcr.runs", "RunConfigMismatch"), ("rlcr.lease", "RunLocked"), ("rlcr.cluster", "ResourceError"),
-                     ("rlcr.probe.probe", "NoCommittedIteration")}
+_USER_ERROR_TYPES = {("rlcr.runs.store", "RunConfigMismatch"), ("rlcr.runs.lease", "RunLocked"),
+                     ("rlcr.runs.cluster", "ResourceError"), ("rlcr.runs.refs", "NoCommittedIteration")}
 """Refusals of the input raised past the CLI's own checks (by class, without importing their modules)."""
 
 
@@ -42,7 +42,7 @@ def _user_error_line(e: BaseException) -> Optional[str]:
 
     if isinstance(e, UserError):
         return f"error: {e}"
-    if (type(e).__module__, type(e).__name__) == ("rlcr.cluster", "StorageUnreachable"):
+    if (type(e).__module__, type(e).__name__) == ("rlcr.runs.cluster", "StorageUnreachable"):
         return f"storage error: {e}"
     if isinstance(e, ConfigError):
         text = str(e)

@@ -14,8 +14,8 @@ import typer
 
 from rlcr.cli.app import app
 from rlcr.cli.inputs import VERBOSE_HELP, check_inputs, check_storage, load, quiet, sft_overrides, valid_run_id
-from rlcr.presentation import comparison_table, console, demo_table, fmt, show, summary_table
-from rlcr.progress import StageProgress, committed_figures, step
+from rlcr.ui.presentation import comparison_table, console, demo_table, fmt, show, summary_table
+from rlcr.ui.progress import StageProgress, committed_figures, step
 from rlcr.untrusted import printable
 
 
@@ -48,14 +48,15 @@ def demo(
 def _demo(cfg, config: str, run_id: str, probe_tasks: int, probe_samples: int, final_tasks: int, verbose: bool,
           t_start: float) -> None:
     from flows.probe import rlcr_probe
-    from flows.train import ensure_ray, rlcr_train
+    from flows.train import rlcr_train
     from rlcr import events
-    from rlcr.evaluate import evaluate_policy
-    from rlcr.model_source import import_model
-    from rlcr.models import SMOLLM2
+    from rlcr.evaluation.evaluate import evaluate_policy
+    from rlcr.models.smollm2 import SMOLLM2
+    from rlcr.models.source import import_model
     from rlcr.rollout.engine import EnginePool
-    from rlcr.runs import RunStore, task_sets
-    from rlcr.sft import warm_start
+    from rlcr.runs.cluster import ensure_ray
+    from rlcr.runs.store import RunStore, task_sets
+    from rlcr.train.sft import warm_start
 
     times: dict[str, float] = {}
 
@@ -115,7 +116,7 @@ def _demo(cfg, config: str, run_id: str, probe_tasks: int, probe_samples: int, f
 def print_summary(cfg, run_id: str, base: dict, base_tasks: int, final: dict | None) -> None:
     """The run's settings, the policies' held-out figures (base, after SFT, after RLCR) and, with the larger
     evaluation (``final``), the change with its paired intervals; without it, the iterations' own evaluations."""
-    from rlcr.runs import RunStore
+    from rlcr.runs.store import RunStore
 
     console.print(summary_table(run_id, cfg))
     if final is None:
@@ -140,18 +141,18 @@ def final_evaluation(cfg, run_id: str, before_uri: str, n_tasks: int) -> dict:
     """The warm-start (``before_uri``) and the run's newest checkpoint on ``n_tasks`` held-out tasks — drawn like the
     run's held-out set (``tasks.eval_seed``, strata in equal shares), none a training or warm-start task — with
     the same request seeds, and the change with paired bootstrap intervals
-    (:func:`rlcr.evaluate.evaluate_before_after`).
+    (:func:`rlcr.evaluation.evaluate.evaluate_before_after`).
 
     Stored under the run (``final-eval/<key>``: both sides' per-answer rows as Parquet, then ``summary.json``,
     written last and create-only: it marks the evaluation complete, and the rows of one interrupted before it
     are written again), keyed by the two checkpoints, the task count and the config, so a re-run demo reads
     it back instead of evaluating again. Returns the summary: ``before``/``after`` metrics, ``comparison``, ``n_tasks``,
     ``iteration`` and both URIs."""
-    from flows.probe import newest_checkpoint
-    from rlcr.evaluate import evaluate_before_after
+    from rlcr.evaluation.evaluate import evaluate_before_after
     from rlcr.rollout.records import rows_to_table
-    from rlcr.runs import RunStore
-    from rlcr.tasks.sets import held_out_set, training_pool
+    from rlcr.runs.refs import newest_checkpoint
+    from rlcr.runs.store import RunStore
+    from rlcr.runs.task_sets import held_out_set, training_pool
 
     iteration, after_uri = newest_checkpoint(cfg, run_id)
     big = cfg.model_copy(update={"tasks.num_eval": n_tasks})
@@ -173,7 +174,7 @@ def final_evaluation(cfg, run_id: str, before_uri: str, n_tasks: int) -> dict:
 def read_summary(data: bytes, source: str) -> dict:
     """A stored ``final-eval/<key>/summary.json``, checked before it is shown (bounded JSON, the fields the summary
     prints and their types): anything else is one line naming the file, and the stored rows stay as they are."""
-    from rlcr.presentation import CI_KEYS
+    from rlcr.ui.presentation import CI_KEYS
     from rlcr.untrusted import InvalidInput, parse_json
 
     doc = parse_json(data, source, allow_nonfinite=True)

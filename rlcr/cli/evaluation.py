@@ -1,7 +1,8 @@
 """``rlcr eval``, ``rlcr compare`` and ``rlcr probe``: options parsed, the evaluation, comparison or probe run, its
 table printed.
-Which rows a comparison may compare is :mod:`rlcr.comparison`'s; the figures :mod:`rlcr.evaluate`'s; the tables
-:mod:`rlcr.presentation`'s."""
+Which rows a comparison may compare is :mod:`rlcr.evaluation.comparison`'s; the figures
+:mod:`rlcr.evaluation.evaluate`'s; the tables
+:mod:`rlcr.ui.presentation`'s."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from rlcr.cli.inputs import (
     resolve_ref,
     run_and_iteration,
 )
-from rlcr.presentation import comparison_table, console, eval_table, probe_table, provenance_text, show
-from rlcr.progress import step
+from rlcr.ui.presentation import comparison_table, console, eval_table, probe_table, provenance_text, show
+from rlcr.ui.progress import step
 from rlcr.untrusted import printable
 
 
@@ -58,7 +59,7 @@ def _write_records(records: str, target: tuple[Any, str], rows, cfg, policy: str
     """The per-answer rows, with their provenance, to the file :func:`_records_target` checked: create-only
     (a file that appeared during the evaluation is kept, not replaced)."""
     from rlcr.rollout.records import rows_to_table, with_provenance
-    from rlcr.run_refs import task_fields
+    from rlcr.runs.refs import task_fields
     from rlcr.storage import AlreadyExists, Store
 
     store, name = target
@@ -76,11 +77,11 @@ def _write_records(records: str, target: tuple[Any, str], rows, cfg, policy: str
 
 
 def run_task(cfg, run_id: str, overrides: list[str], option: str):
-    """``cfg`` with the task (and task options) run ``run_id`` was trained on (:func:`rlcr.run_refs.with_run_task`):
+    """``cfg`` with the task (and task options) run ``run_id`` was trained on (:func:`rlcr.runs.refs.with_run_task`):
     a line where that replaces the config's; a ``tasks.name``/``tasks.options`` on the command line that is not the
     run's is one line naming ``option`` and both, before any work."""
     from rlcr.cli.inputs import override_keys
-    from rlcr.run_refs import TaskMismatch, with_run_task
+    from rlcr.runs.refs import TaskMismatch, with_run_task
     from rlcr.untrusted import InvalidInput
 
     run = existing_run(cfg, run_id)
@@ -119,7 +120,7 @@ def evaluate(
     """Held-out accuracy, format rate and calibration (docs/design.md §13) of one checkpoint."""
     cfg = load(config, overrides or [])
     target = _records_target(records, cfg) if records is not None else None  # before any work
-    from rlcr.run_refs import is_run_ref
+    from rlcr.runs.refs import is_run_ref
 
     ref = checkpoint if checkpoint and is_run_ref(checkpoint) else None
     if ref:
@@ -128,11 +129,11 @@ def evaluate(
     check_inputs(cfg, checkpoint, "--checkpoint" if checkpoint else "model")
     if checkpoint and "://" in checkpoint:
         check_storage(cfg, uri=checkpoint)
-    from flows.train import ensure_ray
-    from rlcr.evaluate import evaluate_policy
-    from rlcr.model_source import import_model
+    from rlcr.evaluation.evaluate import evaluate_policy
+    from rlcr.models.source import import_model
     from rlcr.rollout.engine import EnginePool
-    from rlcr.runs import task_sets
+    from rlcr.runs.cluster import ensure_ray
+    from rlcr.runs.store import task_sets
     from rlcr.storage import Store
 
     policy = checkpoint or import_model(cfg.model.name,
@@ -195,7 +196,7 @@ def compare(
         check_storage(cfg, read_only=True)  # compare only reads: a read-only store will do
     runs, pins = zip(*((None, None) if f else _compare_side(cfg, s, name)
                        for s, f, name in zip(sides, files, ("RUN_A", "RUN_B"))))
-    from rlcr.comparison import RowsRefused, compare_held_out  # torch: after the inputs are checked
+    from rlcr.evaluation.comparison import RowsRefused, compare_held_out  # torch: after the inputs are checked
 
     try:
         result = compare_held_out(sides, runs, iteration, n_resamples=cfg.eval.bootstrap_resamples,
@@ -213,8 +214,8 @@ def _compare_side(cfg, side: str, name: str):
     """A run side of `rlcr compare`: (the run, the iteration its ``@`` names: K, ``"latest"``, or None for a bare
     run). A reference that is also the id of a run in the store is refused as ambiguous; a reference to a run
     that is not there says how it was read."""
-    from rlcr.run_refs import LATEST
-    from rlcr.runs import RunStore
+    from rlcr.runs.refs import LATEST
+    from rlcr.runs.store import RunStore
     from rlcr.storage import RUN_ID_PATTERN
 
     run_id, iteration = run_and_iteration(side, cfg, name)

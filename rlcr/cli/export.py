@@ -15,7 +15,7 @@ import typer
 
 from rlcr.cli.app import UserError, app
 from rlcr.cli.inputs import check_storage, load, resolve_ref
-from rlcr.presentation import console, show
+from rlcr.ui.presentation import console, show
 from rlcr.untrusted import printable
 
 
@@ -52,8 +52,8 @@ def export(
     adapter merged into its base (docs/design.md §11.1), a full run's weights as they are. The directory appears
     only once it is complete (a full disk leaves nothing at --out); the store is only read."""
     cfg = load(config, overrides or [])
-    from rlcr.adapters import export_merged
-    from rlcr.run_refs import is_run_ref
+    from rlcr.models.adapters import export_merged
+    from rlcr.runs.refs import is_run_ref
     from rlcr.storage import StorageError, atomic_directory, fetch_checkpoint
 
     target = _target(out, cfg.storage.uri)

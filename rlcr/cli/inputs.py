@@ -14,7 +14,7 @@ from typing import Callable, Iterator, Optional
 from rich.console import Console
 
 from rlcr.cli.app import UserError
-from rlcr.presentation import console
+from rlcr.ui.presentation import console
 from rlcr.untrusted import printable
 
 __all__ = ["load", "override_keys", "valid_run_id", "check_storage", "check_inputs", "existing_run", "check_resume",
@@ -105,9 +105,9 @@ def valid_run_id(run_id: Optional[str], cfg, option: str = "--run-id") -> str:
 
 
 def check_storage(cfg, uri: Optional[str] = None, *, read_only: bool = False) -> None:
-    """The run's storage answers (:func:`rlcr.cluster.check_storage_reachable`, bounded), before Ray or Prefect;
+    """The run's storage answers (:func:`rlcr.runs.cluster.check_storage_reachable`, bounded), before Ray or Prefect;
     ``read_only``: for a command that only reads (a read-only store will do; a missing one is refused)."""
-    from rlcr.cluster import check_storage_reachable
+    from rlcr.runs.cluster import check_storage_reachable
 
     check_storage_reachable(cfg, timeout_s=float(os.environ.get("RLCR_STORAGE_CHECK_TIMEOUT_S", "15")), uri=uri,
                             read_only=read_only)
@@ -115,10 +115,10 @@ def check_storage(cfg, uri: Optional[str] = None, *, read_only: bool = False) ->
 
 def check_inputs(cfg, model: Optional[str] = None, option: str = "model") -> None:
     """What the run reads is there, before Ray starts: the model (a checkpoint directory with a tokenizer and a
-    chat template, or a hub id the hub answers for: :func:`rlcr.model_source.check_model`), the task files, and the
-    task itself (:func:`rlcr.tasks.preflight.check_task`: its methods on one problem of its sets)."""
-    from rlcr.model_source import ModelSourceError, check_model
-    from rlcr.run_refs import is_run_ref
+    chat template, or a hub id the hub answers for: :func:`rlcr.models.source.check_model`), the task files, and the
+    task itself (:func:`rlcr.runs.preflight.check_task`: its methods on one problem of its sets)."""
+    from rlcr.models.source import ModelSourceError, check_model
+    from rlcr.runs.refs import is_run_ref
 
     model = model if model is not None else cfg.model.name
     if is_run_ref(model):  # RUN@ITERATION: a committed, sealed checkpoint of a run in the configured store
@@ -133,7 +133,7 @@ def check_inputs(cfg, model: Optional[str] = None, option: str = "model") -> Non
         remote = remote or (path is not None and "://" in path)
         if path is not None and "://" not in path and not Path(path).is_file():
             raise UserError(f"{name} {printable(path, 300)}: no such file")
-    from rlcr.tasks.preflight import TaskCheckError, check_task
+    from rlcr.runs.preflight import TaskCheckError, check_task
 
     try:  # the task's own mistakes, now rather than after Ray and the engines started (task files on S3: the run's)
         check_task(cfg, sets=not remote)
@@ -143,8 +143,8 @@ def check_inputs(cfg, model: Optional[str] = None, option: str = "model") -> Non
 
 def resolve_ref(cfg, ref: str, option: str) -> str:
     """The checkpoint URI that run reference ``ref`` (``RUN@ITERATION``, ``RUN@latest``) names in the configured
-    store (:func:`rlcr.run_refs.resolve_checkpoint`), or a one-line error naming ``option``."""
-    from rlcr.run_refs import RunRefError, resolve_checkpoint
+    store (:func:`rlcr.runs.refs.resolve_checkpoint`), or a one-line error naming ``option``."""
+    from rlcr.runs.refs import RunRefError, resolve_checkpoint
     from rlcr.storage import Store
 
     check_storage(cfg, read_only=True)
@@ -158,7 +158,7 @@ def resolve_ref(cfg, ref: str, option: str) -> str:
 def run_and_iteration(value: str, cfg, option: str) -> tuple[str, Optional[int]]:
     """``RUN`` or ``RUN@ITERATION`` / ``RUN@latest`` of an option that takes run ids: (valid run id, iteration or
     None)."""
-    from rlcr.run_refs import RunRefError, parse_ref
+    from rlcr.runs.refs import RunRefError, parse_ref
 
     try:
         parsed = parse_ref(value)
@@ -169,8 +169,8 @@ def run_and_iteration(value: str, cfg, option: str) -> tuple[str, Optional[int]]
 
 def existing_run(cfg, run_id: str):
     """Run ``run_id`` under the config's storage, or a one-line error naming the storage and the runs it holds."""
-    from rlcr.run_layout import RUNS
-    from rlcr.runs import RunStore, list_runs
+    from rlcr.runs.layout import RUNS
+    from rlcr.runs.store import RunStore, list_runs
 
     run = RunStore.open(cfg, run_id)
     if run.store.exists(run.prefix):
@@ -196,12 +196,12 @@ def check_resume(run, cfg) -> None:
 
 
 def logs_line(log: Optional[Path] = None, out: Optional[Console] = None) -> str:
-    """The lines at the start of a run: where the driver's output goes (``log``, the file :mod:`rlcr.terminal`
+    """The lines at the start of a run: where the driver's output goes (``log``, the file :mod:`rlcr.ui.terminal`
     routes it to, or None: this terminal), and, where it is on, the Ray dashboard. Returns the full account
     (the Ray workers' logs, Prefect's flow runs, the dashboard), which a routed command writes atop its log file
     and a ``-v`` one prints here."""
-    from rlcr.cluster import ray_dashboard, ray_log_dir
-    from rlcr.terminal import display_path
+    from rlcr.runs.cluster import ray_dashboard, ray_log_dir
+    from rlcr.ui.terminal import display_path
 
     address = os.environ.get("RAY_ADDRESS")
     on, why = ray_dashboard()  # a wrong RLCR_RAY_DASHBOARD is refused here, before Ray starts
@@ -234,11 +234,11 @@ VERBOSE_HELP = "Show Prefect's, Ray's, Ray Data's and vLLM's output here instead
 def quiet(command: str, run_id: Optional[str], verbose: bool, acknowledge: Optional[Callable[[], str]] = None,
           farewell: Optional[Callable[[float], str]] = None) -> Iterator[None]:
     """The terminal of a command that starts Ray, vLLM or Prefect: the 'logs:' line, then everything but rlcr's
-    own lines into ``rlcr-logs/[<run id>/]<command>-<time>.log`` (:mod:`rlcr.terminal`); ``verbose``: here.
+    own lines into ``rlcr-logs/[<run id>/]<command>-<time>.log`` (:mod:`rlcr.ui.terminal`); ``verbose``: here.
     A Ctrl-C is answered at once and ends the command within seconds, exit code 130 (:mod:`rlcr.cli.interrupt`):
     ``acknowledge()`` is its first line (default: the command is cancelled), ``farewell(seconds)`` its last."""
     from rlcr.cli.interrupt import interruptible
-    from rlcr.terminal import log_file, routed
+    from rlcr.ui.terminal import log_file, routed
 
     log = None if verbose else log_file(run_id, command)
     details = logs_line(log)

@@ -9,8 +9,8 @@ second Ctrl-C, the process ends at once (``os._exit(130)``) with the same last l
 
 Ending at once loses nothing a resume needs: an iteration exists only once committed (its manifest written after its
 state was sealed), everything before that is redone, and a run's lease left by a process of this machine that is
-gone is taken over at once (:mod:`rlcr.lease`). Ray's local processes share the driver's fate; Prefect's temporary
-server is stopped by its watchdog (:mod:`rlcr.prefect_server`).
+gone is taken over at once (:mod:`rlcr.runs.lease`). Ray's local processes share the driver's fate; Prefect's temporary
+server is stopped by its watchdog (:mod:`rlcr.runs.prefect_server`).
 """
 
 from __future__ import annotations

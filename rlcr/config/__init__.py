@@ -13,8 +13,8 @@ its results. Runs stored in the flat layout of older rlcr are read by :mod:`rlcr
 from rlcr.config.fields import changes_results
 from rlcr.config.legacy import FLAT_NAMES, nested_from_flat
 from rlcr.config.loading import MAX_CONFIG_BYTES, MAX_OVERRIDE_CHARS, ConfigError, safe_yaml
-from rlcr.config.model import RLCRConfig, load_config, result_changing_diff
+from rlcr.config.model import RLCRConfig, load_config, resolve_config, result_changing_diff
 from rlcr.config.sections import MAX_SEED
 
-__all__ = ["RLCRConfig", "ConfigError", "load_config", "result_changing_diff", "changes_results", "MAX_SEED",
-           "MAX_CONFIG_BYTES", "MAX_OVERRIDE_CHARS", "FLAT_NAMES", "nested_from_flat", "safe_yaml"]
+__all__ = ["RLCRConfig", "ConfigError", "load_config", "resolve_config", "result_changing_diff", "changes_results",
+           "MAX_SEED", "MAX_CONFIG_BYTES", "MAX_OVERRIDE_CHARS", "FLAT_NAMES", "nested_from_flat", "safe_yaml"]

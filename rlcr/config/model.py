@@ -241,3 +241,16 @@ def _options_diff(stored: Any, current: RLCRConfig) -> list[str]:
     now = current.tasks.options
     return [f"tasks.options.{key}" for key in sorted(set(now) | set(stored))
             if key in now and stored.get(key, defaults.get(key)) != now[key]]
+
+
+def resolve_config(config: str | None, overrides: dict | list | None, iterations: int | None) -> RLCRConfig:
+    """Config file + overrides (+ iterations); raises ConfigError naming the field, before any Ray work."""
+    extra = dict(overrides) if isinstance(overrides, dict) else {}
+    items = list(overrides) if isinstance(overrides, (list, tuple)) else []
+    cfg = load_config(config, items)
+    if extra or iterations is not None:
+        data = {**cfg.model_dump(), **extra}
+        if iterations is not None:
+            data["run.iterations"] = iterations
+        cfg = RLCRConfig.from_dict(data, source=config or "config")
+    return cfg

@@ -110,10 +110,11 @@ class PlacementSection(Section):
     cores shared among its workers). Operational."""
     trainer_keeps_memory: bool = operational(True)
     """The Ray Train workers keep the memory they free for their next update instead of handing it back to the
-    kernel (glibc's allocator in one arena, no per-allocation mmap, no trimming: :data:`rlcr.cluster.KEEP_MEMORY_ENV`,
+    kernel (glibc's allocator in one arena, no per-allocation mmap, no trimming:
+    :data:`rlcr.runs.cluster.KEEP_MEMORY_ENV`,
     set when each worker process starts). Off, every update faults its activations in again — on a VM that
     reports free pages to its host, about 2 s per GiB that sat free through the rollouts: measured on the demo
-    (2-core VM), the 4th update took 24.8 s in the flow against 20.6 s with this on (bench/update_in_flow.py,
+    (2-core VM), the 4th update took 24.8 s in the flow against 20.6 s with this on (bench/perf/update_in_flow.py,
     docs/update-performance.md). A worker's resident memory then stays at its peak. Operational."""
 
     @field_validator("engine_cpus", "trainer_cpus")

@@ -243,12 +243,12 @@ class RolloutSection(Section):
     sampled). False (default): turn 2 starts after the whole turn-1 batch. Same requests and seeds either way
     (the same tokens in every comparison so far); changes results only by float rounding (the batches differ;
     log-probs move by ~1e-6), conservatively counted. Off by default because on the 2-core CPU it did not
-    generate faster at demo scale (``bench/generation.py``: 1.01×, 0.77–1.18, n = 4; docs/iteration-overhead.md);
+    generate faster at demo scale (``bench/perf/generation.py``: 1.01×, 0.77–1.18, n = 4; docs/iteration-overhead.md);
     unmeasured on GPUs."""
     progress: bool = operational(False)
     """Ray Data's own progress bars while rollouts and evaluations run (off a terminal: a status block in the log
     every few seconds, which buries a flow's log). Off by default; the CLI shows its own progress. Their cost to
-    generation is measured side by side in ``bench/rollout.py`` (``pipeline+bars``): within noise on 2 cores.
+    generation is measured side by side in ``bench/perf/rollout.py`` (``pipeline+bars``): within noise on 2 cores.
     Operational."""
 
 

@@ -9,13 +9,13 @@ The Prefect flow ``rlcr-probe`` (deployment ``nightly``) is ``flows/probe.py``.
 """
 
 from rlcr.probe.metrics import aoc, curve_aoc, curve_auc, mean_curve, verbalized_gap
-from rlcr.probe.probe import NoCommittedIteration, ProbeSettings, probe_checkpoint, run_probe
+from rlcr.probe.probe import ProbeSettings, probe_checkpoint, run_probe
 from rlcr.probe.report import latest_report, render_html, write_report
 from rlcr.probe.truncation import TruncationPoint, reasoning_of, sentence_cuts, truncation_points
 
 __all__ = [
     "aoc", "curve_aoc", "curve_auc", "mean_curve", "verbalized_gap",
-    "NoCommittedIteration", "ProbeSettings", "probe_checkpoint", "run_probe",
+    "ProbeSettings", "probe_checkpoint", "run_probe",
     "latest_report", "render_html", "write_report",
     "TruncationPoint", "reasoning_of", "sentence_cuts", "truncation_points",
 ]

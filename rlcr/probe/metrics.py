@@ -3,7 +3,7 @@
 Pure numpy. A *curve* is one trace's points ``(x, y)``: x = share of the
 reasoning tokens shown (0 … 1, increasing, first 0 and last 1), y = the
 Monte-Carlo success rate of the forced answer at that point (correct / N).
-The calibration metrics (docs/design.md §13) are :func:`rlcr.metrics.calibration_metrics`,
+The calibration metrics (docs/design.md §13) are :func:`rlcr.core.metrics.calibration_metrics`,
 the same implementation the training flow's evaluation uses.
 
 AOC, exactly (after Lanham et al. 2023, "early answering"):

@@ -14,7 +14,7 @@ For each held-out task:
    correct iff the task's verifier (Countdown: ``compute_score``) returns ``score``; confidence(point) = correct / N.
 
 Then the metrics: :mod:`rlcr.probe.metrics` (curves, AOC, verbalized-vs-MC gap)
-and :func:`rlcr.metrics.calibration_metrics` (docs/design.md §13, shared with training's evaluation).
+and :func:`rlcr.core.metrics.calibration_metrics` (docs/design.md §13, shared with training's evaluation).
 
 The model is behind a :data:`Sampler` (token-id prompts → texts), so the probe
 logic runs with vLLM (:func:`vllm_sampler`) or, in tests, with any stand-in.
@@ -30,18 +30,18 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
 from rlcr.config import RLCRConfig
-from rlcr.metrics import bootstrap_intervals, calibration_metrics
+from rlcr.core.metrics import bootstrap_intervals, calibration_metrics
+from rlcr.core.rewards import brier_reward, parse_confidence
+from rlcr.models.chat import render_prompt  # pure helper; no vLLM import
 from rlcr.probe.metrics import aoc, curve_aoc, mean_curve, verbalized_gap
 from rlcr.probe.truncation import DEFAULT_FRACTIONS, reasoning_of, truncation_points
-from rlcr.rewards import brier_reward, parse_confidence
 from rlcr.seeds import PROBE_FORCED_SALT, PROBE_TURN1_SALT, PROBE_TURN2_SALT, mix
 from rlcr.tasks.base import Task
-from rlcr.tasks.chat import render_prompt  # pure helper; no vLLM import
 from rlcr.tasks.registry import get_task
 
 __all__ = [
     "ProbeSettings", "Sampler", "run_probe", "probe_checkpoint", "vllm_sampler", "forced_prefix",
-    "score_forced", "token_ends", "newest_run", "NoCommittedIteration",
+    "score_forced", "token_ends",
 ]
 
 ANSWER_STOP = ("</answer>",)
@@ -51,10 +51,6 @@ FORCED_OPEN = "<answer>"
 Sampler = Callable[..., list[list[str]]]
 _PROGRESS: ContextVar[Callable[[int, int], None] | None] = ContextVar("rlcr_probe_progress", default=None)
 """Where the sampler of the running :func:`run_probe` call reports its finished requests (``done, total``)."""
-
-
-class NoCommittedIteration(RuntimeError):
-    """The run has no committed iteration, so there is no checkpoint to probe."""
 
 
 @dataclass(frozen=True)
@@ -298,7 +294,7 @@ def probe_checkpoint(
     config's task; the report names it and its options (``task``, ``task_options``)."""
     from transformers import AutoTokenizer
 
-    from rlcr.adapters import fetch_model
+    from rlcr.models.adapters import fetch_model
     from rlcr.rollout.engine import create_engine
 
     settings = ProbeSettings.from_config(cfg, samples)
@@ -318,23 +314,3 @@ def probe_checkpoint(
     return report
 
 
-def newest_run(store) -> str | None:
-    """The run under ``store`` whose newest committed iteration was committed last (None if none). Entries
-    under ``runs/`` that are not runs (``.DS_Store``, a README, an invalid name) are skipped, and so, with a
-    warning, are runs whose manifests cannot be read."""
-    import logging
-
-    from rlcr.runs import RunStore, list_runs
-    from rlcr.storage import StorageError
-    from rlcr.untrusted import InvalidInput, printable
-
-    best, best_t = None, -math.inf
-    for run_id in list_runs(store):
-        try:
-            last = RunStore(store, run_id).last_committed()
-        except (InvalidInput, StorageError) as e:
-            logging.getLogger(__name__).warning("skipping run %s: %s", printable(run_id), printable(e, 300))
-            continue
-        if last is not None and last.get("committed_at", 0.0) > best_t:
-            best, best_t = run_id, last.get("committed_at", 0.0)
-    return best

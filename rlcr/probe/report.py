@@ -22,7 +22,7 @@ import time
 from typing import Any
 from urllib.parse import quote
 
-from rlcr.run_layout import RunLayout
+from rlcr.runs.layout import RunLayout
 from rlcr.untrusted import markdown_text
 
 __all__ = [

@@ -16,13 +16,13 @@ split, on any platform. The log-probs of a sample are equal across batchings up 
 rounding (~1e-6: the kernels' results depend on the batch shape); bit-identical for the same
 requests in the same batches. Not across vLLM versions or hardware.
 
-Weight sync (``engine.weight_sync``; the transfer itself is :mod:`rlcr.weights`): a long-lived
+Weight sync (``engine.weight_sync``; the transfer itself is :mod:`rlcr.models.weights`): a long-lived
 :class:`RolloutEngine` takes each iteration's weights from the trainer as a ``{HF parameter name: tensor}``
 dict through Ray's object store (:meth:`EnginePool.update_weights`). ``inplace``
 copies them into the running engine with vLLM's layerwise reload, which re-runs
 each layer's post-load processing (the CPU build's oneDNN/SGL weight packing
 included) as its weights arrive, then re-packs the tied LM head, whose packing
-that reload skips (:func:`~rlcr.weights.load_weights_in_place`): the engine then samples
+that reload skips (:func:`~rlcr.models.weights.load_weights_in_place`): the engine then samples
 exactly what an engine created from the same weights samples (tested).
 ``recreate`` writes the weights as a checkpoint to a temporary directory and
 re-creates the engine from it (seconds, not a fraction of one).
@@ -37,12 +37,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from rlcr.adapters import AdapterUpdate
-from rlcr.cluster import engine_actor_resources
-from rlcr.rollout.sampling import Sample, sample_chats, sample_tree
-from rlcr.storage import checkpoint_content_id
-from rlcr.weights import (
-    _as_tensor,
+from rlcr.models.adapters import AdapterUpdate
+from rlcr.models.weights import (
     check_weights,
     checkpoint_weight_spec,
     frame_id,
@@ -53,8 +49,12 @@ from rlcr.weights import (
     read_checkpoint_weights,
     read_frame,
     resolve_dtype,
+    to_tensor,
     write_checkpoint,
 )
+from rlcr.rollout.sampling import Sample, sample_chats, sample_tree
+from rlcr.runs.cluster import engine_actor_resources
+from rlcr.storage import checkpoint_content_id
 
 __all__ = [
     "create_engine", "RolloutEngine", "EnginePool", "engine_runtime_env", "use_this_nodes_cores", "EngineTimeout",
@@ -92,14 +92,14 @@ def _hidden_unscannable_modules():
 
 def create_engine(model_dir: str | Path, cfg, *, seed: int, **extra_args):
     """A ``vllm.LLM`` for ``model_dir`` with the config's engine settings and an engine-level seed (``extra_args``:
-    more ``vllm.LLM`` arguments, e.g. ``enable_lora`` for bench/lora_serving.py).
+    more ``vllm.LLM`` arguments, e.g. ``enable_lora`` for bench/perf/lora_serving.py).
 
     Chunked prefill is off: with per-request seeds a split prefill would need the generator rewind that
     CPU generators lack (module docstring); vLLM raises ``max_num_batched_tokens`` to ``max_model_len``."""
     # Run the engine core in this process: one process per actor, no extra spawn.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from rlcr.cluster import pin_to_cpus
+    from rlcr.runs.cluster import pin_to_cpus
 
     if not pin_to_cpus(cfg.placement.engine_cpus, "placement.engine_cpus"):
         use_this_nodes_cores()
@@ -152,7 +152,8 @@ class RolloutEngine:
     Starting vLLM costs tens of seconds; a run keeps ``rollout.actors`` of these alive and only swaps the
     policy weights: :meth:`update_weights` from the trainer's in-memory weights, :meth:`load` from a sealed
     checkpoint (start, resume, rewind). ``engine.weight_sync`` (``auto`` = ``inplace``) picks how: in place
-    (:func:`~rlcr.weights.load_weights_in_place`, exact) or by re-creating the engine in this process (no re-import).
+    (:func:`~rlcr.models.weights.load_weights_in_place`, exact) or by re-creating the engine in this process (no
+    re-import).
     A checkpoint with another config or tokenizer than the running engine's always re-creates it.
     """
 
@@ -189,7 +190,7 @@ class RolloutEngine:
         In place when an engine runs and the checkpoint has its config, tokenizer and parameter names; else
         the engine is (re-)created from the checkpoint directory.
         """
-        from rlcr.adapters import base_dir, is_adapter_dir, merged_dir
+        from rlcr.models.adapters import base_dir, is_adapter_dir, merged_dir
         from rlcr.storage import fetch_checkpoint
 
         t0 = time.perf_counter()
@@ -217,9 +218,9 @@ class RolloutEngine:
 
     def update_weights(self, weights: Mapping[str, Any], version: str, *, mode: str | None = None) -> dict:
         """Take the trainer's weights (HF name → CPU tensor or numpy array, e.g. from
-        :func:`~rlcr.weights.pack_weights`) as policy ``version`` (``mode`` overrides ``engine.weight_sync``).
+        :func:`~rlcr.models.weights.pack_weights`) as policy ``version`` (``mode`` overrides ``engine.weight_sync``).
 
-        The weights are checked first (:func:`~rlcr.weights.check_weights`): a wrong name, shape or dtype raises
+        The weights are checked first (:func:`~rlcr.models.weights.check_weights`): a wrong name, shape or dtype raises
         ValueError naming the parameter and the engine keeps its weights and version. The content id of in-memory
         weights is None (``version`` names them).
         """
@@ -230,7 +231,7 @@ class RolloutEngine:
             tensors = check_weights(self._merged_layers(weights), self.weight_spec, partial=True)
             if mode != "inplace":
                 tensors = {**check_weights(read_checkpoint_weights(self.base_dir), self.weight_spec), **tensors}
-            details["adapter_bytes"] = sum(_as_tensor(k, v).nbytes for k, v in weights.tensors.items())
+            details["adapter_bytes"] = sum(to_tensor(k, v).nbytes for k, v in weights.tensors.items())
         else:
             tensors = check_weights(weights, self.weight_spec)
         if mode == "inplace":
@@ -248,8 +249,8 @@ class RolloutEngine:
 
     def _merged_layers(self, update: AdapterUpdate) -> dict[str, Any]:
         """The engine's tensors for an adapter update: its targeted weights merged into this engine's base
-        (:func:`rlcr.adapters.layer_tensors`, the merge a merged checkpoint is written with: the same bits)."""
-        from rlcr.adapters import layer_tensors
+        (:func:`rlcr.models.adapters.layer_tensors`, the merge a merged checkpoint is written with: the same bits)."""
+        from rlcr.models.adapters import layer_tensors
 
         if self.base_dir is None:
             raise RuntimeError("engine: no base model to merge an adapter into (call load first)")
@@ -399,7 +400,8 @@ class EnginePool:
     def update_weights(self, weights, version: str, *, mode: str | None = None) -> list[dict]:
         """Every engine takes the trainer's weights as policy ``version`` (:meth:`RolloutEngine.update_weights`).
 
-        ``weights``: an ObjectRef of a state dict (best of :func:`~rlcr.weights.pack_weights`: numpy arrays are read
+        ``weights``: an ObjectRef of a state dict (best of :func:`~rlcr.models.weights.pack_weights`: numpy arrays are
+        read
         zero-copy from shared memory), or the state dict itself (packed and put here). The same ref goes
         to every actor; Ray resolves it to the dict in each. Released engines start again first.
         """

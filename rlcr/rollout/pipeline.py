@@ -16,7 +16,6 @@ from typing import Any, Sequence
 import numpy as np
 
 from rlcr import seeds
-from rlcr.cluster import ENGINE_ACTOR_CPUS, STAGE_ACTOR_CPUS
 from rlcr.config import RLCRConfig
 from rlcr.rollout.records import assign_advantages, rows_to_table, validate_rollouts
 from rlcr.rollout.stages import (
@@ -28,7 +27,8 @@ from rlcr.rollout.stages import (
     score_answers,
     score_confidences,
 )
-from rlcr.run_layout import RunLayout
+from rlcr.runs.cluster import ENGINE_ACTOR_CPUS, STAGE_ACTOR_CPUS
+from rlcr.runs.layout import RunLayout
 from rlcr.tasks.registry import get_task
 
 __all__ = [
@@ -39,7 +39,7 @@ __all__ = [
 STAGES_ENV = "RLCR_ROLLOUT_STAGES"
 """How the two generation stages run with shared engines: ``tasks`` (default; plain functions in Ray's reused
 worker processes) or ``actors`` (a pool of stage actors started for every dataset, the former way: seconds per
-iteration, docs/iteration-overhead.md; kept to compare, e.g. by bench/iteration.py). Read when a dataset is
+iteration, docs/iteration-overhead.md; kept to compare, e.g. by bench/perf/iteration.py). Read when a dataset is
 built. Stages that own their engine are always actors."""
 STAGE_COMPUTES = ("tasks", "actors")
 
@@ -228,8 +228,8 @@ def check_prompt_lengths(cfg: RLCRConfig, tasks: Sequence[tuple[int, Any]], poli
     stop the run hours in, at the turn-2 prompt that holds it."""
     from transformers import AutoTokenizer
 
-    from rlcr.adapters import fetch_model
-    from rlcr.tasks.chat import render_prompt
+    from rlcr.models.adapters import fetch_model
+    from rlcr.models.chat import render_prompt
 
     tokenizer = AutoTokenizer.from_pretrained(fetch_model(policy_uri, endpoint_url=cfg.storage.s3_endpoint_url))
     kind, r = get_task(cfg.tasks.name), cfg.rollout

@@ -15,8 +15,8 @@ from typing import Any, Iterable, Sequence
 import pyarrow as pa
 import torch
 
-from rlcr.advantages import method_advantages
-from rlcr.rewards import accuracy_reward, answer_reward, brier_reward, parse_confidence, split_single_turn
+from rlcr.core.advantages import method_advantages
+from rlcr.core.rewards import accuracy_reward, answer_reward, brier_reward, parse_confidence, split_single_turn
 from rlcr.tasks.base import Task
 from rlcr.tasks.registry import get_task, load_task_plugins, task_names
 from rlcr.untrusted import InvalidInput, printable
@@ -194,7 +194,7 @@ def rollout_row(
 ) -> dict[str, Any]:
     """One rollout row with every :data:`ROLLOUT_SCHEMA` field: the only place a row is laid out.
 
-    The rollout stages, the warm-start's examples (:mod:`rlcr.sft`) and the tests build
+    The rollout stages, the warm-start's examples (:mod:`rlcr.train.sft`) and the tests build
     their rows here. ``task`` is a problem of the task ``task_name``, whose record
     (:meth:`~rlcr.tasks.base.Task.to_record`: Countdown's ``nums``, ``target``) fills the task columns. ``truncated``
     follows from ``finish_reason`` ("length"); an empty ``finish_reason`` is "stop". Scores come from
@@ -235,9 +235,9 @@ def answer_scores(completion_text: str, task: Any, *, format_score: float, metho
     """Scores of an answer-turn completion on problem ``task`` of the task ``task_name`` (docs/design.md §5, §9):
     ``score`` = the task's :meth:`~rlcr.tasks.base.Task.score`, ``correct`` =
     the accuracy reward ∈ {0, 1}, ``reward`` = ``method``'s registered answer reward
-    (:data:`rlcr.rewards.ANSWER_REWARDS`: accuracy, or accuracy + λ_conf·Brier for ``rlcr_single``) and
+    (:data:`rlcr.core.rewards.ANSWER_REWARDS`: accuracy, or accuracy + λ_conf·Brier for ``rlcr_single``) and
     ``confidence`` = the response's own stated confidence (``rlcr_single``, whose answer part is scored alone:
-    :func:`rlcr.rewards.split_single_turn`; else None). Keyword arguments of :func:`rollout_row`."""
+    :func:`rlcr.core.rewards.split_single_turn`; else None). Keyword arguments of :func:`rollout_row`."""
     single = method == "rlcr_single"
     answer, stated = split_single_turn(completion_text) if single else (completion_text, "")
     kind = get_task(task_name)

@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from rlcr.tasks.chat import render_prompt
+from rlcr.models.chat import render_prompt
 from rlcr.untrusted import printable
 
 __all__ = ["Sample", "sample", "seeded_sample", "sample_chats", "sample_tree", "run_requests", "check_raw_logprobs",
-           "RAW_LOGPROBS"]
+           "RAW_LOGPROBS", "sampling_params"]
 
 RAW_LOGPROBS = "raw_logprobs"
 """The engine's log-prob mode rlcr samples with: vLLM's log-softmax of the model's logits before temperature and
@@ -67,7 +67,8 @@ def sample(
     check_raw_logprobs(llm)
 
     def params(count: int, seed: int | None):
-        return _params(temperature=temperature, top_p=top_p, max_tokens=max_tokens, stop=stop, seed=seed, n=count)
+        return sampling_params(temperature=temperature, top_p=top_p, max_tokens=max_tokens, stop=stop, seed=seed,
+                               n=count)
 
     if seeds is None:
         outputs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params(n, None),
@@ -119,7 +120,7 @@ def _counting(progress: Callable[[int, int], None], total: int):
     return Counting
 
 
-def _params(*, temperature: float, top_p: float, max_tokens: int, stop: Sequence[str] | None, seed: int | None,
+def sampling_params(*, temperature: float, top_p: float, max_tokens: int, stop: Sequence[str] | None, seed: int | None,
             n: int = 1):
     """The sampling parameters of every rollout request: log-probs of the sampled tokens, the stop string kept."""
     from vllm import SamplingParams
@@ -186,12 +187,12 @@ def sample_tree(llm, tokenizer, conversations, *, labels: Sequence[str], seeds: 
     A sample depends only on its prompt, its seed and the weights, so the tree holds the samples of the
     two-call way (turn 1, then all of turn 2), the kernels' float rounding aside (docs/reproducibility.md).
     """
-    from rlcr.masks import completion_mask
+    from rlcr.core.masks import completion_mask
 
     contexts = [render_prompt(tokenizer, m, where=w, max_prompt_tokens=max_prompt_tokens)
                 for m, w in zip(conversations, labels)]
     kw = dict(temperature=temperature, top_p=top_p)
-    first = [(("a", i, k), ids, _params(max_tokens=max_tokens[0], stop=stop[0], seed=int(x), **kw))
+    first = [(("a", i, k), ids, sampling_params(max_tokens=max_tokens[0], stop=stop[0], seed=int(x), **kw))
              for i, (_, ids) in enumerate(contexts) for k, x in enumerate(seeds[i])]
     second: dict[tuple[int, int], tuple[Any, tuple[str, list[int]], list[int]]] = {}
 
@@ -203,7 +204,7 @@ def sample_tree(llm, tokenizer, conversations, *, labels: Sequence[str], seeds: 
         conversation, label, row_seeds = turn2(i, k, s)
         context = render_prompt(tokenizer, conversation, where=label, max_prompt_tokens=max_prompt_tokens)
         second[i, k] = (conversation, context, [int(x) for x in row_seeds])
-        return [(("c", i, k, h), context[1], _params(max_tokens=max_tokens[1], stop=stop[1], seed=x, **kw))
+        return [(("c", i, k, h), context[1], sampling_params(max_tokens=max_tokens[1], stop=stop[1], seed=x, **kw))
                 for h, x in enumerate(second[i, k][2])]
 
     done = run_requests(llm, first, on_done)
@@ -253,7 +254,7 @@ def sample_chats(llm, tokenizer, conversations, *, labels: Sequence[str], mask_k
                  seeds: Sequence[Sequence[int]] | None = None, seed: int | None = None,
                  **kwargs) -> tuple[list[tuple[str, list[int]]], list[list[Sample]]]:
     """Render each conversation, sample from it and attach each sample's loss mask
-    (:func:`rlcr.masks.completion_mask` of ``mask_kind``: answer, confidence or single).
+    (:func:`rlcr.core.masks.completion_mask` of ``mask_kind``: answer, confidence or single).
 
     ``seeds`` (what the rollout stages give): per conversation, one request seed per sample (:func:`sample`);
     the samples do not depend on the batch. ``seed`` instead: one seed for the call (:func:`seeded_sample`).
@@ -264,7 +265,7 @@ def sample_chats(llm, tokenizer, conversations, *, labels: Sequence[str], mask_k
     """
     if (seeds is None) == (seed is None):
         raise ValueError("sample_chats: give either seeds (one per sample) or seed (one per call)")
-    from rlcr.masks import completion_mask
+    from rlcr.core.masks import completion_mask
 
     contexts = [render_prompt(tokenizer, m, where=w, max_prompt_tokens=max_prompt_tokens)
                 for m, w in zip(conversations, labels)]

@@ -101,7 +101,7 @@ class _EngineStage:
         else:
             from transformers import AutoTokenizer
 
-            from rlcr.adapters import fetch_model
+            from rlcr.models.adapters import fetch_model
             from rlcr.rollout.engine import create_engine
 
             local = fetch_model(policy_uri, endpoint_url=self.cfg.storage.s3_endpoint_url)

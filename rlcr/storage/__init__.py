@@ -98,7 +98,7 @@ def validate_run_id(run_id: str) -> str:
 
 def validate_new_run_id(run_id: str) -> str:
     """:func:`validate_run_id`, and no ``@``: the id of a run being *created* must never read as a run reference
-    (``RUN@2``, ``RUN@latest``; :mod:`rlcr.run_refs`). Runs stored under such ids before stay readable."""
+    (``RUN@2``, ``RUN@latest``; :mod:`rlcr.runs.refs`). Runs stored under such ids before stay readable."""
     validate_run_id(run_id)
     if "@" in run_id:
         raise ValueError(f"invalid run id {run_id!r} for a new run: it holds '@', so it could be read as a run "

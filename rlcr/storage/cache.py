@@ -26,7 +26,7 @@ def default_cache_dir() -> Path:
 
 def fetch_checkpoint(uri: str, *, endpoint_url: str | None = None, cache_dir: str | Path | None = None) -> Path:
     """A model checkpoint URI → a local directory, as stored (an adapter checkpoint of a LoRA run as its adapter:
-    :func:`rlcr.adapters.fetch_model` gives every checkpoint as a model).
+    :func:`rlcr.models.adapters.fetch_model` gives every checkpoint as a model).
 
     Local paths are returned as they are. Remote (``s3://…``) checkpoints must be
     sealed; they are downloaded into ``cache_dir`` (default

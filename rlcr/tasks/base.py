@@ -251,7 +251,8 @@ class Task(abc.ABC):
         return problem if self.warm_start(problem, random.Random(0)) is not None else None
 
     def warm_start_examples(self, problems: Any, seed: int, *, single_turn: bool = False) -> list[dict[str, Any]]:
-        """The SFT warm-start's chat examples of ``problems`` (each of :meth:`sft_problem`), as ``rlcr.sft`` trains
+        """The SFT warm-start's chat examples of ``problems`` (each of :meth:`sft_problem`), as ``rlcr.train.sft``
+        trains
         on them: ``{"messages", "completion", "sample_type", "task", "loss_from"}``, two per problem (turn 1,
         turn 2), then with ``single_turn`` one more per problem in the one-turn format.
 

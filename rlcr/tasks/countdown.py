@@ -44,8 +44,7 @@ __all__ = [
     "single_turn_messages",
     "SINGLE_TURN_SYSTEM_PROMPT",
     "SYSTEM_PROMPT",
-    "CONFIDENCE_QUERY",
-]
+    "CONFIDENCE_QUERY", "parse_expression", "tokenize_expression", "task_text"]
 
 # An extracted equation longer than this is not a plausible answer for 3-6
 # small numbers; it scores format_score without being parsed.
@@ -226,7 +225,7 @@ _DIGITS = frozenset("0123456789")
 _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
 
 
-def _tokenize(expr: str) -> list[str | int]:
+def tokenize_expression(expr: str) -> list[str | int]:
     tokens: list[str | int] = []
     i, n = 0, len(expr)
     while i < n:
@@ -250,7 +249,7 @@ def _tokenize(expr: str) -> list[str | int]:
     return tokens
 
 
-def _parse(tokens: list[str | int]) -> tuple[list[str | int], list[int]]:
+def parse_expression(tokens: list[str | int]) -> tuple[list[str | int], list[int]]:
     """Shunting-yard into postfix; rejects unary operators, `**`, `//`, empty parens.
 
     Grammar: expr := operand (binop operand)*; operand := INT | '(' expr ')'.
@@ -322,7 +321,7 @@ def evaluate_expression(expr: str) -> Fraction | None:
     if len(expr) > MAX_EQUATION_CHARS:
         return None
     try:
-        postfix, _ = _parse(_tokenize(expr))
+        postfix, _ = parse_expression(tokenize_expression(expr))
         return _eval_postfix(postfix)
     except _Invalid:
         return None
@@ -349,7 +348,7 @@ def compute_score(
     if len(equation) > MAX_EQUATION_CHARS:
         return format_score
     try:
-        postfix, literals = _parse(_tokenize(equation))
+        postfix, literals = parse_expression(tokenize_expression(equation))
     except _Invalid:
         return format_score
     if sorted(literals) != sorted(int(x) for x in ground_truth["numbers"]):
@@ -381,7 +380,7 @@ SINGLE_TURN_SYSTEM_PROMPT = (
 """System prompt of the one-turn method ``rlcr_single`` (docs/design.md §9): answer and confidence in one response."""
 
 
-def _task_text(task: CountdownTask) -> str:
+def task_text(task: CountdownTask) -> str:
     return (
         f"Numbers: {list(task.nums)}. Target: {task.target}. "
         "Use each number exactly once with +, -, *, / and parentheses. "
@@ -393,7 +392,7 @@ def turn1_messages(task: CountdownTask, system_prompt: str = SYSTEM_PROMPT) -> l
     """Turn-1 conversation: system + user (the task). Render with the tokenizer's chat template."""
     return [
         {"role": "system", "content": system_prompt},
-        {"role": "user", "content": _task_text(task)},
+        {"role": "user", "content": task_text(task)},
     ]
 
 

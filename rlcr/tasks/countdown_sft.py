@@ -1,4 +1,4 @@
-"""Countdown's warm-start examples: solver traces, exact checks and wrong answers (rlcr.sft trains on them).
+"""Countdown's warm-start examples: solver traces, exact checks and wrong answers (rlcr.train.sft trains on them).
 
 Out of the box SmolLM2-135M-Instruct writes the ``<answer>`` format 0% of the
 time on Countdown (docs/design.md §17), so RL alone has no signal. This module writes
@@ -41,15 +41,15 @@ from fractions import Fraction
 from typing import Any, Sequence
 
 from rlcr.tasks.countdown import (
-    _parse,
-    _tokenize,
     compute_score,
     evaluate_expression,
+    parse_expression,
     single_turn_messages,
+    tokenize_expression,
     turn1_messages,
     turn2_messages,
 )
-from rlcr.tasks.countdown_solver import CountdownTask, _strip_outer, generate_tasks
+from rlcr.tasks.countdown_solver import CountdownTask, generate_tasks, strip_outer
 
 __all__ = ["solution_steps", "attempt_text", "answer_trace", "random_expression", "missed_attempts", "solver_trace",
            "wrong_answer", "WRONG_KINDS", "MAX_ATTEMPTS", "GIVE_UP_SHARE", "check_answer", "confidence_trace",
@@ -64,7 +64,7 @@ def solution_steps(expression: str) -> list[str]:
     """The binary operations of ``expression`` in evaluation order, as compact ``a<op>b=c`` strings (exact values;
     a fraction in parentheses). Compact: a space before each digit is a token of its own for SmolLM2's tokenizer.
     Raises ZeroDivisionError for a division by zero, and the parser's error for text that is no expression."""
-    postfix, _ = _parse(_tokenize(expression))
+    postfix, _ = parse_expression(tokenize_expression(expression))
     stack: list[Fraction] = []
     steps = []
     for tok in postfix:
@@ -122,7 +122,7 @@ def random_expression(nums: Sequence[int], rng: random.Random) -> str:
         op = rng.choice(ops)
         value = va + vb if op == "+" else va - vb if op == "-" else va * vb if op == "*" else va / vb
         items = [x for k, x in enumerate(items) if k not in (i, j)] + [(value, f"({ea} {op} {eb})")]
-    return _strip_outer(items[0][1])
+    return strip_outer(items[0][1])
 
 
 MAX_ATTEMPTS = 3
@@ -204,7 +204,7 @@ def check_answer(task: CountdownTask, expression: str | None) -> tuple[str, bool
     if expression is None:
         return "There is no equation in the answer.", False
     try:
-        _, literals = _parse(_tokenize(expression))
+        _, literals = parse_expression(tokenize_expression(expression))
         steps = solution_steps(expression)
     except ZeroDivisionError:
         return "The equation divides by zero.", False
@@ -241,7 +241,7 @@ def sft_examples(n_tasks: int, seed: int, *, tasks: list[CountdownTask] | None =
     task (turn 1, turn 2), then, with ``single_turn``, one more per task in the one-turn format.
     ``loss_from``: the character of ``completion`` where the loss starts (0: all of it).
 
-    On ``tasks`` (each with a correct ``solution``; a run passes :func:`rlcr.tasks.sets.sft_tasks`, drawn from
+    On ``tasks`` (each with a correct ``solution``; a run passes :func:`rlcr.runs.task_sets.sft_tasks`, drawn from
     its training pool) or, without them, on ``n_tasks`` tasks generated from ``seed``."""
     rng = random.Random(seed)
     tasks = generate_tasks(n_tasks, seed, **task_kwargs) if tasks is None else tasks

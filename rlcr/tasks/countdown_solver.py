@@ -17,7 +17,7 @@ from math import gcd
 from typing import Any, Iterable, Iterator, Sequence
 
 __all__ = ["CountdownTask", "solve", "task_candidates", "generate_tasks", "magnitude_bound", "unreachable_targets",
-           "FIRST_DRAWS"]
+           "FIRST_DRAWS", "strip_outer"]
 
 
 # --------------------------------------------------------------------------- tasks
@@ -42,7 +42,7 @@ class CountdownTask:
         """What makes two tasks the same problem: the multiset of ``nums`` (sorted) and the ``target``.
 
         Order of the numbers and the reference solution do not count. The training pool, the
-        held-out set and an iteration's prompts are kept distinct by this key (``rlcr.tasks.sets``).
+        held-out set and an iteration's prompts are kept distinct by this key (``rlcr.runs.task_sets``).
         """
         return tuple(sorted(self.nums)), self.target
 
@@ -87,7 +87,7 @@ def _reachable(nums: Sequence[int]) -> dict[Fraction, str]:
                     rec(rest + [(value, f"({ea} {op} {eb})")])
 
     rec([(Fraction(n), str(n)) for n in nums])
-    return {v: _strip_outer(e) for v, e in found.items()}
+    return {v: strip_outer(e) for v, e in found.items()}
 
 
 def _values(nums: Sequence[int]) -> set[tuple[int, int]]:
@@ -133,7 +133,7 @@ def _values(nums: Sequence[int]) -> set[tuple[int, int]]:
     return values(tuple(sorted(nums)))
 
 
-def _strip_outer(expr: str) -> str:
+def strip_outer(expr: str) -> str:
     if expr.startswith("(") and expr.endswith(")"):
         depth = 0
         for i, ch in enumerate(expr):
@@ -172,7 +172,7 @@ def solve(nums: Sequence[int], target: int) -> str | None:
         return None
 
     found = rec([(Fraction(n), str(n)) for n in nums])
-    return None if found is None else _strip_outer(found)
+    return None if found is None else strip_outer(found)
 
 
 def task_candidates(
@@ -263,7 +263,7 @@ def generate_tasks(
     (inclusive) and a target uniformly among the *integers in target_range that
     the numbers can reach*, so every task has a reference solution by construction.
     Tasks are not deduplicated here: two draws can be the same problem (see
-    :attr:`CountdownTask.identity` and ``rlcr.tasks.sets``).
+    :attr:`CountdownTask.identity` and ``rlcr.runs.task_sets``).
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")

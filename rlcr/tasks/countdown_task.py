@@ -16,7 +16,7 @@ from pydantic import Field, model_validator
 
 from rlcr.tasks import countdown_sft
 from rlcr.tasks.base import Task, TaskOptions, WarmStart, register_task
-from rlcr.tasks.countdown import FIELDS, SINGLE_TURN_SYSTEM_PROMPT, SYSTEM_PROMPT, _task_text, compute_score, load_tasks
+from rlcr.tasks.countdown import FIELDS, SINGLE_TURN_SYSTEM_PROMPT, SYSTEM_PROMPT, compute_score, load_tasks, task_text
 from rlcr.tasks.countdown_solver import CountdownTask, generate_tasks, solve, task_candidates, unreachable_targets
 from rlcr.tasks.limits import MAX_TASK_NUMBER
 from rlcr.untrusted import printable
@@ -133,7 +133,7 @@ class Countdown(Task):
         return [pa.field("nums", pa.list_(pa.int64()), nullable=False), pa.field("target", pa.int64(), nullable=False)]
 
     def user_text(self, problem: CountdownTask) -> str:
-        return _task_text(problem)
+        return task_text(problem)
 
     def score(self, completion: Any, problem: CountdownTask, *, format_score: float, score: float = 1.0) -> float:
         return compute_score(completion, problem.ground_truth, format_score=format_score, score=score)

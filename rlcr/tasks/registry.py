@@ -11,7 +11,7 @@ task modules, and finds the tasks from outside rlcr (issue 47):
   imported when the config is validated (in the driver and in every Ray worker, which validates the config
   it is given);
 * the tasks listed in ``$RLCR_TASK_MODULES`` (comma-separated ``name=module:Class``): set by
-  :func:`rlcr.cluster.ensure_ray` in the Ray runtime environment, so a worker on any node imports the run's
+  :func:`rlcr.runs.cluster.ensure_ray` in the Ray runtime environment, so a worker on any node imports the run's
   task module before it looks the task up (on a cluster the module's code travels in the runtime environment's
   ``py_modules``).
 

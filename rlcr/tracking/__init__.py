@@ -568,7 +568,7 @@ def log_iterations(tracker: Tracker, items: Iterable[tuple[int, Mapping[str, Any
 
 
 def step_metrics(run: Any, step: int) -> Mapping[str, Any] | None:
-    """What rlcr run ``run`` (a :class:`~rlcr.runs.RunStore`) holds for tracker step ``step``: 0 the baseline
+    """What rlcr run ``run`` (a :class:`~rlcr.runs.store.RunStore`) holds for tracker step ``step``: 0 the baseline
     evaluation (``baseline.json``'s ``eval``), k ≥ 1 iteration k's ``metrics.json``; None where it has none."""
     if step == 0:
         doc = run.baseline()

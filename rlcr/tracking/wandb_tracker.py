@@ -14,7 +14,7 @@ as MLflow's (:mod:`rlcr.tracking`).
 * **Bounded**: every call (``init`` included) runs in a daemon thread joined with ``tracking.timeout_s``; the first
   failure or timeout warns once and turns the tracker off for the rest of the process (training goes on).
 * **Quiet**: no console capture, no system metrics, no code or git snapshot; W&B's own lines go to the
-  command's log file (:mod:`rlcr.terminal`).
+  command's log file (:mod:`rlcr.ui.terminal`).
 
 Where: ``tracking.wandb_project`` (and ``wandb_entity``) on the W&B server the environment names (``WANDB_API_KEY``,
 ``WANDB_BASE_URL``); ``tracking.wandb_mode: offline`` (or ``WANDB_MODE=offline``) writes the runs to local files

@@ -32,7 +32,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from rlcr.masks import completion_mask
+from rlcr.core.masks import completion_mask
 from rlcr.seeds import mini_batch_seed
 
 __all__ = [
@@ -101,7 +101,7 @@ def _row_key(r: dict[str, Any]) -> tuple:
 def prepare_samples(rows: Iterable[dict[str, Any]], tokenizer=None, *, check_finite: bool = True) -> list[Sample]:
     """Rollout rows (``ROLLOUT_SCHEMA``) → samples in a global, worker-independent order.
 
-    A null ``loss_mask`` is computed with :func:`rlcr.masks.completion_mask` (needs
+    A null ``loss_mask`` is computed with :func:`rlcr.core.masks.completion_mask` (needs
     ``tokenizer``). Raises ValueError on a missing/non-finite advantage or
     inconsistent lengths (``check_finite=False`` skips the advantage check; only
     tests that inject NaN on purpose use it).

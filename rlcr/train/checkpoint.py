@@ -65,13 +65,13 @@ def _write_extras(d: str, extra: dict | None, training_state: dict | None) -> No
 def save_adapter_checkpoint(peft_model, store, rel: str, *, frame: dict[str, bytes], base_uri: str,
                             base_content_id: str | None, extra: dict | None = None,
                             training_state: dict | None = None) -> str:
-    """Write a LoRA run's checkpoint (:mod:`rlcr.adapters`): ``peft``'s adapter files, the base's ``frame``
+    """Write a LoRA run's checkpoint (:mod:`rlcr.models.adapters`): ``peft``'s adapter files, the base's ``frame``
     (config, tokenizer: the files a model directory is recognised and served by), the record naming the base
-    (:data:`rlcr.adapters.ADAPTER_FILE`) and, with ``training_state``, the adapters' AdamW state; sealed like
+    (:data:`rlcr.models.adapters.ADAPTER_FILE`) and, with ``training_state``, the adapters' AdamW state; sealed like
     :func:`save_checkpoint`. Refuses non-finite adapters. Returns the checkpoint's URI."""
     import os
 
-    from rlcr.adapters import ADAPTER_FILE, ADAPTER_FORMAT
+    from rlcr.models.adapters import ADAPTER_FILE, ADAPTER_FORMAT
 
     for name, p in peft_model.named_parameters():
         if p.requires_grad and not torch.isfinite(p.detach()).all():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rlcr.loss import token_logprobs
+from rlcr.core.loss import token_logprobs
 
 __all__ = ["CompletionLogProbs", "TREE_ATTENTION", "tree_sdpa_attention"]
 

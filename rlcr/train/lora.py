@@ -1,5 +1,6 @@
 """LoRA on the trainer's side (``lora.enabled``, docs/design.md §11.1): ``peft`` wraps the policy, only the adapters
-train, the frozen base is the KL reference, and the engines get the adapters (:class:`rlcr.adapters.AdapterUpdate`).
+train, the frozen base is the KL reference, and the engines get the adapters
+(:class:`rlcr.models.adapters.AdapterUpdate`).
 
 :func:`wrap_lora` injects the adapters into the causal LM itself (``get_peft_model``; the model the update sees is
 the same Hugging Face module, its targeted linears now LoRA layers, so :class:`rlcr.train.logprobs.CompletionLogProbs`
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlcr.adapters import ADAPTER_WEIGHTS, AdapterUpdate
+from rlcr.models.adapters import ADAPTER_WEIGHTS, AdapterUpdate
 
 __all__ = ["wrap_lora", "AdapterOff", "adapter_update", "load_adapter_state", "lora_layers"]
 
@@ -51,9 +52,9 @@ def lora_layers(model: nn.Module) -> dict[str, Any]:
 
 
 def adapter_update(peft_model) -> AdapterUpdate:
-    """The adapters, checked finite, packed for the engines (:class:`~rlcr.adapters.AdapterUpdate`)."""
+    """The adapters, checked finite, packed for the engines (:class:`~rlcr.models.adapters.AdapterUpdate`)."""
+    from rlcr.models.weights import pack_weights
     from rlcr.train.checkpoint import NonFiniteError
-    from rlcr.weights import pack_weights
 
     tensors, scales = {}, set()
     for name, layer in lora_layers(peft_model).items():

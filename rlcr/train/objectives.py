@@ -1,7 +1,7 @@
 """The update's objectives, registered by name (docs/design.md §8, §11): ``cfg.update.objective`` names one.
 
 :func:`register_objective` adds ``fn(inputs: LossInputs, cfg) -> (loss, metrics)`` to :data:`OBJECTIVES`, as
-verl registers its policy losses: ``grpo`` (the masked clipped policy gradient, :func:`rlcr.loss.policy_loss`)
+verl registers its policy losses: ``grpo`` (the masked clipped policy gradient, :func:`rlcr.core.loss.policy_loss`)
 and ``sft`` (the warm-start's token-mean NLL); a new method is one more decorated function. An objective sees
 one micro-batch (:class:`LossInputs`) and returns its share of the mini-batch loss, normalised by the global
 counts the step loop (:mod:`rlcr.train.update`) all-reduced.
@@ -14,9 +14,9 @@ from typing import Callable
 
 import torch
 
-from rlcr.advantages import spread_to_tokens
 from rlcr.config import RLCRConfig
-from rlcr.loss import importance_weights, policy_loss
+from rlcr.core.advantages import spread_to_tokens
+from rlcr.core.loss import importance_weights, policy_loss
 from rlcr.train.batching import MicroBatch
 
 __all__ = ["LossInputs", "Objective", "OBJECTIVES", "register_objective", "get_objective"]
@@ -92,7 +92,7 @@ def grpo_objective(x: LossInputs, cfg: RLCRConfig) -> tuple[torch.Tensor, dict[s
 
     Token advantages are λ_ans·A_ans·M_ans and λ_conf·A_conf·M_conf (docs/design.md §7, masks
     docs/design.md §6); ratio ρ = exp(logπ − logπ_old) with the (dual) clip, optional KL to
-    π_ref and entropy bonus, aggregated by ``loss_agg``: :func:`rlcr.loss.policy_loss`.
+    π_ref and entropy bonus, aggregated by ``loss_agg``: :func:`rlcr.core.loss.policy_loss`.
     """
     mb, mask = x.mb, x.mb.loss_mask
     device = mb.input_ids.device

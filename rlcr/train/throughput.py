@@ -2,7 +2,7 @@
 
 GFLOP/s of an update = 6 × parameters (all of them, the tied embedding once) × prefix-tree tokens (the nodes
 the model processes, every micro-batch's, over all ranks) / the update's wall seconds (π_old pre-pass and
-steps): the nominal forward + backward count ``bench/update.py`` uses, so the flow's figure and the
+steps): the nominal forward + backward count ``bench/perf/update.py`` uses, so the flow's figure and the
 benchmark's compare directly. The peak is a plain ``torch.mm`` of two n×n matrices, best of a few.
 """
 

@@ -8,7 +8,7 @@ GPUs; gloo on CPU, NCCL on GPU) and the run's one AdamW — and the driver then 
 * :meth:`PolicyTrainer.update` → ``TrainerWorker.update``: the iteration's rows arrive as an object-store
   reference; every rank runs :func:`rlcr.train.update.train_update` with the *same* optimizer and LR-schedule
   position as the previous iteration (AdamW's moments carry over), and rank 0 puts the new full state dict in
-  Ray's object store for the engines (weight sync in memory, :mod:`rlcr.weights`: no checkpoint on the store);
+  Ray's object store for the engines (weight sync in memory, :mod:`rlcr.models.weights`: no checkpoint on the store);
 * :meth:`PolicyTrainer.save` → ``TrainerWorker.save``: rank 0 writes the full training state — weights
   (safetensors, what vLLM and transformers load), ``training_state.pt`` (AdamW state, schedule position, RNG)
   and the tokenizer — sealed, to the artifact store (:func:`rlcr.train.checkpoint.save_checkpoint`), after
@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlcr.config import RLCRConfig
-from rlcr.run_layout import RunLayout
+from rlcr.runs.layout import RunLayout
 from rlcr.train.rpc import WorkerGroup, WorkerGroupLost
 from rlcr.train.worker import TrainerWorker, load_policy, train_loop_per_worker
 
@@ -105,7 +105,7 @@ def _check_workers_fit(cfg: RLCRConfig) -> None:
     would otherwise wait for them forever (it retries its placement-group start without end)."""
     import ray
 
-    from rlcr.cluster import ResourceError, trainer_worker_resources
+    from rlcr.runs.cluster import ResourceError, trainer_worker_resources
 
     total = ray.cluster_resources()
     for res, per_worker in trainer_worker_resources(cfg).items():
@@ -137,7 +137,7 @@ class PolicyTrainer:
 
     def __init__(self, cfg: RLCRConfig, *, policy_uri: str, restore: bool = False, ref_uri: str | None = None):
         if cfg.loss.kl_coef > 0 and ref_uri is None and not cfg.lora.enabled:  # LoRA: the frozen base is π_ref
-            from rlcr.model_source import import_model
+            from rlcr.models.source import import_model
             from rlcr.storage import Store
 
             store = Store(cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url)
@@ -159,7 +159,7 @@ class PolicyTrainer:
         from ray.train import FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer
 
-        from rlcr.cluster import trainer_runtime_env, trainer_worker_resources
+        from rlcr.runs.cluster import trainer_runtime_env, trainer_worker_resources
 
         t0 = time.perf_counter()
         _check_workers_fit(self.cfg)
@@ -271,8 +271,8 @@ class PolicyTrainer:
              fence: dict[str, str] | None = None, background: bool = False) -> str | None:
         """Write the training state (weights, tokenizer; with ``with_optimizer`` AdamW, schedule and RNG),
         sealed, at ``rel`` in ``cfg.storage.uri``; returns its URI. Later rewinds/restarts start from it.
-        ``fence``: :meth:`rlcr.runs.RunStore.checkpoint_fence`, checked by rank 0 just before the upload
-        (:class:`~rlcr.runs.LeaseLost` if the writer lost its lease). ``background``: rank 0 writes while the
+        ``fence``: :meth:`rlcr.runs.store.RunStore.checkpoint_fence`, checked by rank 0 just before the upload
+        (:class:`~rlcr.runs.store.LeaseLost` if the writer lost its lease). ``background``: rank 0 writes while the
         caller goes on; returns None, and :meth:`saved` gives the URI (the next :meth:`update` waits for the
         write, so it writes the state of this call)."""
         out = self._call("save", SAVE_TIMEOUT_S, rel=rel, extra=extra or {}, with_optimizer=with_optimizer,
@@ -294,7 +294,7 @@ class PolicyTrainer:
 
     def _saved(self, out, with_optimizer: bool, covered: int) -> str:
         if out.refused:
-            from rlcr.runs import LeaseLost
+            from rlcr.runs.store import LeaseLost
 
             raise LeaseLost(out.refused)
         # updates applied after the save started are not in it

@@ -4,7 +4,7 @@ Nothing here needs Ray or the artifact store. :func:`train_update` runs one
 iteration's optimizer steps on whatever ranks exist (``torch.distributed`` when
 initialised, else a single process); :mod:`rlcr.train.trainer` calls it inside
 Ray Train workers and writes the checkpoint (:mod:`rlcr.train.checkpoint`), the
-tests and ``bench/update.py`` call it directly. It reads in order:
+tests and ``bench/perf/update.py`` call it directly. It reads in order:
 
 * the plan: seeded mini-batches, this rank's rows of each, packed into micro-batches;
 * :func:`_prepass`: π_old / π_ref, once, before the first step;
@@ -302,7 +302,7 @@ _METRIC_KEYS = ("pg_loss", "clipfrac_high", "clipfrac_low", "clipfrac_dual", "ap
                 "ref_kl")
 _TYPE_KEYS = ("pg_loss", "clipfrac", "approx_kl", "entropy")
 _TYPES = ("answer", "confidence")
-_IS_COUNTS = ("is/capped", "is/masked_sequences", "is/weight_sum")  # rlcr.loss.importance_weights's counts
+_IS_COUNTS = ("is/capped", "is/masked_sequences", "is/weight_sum")  # rlcr.core.loss.importance_weights's counts
 
 
 class StepMetrics:

@@ -14,7 +14,7 @@ with ``restore``, loads the training state saved with the checkpoint. Then, for 
 
 With ``lora.enabled`` (docs/design.md §11.1) the policy is the base with ``peft`` adapters (:mod:`rlcr.train.lora`):
 AdamW holds the adapters, π_ref is the policy with its adapters disabled, the engines get the adapters
-(:class:`rlcr.adapters.AdapterUpdate`) and a save writes an adapter checkpoint naming its base.
+(:class:`rlcr.models.adapters.AdapterUpdate`) and a save writes an adapter checkpoint naming its base.
 
 Every method is a collective under DDP/FSDP (all ranks run it); what only rank 0 returns is None elsewhere.
 """
@@ -30,9 +30,10 @@ from typing import Any
 
 import torch
 
-from rlcr.adapters import fetch_model, is_adapter_dir
-from rlcr.cluster import pin_to_cpus
 from rlcr.config import RLCRConfig
+from rlcr.models.adapters import fetch_model, is_adapter_dir
+from rlcr.models.weights import pack_weights, read_frame, resolve_dtype
+from rlcr.runs.cluster import pin_to_cpus
 from rlcr.seeds import update_seed
 from rlcr.storage import Store, fetch_checkpoint
 from rlcr.train.batching import prepare_samples
@@ -40,7 +41,6 @@ from rlcr.train.checkpoint import TRAINING_STATE_FILE, NonFiniteError, save_adap
 from rlcr.train.logprobs import CompletionLogProbs
 from rlcr.train.lora import AdapterOff, adapter_update, load_adapter_state, wrap_lora
 from rlcr.train.update import Schedule, make_optimizer, train_update
-from rlcr.weights import pack_weights, read_frame, resolve_dtype
 
 __all__ = ["TrainerWorker", "WorkerInfo", "UpdateOut", "SaveOut", "train_loop_per_worker", "load_policy"]
 
@@ -161,7 +161,7 @@ class TrainerWorker:
         """Load the base and wrap it with adapters (:func:`rlcr.train.lora.wrap_lora`); a resume (``restore`` of
         an adapter checkpoint) loads the checkpoint's base and its adapters. Returns the directory the training
         state is restored from (the raw checkpoint)."""
-        from rlcr.adapters import base_dir, base_reference, read_adapter
+        from rlcr.models.adapters import base_dir, base_reference, read_adapter
 
         cfg = self.cfg
         resume = bool(restore) and is_adapter_dir(raw)
@@ -260,7 +260,7 @@ class TrainerWorker:
 
     def _throughput(self, metrics: dict) -> dict[str, float]:
         """``gflops``: the update's nominal GFLOP/s over all ranks (:mod:`rlcr.train.throughput`, as
-        ``bench/update.py`` counts them); ``matmul_gflops``: this device's fp32 matmul peak, measured once per
+        ``bench/perf/update.py`` counts them); ``matmul_gflops``: this device's fp32 matmul peak, measured once per
         worker (≈ 0.4 s on a 2-core CPU), times the ranks; ``peak_fraction``: their ratio."""
         from rlcr.train.throughput import matmul_gflops, update_gflops
 
@@ -338,7 +338,7 @@ class TrainerWorker:
         t0 = time.perf_counter()
         store = Store(self.cfg.storage.uri, endpoint_url=self.cfg.storage.s3_endpoint_url)
         if fence:
-            from rlcr.runs import LeaseLost, check_fence
+            from rlcr.runs.store import LeaseLost, check_fence
 
             try:
                 check_fence(store, fence)

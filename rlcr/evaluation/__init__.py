@@ -1,0 +1,2 @@
+"""Held-out evaluation, paired comparisons, recalibration baselines and the protocols' statistics
+(docs/architecture.md)."""
