@@ -30,11 +30,12 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
-from flows.iteration import PendingSave, finish_save, read_ahead_rollouts, run_iteration
+from flows.iteration import PendingSave, RunContext, finish_save, read_ahead_rollouts, run_iteration
 from flows.tasks import evaluate_task, prune_task, task_options
 from rlcr import events
 from rlcr.config import ConfigError, RLCRConfig, resolve_config
 from rlcr.models.source import run_initial_model
+from rlcr.rollout.ahead import Ahead
 from rlcr.rollout.engine import EnginePool
 from rlcr.runs.cluster import check_cluster_fits, check_storage, engines_start_beside_trainer, ensure_ray
 from rlcr.runs.lease import LeaseLost
@@ -144,8 +145,9 @@ def rlcr_train(
                 run.write_baseline({"policy_uri": saved, "eval": baseline}, lease=lease)
                 track_committed(tracker, run, [0], log)
             ahead = read_ahead_rollouts(cfg, run, done, train_tasks)  # one-step-off: already sampled
-            _Iterations(cfg, run, lease, opts, tracker, log, trainer, engines, initial, (train_tasks, held_out),
-                        saved, ahead, summary).run(len(done) + 1)
+            ctx = RunContext(cfg=cfg, run=run, lease=lease, trainer=trainer, engines=engines, initial=initial,
+                             train_tasks=train_tasks, held_out=held_out, opts=opts)
+            _Iterations(ctx, tracker, log, saved, ahead, summary).run(len(done) + 1)
         summary["final_checkpoint"] = run.committed()[-1]["checkpoint_uri"]
         return summary
 
@@ -210,10 +212,10 @@ class _Iterations:
     ``saved``), ``pending`` (a background save not yet committed), ``ahead`` (one-step-off: the next iteration's
     rollouts, already sampled) and the rewinds so far."""
 
-    def __init__(self, cfg, run, lease, opts, tracker, log, trainer, engines, initial: str, tasks, saved: str, ahead,
-                 summary: dict):
-        self.cfg, self.run_store, self.lease, self.opts, self.tracker, self.log = cfg, run, lease, opts, tracker, log
-        self.trainer, self.engines, self.initial, (self.train_tasks, self.held_out) = trainer, engines, initial, tasks
+    def __init__(self, ctx: RunContext, tracker: Tracker, log, saved: str, ahead: Ahead | None, summary: dict):
+        self.ctx, self.tracker, self.log = ctx, tracker, log
+        self.cfg, self.run_store, self.lease, self.opts = ctx.cfg, ctx.run, ctx.lease, ctx.opts
+        self.trainer, self.engines, self.initial = ctx.trainer, ctx.engines, ctx.initial
         self.summary, self.saved, self.policy, self.staged = summary, saved, saved, []
         self.pending: PendingSave | None = None
         self.ahead = ahead
@@ -226,8 +228,7 @@ class _Iterations:
         while k <= cfg.run.iterations:
             try:
                 metrics, manifest, save, self.ahead = run_iteration(
-                    cfg, self.run_store, k, self.trainer, self.engines, (self.saved, self.policy), self.initial,
-                    self.train_tasks, self.held_out, self.opts, self.lease, self.staged, self.settle, self.ahead)
+                    self.ctx, k, (self.saved, self.policy), self.staged, self.settle, self.ahead)
             except StateLost as e:  # the workers died with unsaved updates: rewind to the last saved state
                 k = self._rewind(e, k)
                 continue
@@ -276,7 +277,7 @@ class _Iterations:
         self.trainer.restart_from(state, restore=bool(done))
         self.engines.load(state)
         self.saved, self.policy, self.staged, self.pending = state, state, [], None
-        self.ahead = read_ahead_rollouts(self.cfg, run, done, self.train_tasks)
+        self.ahead = read_ahead_rollouts(self.cfg, run, done, self.ctx.train_tasks)
         return len(done) + 1
 
 

@@ -40,6 +40,22 @@ def test_every_method_has_a_registered_reward_and_advantage():
         method_advantages("ppo")
 
 
+def test_one_record_says_what_each_method_is():
+    """rlcr.core.methods is the one record of a method's shape: the config accepts exactly its methods, two-turn
+    RLCR alone trains a confidence turn, one-turn RLCR alone has none, and an unknown name is one line."""
+    import typing
+
+    from rlcr.config.sections import Method
+    from rlcr.core.methods import METHOD_RECORDS, method_record
+
+    assert set(typing.get_args(Method)) == set(METHOD_RECORDS) == set(METHODS)
+    assert [m for m, r in METHOD_RECORDS.items() if r.trains_confidence_turn] == ["rlcr"]
+    assert [m for m, r in METHOD_RECORDS.items() if not r.has_confidence_turn] == ["rlcr_single"]
+    assert method_record("rlcr").training_confidences(4) == 4 and method_record("rlvr").training_confidences(4) == 0
+    with pytest.raises(ValueError, match="unknown method 'ppo' \\(one of rlcr, rlcr_single, rlvr\\)"):
+        method_record("ppo")
+
+
 @pytest.mark.parametrize("lam", [1.0, 0.5])
 def test_single_turn_reward_is_accuracy_plus_weighted_brier(lam):
     r = answer_reward("rlcr_single")

@@ -9,6 +9,7 @@ import math
 import re
 from typing import Any, Callable
 
+from rlcr.core.methods import METHODS
 from rlcr.tasks.base import Task
 from rlcr.tasks.registry import get_task
 
@@ -23,8 +24,6 @@ __all__ = [
     "split_single_turn",
 ]
 
-METHODS = ("rlcr", "rlcr_single", "rlvr")
-"""The training methods (docs/design.md §9): two-turn RLCR, one-turn RLCR (the paper's), accuracy-only RLVR."""
 
 # A plain decimal number: "0.7", ".7", "1", "0.70", "7e-1". No sign other than
 # "+"/"-" (range-checked after), no "%", no nan/inf spellings.

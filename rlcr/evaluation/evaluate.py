@@ -12,6 +12,7 @@ import math
 from typing import Any, Sequence
 
 from rlcr.config import RLCRConfig
+from rlcr.core.methods import method_record
 from rlcr.core.metrics import bootstrap_intervals, calibration_metrics, paired_bootstrap_differences
 from rlcr.rollout.pipeline import build_rollout_dataset, check_prompt_lengths, to_records
 from rlcr.seeds import eval_salt
@@ -240,7 +241,8 @@ def evaluate_policy(
     check_prompt_lengths(cfg, indexed, tokenizer_uri or policy_uri)
     ds = build_rollout_dataset(cfg, indexed, policy_uri, iteration, engines=engines.names if engines else None,
                                g_a=cfg.eval.samples, g_c=1, salt=eval_salt(draw),
-                               confidences=cfg.method.name != "rlcr_single", temperature=temperature)
+                               confidences=method_record(cfg.method.name).has_confidence_turn,
+                               temperature=temperature)
     rows = to_records(_collect(ds, len(indexed), iteration), run_id, iteration)
     return summarize_eval(rows, n_resamples=cfg.eval.bootstrap_resamples, seed=cfg.tasks.eval_seed), rows
 

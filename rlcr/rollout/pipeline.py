@@ -17,6 +17,7 @@ import numpy as np
 
 from rlcr import seeds
 from rlcr.config import RLCRConfig
+from rlcr.core.methods import method_record
 from rlcr.rollout.records import assign_advantages, rows_to_table, validate_rollouts
 from rlcr.rollout.stages import (
     AnswerStage,
@@ -98,9 +99,10 @@ def build_rollout_dataset(
     """
     if temperature is not None and not 0.0 <= temperature <= 2.0:
         raise ValueError(f"temperature must be in [0, 2] (0: greedy), got {temperature}")
+    method = method_record(cfg.method.name)
     if confidences is None:
-        confidences = cfg.method.name == "rlcr"
-    if confidences and cfg.method.name == "rlcr_single":
+        confidences = method.trains_confidence_turn
+    if confidences and method.single_turn:
         raise ValueError("method rlcr_single states its confidence in the answer turn: it has no turn 2")
     import ray.data
 
@@ -233,7 +235,7 @@ def check_prompt_lengths(cfg: RLCRConfig, tasks: Sequence[tuple[int, Any]], poli
 
     tokenizer = AutoTokenizer.from_pretrained(fetch_model(policy_uri, endpoint_url=cfg.storage.s3_endpoint_url))
     kind, r = get_task(cfg.tasks.name), cfg.rollout
-    two_turn = cfg.method.name != "rlcr_single"
+    two_turn = method_record(cfg.method.name).has_confidence_turn
     messages = kind.turn1_messages if two_turn else kind.single_turn_messages
     for pid, task in tasks:
         render_prompt(tokenizer, messages(task), where=f"prompt_id={pid}", max_prompt_tokens=r.max_prompt_tokens)
@@ -272,7 +274,7 @@ def generate_rollouts(
     for k in ("_answer_init_s", "_answer_generate_s", "_confidence_init_s", "_confidence_generate_s"):
         timings[f"rollout/{k.lstrip('_')}"] = float(sum(r.get(k, 0.0) or 0.0 for r in raw))
     rows = to_records(raw, run_id, iteration)
-    g_c = cfg.rollout.num_generations_confidence if cfg.method.name == "rlcr" else 0
+    g_c = method_record(cfg.method.name).training_confidences(cfg.rollout.num_generations_confidence)
     validate_rollouts(rows, num_prompts=len(tasks), g_a=cfg.rollout.num_generations_answer, g_c=g_c)
     return rows, timings
 

@@ -16,6 +16,7 @@ import pyarrow as pa
 import torch
 
 from rlcr.core.advantages import method_advantages
+from rlcr.core.methods import METHOD_RECORDS
 from rlcr.core.rewards import accuracy_reward, answer_reward, brier_reward, parse_confidence, split_single_turn
 from rlcr.tasks.base import Task
 from rlcr.tasks.registry import get_task, load_task_plugins, task_names
@@ -238,7 +239,7 @@ def answer_scores(completion_text: str, task: Any, *, format_score: float, metho
     (:data:`rlcr.core.rewards.ANSWER_REWARDS`: accuracy, or accuracy + λ_conf·Brier for ``rlcr_single``) and
     ``confidence`` = the response's own stated confidence (``rlcr_single``, whose answer part is scored alone:
     :func:`rlcr.core.rewards.split_single_turn`; else None). Keyword arguments of :func:`rollout_row`."""
-    single = method == "rlcr_single"
+    single = method in METHOD_RECORDS and METHOD_RECORDS[method].single_turn
     answer, stated = split_single_turn(completion_text) if single else (completion_text, "")
     kind = get_task(task_name)
     return {"score": float(kind.score(answer, task, format_score=format_score)),

@@ -36,6 +36,7 @@ from typing import Any
 import pandas as pd
 
 from rlcr.config import RLCRConfig
+from rlcr.core.methods import method_record
 from rlcr.rollout.records import answer_scores, confidence_scores, rollout_row
 from rlcr.seeds import answer_seed, confidence_seed
 from rlcr.tasks.registry import get_task
@@ -189,10 +190,10 @@ class AnswerStage(_EngineStage):
 
     @property
     def mask_kind(self) -> str:
-        return "single" if self.cfg.method.name == "rlcr_single" else "answer"
+        return "single" if method_record(self.cfg.method.name).single_turn else "answer"
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
-        single = self.cfg.method.name == "rlcr_single"
+        single = method_record(self.cfg.method.name).single_turn
         g = self.n or self.cfg.rollout.num_generations_answer
         task = get_task(self.cfg.tasks.name)
         messages = task.single_turn_messages if single else task.turn1_messages
