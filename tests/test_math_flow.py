@@ -32,7 +32,7 @@ def test_an_unknown_task_is_a_one_line_error_naming_the_tasks():
     with pytest.raises(ValueError) as err:
         RLCRConfig(tasks={"name": "chess"})
     line = next(x for x in str(err.value).splitlines() if "unknown task" in x)
-    assert "'chess'" in line and "countdown, math" in line
+    assert "'chess'" in line and "countdown, file, math" in line
 
 
 @pytest.mark.slow

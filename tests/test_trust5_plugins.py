@@ -107,7 +107,7 @@ def test_plugins_that_exit_at_import_do_not_end_the_cli(tmp_path):
     assert line.startswith("error: task 'goodplug': candidates:") and "no generator" in line, line
     res = _cli(["train", "--run-id", "x", f"storage.uri={tmp_path / 'store'}", "tasks.name=missing"], env, tmp_path)
     line = _one_line(res)
-    assert "unknown task 'missing'; registered: countdown, goodplug, math, qa" in line
+    assert "unknown task 'missing'; registered: countdown, file, goodplug, math, qa, reasoning_gym" in line
     assert "exits_zero (failed: SystemExit raised at import: 0)" in line, line
     assert "hard_exit (failed: it ended its process at import (exit code 0))" in line, line
     assert not (tmp_path / "store").exists()
@@ -124,7 +124,7 @@ def test_each_broken_entry_point_is_named_and_the_working_one_found(tmp_path, mo
     with pytest.raises(ValueError) as e:
         registry.task_class("missing")
     line = str(e.value)
-    assert "\n" not in line and "registered: countdown, goodplug2, math, qa" in line
+    assert "\n" not in line and "registered: countdown, file, goodplug2, math, qa, reasoning_gym" in line
     for words in ["exits_zero (failed: SystemExit raised at import: 0)",
                   "parses_argv (failed: SystemExit raised at import: 2)",
                   "interrupts (failed: KeyboardInterrupt raised at import)",

@@ -62,7 +62,7 @@ def _task_options() -> str:
     from rlcr.tasks.registry import task_class
 
     out = ["\nThe built-in tasks' own settings (`tasks.options`; every one can change results):\n"]
-    for name in ("countdown", "math"):
+    for name in ("countdown", "math", "file", "reasoning_gym"):
         options = task_class(name).Options.model_fields
         if not options:
             out.append(f"\n`{name}` has no options of its own.\n")

@@ -154,7 +154,7 @@ def describe(error: ValidationError, source: str) -> str:
     errors = error.errors()
     for err in errors[:_MAX_ERRORS]:
         loc = printable(".".join(str(p) for p in err["loc"]), 80)
-        msg = printable(err["msg"], 300)
+        msg = printable(err["msg"], 420)
         if err["type"] == "value_error":
             msg = msg.removeprefix("Value error, ")
         if not loc or (err["type"] == "value_error" and f"{loc}." in msg):  # a check naming its fields

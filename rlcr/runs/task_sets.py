@@ -68,7 +68,8 @@ def _generated(n: int, seed: int, settings: tuple) -> tuple:
 
 
 def _load(cfg: RLCRConfig, path: str) -> list[Any]:
-    return _task(cfg).load(path, cfg.tasks.field_map)
+    task = _task(cfg)
+    return task.bind(task.load(path, cfg.tasks.field_map), cfg)
 
 
 def training_pool(cfg: RLCRConfig) -> list[Any]:

@@ -142,6 +142,13 @@ class Task(abc.ABC):
         the row (from 1) and the field, for anything it cannot use; never returns a partial list.
         """
 
+    def bind(self, problems: list[Any], cfg: Any) -> list[Any]:
+        """The problems of a task file as run ``cfg`` (an ``RLCRConfig``) uses them: what scoring needs from the
+        task's settings attached to each problem, since :meth:`score` sees the problem alone (the ``file`` task
+        attaches its checker). Default: the problems as loaded. Raises ValueError, one line, for settings that
+        cannot score them."""
+        return problems
+
     def candidates(self, seed: int, cfg: Any = None) -> Iterator[Any | None]:
         """Endless seeded stream of generated problems, deterministic in ``seed`` (and the task settings of
         ``cfg``, an ``RLCRConfig``). An item is None where a draw gave no usable problem, so a consumer can

@@ -44,8 +44,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import rlcr.tasks.countdown_task  # noqa: F401  (registers "countdown")
+import rlcr.tasks.file_task  # noqa: F401  (registers "file")
 import rlcr.tasks.math  # noqa: F401  (registers "math")
 import rlcr.tasks.qa  # noqa: F401  (registers "qa")
+import rlcr.tasks.reasoning_gym_task  # noqa: F401  (registers "reasoning_gym"; reasoning-gym is imported on use)
 from rlcr.tasks.base import TASKS, Task, register_task
 from rlcr.untrusted import printable
 

@@ -35,6 +35,7 @@ the math verifier (:mod:`rlcr.tasks.math_verifier`):
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import sys
@@ -48,7 +49,7 @@ from typing import Any, Iterator
 from rlcr.tasks.base import ScoringStats
 from rlcr.tasks.worker_process import WorkerProcess
 
-__all__ = ["BoundedVerifier", "KILL_GRACE_S", "STARTUP_DEADLINE_S"]
+__all__ = ["BoundedVerifier", "KILL_GRACE_S", "STARTUP_DEADLINE_S", "scoring_batch", "in_batch", "BatchStats"]
 
 KILL_GRACE_S = 0.5
 """How long past a call's deadline the worker may still answer before it is killed."""
@@ -76,16 +77,21 @@ class _Batch:
 
 
 class BoundedVerifier(WorkerProcess):
-    """The function ``target`` (``"module:name"``) run in a worker process under time and memory limits."""
+    """The function ``target`` (``"module:name"``) run in a worker process under time and memory limits; with
+    ``file``, the module is that file (a checker anywhere on disk, ``tasks.name: file``)."""
 
     startup_deadline_s = STARTUP_DEADLINE_S
     max_reply_bytes = MAX_REPLY_BYTES
 
     def __init__(self, target: str, *, timeout_s: float = 2.0, memory_bytes: int = 1024**3,
-                 batch_base_s: float = 2.0, batch_per_call_s: float = 0.1, cache_size: int = 4096) -> None:
+                 batch_base_s: float = 2.0, batch_per_call_s: float = 0.1, cache_size: int = 4096,
+                 file: str | None = None) -> None:
         if ":" not in target:
             raise ValueError(f"BoundedVerifier: target must be 'module:function', got {target!r}")
         self.target, self.timeout_s, self.memory_bytes = target, float(timeout_s), int(memory_bytes)
+        self.file = os.path.abspath(file) if file else None
+        """The file the worker loads the target's module from (as that module name), wherever it is; None: the
+        module is imported by name (or from the file it was loaded from in this process)."""
         self.batch_base_s, self.batch_per_call_s, self.cache_size = batch_base_s, batch_per_call_s, cache_size
         super().__init__()  # ``restarts``: workers started after the first (a timeout, a death)
         self._lock = threading.Lock()
@@ -177,6 +183,8 @@ class BoundedVerifier(WorkerProcess):
         Empty when the module is importable by name (or not imported here)."""
         from importlib.machinery import PathFinder
 
+        if self.file:
+            return self.file
         name = self.target.partition(":")[0]
         file = getattr(sys.modules.get(name), "__file__", None)
         if "." in name or not isinstance(file, str) or not os.path.isfile(file):
@@ -192,3 +200,45 @@ class BoundedVerifier(WorkerProcess):
     def _not_started(self) -> str:
         return (f"the verifier {self.target!r} did not start in its worker (can it be imported, and within "
                 f"{self.memory_bytes:,} bytes?)")
+
+
+# ---- batches over verifiers known per problem (the file and reasoning_gym tasks)
+
+
+class BatchStats:
+    """The timeouts of every verifier called in a batch, summed (what :func:`scoring_batch` yields)."""
+
+    def __init__(self) -> None:
+        self.parts: list[Any] = []
+
+    @property
+    def timeouts(self) -> int:
+        return sum(p.timeouts for p in self.parts)
+
+
+_BATCH = threading.local()
+"""This thread's open batch: (n, the exit stack of the verifiers' batches, their stats, the verifiers entered)."""
+
+
+@contextlib.contextmanager
+def scoring_batch(n: int) -> Iterator[BatchStats]:
+    """A task's :meth:`~rlcr.tasks.base.Task.scoring` when its verifier is known only per problem: a batch of ``n``
+    answers in this thread, in which each verifier that :func:`in_batch` hands out enters its own
+    :meth:`BoundedVerifier.scoring` once; yields the timeouts of all of them."""
+    stats = BatchStats()
+    with contextlib.ExitStack() as stack:
+        _BATCH.state = (n, stack, stats, set())
+        try:
+            yield stats
+        finally:
+            _BATCH.state = None
+
+
+def in_batch(verifier: BoundedVerifier) -> BoundedVerifier:
+    """``verifier``, inside this thread's open batch (its :meth:`~BoundedVerifier.scoring` entered once)."""
+    state = getattr(_BATCH, "state", None)
+    if state is not None and id(verifier) not in state[3]:
+        n, stack, stats, entered = state
+        stats.parts.append(stack.enter_context(verifier.scoring(n)))
+        entered.add(id(verifier))
+    return verifier
