@@ -202,7 +202,8 @@ def test_local_default_backend_needs_no_server(tmp_path, monkeypatch):
     report.write_text("<h1>probe</h1>")
     with open_tracker("mlflow", None, str(store), "local run", {"lr": 1e-5}, timeout_s=120) as tracker:
         assert tracker.enabled and tracker.tracking_uri == f"sqlite:///{store / 'mlflow.db'}"
-        assert tracker.run_url is None and tracker.ui_hint == f"mlflow ui --backend-store-uri {tracker.tracking_uri}"
+        assert tracker.run_url is None
+        assert tracker.ui_hint == f"mlflow ui --backend-store-uri {tracker.tracking_uri} --workers 1"
         assert tracker.log_iteration(1, iteration_metrics(1)) and tracker.log_artifact(report, "probe")
     assert (store / "mlflow.db").is_file()
     assert (store / "mlflow-artifacts" / tracker.mlflow_run_id / "artifacts" / "probe" / "report.html").is_file()

@@ -67,7 +67,10 @@ from rlcr.tracking.flatten import (
 __all__ = ["Tracker", "BoundedTracker", "MlflowTracker", "Trackers", "open_tracker", "tracker_from_config",
            "flatten_params", "flatten_metrics", "tracked_metrics", "HEADLINE", "metric_key", "resolve_backend",
            "log_iterations", "sync_run", "step_metrics", "TRACKING_KINDS", "EXPERIMENT", "RUN_ID_TAG", "SENTINEL",
-           "STARTED", "CallAbandoned"]
+           "STARTED", "CallAbandoned", "MLFLOW_UI_URL"]
+
+MLFLOW_UI_URL = "http://127.0.0.1:5000"
+"""Where ``mlflow ui`` serves by default."""
 
 TRACKING_KINDS = ("mlflow", "wandb", "none")
 EXPERIMENT = "rlcr"
@@ -123,7 +126,8 @@ class Tracker:
     experiment_url: str | None = None
     """The experiment's page on its training runs (MLflow's UI, where the tracking URI is a server)."""
     ui_hint: str | None = None
-    """How to view the runs (``mlflow ui --backend-store-uri …`` for a local store)."""
+    """How to view the runs (``mlflow ui --backend-store-uri … --workers 1`` for a local store: one worker, which a
+    loaded 2-core machine keeps answering)."""
 
     def where(self) -> str | None:
         """Where a person looks at the runs: the experiment's page on its training runs, or, for a local store,
@@ -131,7 +135,8 @@ class Tracker:
         if self.experiment_url:
             return self.experiment_url
         if self.ui_hint and self.experiment_id is not None:
-            return f"{self.ui_hint}, then /#/experiments/{self.experiment_id}?workflowType=machine_learning"
+            return (f"{self.ui_hint}, then open {MLFLOW_UI_URL}/#/experiments/{self.experiment_id}"
+                    "?workflowType=machine_learning")
         return None
 
     def log_iteration(self, iteration: int, metrics: Mapping[str, Any]) -> bool:
@@ -236,7 +241,7 @@ class MlflowTracker(BoundedTracker):
         self._note, self._noted_step = "", -1  # the calibration note set last, and the step it was set for
         self.label = f"MLflow tracking ({tracking_uri})"
         if tracking_uri.startswith("sqlite:"):
-            self.ui_hint = f"mlflow ui --backend-store-uri {tracking_uri}"
+            self.ui_hint = f"mlflow ui --backend-store-uri {tracking_uri} --workers 1"
 
     # -- opening
 
