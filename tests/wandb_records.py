@@ -48,8 +48,21 @@ def _key(item) -> str:
     return ".".join(item.nested_key) if item.nested_key else item.key
 
 
-def read_run(path: Path) -> dict[str, Any]:
-    """``history`` (rows as dicts), ``config``, ``summary``, ``notes``, ``exit_code`` (None: never finished)."""
+def read_run(path: Path, wait_s: float = 30.0) -> dict[str, Any]:
+    """``history`` (rows as dicts), ``config``, ``summary``, ``notes``, ``exit_code`` (None: never finished).
+    wandb-core writes the file from its own process, and the exit record may land just after ``finish()``
+    returns: read again for up to ``wait_s`` seconds until it is there."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        out = _read_once(path)
+        if out["exit_code"] is not None or time.monotonic() > deadline:
+            return out
+        time.sleep(0.2)
+
+
+def _read_once(path: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"history": [], "config": {}, "summary": {}, "notes": None, "exit_code": None}
     for rec in records(path):
         kind = rec.WhichOneof("record_type")

@@ -154,7 +154,7 @@ def train(
                                 iterations=cfg.run.iterations)
         console.print(summary_table(run_id, cfg))
         if isinstance(result, dict) and result.get("mlflow"):
-            console.print(f"MLflow: {show(result['mlflow'])}", highlight=False)
+            console.print(f"MLflow: {show(result['mlflow'], 2000)}", highlight=False)  # paths in it, whole
 
 
 def resume_command(config: Optional[str], run_id: str, iterations: Optional[int], overrides: list[str]) -> str:
