@@ -19,12 +19,12 @@ from flows.probe import probe_deployment
 from flows.train import rlcr_train
 
 
-def deployments(config: str | None = None, probe_cron: str | None = None):
+def deployments(config: str | None = None, probe_cron: str | None = None, probe_suite: str | None = None):
     params = {"config": config} if config else {}
     deps = [rlcr_train.to_deployment(
         name="train", parameters=params,
         description="RLCR training: resumable iterations (rollouts → update → eval → commit)")]
-    deps.append(probe_deployment(config=config, cron=probe_cron))
+    deps.append(probe_deployment(config=config, cron=probe_cron, suite=probe_suite))
     return deps
 
 
@@ -33,8 +33,11 @@ def main() -> None:
     ap.add_argument("--config", help="default config file for the deployments' runs")
     ap.add_argument("--probe-cron", help="cron (UTC) of the nightly probe; default: the config's probe.cron "
                                          "(03:00 UTC unless set)")
+    ap.add_argument("--probe-suite", help="an evaluation suite file the nightly probe also runs "
+                                          "(configs/suites/ood.yaml): its figures per family in the report and "
+                                          "in MLflow; a run of the deployment may set -p suite=… instead")
     a = ap.parse_args()
-    serve(*deployments(a.config, a.probe_cron))
+    serve(*deployments(a.config, a.probe_cron, a.probe_suite))
 
 
 if __name__ == "__main__":

@@ -75,8 +75,24 @@ def run_store(tiny_model_dir, tmp_path_factory):
     ckpt = run.last_committed()["checkpoint_uri"]
     report = probe_checkpoint(cfg, ckpt, generate_tasks(2, seed=9), samples=3)
     report["iteration"] = 2
+    report["suite"] = suite_result()
     write_report(store, RUN, report)
     return store
+
+
+def suite_result() -> dict:
+    """What a probe with an evaluation suite adds to its report: two families' figures and the pool's."""
+    from rlcr.evaluation.suite import summarize_suite
+
+    rows = []
+    for pid, (family, correct, conf) in enumerate([("syllogism", 1.0, 0.8), ("syllogism", 0.0, 0.6),
+                                                    ("gcd", 1.0, 0.3), ("gcd", 0.0, 0.2), ("gcd", 1.0, 0.7)]):
+        base = {"prompt_id": pid, "answer_id": 0, "dataset": family, "correct": correct, "question": f"q{pid}",
+                "answer": "1", "settings": "{}", "gen_seed": 1, "gen_index": pid, "instruction": "i",
+                "scorer_timeout_s": 5.0, "task_name": "reasoning_gym"}
+        rows += [{**base, "sample_type": "answer", "score": correct},
+                 {**base, "sample_type": "confidence", "confidence_id": 0, "confidence": conf, "score": 0.0}]
+    return {"suite": "ood", "suite_seed": 7301, "n": 2, **summarize_suite(rows, n_resamples=100)}
 
 
 def execute(params: dict, cwd: Path):
@@ -107,8 +123,9 @@ def test_notebook_runs_on_a_local_run(run_store, tmp_path):
     ts, _ = latest_report(run_store, RUN)
     nb = execute({"STORAGE_URI": run_store.uri, "RUN_ID": RUN, "S3_ENDPOINT_URL": None}, tmp_path)
     n_images, text = outputs(nb)
-    assert n_images == 3  # training curves, rollouts, probe
+    assert n_images == 4  # training curves, rollouts, probe, the suite's families
     assert f"run '{RUN}'" in text and "2 committed iteration(s)" in text
+    assert "syllogism" in text and "pooled" in text  # the suite's table beside its figure
     assert "iteration 2: 18 samples" in text  # 3 prompts × 2 answers × (1 + 2 confidences)
     assert f"report {ts}: iteration 2" in text and "report.html" in text
     # RUN_ID = None: the run committed most recently
@@ -138,7 +155,7 @@ def test_notebook_runs_on_s3(run_store, tmp_path, monkeypatch):
                 client.upload_file(str(path), "rlcr-nb", f"store/{path.relative_to(root).as_posix()}")
         nb = execute({"STORAGE_URI": "s3://rlcr-nb/store", "RUN_ID": RUN, "S3_ENDPOINT_URL": endpoint}, tmp_path)
         n_images, text = outputs(nb)
-        assert n_images == 3 and "s3://rlcr-nb/store/runs/nb-run" in text and "report.html" in text
+        assert n_images == 4 and "s3://rlcr-nb/store/runs/nb-run" in text and "report.html" in text
     finally:
         server.stop()
 

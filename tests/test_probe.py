@@ -8,6 +8,8 @@ import math
 import re
 import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +28,7 @@ from rlcr.probe.truncation import reasoning_of, sentence_cuts, truncation_points
 from rlcr.runs.refs import NoCommittedIteration
 from rlcr.storage import Store
 from rlcr.tasks.countdown import CountdownTask, generate_tasks
+from rlcr.untrusted import InvalidInput
 
 
 def cut_texts(text):
@@ -414,7 +417,9 @@ def test_probe_flow_probes_the_newest_committed_checkpoint(engine, tiny_model_di
     used = []
     monkeypatch.setattr(rlcr.rollout.engine, "create_engine", lambda path, cfg, seed: used.append(path) or engine)
 
-    out = rlcr_probe(overrides=overrides, run_id=None, num_tasks=2, samples=3)  # newest run in storage
+    suite = tmp_path / "suite.yaml"  # and an evaluation suite of two families, its figures to the report and MLflow
+    suite.write_text("name: two\nseed: 3\nn: 2\nfamilies:\n  syllogism: {}\n  gcd: {max_value: 20}\n")
+    out = rlcr_probe(overrides=overrides, run_id=None, num_tasks=2, samples=3, suite=str(suite))  # newest run
     assert out["run_id"] == rid and out["iteration"] == 2
     assert (out["checkpoint_uri"] == run.manifest(2)["checkpoint_uri"]
             == store.url(f"runs/{rid}/iter-0002/attempt-writer1/checkpoint"))
@@ -437,6 +442,12 @@ def test_probe_flow_probes_the_newest_committed_checkpoint(engine, tiny_model_di
     assert len(tracked) == 1
     names = {a.path.rsplit("/", 1)[-1] for a in client.list_artifacts(tracked[0].info.run_id, f"probe/{ts}")}
     assert names == {"report.html", "report.json"}
+    assert sorted(rep["suite"]["families"]) == ["gcd", "syllogism"] and rep["suite"]["pooled"]["n_tasks"] == 4
+    assert all(f["n_tasks"] == 2 and "ci" in f for f in rep["suite"]["families"].values())
+    rows = store.read_parquet(f"runs/{rid}/probes/{ts}/suite-rows.parquet").to_pylist()
+    assert sorted({r["dataset"] for r in rows}) == ["gcd", "syllogism"]
+    history = client.get_metric_history(tracked[0].info.run_id, "two/pooled/accuracy")
+    assert [(m.step, m.value) for m in history] == [(2, rep["suite"]["pooled"]["accuracy"])]
 
 
 def test_nightly_deployment():
@@ -449,6 +460,12 @@ def test_nightly_deployment():
     assert sched.schedule.cron == "0 3 * * *" and sched.schedule.timezone == "UTC"
     assert probe_deployment(cron="30 1 * * *", run_id="r").schedules[0].schedule.cron == "30 1 * * *"
     assert probe_deployment(run_id="r").parameters == {"run_id": "r"}
+    suite = Path(__file__).resolve().parents[1] / "configs" / "suites" / "ood.yaml"
+    assert probe_deployment(suite=str(suite)).parameters == {"suite": str(suite)}
+    with pytest.raises(InvalidInput, match="unknown reasoning-gym dataset"):  # checked when it is registered
+        bad = Path(tempfile.mkdtemp()) / "bad.yaml"
+        bad.write_text("name: x\nseed: 1\nn: 1\nfamilies: {nope: {}}\n")
+        probe_deployment(suite=str(bad))
     assert {d.name for d in deployments()} == {"train", "nightly"}
 
 

@@ -22,7 +22,16 @@ from rlcr.cli.inputs import (
     resolve_ref,
     run_and_iteration,
 )
-from rlcr.ui.presentation import comparison_table, console, eval_table, probe_table, provenance_text, show
+from rlcr.ui.presentation import (
+    comparison_table,
+    console,
+    eval_table,
+    probe_table,
+    provenance_text,
+    show,
+    suite_comparison_table,
+    suite_table,
+)
 from rlcr.ui.progress import step
 from rlcr.untrusted import printable
 
@@ -55,7 +64,8 @@ def _records_target(records: str, cfg) -> tuple[Any, str]:
     return store, name
 
 
-def _write_records(records: str, target: tuple[Any, str], rows, cfg, policy: str, draw: int) -> None:
+def _write_records(records: str, target: tuple[Any, str], rows, cfg, policy: str, draw: int,
+                   **extra: Any) -> None:
     """The per-answer rows, with their provenance, to the file :func:`_records_target` checked: create-only
     (a file that appeared during the evaluation is kept, not replaced)."""
     from rlcr.rollout.records import rows_to_table, with_provenance
@@ -67,7 +77,7 @@ def _write_records(records: str, target: tuple[Any, str], rows, cfg, policy: str
         store = Store(str(Path(records).expanduser().parent))
     table = with_provenance(rows_to_table(rows, cfg.tasks.name), policy=policy, method=cfg.method.name, draw=draw,
                             eval_samples=cfg.eval.samples, eval_seed=cfg.tasks.eval_seed, config_hash=cfg.config_hash(),
-                            **task_fields(cfg))
+                            **task_fields(cfg), **extra)
     try:
         store.write_parquet(name, table, exclusive=True)
     except AlreadyExists:
@@ -114,18 +124,25 @@ def evaluate(
     draw: int = typer.Option(0, min=0, help="Sample draw: 0 samples what the flow's evaluations sample; "
                                             "k > 0 re-samples the same tasks with other seeds (how much "
                                             "one evaluation moves between draws)."),
+    suite: Optional[str] = typer.Option(None, help="An evaluation suite file (configs/suites/ood.yaml): its "
+                                                   "families' problems instead of the task's held-out set, "
+                                                   "each family's figures and the pooled ones."),
     overrides: list[str] = typer.Argument(None, help="section.field=value overrides."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ):
-    """Held-out accuracy, format rate and calibration (docs/design.md §13) of one checkpoint."""
+    """Held-out accuracy, format rate and calibration (docs/design.md §13) of one checkpoint; with --suite, on
+    each family of an evaluation suite (docs/probe.md)."""
     cfg = load(config, overrides or [])
-    target = _records_target(records, cfg) if records is not None else None  # before any work
+    the_suite = _suite(suite) if suite is not None else None  # before any work
+    target = _records_target(records, cfg) if records is not None else None
     from rlcr.runs.refs import is_run_ref
 
     ref = checkpoint if checkpoint and is_run_ref(checkpoint) else None
     if ref:
         checkpoint = resolve_ref(cfg, checkpoint, "--checkpoint")
         cfg = run_task(cfg, ref.rsplit("@", 1)[0], overrides or [], "--checkpoint")
+    if the_suite is not None:
+        return _evaluate_suite(cfg, the_suite, checkpoint, ref, records, target, draw, verbose)
     check_inputs(cfg, checkpoint, "--checkpoint" if checkpoint else "model")
     if checkpoint and "://" in checkpoint:
         check_storage(cfg, uri=checkpoint)
@@ -158,6 +175,56 @@ def evaluate(
         if label != policy or label not in eval_table(label, cfg.method.name, draw, m).title:
             console.print(f"checkpoint: {printable(policy, 1000)}", markup=False, highlight=False, soft_wrap=True)
         console.print(printable(task_line(cfg), 1000), markup=False, highlight=False)
+
+
+def _suite(path: str):
+    """The suite file ``path``, checked (one line naming the file and the field, exit code 2)."""
+    from rlcr.evaluation.suite import load_suite
+    from rlcr.untrusted import InvalidInput
+
+    try:
+        return load_suite(path)
+    except InvalidInput as e:
+        raise typer.BadParameter(printable(e, 600), param_hint="--suite") from None
+
+
+def _evaluate_suite(cfg, suite, checkpoint: Optional[str], ref: Optional[str], records: Optional[str], target,
+                    draw: int, verbose: bool) -> None:
+    """`rlcr eval --suite`: the checkpoint on the suite's problems (the same for every checkpoint, none of its
+    run's training problems), each family's figures and the pooled ones; the rows to ``records``."""
+    from rlcr.evaluation.suite import evaluate_suite, suite_config, suite_tasks
+    from rlcr.models.source import import_model
+    from rlcr.rollout.pipeline import check_prompt_lengths
+    from rlcr.runs.cluster import ensure_ray
+    from rlcr.storage import Store
+    from rlcr.untrusted import InvalidInput
+
+    check_inputs(cfg, checkpoint, "--checkpoint" if checkpoint else "model")
+    if checkpoint and "://" in checkpoint:
+        check_storage(cfg, uri=checkpoint)
+    trained_on = cfg if ref else None
+    policy = checkpoint or import_model(cfg.model.name,
+                                        Store(cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url),
+                                        chat_template=cfg.model.chat_template)
+    try:  # before Ray: a suite that cannot be drawn, or whose prompts the engine settings cannot hold
+        problems = suite_tasks(cfg, suite, trained_on=trained_on)
+        check_prompt_lengths(suite_config(cfg, suite), list(enumerate(problems)), policy)
+    except (InvalidInput, ValueError) as e:
+        raise UserError(f"--suite {printable(suite.name, 60)}: {printable(e, 600)}") from None
+    n_problems = len(problems)
+    label = policy_label(ref, policy)
+    with quiet("eval", ref.rsplit("@", 1)[0] if ref else None, verbose):
+        with step(f"evaluating {printable(label)} on suite {suite.name}: {n_problems} problems, "
+                  f"{len(suite.families)} families"):
+            ensure_ray(cfg)
+            result, rows, suite_cfg = evaluate_suite(cfg, suite, policy, trained_on=trained_on, draw=draw)
+        if target is not None:
+            _write_records(records, target, rows, suite_cfg, policy, draw, suite=suite.name, suite_seed=suite.seed)
+        console.print(suite_table(label, suite.name, result))
+        if label not in suite_table(label, suite.name, result).title:
+            console.print(f"checkpoint: {printable(policy, 1000)}", markup=False, highlight=False, soft_wrap=True)
+        console.print(f"method: {printable(cfg.method.name, 40)}; the run's task: {printable(cfg.tasks.name, 60)}; "
+                      f"suite seed {suite.seed}, {suite.n} problems a family", markup=False, highlight=False)
 
 
 def policy_label(ref: Optional[str], policy: str) -> str:
@@ -204,6 +271,8 @@ def compare(
     except RowsRefused as e:
         raise typer.BadParameter(str(e), param_hint=e.param) from None
     console.print(comparison_table(run_a, run_b, result))
+    if result.get("suite"):
+        console.print(suite_comparison_table(result["suite"], result["by_family"]))
     console.print(f"task: {printable(result['task'], 80)}", markup=False, highlight=False)
     for name, fields in zip("AB", result["sources"]):
         if fields:

@@ -182,5 +182,12 @@ def compare_held_out(sides: Sequence[str], runs: Sequence[Any], iteration: Optio
     alone = [summarize_eval([r for r in side if r["prompt_id"] in shared], n_resamples=n_resamples, seed=seed)
              for side in rows]
     at = {k for k in its if k is not None}
-    return {"iteration": at.pop() if len(at) == 1 else None, "iterations": its, "comparison": cmp, "sides": alone,
-            "sources": list(sources), "task": tasks[0]}
+    out = {"iteration": at.pop() if len(at) == 1 else None, "iterations": its, "comparison": cmp, "sides": alone,
+           "sources": list(sources), "task": tasks[0]}
+    suites = {(s.get("suite"), s.get("suite_seed")) for s in sources}
+    if len(suites) == 1 and None not in next(iter(suites)):  # two evaluations of one suite: per family too
+        from rlcr.evaluation.suite import compare_suite
+
+        out["suite"] = str(next(iter(suites))[0])
+        out["by_family"] = compare_suite(rows[0], rows[1], n_resamples=n_resamples, seed=seed)
+    return out

@@ -156,11 +156,17 @@ def held_out_set(cfg: RLCRConfig, train: Sequence[Any]) -> list[Any]:
                 f"training tasks in {attempts} draws ({overlap} were training tasks, {repeats} repeats): the task "
                 "space is too small for these ranges; widen the task's ranges (tasks.options) or lower tasks.num_train/"
                 "tasks.num_eval" + (f" (tasks.eval_stratify_counts asks for {_count_quota(cfg)} tasks per stratum; "
-                                    "false takes them as drawn)" if quota else ""))
+                                    f"short: {_shortfall(_count_quota(cfg), quota)}; false takes them as drawn)"
+                                    if quota else ""))
     if overlap or repeats:
         log.info("held-out set (tasks.eval_seed %d): skipped %d generated tasks that are training tasks and %d repeats",
                  cfg.tasks.eval_seed, overlap, repeats)
     return out
+
+
+def _shortfall(asked: dict[Any, int], left: dict[Any, int]) -> str:
+    """The strata that did not get their share: ``"coin_flip 9 of 16"``."""
+    return ", ".join(f"{printable(k, 60)} {asked[k] - v} of {asked[k]}" for k, v in left.items() if v > 0)
 
 
 def _count_quota(cfg: RLCRConfig) -> dict[Any, int]:

@@ -260,6 +260,40 @@ def comparison_table(side_a: str, side_b: str, result: dict[str, Any]) -> Table:
     return table
 
 
+def suite_table(policy: str, suite: str, result: dict[str, Any]) -> Table:
+    """`rlcr eval --suite`: each family's figures and the pooled ones, each with its bootstrap interval on the
+    line below its value (so that the table fits 80 columns); ``result``:
+    :func:`rlcr.evaluation.suite.summarize_suite`."""
+    title = f"suite {printable(suite, 60)}: {printable(policy, 200)} [95% bootstrap CI over problems]"
+    if len(title) > EVAL_TITLE_WIDTH:
+        title = f"suite {printable(suite, 60)} [95% bootstrap CI over problems]"
+    table = Table(title=escape(title), show_lines=True)
+    named = [*result["families"].items(), ("pooled", result["pooled"])]
+    table.add_column("family", min_width=min(24, max(len(printable(f, 40)) for f, _ in named)), overflow="fold")
+    for col in ("accuracy", "ECE", "Brier", "AUROC"):  # the interval below the value, over two lines
+        table.add_column(col, justify="right")
+    for family, m in named:
+        parsed = fmt(m.get("confidence_parse_rate"), 2)
+        table.add_row(f"{escape(printable(family, 40))}\n[dim]n {fmt(m.get('n_tasks'))}, conf parsed {parsed}[/dim]",
+                      *(with_ci(m, k, sep="\n").replace(", ", ",\n") for k in CI_KEYS))
+    return table
+
+
+def suite_comparison_table(suite: str, result: dict[str, Any]) -> Table:
+    """`rlcr compare` of two `rlcr eval --suite` files, after the pooled table that names A and B: A − B per family
+    and pooled, each with its paired interval on the lines below (``result``:
+    :func:`rlcr.evaluation.suite.compare_suite`)."""
+    table = Table(title=f"suite {show(suite, 60)}, per family: A − B [paired 95% bootstrap CI]", show_lines=True)
+    named = [*result["families"].items(), ("pooled", result["pooled"])]
+    table.add_column("family", min_width=min(24, max(len(printable(f, 40)) for f, _ in named)), overflow="fold")
+    for col in ("accuracy", "ECE", "Brier", "AUROC"):
+        table.add_column(f"Δ {col}", justify="right")
+    for family, cmp in named:
+        table.add_row(f"{escape(printable(family, 40))}\n[dim]n {fmt(cmp.get('n_tasks'))}[/dim]",
+                      *(difference_text(cmp, k).replace(" [", "\n[").replace(", ", ",\n") for k in CI_KEYS))
+    return table
+
+
 def probe_table(result: dict[str, Any]) -> Table:
     """`rlcr probe`: the probe's headline metrics."""
     table = Table(title=f"probe of {result['run_id']} iteration {result['iteration']}")
