@@ -184,9 +184,9 @@ def test_a_suite_naming_a_dataset_that_does_not_exist_is_one_line_exit_2_before_
 @pytest.mark.slow
 def test_three_families_end_to_end_train_evaluate_the_suite_and_compare(ray_local, prefect_harness, tiny_model_dir,
                                                                        tmp_path):
-    """One training iteration on the tiny model (the flow, in this process), then `rlcr eval --suite` of its two
-    checkpoints with their rows, and `rlcr compare` of the two files: the pooled comparison and one row per
-    family."""
+    """One training iteration on the tiny model on the three families (the flow, in this process), then `rlcr eval
+    --suite` of its two checkpoints with their rows (none of the run's training problems among the suite's), and
+    `rlcr compare` of the two files: the pooled comparison and one row per family."""
     from typer.testing import CliRunner
 
     from flows.train import rlcr_train
@@ -196,7 +196,11 @@ def test_three_families_end_to_end_train_evaluate_the_suite_and_compare(ray_loca
     store = f"storage.uri={tmp_path / 'store'}"
     overrides = [f"model.name={tiny_model_dir}", store, "orchestration.retries=0"]
     config = str(ROOT / "configs" / "tiny.yaml")
-    assert rlcr_train(config=config, overrides=overrides, run_id="s", iterations=1)["iterations"] == [1]
+    trained_on = ["tasks.name=reasoning_gym", "tasks.num_train=40", "tasks.num_eval=6",  # the three, in training
+                  "tasks.options={datasets: {basic_arithmetic: {min_terms: 2, max_terms: 2, max_digits: 1}, "
+                  "leg_counting: {min_animals: 1, max_animals: 2}, syllogism: {}}}"]
+    assert rlcr_train(config=config, overrides=overrides + trained_on, run_id="s",
+                      iterations=1)["iterations"] == [1]
     for k in (0, 1):
         out = CliRunner().invoke(app, ["eval", "--config", config, "--checkpoint", f"s@{k}", "--suite", str(suite),
                                        "--records", str(tmp_path / f"s{k}.parquet"), *overrides],
@@ -211,6 +215,11 @@ def test_three_families_end_to_end_train_evaluate_the_suite_and_compare(ray_loca
     first, second = (pq.read_table(tmp_path / f"s{k}.parquet").to_pylist() for k in (0, 1))
     assert [r["question"] for r in first] == [r["question"] for r in second]  # the same problems for both
     assert {r["dataset"] for r in first} == {"basic_arithmetic", "leg_counting", "syllogism"}
+    from rlcr.runs.store import RunStore
+
+    trained = {r["question"] for r in pq.read_table(RunStore.open(RLCRConfig.from_dict(
+        {"storage": {"uri": str(tmp_path / "store")}}), "s").committed()[0]["rollouts_uri"]).to_pylist()}
+    assert trained and not trained & {r["question"] for r in first}  # none of the run's training problems
     cmp = CliRunner().invoke(app, ["compare", str(tmp_path / "s1.parquet"), str(tmp_path / "s0.parquet"), store],
                              env={"COLUMNS": "80"})
     assert cmp.exit_code == 0, cmp.output[-3000:]
