@@ -443,6 +443,8 @@ def test_probe_flow_probes_the_newest_committed_checkpoint(engine, tiny_model_di
     names = {a.path.rsplit("/", 1)[-1] for a in client.list_artifacts(tracked[0].info.run_id, f"probe/{ts}")}
     assert names == {"report.html", "report.json"}
     assert sorted(rep["suite"]["families"]) == ["gcd", "syllogism"] and rep["suite"]["pooled"]["n_tasks"] == 4
+    page = store.read_bytes(f"runs/{rid}/probes/{ts}/report.html").decode()
+    assert "<h2>Suite two</h2>" in page and "<td>syllogism</td>" in page and "<td>pooled</td>" in page
     assert all(f["n_tasks"] == 2 and "ci" in f for f in rep["suite"]["families"].values())
     rows = store.read_parquet(f"runs/{rid}/probes/{ts}/suite-rows.parquet").to_pylist()
     assert sorted({r["dataset"] for r in rows}) == ["gcd", "syllogism"]

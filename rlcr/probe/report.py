@@ -169,6 +169,32 @@ max-width:520px}.meta td:first-child{font-weight:600}
 """
 
 
+def _suite_html(suite: dict[str, Any], e) -> str:
+    """The evaluation suite's figures (:func:`rlcr.evaluation.suite.summarize_suite`), a row per family and the
+    pool, each value with its 95% bootstrap interval."""
+    def cell(m: dict[str, Any], key: str) -> str:
+        v, ci = m.get(key), (m.get("ci") or {}).get(key) if isinstance(m.get("ci"), dict) else None
+        if not isinstance(v, (int, float)) or v != v:
+            return "–"
+        ok = isinstance(ci, (list, tuple)) and len(ci) == 2 and all(isinstance(x, (int, float)) for x in ci)
+        return f"{v:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ok else "")
+
+    def _finite(v: Any) -> str:
+        return f"{v:.2f}" if isinstance(v, (int, float)) and math.isfinite(v) else "–"
+
+    families = suite.get("families") if isinstance(suite.get("families"), dict) else {}
+    rows = [*families.items(), ("pooled", suite.get("pooled") or {})]
+    head = (f"<h2>Suite {e(str(suite.get('suite', '')))}</h2><p>Held-out figures on each family of the evaluation "
+            f"suite (seed {e(str(suite.get('suite_seed', '–')))}, {e(str(suite.get('n', '–')))} problems a family), "
+            "with 95% bootstrap intervals over problems.</p><table><tr><th>family</th><th>n</th><th>accuracy</th>"
+            "<th>ECE</th><th>Brier</th><th>AUROC</th><th>conf parsed</th></tr>")
+    body = "".join(f"<tr><td>{e(str(name))}</td><td>{e(str(m.get('n_tasks', '–')))}</td>"
+                   + "".join(f"<td>{e(cell(m, k))}</td>" for k in ("accuracy", "ece", "brier", "auroc"))
+                   + f"<td>{e(_finite(m.get('confidence_parse_rate')))}</td></tr>"
+                   for name, m in rows if isinstance(m, dict))
+    return head + body + "</table>"
+
+
 def render_html(report: dict[str, Any], figures: dict[str, str] | None = None) -> str:
     """The self-contained HTML page of a report (plots inline as data: URIs)."""
     figures = figures if figures is not None else report_figures(report)
@@ -199,6 +225,8 @@ def render_html(report: dict[str, Any], figures: dict[str, str] | None = None) -
         if name in figures:
             parts.append(f"<h2>{e(name.capitalize())}</h2><p>{e(captions[name])}</p>"
                          f"<img alt='{e(name)}' src='data:image/png;base64,{figures[name]}'>")
+    if isinstance(report.get("suite"), dict):
+        parts.append(_suite_html(report["suite"], e))
     countdown = report.get("task", "countdown") == "countdown" and all("nums" in r for r in report["tasks"])
     parts.append(f"<h2>Tasks</h2><table><tr><th>#</th><th>{'nums → target' if countdown else 'task'}</th>"
                  "<th>response</th><th>correct</th>"
