@@ -42,7 +42,7 @@ def advantages_task(cfg, rows, run, iteration, lease, version):
     ``version``: the updates in the policy that sampled them."""
     events.started("advantages", iteration)
     result = finalize_rollouts(cfg, rows, run_id=run.run_id, iteration=iteration, policy_version=version)
-    result.uri = run.write_rollouts(iteration, rows_to_table(result.rows), lease=lease)
+    result.uri = run.write_rollouts(iteration, rows_to_table(result.rows, cfg.tasks.name), lease=lease)
     return result
 
 
@@ -81,7 +81,7 @@ def evaluate_task(cfg, run, held_out, policy, iteration, engines, tokenizer_uri,
     events.started("evaluate" if iteration else "baseline", iteration)
     metrics, rows = evaluate_policy(cfg, held_out, policy_uri=policy, iteration=iteration, engines=engines,
                                     tokenizer_uri=tokenizer_uri, run_id=run.run_id)
-    metrics["records_uri"] = run.write_eval_records(iteration, rows_to_table(rows), lease=lease)
+    metrics["records_uri"] = run.write_eval_records(iteration, rows_to_table(rows, cfg.tasks.name), lease=lease)
     return metrics
 
 

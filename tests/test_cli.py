@@ -248,10 +248,10 @@ def write_eval_rows(cfg, run_id: str, iteration: int, right: bool, tasks: int = 
         task = CountdownTask([p + 1, 2], p + 3)
         rows.append(rollout_row("answer", task=task, prompt_id=p, answer_id=0, context_text="c", context_ids=[1],
                                 completion_text="x", completion_ids=[1], score=1.0, correct=float(right),
-                                reward=float(right)))
+                                reward=float(right), task_name="countdown"))
         rows.append(rollout_row("confidence", task=task, prompt_id=p, answer_id=0, confidence_id=0,
                                 context_text="c", context_ids=[1], completion_text="y", completion_ids=[1],
-                                correct=float(right), reward=0.0, confidence=0.9))
+                                correct=float(right), reward=0.0, confidence=0.9, task_name="countdown"))
     rows = [dict(r, run_id=run_id, iteration=iteration) for r in rows]
     run.store.write_parquet(run.eval_records_rel(iteration), rows_to_table(rows))
 

@@ -59,10 +59,10 @@ def eval_rows(n_tasks=4, confidence=0.8, right=True):
         task = CountdownTask([p + 1, 2], p + 3)
         rows.append(rollout_row("answer", task=task, prompt_id=p, answer_id=0, context_text=f"prompt {p}",
                                 context_ids=[1], completion_text="x", completion_ids=[1], score=1.0,
-                                correct=float(right), reward=float(right)))
+                                correct=float(right), reward=float(right), task_name="countdown"))
         rows.append(rollout_row("confidence", task=task, prompt_id=p, answer_id=0, confidence_id=0,
                                 context_text=f"prompt {p} x", context_ids=[1], completion_text="y", completion_ids=[1],
-                                correct=float(right), reward=0.0, confidence=confidence))
+                                correct=float(right), reward=0.0, confidence=confidence, task_name="countdown"))
     return [dict(r, run_id="r", iteration=0) for r in rows]
 
 

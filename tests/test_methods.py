@@ -18,9 +18,11 @@ from rlcr.rollout.pipeline import rollout_stats
 from rlcr.rollout.records import answer_scores, assign_advantages, rollout_row, validate_rollouts
 from rlcr.rollout.stages import score_answers
 from rlcr.tasks.countdown import SINGLE_TURN_SYSTEM_PROMPT, CountdownTask, single_turn_messages
+from rlcr.tasks.registry import get_task
 from rlcr.ui.presentation import difference_text, with_ci
 
 TASK = CountdownTask([3, 5, 2], 16)
+COUNTDOWN = get_task("countdown")
 RIGHT = "<think>3 + 5 = 8. 8 * 2 = 16.</think>\n<answer>(3 + 5) * 2</answer>"
 WRONG = "<think>3 + 5 = 8. 8 + 2 = 10.</think>\n<answer>3 + 5 + 2</answer>"
 
@@ -59,36 +61,39 @@ def test_one_record_says_what_each_method_is():
 @pytest.mark.parametrize("lam", [1.0, 0.5])
 def test_single_turn_reward_is_accuracy_plus_weighted_brier(lam):
     r = answer_reward("rlcr_single")
-    assert r(RIGHT + conf(0.9), TASK, lambda_conf=lam) == pytest.approx(1 + lam * (1 - 0.1 ** 2))
-    assert r(WRONG + conf(0.9), TASK, lambda_conf=lam) == pytest.approx(0 + lam * (1 - 0.9 ** 2))
-    assert r(WRONG + conf(0.0), TASK, lambda_conf=lam) == pytest.approx(lam)  # a confident "no" is rewarded
-    assert r(RIGHT, TASK, lambda_conf=lam) == 1.0  # no confidence: the Brier part is 0
-    assert r(RIGHT + conf("80%"), TASK, lambda_conf=lam) == 1.0  # unparseable likewise
+    assert r(RIGHT + conf(0.9), TASK, lambda_conf=lam, kind=COUNTDOWN) == pytest.approx(1 + lam * (1 - 0.1 ** 2))
+    assert r(WRONG + conf(0.9), TASK, lambda_conf=lam, kind=COUNTDOWN) == pytest.approx(0 + lam * (1 - 0.9 ** 2))
+    # a confident "no" is rewarded
+    assert r(WRONG + conf(0.0), TASK, lambda_conf=lam, kind=COUNTDOWN) == pytest.approx(lam)
+    assert r(RIGHT, TASK, lambda_conf=lam, kind=COUNTDOWN) == 1.0  # no confidence: the Brier part is 0
+    assert r(RIGHT + conf("80%"), TASK, lambda_conf=lam, kind=COUNTDOWN) == 1.0  # unparseable likewise
 
 
 def test_rlvr_and_two_turn_rlcr_answers_earn_accuracy_only():
     for method in ("rlcr", "rlvr"):
-        assert answer_reward(method)(RIGHT, TASK, lambda_conf=1.0) == 1.0
-        assert answer_reward(method)(WRONG, TASK, lambda_conf=1.0) == 0.0
+        assert answer_reward(method)(RIGHT, TASK, lambda_conf=1.0, kind=COUNTDOWN) == 1.0
+        assert answer_reward(method)(WRONG, TASK, lambda_conf=1.0, kind=COUNTDOWN) == 0.0
         # a turn-1 answer ends at </answer>: a confidence after it is not its format, and earns nothing
-        assert answer_reward(method)(RIGHT + conf(0.9), TASK, lambda_conf=1.0) == 0.0
+        assert answer_reward(method)(RIGHT + conf(0.9), TASK, lambda_conf=1.0, kind=COUNTDOWN) == 0.0
 
 
 def test_answer_scores_per_method():
-    s = answer_scores(WRONG + conf(0.25), TASK, format_score=0.1, method="rlcr_single", lambda_conf=1.0)
+    s = answer_scores(WRONG + conf(0.25), TASK, format_score=0.1, method="rlcr_single", lambda_conf=1.0,
+                      task_name="countdown")
     assert s == {"score": 0.1, "correct": 0.0, "reward": pytest.approx(1 - 0.25 ** 2), "confidence": 0.25}
-    s = answer_scores(WRONG, TASK, format_score=0.1, method="rlvr")
+    s = answer_scores(WRONG, TASK, format_score=0.1, method="rlvr", task_name="countdown")
     assert s == {"score": 0.1, "correct": 0.0, "reward": 0.0, "confidence": None}
 
 
 def test_score_answers_batch_for_single_turn():
     batch = pd.DataFrame({"nums": [[3, 5, 2]] * 3, "target": [16] * 3,
                           "completion_text": [RIGHT + conf(0.8), WRONG + conf(0.3), RIGHT]})
-    out = score_answers(batch, 0.1, "rlcr_single", 0.5)
+    out = score_answers(batch, 0.1, "rlcr_single", 0.5, task="countdown")
     assert out["correct"].tolist() == [1.0, 0.0, 1.0]
     assert out["reward"].tolist() == pytest.approx([1 + 0.5 * (1 - 0.04), 0.5 * (1 - 0.09), 1.0])
     assert out["confidence"].tolist()[:2] == [0.8, 0.3] and math.isnan(out["confidence"].tolist()[2])
-    two_turn = score_answers(batch, 0.1, "rlcr", 0.5)  # turn-1 scoring: the last line must hold the answer
+    # turn-1 scoring: the last line must hold the answer
+    two_turn = score_answers(batch, 0.1, "rlcr", 0.5, task="countdown")
     assert two_turn["reward"].tolist() == [0.0, 0.0, 1.0] and two_turn["confidence"].isna().all()
 
 
@@ -102,7 +107,8 @@ def answer_rows(rewards, correct=None, mask_kind="single"):
         for k, r in enumerate(group):
             rows.append(rollout_row("answer", task=TASK, prompt_id=p, answer_id=k, context_text="c", context_ids=[1],
                                     completion_text="x", completion_ids=[5, 6, 7], loss_mask=[1, 1, 0],
-                                    correct=float(r >= 1) if correct is None else correct, reward=float(r)))
+                                    correct=float(r >= 1) if correct is None else correct, reward=float(r),
+                                    task_name="countdown"))
     return rows
 
 
@@ -124,7 +130,7 @@ def test_methods_refuse_rows_of_another_method():
         for h in range(2):
             two_turn.append(rollout_row("confidence", task=TASK, prompt_id=0, answer_id=a, confidence_id=h,
                                         context_text="c", context_ids=[1], completion_text="y", completion_ids=[3],
-                                        correct=float(a == 0), reward=0.5 + 0.1 * h))
+                                        correct=float(a == 0), reward=0.5 + 0.1 * h, task_name="countdown"))
     with pytest.raises(ValueError, match="trains no confidence samples"):
         assign_advantages(two_turn, method="rlcr_single")
     assign_advantages(two_turn, method="rlcr")  # its own method accepts it
@@ -303,11 +309,13 @@ def eval_rows(single: bool, samples: int = 2):
             c = 0.8 if right else 0.3
             rows.append(rollout_row("answer", task=TASK, prompt_id=p, answer_id=k, context_text="c", context_ids=[1],
                                     completion_text="x", completion_ids=[1], score=1.0 if right else 0.1,
-                                    correct=float(right), reward=float(right), confidence=c if single else None))
+                                    correct=float(right), reward=float(right), confidence=c if single else None,
+                                    task_name="countdown"))
             if not single:
                 rows.append(rollout_row("confidence", task=TASK, prompt_id=p, answer_id=k, confidence_id=0,
                                         context_text="c", context_ids=[1], completion_text="y", completion_ids=[1],
-                                        correct=float(right), reward=0.0, confidence=c if p else None))
+                                        correct=float(right), reward=0.0, confidence=c if p else None,
+                                        task_name="countdown"))
     return rows
 
 
@@ -332,10 +340,10 @@ def test_evaluation_breaks_calibration_down_by_number_count():
                                           (easy, True, 0.9), (hard, False, 0.2)]):
         rows.append(rollout_row("answer", task=task, prompt_id=p, answer_id=0, context_text="c", context_ids=[1],
                                 completion_text="x", completion_ids=[1], score=1.0 if right else 0.1,
-                                correct=float(right), reward=float(right)))
+                                correct=float(right), reward=float(right), task_name="countdown"))
         rows.append(rollout_row("confidence", task=task, prompt_id=p, answer_id=0, confidence_id=0, context_text="c",
                                 context_ids=[1], completion_text="y", completion_ids=[1], correct=float(right),
-                                reward=0.0, confidence=c))
+                                reward=0.0, confidence=c, task_name="countdown"))
     m = summarize_eval(rows, n_resamples=100)
     assert m["auroc"] == 1.0
     assert m["by_count"] == {
@@ -355,7 +363,7 @@ def test_single_turn_answer_is_scored_on_its_answer_part():
     answer, stated = split_single_turn(RIGHT + conf(0.6))
     assert answer == RIGHT and stated.startswith("<analysis>")
     sneaky = WRONG + "\n<confidence>0.9</confidence> <answer>(3 + 5) * 2</answer>"
-    s = answer_scores(sneaky, TASK, format_score=0.1, method="rlcr_single")
+    s = answer_scores(sneaky, TASK, format_score=0.1, method="rlcr_single", task_name="countdown")
     assert s["correct"] == 0.0 and s["score"] == 0.1
 
 

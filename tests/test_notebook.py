@@ -38,16 +38,17 @@ def iteration_rows(tasks, iteration, conf_right, conf_wrong):
         confidences = [[f"<confidence>{conf_right}</confidence>", "<confidence>0.5</confidence>"],
                        [f"<confidence>{conf_wrong}</confidence>", "no idea"]]
         for k, text in enumerate(answers):
-            scores = answer_scores(text, t, format_score=0.1)
+            scores = answer_scores(text, t, format_score=0.1, task_name="countdown")
             rows.append(rollout_row(ANSWER, task=t, prompt_id=j, answer_id=k, context_text="ctx", context_ids=[1, 2],
                                     completion_text=text, completion_ids=[3] * (k + 1),
-                                    completion_logprobs=[-0.5] * (k + 1), run_id=RUN, iteration=iteration, **scores))
+                                    completion_logprobs=[-0.5] * (k + 1), run_id=RUN, iteration=iteration, **scores,
+                                    task_name="countdown"))
             for h, ctext in enumerate(confidences[k]):
                 rows.append(rollout_row(CONFIDENCE, task=t, prompt_id=j, answer_id=k, confidence_id=h,
                                         context_text="ctx", context_ids=[1, 2], completion_text=ctext,
                                         completion_ids=[3] * (h + 1), completion_logprobs=[-0.5] * (h + 1),
                                         run_id=RUN, iteration=iteration, correct=scores["correct"],
-                                        **confidence_scores(ctext, scores["correct"])))
+                                        **confidence_scores(ctext, scores["correct"]), task_name="countdown"))
     return assign_advantages(rows)
 
 

@@ -28,6 +28,7 @@ from rlcr.probe.truncation import reasoning_of, sentence_cuts, truncation_points
 from rlcr.runs.refs import NoCommittedIteration
 from rlcr.storage import Store
 from rlcr.tasks.countdown import CountdownTask, generate_tasks
+from rlcr.tasks.registry import get_task
 from rlcr.untrusted import InvalidInput
 
 
@@ -168,6 +169,7 @@ def test_verbalized_vs_monte_carlo_gap():
 
 # ----------------------------------------------------------------------------- the probe, scripted sampler
 
+COUNTDOWN = get_task("countdown")
 TASK_A = CountdownTask([3, 5, 2], 16, "(3 + 5) * 2")
 TASK_B = CountdownTask([4, 6, 1], 9, "4 + 6 - 1")
 REASONING_A = "Try 3 + 5 = 8. Then 8 * 2 = 16. So (3 + 5) * 2 works."
@@ -204,7 +206,8 @@ class ScriptedSampler:
 def test_probe_with_scripted_sampler(tiny_tokenizer):
     sampler = ScriptedSampler(tiny_tokenizer)
     cfg = RLCRConfig(run={"seed": 7})
-    rep = run_probe([TASK_A, TASK_B], tiny_tokenizer, sampler, ProbeSettings.from_config(cfg, samples=5))
+    rep = run_probe([TASK_A, TASK_B], tiny_tokenizer, sampler, ProbeSettings.from_config(cfg, samples=5),
+                    task="countdown")
     a, b = rep["tasks"]
     # turn 1 and turn 2 as in training; forced answers: one n = N request per distinct prefix
     assert [c["n"] for c in sampler.calls] == [1, 1, 5] and sampler.calls[2]["stop"] == ("</answer>",)
@@ -241,16 +244,16 @@ def test_probe_with_scripted_sampler(tiny_tokenizer):
     sampler.calls.clear()
     again = run_probe([TASK_A], tiny_tokenizer, sampler,
                       ProbeSettings.from_config(RLCRConfig(probe={"truncation": "fractions"}), samples=5),
-                      responses=[RESPONSES[16]])
+                      responses=[RESPONSES[16]], task="countdown")
     assert [c["n"] for c in sampler.calls] == [1, 5] and len(again["tasks"][0]["points"]) == 11
 
 
 def test_forced_answer_scoring():
-    assert score_forced("(3 + 5) * 2</answer>", TASK_A, 0.1) == 1.0
-    assert score_forced("(3 + 5) * 2", TASK_A, 0.1) == 0  # no </answer>: nothing extracted
-    assert score_forced("3 + 5 * 2</answer>", TASK_A, 0.1) == 0.1
-    assert score_forced("3 + 5 * 2</answer>", TASK_A, 0.25) == 0.25  # the run's format_score
-    assert score_forced("(3 + 5)\n* 2</answer>", TASK_A, 0.1) == 0  # the last line holds no <answer> tag
+    assert score_forced("(3 + 5) * 2</answer>", TASK_A, 0.1, COUNTDOWN) == 1.0
+    assert score_forced("(3 + 5) * 2", TASK_A, 0.1, COUNTDOWN) == 0  # no </answer>: nothing extracted
+    assert score_forced("3 + 5 * 2</answer>", TASK_A, 0.1, COUNTDOWN) == 0.1
+    assert score_forced("3 + 5 * 2</answer>", TASK_A, 0.25, COUNTDOWN) == 0.25  # the run's format_score
+    assert score_forced("(3 + 5)\n* 2</answer>", TASK_A, 0.1, COUNTDOWN) == 0  # the last line holds no <answer> tag
     assert forced_prefix("P", "r.") == "P<think>r.</think>\n<answer>"
 
 
@@ -302,11 +305,11 @@ def tiny_reports(engine, tiny_tokenizer, tiny_model_dir, tmp_path_factory):
     store = Store(str(tmp_path_factory.mktemp("store")))
     tasks = generate_tasks(3, seed=5)
     settings = ProbeSettings.from_config(tiny_cfg(tiny_model_dir, store.uri))
-    sampled = run_probe(tasks, tiny_tokenizer, vllm_sampler(engine, settings), settings)
+    sampled = run_probe(tasks, tiny_tokenizer, vllm_sampler(engine, settings), settings, task="countdown")
     given = [f"<think>Try {t.solution}. That gives {t.target}.\nDone.</think>\n<answer>{t.solution}</answer>"
              for t in tasks]
     frac = ProbeSettings.from_config(tiny_cfg(tiny_model_dir, store.uri, **{"probe.truncation": "fractions"}))
-    traced = run_probe(tasks, tiny_tokenizer, vllm_sampler(engine, frac), frac, responses=given)
+    traced = run_probe(tasks, tiny_tokenizer, vllm_sampler(engine, frac), frac, responses=given, task="countdown")
     sampled.update(checkpoint_uri=str(tiny_model_dir), iteration=1)
     uris = write_report(store, "tiny", sampled)
     return store, tasks, sampled, traced, uris
@@ -323,7 +326,8 @@ def test_probe_end_to_end_on_tiny_model(tiny_reports):
             assert p["n"] == 4 and 0 <= p["correct"] <= p["formatted"] <= 4
             assert p["confidence"] == p["correct"] / 4
             # the stored example is scored the same way as the count
-            assert (score_forced(p["example"], task, rep["settings"]["format_score"]) == 1.0) <= (p["correct"] > 0)
+            assert ((score_forced(p["example"], task, rep["settings"]["format_score"], COUNTDOWN) == 1.0)
+                    <= (p["correct"] > 0))
         assert 0.0 <= r["aoc"] <= 1.0
     for task, r in zip(tasks, traced["tasks"]):  # real reasoning: 11 fixed fractions
         assert r["reasoning"] == f"Try {task.solution}. That gives {task.target}.\nDone."

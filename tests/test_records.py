@@ -34,7 +34,8 @@ def tree(run_id="run", iteration=0):
             ans = rollout_row("answer", task=task, run_id=run_id, iteration=iteration, prompt_id=j, answer_id=k,
                               context_text="ctx", context_ids=[1, 2, 3], completion_text=text,
                               completion_ids=[7] * (k + 1), completion_logprobs=[-0.5] * (k + 1),
-                              finish_reason="stop" if k else "length", **answer_scores(text, task, format_score=0.1))
+                              finish_reason="stop" if k else "length", task_name="countdown",
+                              **answer_scores(text, task, format_score=0.1, task_name="countdown"))
             answers.append(ans)
             ctx = "\n".join(m["content"] for m in turn2_messages(task, text))
             for h in range(GC):
@@ -42,7 +43,7 @@ def tree(run_id="run", iteration=0):
                 confs.append(rollout_row(
                     "confidence", task=task, run_id=run_id, iteration=iteration, prompt_id=j, answer_id=k,
                     confidence_id=h, context_text=ctx, context_ids=[1, 2], completion_text=ctext, completion_ids=[9, 9],
-                    correct=ans["correct"], **confidence_scores(ctext, ans["correct"])))
+                    correct=ans["correct"], **confidence_scores(ctext, ans["correct"]), task_name="countdown"))
     return answers + confs
 
 

@@ -9,6 +9,9 @@ from hypothesis import given, strategies as st
 from rlcr.core.rewards import accuracy_reward, brier_reward, parse_confidence
 from rlcr.rollout.records import answer_scores, confidence_scores
 from rlcr.tasks.countdown import CountdownTask
+from rlcr.tasks.registry import get_task
+
+COUNTDOWN = get_task("countdown")
 
 
 @pytest.mark.parametrize(
@@ -54,17 +57,19 @@ def test_brier():
 
 def test_accuracy():
     t = CountdownTask([3, 5, 16], 24)
-    assert accuracy_reward("<answer>16 + 5 + 3</answer>", t) == 1.0
-    assert accuracy_reward("<answer>16 + 5 - 3</answer>", t) == 0.0
-    assert accuracy_reward("nope", t.ground_truth) == 0.0
+    assert accuracy_reward("<answer>16 + 5 + 3</answer>", t, COUNTDOWN) == 1.0
+    assert accuracy_reward("<answer>16 + 5 - 3</answer>", t, COUNTDOWN) == 0.0
+    assert accuracy_reward("nope", t.ground_truth, COUNTDOWN) == 0.0
     # a turn-1 row's scores, as the answer stage computes them with the run's format_score: the raw score
     # keeps the format credit, the reward (= correct) is the accuracy whatever the format_score
-    assert answer_scores("<answer>16+5+3</answer>", t, format_score=0.1) == {"score": 1.0, "correct": 1.0,
-                                                                             "reward": 1.0, "confidence": None}
-    assert answer_scores("", t, format_score=0.1) == {"score": 0.0, "correct": 0.0, "reward": 0.0, "confidence": None}
-    assert answer_scores("<answer>16 + 5 - 3</answer>", t, format_score=0.25) == {"score": 0.25, "correct": 0.0,
-                                                                                   "reward": 0.0, "confidence": None}
-    assert answer_scores("<answer>16 + 5 - 3</answer>", t, format_score=1.0)["reward"] == 0.0
+    def scores(text, format_score):
+        return answer_scores(text, t, format_score=format_score, task_name="countdown")
+
+    assert scores("<answer>16+5+3</answer>", 0.1) == {"score": 1.0, "correct": 1.0, "reward": 1.0, "confidence": None}
+    assert scores("", 0.1) == {"score": 0.0, "correct": 0.0, "reward": 0.0, "confidence": None}
+    assert scores("<answer>16 + 5 - 3</answer>", 0.25) == {"score": 0.25, "correct": 0.0, "reward": 0.0,
+                                                           "confidence": None}
+    assert scores("<answer>16 + 5 - 3</answer>", 1.0)["reward"] == 0.0
 
 
 @given(st.text(max_size=300), st.sampled_from([0, 1]))

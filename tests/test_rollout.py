@@ -180,9 +180,9 @@ def test_scoring_steps_on_batches():
         {"prompt_id": 0, "answer_id": 1, "confidence_id": -1, "sample_type": "answer", "nums": [3, 5, 16], "target": 24,
          "completion_text": "<answer>16 - 5 + 3</answer>"},
     ])
-    scored = score_answers(batch, format_score=0.1)
+    scored = score_answers(batch, format_score=0.1, task="countdown")
     assert scored["reward"].tolist() == [1.0, 0.0] and scored["score"].tolist() == [1.0, 0.1]
-    expanded = expand_to_turn2(scored)
+    expanded = expand_to_turn2(scored, "countdown")
     msgs = json.loads(expanded["turn2_messages"][1])
     assert msgs == turn2_messages(CountdownTask([3, 5, 16], 24), "<answer>16 - 5 + 3</answer>")
     conf = pd.DataFrame([

@@ -8,7 +8,10 @@ from hypothesis import given, settings, strategies as st
 from rlcr.core.rewards import parse_confidence
 from rlcr.tasks.countdown import CountdownTask, compute_score, evaluate_expression
 from rlcr.tasks.countdown_sft import MAX_ATTEMPTS, answer_trace, check_answer, sft_examples, solution_steps
+from rlcr.tasks.registry import get_task
 from rlcr.train.sft import sft_rows, sft_update_config
+
+COUNTDOWN = get_task("countdown")
 
 
 def test_solution_steps_and_trace():
@@ -87,7 +90,7 @@ def test_wrong_answers_look_like_the_models_own():
         got = wrong_answer(task, rng)
         assert got is not None
         expression, trace = got
-        assert accuracy_reward(trace, task) == 0.0 and trace.endswith(f"<answer>{expression}</answer>")
+        assert accuracy_reward(trace, task, COUNTDOWN) == 0.0 and trace.endswith(f"<answer>{expression}</answer>")
         verdict = check_answer(task, expression)[0]
         kinds["value" if "each once" in verdict else "numbers"] += 1
         n += 1
@@ -192,7 +195,8 @@ def test_single_turn_examples_serve_rlcr_single(tiny_tokenizer):
     for r in single:
         assert SINGLE_TURN_SYSTEM_PROMPT in r["context_text"] and r["sample_type"] == "answer"
         assert tiny_tokenizer.decode(r["completion_ids"], skip_special_tokens=True) == r["completion_text"]
-        scores = answer_scores(r["completion_text"], r_task(r), format_score=0.1, method="rlcr_single")
+        scores = answer_scores(r["completion_text"], r_task(r), format_score=0.1, method="rlcr_single",
+                               task_name="countdown")
         learned = tiny_tokenizer.decode([t for t, m in zip(r["completion_ids"], r["loss_mask"]) if m],
                                         skip_special_tokens=True)
         assert scores["confidence"] is not None

@@ -76,7 +76,7 @@ def test_recorded_completions_score_and_normalise_as_recorded():
         problem = CountdownTask(nums=r["nums"], target=r["target"])
         if kind == "answer":
             scores = answer_scores(r["completion_text"], problem, format_score=cfg.method.format_score,
-                                   method=cfg.method.name)
+                                   method=cfg.method.name, task_name="countdown")
             correct[(p, a)] = scores["correct"]
         else:
             scores = {**confidence_scores(r["completion_text"], correct[(p, a)]), "correct": correct[(p, a)]}
@@ -85,7 +85,7 @@ def test_recorded_completions_score_and_normalise_as_recorded():
         rows.append(rollout_row(kind, task=problem, prompt_id=int(p), answer_id=int(a),
                                 confidence_id=None if h == "None" else int(h), context_text="",
                                 context_ids=r["context_ids"], completion_text=r["completion_text"],
-                                completion_ids=r["completion_ids"], **scores))
+                                completion_ids=r["completion_ids"], **scores, task_name="countdown"))
     assign_advantages(rows, method=cfg.method.name, eps=cfg.method.adv_eps, scale_by_std=cfg.method.scale_by_std,
                       conf_mode=cfg.method.conf_norm_mode)
     for r in rows:
@@ -109,16 +109,16 @@ def _crafted(prompts) -> dict:
             text = template.format(solution=t.solution)
             for method in ("rlcr", "rlcr_single"):
                 out[f"answer/{pid}/{a}/{method}"] = answer_scores(text, t, format_score=0.1, method=method,
-                                                                  lambda_conf=0.5)
-            scores = answer_scores(text, t, format_score=0.1)
+                                                                  lambda_conf=0.5, task_name="countdown")
+            scores = answer_scores(text, t, format_score=0.1, task_name="countdown")
             rows.append(rollout_row("answer", task=t, prompt_id=p, answer_id=a, context_text="", context_ids=[1],
-                                    completion_text=text, completion_ids=[2], **scores))
+                                    completion_text=text, completion_ids=[2], **scores, task_name="countdown"))
             for h, conf in enumerate(CRAFTED_CONFIDENCES):
                 c = confidence_scores(conf, scores["correct"])
                 out[f"confidence/{pid}/{a}/{h}"] = c
                 rows.append(rollout_row("confidence", task=t, prompt_id=p, answer_id=a, confidence_id=h,
                                         context_text="", context_ids=[1], completion_text=conf, completion_ids=[3],
-                                        correct=scores["correct"], **c))
+                                        correct=scores["correct"], **c, task_name="countdown"))
     for mode in ("answer", "answer_then_prompt"):
         assign_advantages(rows, method="rlcr", conf_mode=mode)
         out[f"advantages/{mode}"] = [r["advantage"] for r in rows]

@@ -164,7 +164,8 @@ def final_evaluation(cfg, run_id: str, before_uri: str, n_tasks: int) -> dict:
     tasks = held_out_set(big, training_pool(big))
     result = evaluate_before_after(big, tasks, before_uri, after_uri, run_id=run_id)
     for side in ("before", "after"):
-        run.store.write_parquet(run.final_eval_rel(key, f"{side}.parquet"), rows_to_table(result[f"rows_{side}"]))
+        run.store.write_parquet(run.final_eval_rel(key, f"{side}.parquet"),
+                                rows_to_table(result[f"rows_{side}"], cfg.tasks.name))
     summary = {"n_tasks": len(tasks), "iteration": iteration, "before_uri": before_uri, "after_uri": after_uri,
                **{k: result[k] for k in ("before", "after", "comparison")}}
     run.store.write_json(summary_rel, summary, exclusive=True)

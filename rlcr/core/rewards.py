@@ -11,7 +11,6 @@ from typing import Any, Callable
 
 from rlcr.core.methods import METHODS
 from rlcr.tasks.base import Task
-from rlcr.tasks.registry import get_task
 
 __all__ = [
     "accuracy_reward",
@@ -31,14 +30,11 @@ _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 _MAX_CONFIDENCE_CHARS = 32
 
 
-def accuracy_reward(completion: str, task: Any, kind: Task | None = None) -> float:
+def accuracy_reward(completion: str, task: Any, kind: Task) -> float:
     """1.0 iff the task's :meth:`~rlcr.tasks.base.Task.score` gives the full ``score`` for this completion, else
     0.0 (whatever the config's ``format_score``: a formatted but wrong answer earns no accuracy). ``task`` is a
-    problem of the task ``kind`` (default Countdown, whose problems may also be given as a ``ground_truth`` dict
-    ``{"target", "numbers"}``)."""
-    kind = get_task("countdown") if kind is None else kind
-    if isinstance(task, dict) and kind.name == "countdown":
-        task = kind.from_record({"nums": task["numbers"], "target": task["target"]})
+    problem of the task ``kind`` (:meth:`~rlcr.tasks.base.Task.accuracy`: whatever form of a problem ``kind``
+    takes there)."""
     return kind.accuracy(completion, task)
 
 
@@ -82,7 +78,8 @@ def brier_reward(confidence_text: str, correct: float) -> float:
 
 AnswerReward = Callable[..., float]
 ANSWER_REWARDS: dict[str, AnswerReward] = {}
-"""method → reward of one answer-turn completion: ``fn(completion, task, *, lambda_conf) -> float``."""
+"""method → reward of one answer-turn completion: ``fn(completion, task, *, lambda_conf, kind) -> float``
+(``task``: a problem of the task ``kind``)."""
 
 
 def register_answer_reward(*methods: str) -> Callable[[AnswerReward], AnswerReward]:
@@ -109,13 +106,13 @@ def split_single_turn(completion: str) -> tuple[str, str]:
 
 
 @register_answer_reward("rlcr", "rlvr")
-def accuracy_only(completion: str, task: Any, *, lambda_conf: float, kind: Task | None = None) -> float:
+def accuracy_only(completion: str, task: Any, *, lambda_conf: float, kind: Task) -> float:
     """``acc``: two-turn RLCR trains the confidence in its own turn; RLVR does not train it at all."""
     return accuracy_reward(completion, task, kind)
 
 
 @register_answer_reward("rlcr_single")
-def accuracy_plus_brier(completion: str, task: Any, *, lambda_conf: float, kind: Task | None = None) -> float:
+def accuracy_plus_brier(completion: str, task: Any, *, lambda_conf: float, kind: Task) -> float:
     """``acc + λ_conf·(1 − (acc − c)²)`` for the one response that holds the answer *and* its confidence;
     the Brier part is 0 when no confidence parses (docs/design.md §9). ``acc`` is that of the answer part
     (:func:`split_single_turn`), ``c`` the confidence stated after it."""

@@ -45,10 +45,11 @@ def stated_confidences(rows: Sequence[dict[str, Any]]) -> list[tuple[Any, float,
 
 def _record_task(rows: Sequence[dict[str, Any]]):
     """The task the rows name (``task_name``), or for rows from before they named it, the one whose record
-    columns they hold (Countdown's ``nums``/``target``, math's ``question``/…): :func:`record_task`."""
+    columns they hold (Countdown's ``nums``/``target``, math's ``question``/…): :func:`record_task`. None for no
+    rows (of no task)."""
     from rlcr.rollout.records import record_task, records_task_name
 
-    return record_task(rows[0].keys() if rows else ("nums", "target"), records_task_name(rows))
+    return record_task(rows[0].keys(), records_task_name(rows)) if rows else None
 
 
 def by_stratum(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -57,6 +58,8 @@ def by_stratum(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     confidence, ECE and AUROC (None where undefined). On a mix of difficulties the pooled AUROC also rewards
     telling easy tasks from hard ones; the AUROC within one stratum is what is left of telling a right answer
     from a wrong one on the same kind of task."""
+    if not rows:
+        return {}
     task = _record_task(rows)
     groups: dict[Any, list[tuple[float, float | None]]] = {}
     for a, c in answers_with_confidence(rows):
@@ -111,8 +114,9 @@ def summarize_eval(rows: Sequence[dict[str, Any]], *, n_resamples: int = 1000, s
 _REQUIRED = ("prompt_id", "answer_id", "sample_type", "correct")
 
 
-def _check_values(r: dict[str, Any], where: str, task_columns: Sequence[str] = ("nums", "target")) -> None:
-    """One row's own values: present (the generic fields and the task's columns), finite, in range."""
+def _check_values(r: dict[str, Any], where: str, task_columns: Sequence[str]) -> None:
+    """One row's own values: present (the generic fields and the task's columns ``task_columns``), finite, in
+    range."""
     for name in (*_REQUIRED[:3], *task_columns, *_REQUIRED[3:]):
         if r.get(name) is None:
             raise InvalidInput(f"{where}: field {name!r} is null")
@@ -139,6 +143,8 @@ def check_eval_rows(rows: Sequence[dict[str, Any]], source: str) -> None:
     tasks: dict[Any, tuple[tuple, int]] = {}
     prompts: dict[Any, tuple[str, int]] = {}
     name = printable(source)
+    if not rows:
+        return
     try:
         columns = [f.name for f in _record_task(rows).record_fields() if not f.nullable]
     except ValueError as e:
@@ -172,6 +178,8 @@ def _task_key(r: dict[str, Any], columns: Sequence[str]) -> tuple:
 
 def _tasks(rows: Sequence[dict[str, Any]]) -> dict[int, tuple]:
     """``{prompt_id: task}`` of the tasks an evaluation's answers were given (Countdown: (numbers, target))."""
+    if not rows:
+        return {}
     columns = [f.name for f in _record_task(rows).record_fields() if not f.nullable]
     return {r["prompt_id"]: _task_key(r, columns) for r in rows if r["sample_type"] == "answer"}
 
@@ -203,11 +211,11 @@ def pool_draws(draws: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]
     pooled: list[dict[str, Any]] = []
     seen: dict[int, tuple] = {}
     offset = 0
-    names = [_record_task(rows).name for rows in draws]
-    other = next((i for i, n in enumerate(names) if n != names[0]), None)
+    names = [(i, _record_task(rows).name) for i, rows in enumerate(draws) if rows]  # an empty draw: no task
+    other = next(((i, n) for i, n in names if n != names[0][1]), None)
     if other is not None:
-        raise ValueError(f"draw {other}: answers to task {names[other]!r}, but draw 0's to task {names[0]!r} — not "
-                         "the same held-out set")
+        raise ValueError(f"draw {other[0]}: answers to task {other[1]!r}, but draw {names[0][0]}'s to task "
+                         f"{names[0][1]!r} — not the same held-out set")
     for i, rows in enumerate(draws):
         tasks = _tasks(rows)
         pid = _first_task_mismatch(seen, tasks)

@@ -17,6 +17,10 @@ from rlcr.tasks.registry import get_task
 __all__ = ["CHATML_TEMPLATE", "train_tiny_tokenizer", "build_tiny_model", "TINY"]
 
 TINY = "tiny"
+CORPUS_TASK = "countdown"
+"""The task whose text the tiny tokenizer is trained on, whatever task the model then runs (a byte-level BPE
+encodes any text): one fixed corpus keeps the tiny model, built once per seed and cached on disk, the same for
+every test and smoke run, so the caller does not choose it."""
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 # ChatML, the format SmolLM2-Instruct uses.
@@ -29,7 +33,8 @@ CHATML_TEMPLATE = (
 
 
 def _corpus(seed: int, n_tasks: int = 300) -> list[str]:
-    countdown = get_task("countdown")
+    """The tokenizer's training text: :data:`CORPUS_TASK`'s prompts, solutions and confidences."""
+    countdown = get_task(CORPUS_TASK)
     texts = [countdown.system_prompt, CONFIDENCE_QUERY]
     for t in countdown.generate(n_tasks, seed):
         texts.append(countdown.turn1_messages(t)[1]["content"])

@@ -105,10 +105,9 @@ def forced_prefix(prompt_text: str, truncated_reasoning: str) -> str:
     return f"{prompt_text}<think>{truncated_reasoning}</think>\n{FORCED_OPEN}"
 
 
-def score_forced(completion: str, task: Any, format_score: float, kind: Task | None = None) -> float:
-    """The task's score (``kind``, default Countdown) of a forced answer to problem ``task``: the forced
-    ``<answer>`` tag + the sampled completion."""
-    kind = get_task("countdown") if kind is None else kind
+def score_forced(completion: str, task: Any, format_score: float, kind: Task) -> float:
+    """The score of the task ``kind`` of a forced answer to its problem ``task``: the forced ``<answer>`` tag + the
+    sampled completion."""
     return kind.score(FORCED_OPEN + completion, task, format_score=format_score, score=1.0)
 
 
@@ -169,15 +168,16 @@ def run_probe(
     settings: ProbeSettings,
     *,
     responses: Sequence[str] | None = None,
-    task: str = "countdown",
+    task: str | Task,
 ) -> dict[str, Any]:
-    """Probe ``tasks`` (problems of the registered task ``task``: its prompts and verifier); returns
+    """Probe ``tasks`` (problems of the task ``task``, a registered name or a :class:`~rlcr.tasks.base.Task`: its
+    prompts and verifier); returns
     ``{"task": its name, "settings", "tasks": [per-task records], "metrics"}``.
 
     ``responses``: turn-1 responses to probe instead of sampling them (e.g. the
     same reasoning traces across checkpoints).
     """
-    kind = get_task(task)
+    kind = get_task(task) if isinstance(task, str) else task
     if settings.samples < 1:
         raise ValueError("samples must be >= 1")
     if responses is not None and len(responses) != len(tasks):

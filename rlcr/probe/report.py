@@ -227,8 +227,8 @@ def render_html(report: dict[str, Any], figures: dict[str, str] | None = None) -
                          f"<img alt='{e(name)}' src='data:image/png;base64,{figures[name]}'>")
     if isinstance(report.get("suite"), dict):
         parts.append(_suite_html(report["suite"], e))
-    countdown = report.get("task", "countdown") == "countdown" and all("nums" in r for r in report["tasks"])
-    parts.append(f"<h2>Tasks</h2><table><tr><th>#</th><th>{'nums → target' if countdown else 'task'}</th>"
+    shown = "nums → target" if report["tasks"] and all(_as_nums_target(r) for r in report["tasks"]) else "task"
+    parts.append(f"<h2>Tasks</h2><table><tr><th>#</th><th>{shown}</th>"
                  "<th>response</th><th>correct</th>"
                  "<th>verbalized</th><th>MC@0%</th><th>MC@100%</th><th>points</th><th>AOC</th></tr>")
     for r in report["tasks"]:
@@ -290,10 +290,16 @@ def _options(options: Any) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in sorted(options.items()))
 
 
+def _as_nums_target(r: dict) -> bool:
+    """Whether :func:`_task_cell` shows the probed task ``r`` as ``nums → target`` (a record with Countdown's
+    columns, whichever task the report names)."""
+    return "nums" in r and "target" in r
+
+
 def _task_cell(r: dict, e) -> str:
     """A probed task in the report's table: Countdown's ``nums → target``, math's ``question``, else the task's
     first record field (the key after ``index``: any task's ``to_record``)."""
-    if "nums" in r and "target" in r:
+    if _as_nums_target(r):
         return f"{e(str(r['nums']))} → {e(str(r['target']))}"
     first = next((k for k in r if k != "index"), "question")
     text = str(r.get("question", r.get(first, "")))

@@ -18,7 +18,7 @@ import torch
 from rlcr.core.advantages import method_advantages
 from rlcr.core.methods import METHOD_RECORDS
 from rlcr.core.rewards import accuracy_reward, answer_reward, brier_reward, parse_confidence, split_single_turn
-from rlcr.tasks.base import Task
+from rlcr.tasks.base import LEGACY_TASK, Task
 from rlcr.tasks.registry import get_task, load_task_plugins, task_names
 from rlcr.untrusted import InvalidInput, printable
 
@@ -79,7 +79,7 @@ TASK_KEY = b"rlcr.task"
 """Schema metadata key of the task's name: a table or Parquet file of rows says whose rows it holds."""
 
 
-def rollout_schema(task: str | Task = "countdown") -> pa.Schema:
+def rollout_schema(task: str | Task) -> pa.Schema:
     """The rollout schema of ``task``: the generic fields with the task's record columns
     (:meth:`~rlcr.tasks.base.Task.record_fields`) after ``sample_type``, and the task's name in its metadata
     (:data:`TASK_KEY`), which Parquet keeps."""
@@ -88,12 +88,15 @@ def rollout_schema(task: str | Task = "countdown") -> pa.Schema:
                      metadata={TASK_KEY: task.name.encode()})
 
 
-ROLLOUT_SCHEMA = rollout_schema("countdown")
-"""Countdown's rollout schema (its ``nums``/``target`` columns as before the task interface)."""
+ROLLOUT_SCHEMA = rollout_schema(LEGACY_TASK)
+"""The rollout schema of the files of before the task interface (:data:`~rlcr.tasks.base.LEGACY_TASK`, Countdown's:
+its ``nums``/``target`` columns), kept for the tests and readers of those files; the schema of a task's rows is
+``rollout_schema(task)``."""
 
 
 def record_task(columns: Iterable[str], name: str | None = None) -> Task:
-    """The registered task of records with ``columns`` (a row's keys, a table's column names).
+    """The registered task of records with ``columns`` (a row's keys, a table's column names): the one place
+    that decides whose records the records are when nobody says.
 
     ``name``: the task the records name (:func:`records_task_name`); it must be registered and its record
     columns present. Without one (rows or files from before records carried it) the task is guessed from the
@@ -185,7 +188,7 @@ def rollout_row(
     finish_reason: str | None = "stop",
     run_id: str | None = None,
     iteration: int | None = None,
-    task_name: str = "countdown",
+    task_name: str,
     score: float | None = None,
     correct: float | None = None,
     confidence: float | None = None,
@@ -193,7 +196,7 @@ def rollout_row(
     advantage: float | None = None,
     policy_version: int | None = None,
 ) -> dict[str, Any]:
-    """One rollout row with every :data:`ROLLOUT_SCHEMA` field: the only place a row is laid out.
+    """One rollout row with every field of its task's :func:`rollout_schema`: the only place a row is laid out.
 
     The rollout stages, the warm-start's examples (:mod:`rlcr.train.sft`) and the tests build
     their rows here. ``task`` is a problem of the task ``task_name``, whose record
@@ -232,7 +235,7 @@ def rollout_row(
 
 
 def answer_scores(completion_text: str, task: Any, *, format_score: float, method: str = "rlcr",
-                  lambda_conf: float = 1.0, task_name: str = "countdown") -> dict[str, float | None]:
+                  lambda_conf: float = 1.0, task_name: str) -> dict[str, float | None]:
     """Scores of an answer-turn completion on problem ``task`` of the task ``task_name`` (docs/design.md §5, §9):
     ``score`` = the task's :meth:`~rlcr.tasks.base.Task.score`, ``correct`` =
     the accuracy reward ∈ {0, 1}, ``reward`` = ``method``'s registered answer reward
@@ -289,11 +292,14 @@ def assign_advantages(
 
 def rows_to_table(rows: Iterable[dict[str, Any]], task: str | Task | None = None) -> pa.Table:
     """Rows → pyarrow Table with the :func:`rollout_schema` of ``task`` (default: the task the rows name, else
-    the one whose record columns they hold, :func:`record_task`; Countdown's is :data:`ROLLOUT_SCHEMA`); missing
-    optional fields become null, and every row's ``task_name`` is the task's (a row naming another is refused)."""
+    the one whose record columns they hold, :func:`record_task`; no rows need ``task``, their table's schema is
+    that task's); missing optional fields become null, and every row's ``task_name`` is the task's (a row naming
+    another is refused)."""
     rows = list(rows)
     if task is None:
-        task = record_task(rows[0], records_task_name(rows)) if rows else "countdown"
+        if not rows:
+            raise ValueError("rows_to_table: no rows, so no task to take the schema of: pass the task")
+        task = record_task(rows[0], records_task_name(rows))
     schema = rollout_schema(task)
     name = schema.metadata[TASK_KEY].decode()
     other = next((r["task_name"] for r in rows if r.get("task_name") not in (None, name)), None)

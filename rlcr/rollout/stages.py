@@ -58,8 +58,9 @@ ANSWER_STOP = ("</answer>",)
 CONFIDENCE_STOP = ("</confidence>",)
 
 
-def _task(row, task: str = "countdown"):
-    """The problem of a pipeline row (its task columns: :meth:`~rlcr.tasks.base.Task.from_record`)."""
+def _task(row, task: str):
+    """The problem of a pipeline row of the task ``task`` (its task columns:
+    :meth:`~rlcr.tasks.base.Task.from_record`)."""
     return get_task(task).from_record(row)
 
 
@@ -229,9 +230,9 @@ def _carry(conversation, context: tuple[str, list[int]], samples) -> str:
                                     "loss_mask": s.loss_mask} for s in samples]})
 
 
-def score_answers(batch: pd.DataFrame, format_score: float, method: str = "rlcr", lambda_conf: float = 1.0,
-                  task: str = "countdown") -> pd.DataFrame:
-    """``correct`` ∈ {0, 1} from the task's verifier and ``method``'s reward (docs/design.md §5, §9:
+def score_answers(batch: pd.DataFrame, format_score: float, method: str = "rlcr", lambda_conf: float = 1.0, *,
+                  task: str) -> pd.DataFrame:
+    """``correct`` ∈ {0, 1} from the verifier of the task ``task`` and ``method``'s reward (docs/design.md §5, §9:
     :func:`~rlcr.rollout.records.answer_scores`); keeps the raw score, and the stated confidence of a
     one-turn response (NaN otherwise), and ``verifier_timeouts``: the answers the task's verifier scored wrong
     for lack of time while scoring the row (the batch is one :meth:`~rlcr.tasks.base.Task.scoring` batch)."""
@@ -251,8 +252,9 @@ def score_answers(batch: pd.DataFrame, format_score: float, method: str = "rlcr"
     return batch
 
 
-def expand_to_turn2(batch: pd.DataFrame, task: str = "countdown") -> pd.DataFrame:
-    """Attach each answer's turn-2 conversation: turn 1 + that exact answer + the confidence query."""
+def expand_to_turn2(batch: pd.DataFrame, task: str) -> pd.DataFrame:
+    """Attach each answer's turn-2 conversation (of the task ``task``): turn 1 + that exact answer + the
+    confidence query."""
     batch = batch.copy()
     kind = get_task(task)
     batch["turn2_messages"] = [
@@ -289,7 +291,7 @@ class ConfidenceStage(_EngineStage):
                           reward=0.0, confidence=math.nan)
                 for (_, r), context, group in zip(answers.iterrows(), contexts, samples) for h, s in enumerate(group)]
         conf = self._timing(pd.DataFrame(rows))
-        return pd.concat([_listify(answers), conf], ignore_index=True).fillna(
+        return pd.concat([_listify(answers, self.cfg.tasks.name), conf], ignore_index=True).fillna(
             {c: 0.0 for c in ("_answer_init_s", "_answer_generate_s", "_confidence_init_s", "_confidence_generate_s")}
         )
 
@@ -333,10 +335,19 @@ def confidence_batch(batch: pd.DataFrame, *, cfg: dict[str, Any], policy_uri: st
     return _on_shared_engine(ConfidenceStage, batch, cfg, policy_uri, seed, engines, n, temperature)
 
 
-def _listify(df: pd.DataFrame) -> pd.DataFrame:
-    """numpy arrays inside list columns (as Ray hands them over) → Python lists."""
+_LIST_COLUMNS = ("context_ids", "completion_ids", "completion_logprobs", "loss_mask")
+"""The generic list columns of a rollout row (a task's own are those of its record fields)."""
+
+
+def _listify(df: pd.DataFrame, task: str) -> pd.DataFrame:
+    """numpy arrays inside list columns (as Ray hands them over) → Python lists: the generic ones and the list
+    columns of the task ``task``'s record (:meth:`~rlcr.tasks.base.Task.record_fields`; Countdown's ``nums``)."""
+    import pyarrow as pa
+
+    own = [f.name for f in get_task(task).record_fields()
+           if pa.types.is_list(f.type) or pa.types.is_large_list(f.type)]
     df = df.copy()
-    for col in ("nums", "context_ids", "completion_ids", "completion_logprobs", "loss_mask"):
+    for col in (*own, *_LIST_COLUMNS):
         if col in df:
             df[col] = [list(x) if x is not None else None for x in df[col]]
     return df

@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rlcr.storage.errors import StorageError
+from rlcr.tasks.base import LEGACY_TASK
 from rlcr.untrusted import InvalidInput, field, printable
 
 __all__ = ["RunRefError", "parse_ref", "is_run_ref", "resolve_checkpoint", "run_summary", "store_summaries",
@@ -307,7 +308,7 @@ def with_run_task(cfg: Any, stored: dict[str, Any] | None, run_id: str,
                      f"{cfg.tasks.name!r}")
     saved = nested_from_flat(stored)
     run_tasks = saved.get("tasks") if isinstance(saved.get("tasks"), dict) else {}
-    run_name = run_tasks.get("name", "countdown")
+    run_name = run_tasks.get("name", LEGACY_TASK)  # a config stored before runs named their task: Countdown's
     shown_run = printable(repr(run_id), 140)
     if cfg.tasks.name != run_name and keys & {"tasks", "tasks.name"}:
         raise TaskMismatch(f"tasks.name {cfg.tasks.name!r} (command line), but run {shown_run} was trained on task "

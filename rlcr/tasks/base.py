@@ -29,7 +29,7 @@ from rlcr.untrusted import DuplicateKey, InvalidInput, check_depth, decode_text,
 
 __all__ = ["Task", "TaskOptions", "TaskFormatError", "WarmStart", "ScoringStats", "TASKS", "register_task",
            "extract_answer", "read_rows", "mapped_field", "check_text", "problems_of", "CONFIDENCE_QUERY",
-           "MAX_ROW_BYTES"]
+           "MAX_ROW_BYTES", "LEGACY_TASK"]
 
 MAX_ROW_BYTES = 64 * 1024
 """A JSONL row longer than this (in bytes) is refused before it is parsed."""
@@ -41,6 +41,12 @@ CONFIDENCE_QUERY = (
     "then give a probability between 0 and 1 inside <confidence> </confidence>."
 )
 """The turn-2 user message (docs/design.md §3): the same for every task (Countdown's text, word for word)."""
+
+LEGACY_TASK = "countdown"
+"""The task of what was stored before it named its task: rlcr ran Countdown alone until the task interface, so a
+run whose stored config has no ``tasks.name`` (:func:`rlcr.runs.refs.with_run_task`) trained on Countdown, and the
+rollout files of then have Countdown's schema (:data:`rlcr.rollout.records.ROLLOUT_SCHEMA`). The one name of that
+fact: generic code takes its task from its caller, never from a default."""
 
 
 class TaskFormatError(ValueError):

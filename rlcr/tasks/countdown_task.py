@@ -138,6 +138,13 @@ class Countdown(Task):
     def score(self, completion: Any, problem: CountdownTask, *, format_score: float, score: float = 1.0) -> float:
         return compute_score(completion, problem.ground_truth, format_score=format_score, score=score)
 
+    def accuracy(self, completion: Any, problem: CountdownTask | Mapping[str, Any]) -> float:
+        """The accuracy reward; ``problem`` may also be given as its ``ground_truth`` dict ``{"target", "numbers"}``
+        (:func:`~rlcr.tasks.countdown.compute_score`'s form)."""
+        if isinstance(problem, Mapping):
+            problem = self.from_record({"nums": problem["numbers"], "target": problem["target"]})
+        return super().accuracy(completion, problem)
+
     def sft_problem(self, problem: CountdownTask) -> CountdownTask | None:
         """The problem with a checked reference solution (the given one if it scores, else the solver's), or
         None when it has none (unsolvable)."""

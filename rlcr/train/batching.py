@@ -99,7 +99,7 @@ def _row_key(r: dict[str, Any]) -> tuple:
 
 
 def prepare_samples(rows: Iterable[dict[str, Any]], tokenizer=None, *, check_finite: bool = True) -> list[Sample]:
-    """Rollout rows (``ROLLOUT_SCHEMA``) → samples in a global, worker-independent order.
+    """Rollout rows (``rollout_schema(task)``) → samples in a global, worker-independent order.
 
     A null ``loss_mask`` is computed with :func:`rlcr.core.masks.completion_mask` (needs
     ``tokenizer``). Raises ValueError on a missing/non-finite advantage or

@@ -56,7 +56,7 @@ def task_examples(cfg, n_tasks: int, seed: int) -> list[dict[str, Any]]:
 
 
 def sft_rows(cfg, tokenizer, n_tasks: int | None = None, seed: int | None = None) -> list[dict[str, Any]]:
-    """The examples as update rows (ROLLOUT_SCHEMA fields the trainer reads): the whole target
+    """The examples as update rows (``rollout_schema`` fields the trainer reads): the whole target
     completion (and its end-of-turn token) carries loss, advantage 1.
 
     ``n_tasks``: default ``cfg.sft.tasks``; ``seed`` (wrong answers, stated confidences): default

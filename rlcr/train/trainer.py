@@ -314,7 +314,7 @@ def run_update(
 ) -> UpdateResult:
     """A standalone update on Ray Train (start the workers, one update from a fresh AdamW, save, stop).
 
-    ``rollouts``: a ``ray.data.Dataset`` or a list of rows (``ROLLOUT_SCHEMA``) with advantages assigned.
+    ``rollouts``: a ``ray.data.Dataset`` or a list of rows (``rollout_schema(task)``) with advantages assigned.
     Writes the sealed checkpoint at ``runs/<run_id>/iter-<k>/checkpoint``; returns its URI and the metrics.
     """
     rows = _rows(rollouts)
