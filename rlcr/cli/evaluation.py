@@ -217,11 +217,13 @@ def _evaluate_suite(cfg, suite, checkpoint: Optional[str], ref: Optional[str], r
         with step(f"evaluating {printable(label)} on suite {suite.name}: {n_problems} problems, "
                   f"{len(suite.families)} families"):
             ensure_ray(cfg)
-            result, rows, suite_cfg = evaluate_suite(cfg, suite, policy, trained_on=trained_on, draw=draw)
+            result, rows, suite_cfg = evaluate_suite(cfg, suite, policy, trained_on=trained_on, draw=draw,
+                                                     problems=problems)
         if target is not None:
             _write_records(records, target, rows, suite_cfg, policy, draw, suite=suite.name, suite_seed=suite.seed)
-        console.print(suite_table(label, suite.name, result))
-        if label not in suite_table(label, suite.name, result).title:
+        table = suite_table(label, suite.name, result)
+        console.print(table)
+        if label not in table.title:
             console.print(f"checkpoint: {printable(policy, 1000)}", markup=False, highlight=False, soft_wrap=True)
         console.print(f"method: {printable(cfg.method.name, 40)}; the run's task: {printable(cfg.tasks.name, 60)}; "
                       f"suite seed {suite.seed}, {suite.n} problems a family", markup=False, highlight=False)

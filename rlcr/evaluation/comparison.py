@@ -189,5 +189,5 @@ def compare_held_out(sides: Sequence[str], runs: Sequence[Any], iteration: Optio
         from rlcr.evaluation.suite import compare_suite
 
         out["suite"] = str(next(iter(suites))[0])
-        out["by_family"] = compare_suite(rows[0], rows[1], n_resamples=n_resamples, seed=seed)
+        out["by_family"] = compare_suite(rows[0], rows[1], n_resamples=n_resamples, seed=seed, pooled=cmp)
     return out

@@ -131,18 +131,21 @@ def suite_tasks(cfg: RLCRConfig, suite: Suite, trained_on: RLCRConfig | None = N
 
 
 def evaluate_suite(cfg: RLCRConfig, suite: Suite, policy: str, *, trained_on: RLCRConfig | None = None,
-                   draw: int = 0) -> tuple[dict[str, Any], list[dict[str, Any]], RLCRConfig]:
+                   draw: int = 0, problems: Sequence[Any] | None = None
+                   ) -> tuple[dict[str, Any], list[dict[str, Any]], RLCRConfig]:
     """Checkpoint ``policy`` on the suite's problems (on engines of its own, :class:`EnginePool`; Ray must be
     up): ``(summarize_suite's result, the per-answer rows, the suite's config)``. ``trained_on``: as in
-    :func:`suite_tasks`; ``draw``: the sample draw (0: the flow's seeds)."""
+    :func:`suite_tasks`; ``problems``: those :func:`suite_tasks` already drew (default: drawn here); ``draw``:
+    the sample draw (0: the flow's seeds)."""
     from rlcr.evaluation.evaluate import evaluate_policy
     from rlcr.rollout.engine import EnginePool
 
     suite_cfg = suite_config(cfg, suite)
-    problems = suite_tasks(cfg, suite, trained_on=trained_on)
+    problems = suite_tasks(cfg, suite, trained_on=trained_on) if problems is None else problems
     with EnginePool(suite_cfg, policy) as engines:
-        _, rows = evaluate_policy(suite_cfg, problems, policy_uri=policy, iteration=0, engines=engines, draw=draw)
-    result = summarize_suite(rows, n_resamples=cfg.eval.bootstrap_resamples, seed=suite.seed)
+        pooled, rows = evaluate_policy(suite_cfg, problems, policy_uri=policy, iteration=0, engines=engines,
+                                       draw=draw)
+    result = summarize_suite(rows, n_resamples=cfg.eval.bootstrap_resamples, seed=suite.seed, pooled=pooled)
     return {"suite": suite.name, "suite_seed": suite.seed, "n": suite.n, **result}, rows, suite_cfg
 
 
@@ -154,23 +157,26 @@ def _family_rows(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any
     return dict(sorted(out.items()))
 
 
-def summarize_suite(rows: Sequence[dict[str, Any]], *, n_resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
+def summarize_suite(rows: Sequence[dict[str, Any]], *, n_resamples: int = 1000, seed: int = 0,
+                    pooled: dict[str, Any] | None = None) -> dict[str, Any]:
     """``{"families": {family: figures}, "pooled": figures}``: :func:`summarize_eval` of each family's answers
-    and of all of them."""
+    and of all of them (``pooled``: that of all of them, where the caller has it already)."""
     families = {name: summarize_eval(fam, n_resamples=n_resamples, seed=seed)
                 for name, fam in _family_rows(rows).items()}
-    return {"families": families, "pooled": summarize_eval(rows, n_resamples=n_resamples, seed=seed)}
+    return {"families": families,
+            "pooled": pooled if pooled is not None else summarize_eval(rows, n_resamples=n_resamples, seed=seed)}
 
 
 def compare_suite(rows_a: Sequence[dict[str, Any]], rows_b: Sequence[dict[str, Any]], *, n_resamples: int = 1000,
-                  seed: int = 0) -> dict[str, Any]:
+                  seed: int = 0, pooled: dict[str, Any] | None = None) -> dict[str, Any]:
     """A − B per family and pooled, paired by problem (:func:`compare_evaluations`): ``{"families": {family:
-    difference}, "pooled": difference}``; a family only one side answered is left out."""
+    difference}, "pooled": difference}`` (``pooled``: the pooled difference, where the caller has it already);
+    a family only one side answered is left out."""
     a, b = _family_rows(rows_a), _family_rows(rows_b)
     families = {name: compare_evaluations(a[name], b[name], n_resamples=n_resamples, seed=seed)
                 for name in a if name in b}
-    return {"families": families,
-            "pooled": compare_evaluations(rows_a, rows_b, n_resamples=n_resamples, seed=seed)}
+    return {"families": families, "pooled": pooled if pooled is not None
+            else compare_evaluations(rows_a, rows_b, n_resamples=n_resamples, seed=seed)}
 
 
 def suite_metrics(result: Mapping[str, Any], suite: str) -> dict[str, float]:
