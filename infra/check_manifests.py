@@ -238,11 +238,11 @@ def check_cluster_spec(r: Report, where: str, spec: dict, annotations: dict, ima
     return offered
 
 
-def check_entrypoint(r: Report, entrypoint: str, mods) -> tuple[Any, dict] | None:
-    r.check(not SHELL_OPERATORS.search(entrypoint), "RayJob entrypoint: no shell operators",
+def check_entrypoint(r: Report, entrypoint: str, mods, where: str = "rayjob.yaml") -> tuple[Any, dict] | None:
+    r.check(not SHELL_OPERATORS.search(entrypoint), f"{where} entrypoint: no shell operators",
             "KubeRay pastes it into `bash -c '... ray job submit -- <entrypoint> ; ...'`")
     words = shlex.split(entrypoint)
-    if not r.check(words[:3] == ["python", "-m", "flows.train"], "RayJob entrypoint runs `python -m flows.train`"):
+    if not r.check(words[:3] == ["python", "-m", "flows.train"], f"{where} entrypoint runs `python -m flows.train`"):
         return None
     ap = argparse.ArgumentParser(add_help=False)  # flows.train.main()'s arguments
     ap.add_argument("--config")
@@ -252,34 +252,34 @@ def check_entrypoint(r: Report, entrypoint: str, mods) -> tuple[Any, dict] | Non
     try:
         a = ap.parse_args(words[3:])
     except SystemExit:
-        r.check(False, "RayJob entrypoint: flows.train accepts its arguments", " ".join(words[3:]))
+        r.check(False, f"{where} entrypoint: flows.train accepts its arguments", " ".join(words[3:]))
         return None
     config = Path(a.config.replace(IMAGE_ROOT, str(REPO), 1)) if a.config else None
     r.check(bool(a.config) and a.config.startswith(IMAGE_ROOT + "/") and config.exists(),
-            f"RayJob entrypoint: --config is an absolute path in the image that exists in the repo ({a.config})")
-    r.check(bool(a.run_id), "RayJob entrypoint: --run-id given (the same id resumes the run)")
+            f"{where} entrypoint: --config is an absolute path in the image that exists in the repo ({a.config})")
+    r.check(bool(a.run_id), f"{where} entrypoint: --run-id given (the same id resumes the run)")
     pairs = dict(o.split("=", 1) for o in a.overrides if "=" in o)
-    r.check(len(pairs) == len(a.overrides), "RayJob entrypoint: overrides are field=value")
-    r.check(pairs.get("storage.uri", "").startswith("s3://"), "RayJob entrypoint: storage.uri on s3://")
+    r.check(len(pairs) == len(a.overrides), f"{where} entrypoint: overrides are field=value")
+    r.check(pairs.get("storage.uri", "").startswith("s3://"), f"{where} entrypoint: storage.uri on s3://")
     model = pairs.get("model.name")
     r.check(model is None or "://" in model or model.startswith("/models/"),
-            "RayJob entrypoint: model is a URI (or a path baked into the image)")
+            f"{where} entrypoint: model is a URI (or a path baked into the image)")
     if mods is None:
         print("skip  RayJob entrypoint: config + overrides load (rlcr not importable: run with .venv/bin/python)")
         return None
     config_mod, _, storage = mods
     try:
         storage.validate_run_id(a.run_id)
-        r.check(True, f"RayJob entrypoint: run id {a.run_id!r} is valid")
+        r.check(True, f"{where} entrypoint: run id {a.run_id!r} is valid")
     except ValueError as e:
-        r.check(False, "RayJob entrypoint: run id is valid", str(e))
+        r.check(False, f"{where} entrypoint: run id is valid", str(e))
     try:
         cfg = config_mod.RLCRConfig.from_yaml(config, a.overrides)
     except config_mod.ConfigError as e:
-        r.check(False, "RayJob entrypoint: config + overrides load", str(e))
+        r.check(False, f"{where} entrypoint: config + overrides load", str(e))
         return None
-    r.check(True, "RayJob entrypoint: config + overrides load (rlcr.config)")
-    r.check(cfg.update.use_gpu, "RayJob entrypoint: the config trains on GPUs (update.use_gpu)")
+    r.check(True, f"{where} entrypoint: config + overrides load (rlcr.config)")
+    r.check(cfg.update.use_gpu, f"{where} entrypoint: the config trains on GPUs (update.use_gpu)")
     return cfg, pairs
 
 
@@ -292,59 +292,59 @@ def check_fit(r: Report, where: str, cfg, offered: dict[str, float], mods) -> No
         r.check(False, f"{where}: engines + trainer workers fit", str(e))
 
 
-def check_rayjob(r: Report, doc: dict, image: str, ray_version: str, mods) -> None:
+def check_rayjob(r: Report, doc: dict, image: str, ray_version: str, mods, where: str = "rayjob.yaml") -> None:
     meta, spec = doc.get("metadata") or {}, doc.get("spec") or {}
-    r.check(doc.get("apiVersion") == "ray.io/v1" and doc.get("kind") == "RayJob", "rayjob.yaml: ray.io/v1 RayJob")
+    r.check(doc.get("apiVersion") == "ray.io/v1" and doc.get("kind") == "RayJob", f"{where}: ray.io/v1 RayJob")
     name = meta.get("name", "")
-    r.check(len(name) <= 47 and bool(DNS1035.match(name)), f"rayjob.yaml: name {name!r} ≤ 47 chars, DNS-1035")
-    r.check(set(spec) <= RAYJOB_SPEC_FIELDS, "rayjob.yaml: only RayJobSpec fields", str(set(spec) - RAYJOB_SPEC_FIELDS))
+    r.check(len(name) <= 47 and bool(DNS1035.match(name)), f"{where}: name {name!r} ≤ 47 chars, DNS-1035")
+    r.check(set(spec) <= RAYJOB_SPEC_FIELDS, f"{where}: only RayJobSpec fields", str(set(spec) - RAYJOB_SPEC_FIELDS))
     mode = spec.get("submissionMode", "K8sJobMode")
-    r.check(mode in SUBMISSION_MODES, f"rayjob.yaml: submissionMode {mode}")
+    r.check(mode in SUBMISSION_MODES, f"{where}: submissionMode {mode}")
     # ValidateRayJobSpec (KubeRay v1.7.0), the rules that apply to this file
-    r.check(spec.get("shutdownAfterJobFinishes") is True, "rayjob.yaml: shutdownAfterJobFinishes (GPUs freed)")
+    r.check(spec.get("shutdownAfterJobFinishes") is True, f"{where}: shutdownAfterJobFinishes (GPUs freed)")
     def integer(key: str, default: int) -> int | None:
         v = spec.get(key, default)
         return v if isinstance(v, int) and not isinstance(v, bool) else None
 
     ttl, deadline, backoff = (integer("ttlSecondsAfterFinished", -1), integer("activeDeadlineSeconds", 1),
                               integer("backoffLimit", 0))
-    r.check(ttl is not None and ttl >= 0, "rayjob.yaml: ttlSecondsAfterFinished set, a non-negative integer")
-    r.check(deadline is not None and deadline > 0, "rayjob.yaml: activeDeadlineSeconds a positive integer")
-    r.check(backoff is not None and backoff >= 0, "rayjob.yaml: backoffLimit a non-negative integer")
+    r.check(ttl is not None and ttl >= 0, f"{where}: ttlSecondsAfterFinished set, a non-negative integer")
+    r.check(deadline is not None and deadline > 0, f"{where}: activeDeadlineSeconds a positive integer")
+    r.check(backoff is not None and backoff >= 0, f"{where}: backoffLimit a non-negative integer")
     r.check(bool(spec.get("rayClusterSpec")) != bool(spec.get("clusterSelector")),
-            "rayjob.yaml: exactly one of rayClusterSpec / clusterSelector")
+            f"{where}: exactly one of rayClusterSpec / clusterSelector")
     if mode == "SidecarMode":
         r.check("submitterPodTemplate" not in spec and "submitterConfig" not in spec,
-                "rayjob.yaml: SidecarMode takes no submitter template/config")
+                f"{where}: SidecarMode takes no submitter template/config")
     if "submitterPodTemplate" in spec:
         sub = spec["submitterPodTemplate"]
         r.check((sub.get("spec") or {}).get("restartPolicy") in ("Never", "OnFailure"),
-                "rayjob.yaml: submitter pod restartPolicy Never/OnFailure (it is a Job's pod)")
+                f"{where}: submitter pod restartPolicy Never/OnFailure (it is a Job's pod)")
         subc = (containers_of(sub) or [{}])[0]
-        r.check(subc.get("image") == image, f"rayjob.yaml: submitter image is {image}")
-        r.check(not subc.get("command"), "rayjob.yaml: submitter command left to KubeRay")
+        r.check(subc.get("image") == image, f"{where}: submitter image is {image}")
+        r.check(not subc.get("command"), f"{where}: submitter command left to KubeRay")
     try:
         renv = yaml.safe_load(spec.get("runtimeEnvYAML") or "") or {}
         parsed = isinstance(renv, dict)
     except yaml.YAMLError:
         renv, parsed = {}, False
-    if r.check(parsed, "rayjob.yaml: runtimeEnvYAML is a YAML mapping"):
-        r.check(set(renv) <= RUNTIME_ENV_FIELDS, "rayjob.yaml: runtime env uses Ray's fields only",
+    if r.check(parsed, f"{where}: runtimeEnvYAML is a YAML mapping"):
+        r.check(set(renv) <= RUNTIME_ENV_FIELDS, f"{where}: runtime env uses Ray's fields only",
                 str(set(renv) - RUNTIME_ENV_FIELDS))
         env_vars = renv.get("env_vars") or {}
-        r.check(all(isinstance(v, str) for v in env_vars.values()), "rayjob.yaml: runtime env_vars are strings")
+        r.check(all(isinstance(v, str) for v in env_vars.values()), f"{where}: runtime env_vars are strings")
         clash = set(env_vars) & ensure_ray_env_vars()
-        r.check(not clash, "rayjob.yaml: runtime env names no variable that rlcr.runs.cluster.ensure_ray sets",
+        r.check(not clash, f"{where}: runtime env names no variable that rlcr.runs.cluster.ensure_ray sets",
                 f"{sorted(clash)}: Ray refuses to merge a job's and a driver's runtime env on the same key")
         secrets = {k for k in env_vars if "SECRET" in k.upper() or k.upper().endswith("_KEY_ID")}
-        r.check(not secrets, "rayjob.yaml: no credentials in the runtime env", str(sorted(secrets)))
+        r.check(not secrets, f"{where}: no credentials in the runtime env", str(sorted(secrets)))
     offered = {}
     if spec.get("rayClusterSpec"):
-        offered = check_cluster_spec(r, "rayjob.yaml", spec["rayClusterSpec"], meta.get("annotations") or {},
+        offered = check_cluster_spec(r, where, spec["rayClusterSpec"], meta.get("annotations") or {},
                                      image, ray_version)
-    got = check_entrypoint(r, spec.get("entrypoint", ""), mods)
+    got = check_entrypoint(r, spec.get("entrypoint", ""), mods, where)
     if got is not None and offered:
-        check_fit(r, "rayjob.yaml", got[0], offered, mods)
+        check_fit(r, where, got[0], offered, mods)
 
 
 def check_prefect(r: Report, doc: dict, mods, offered: dict[str, float]) -> None:
@@ -445,8 +445,8 @@ def main() -> int:
                            .get("headGroupSpec", {}).get("template") or {}) or [{}])[0].get("image", "")
     r.check(bool(image), f"one image for every pod: {image}")
     mods = rlcr_modules()
-    if "rayjob.yaml" in docs:
-        check_rayjob(r, docs["rayjob.yaml"], image, ray_version, mods)
+    for name in sorted(n for n in docs if n.startswith("rayjob")):  # rayjob.yaml (1.5B), rayjob-7b.yaml, ...
+        check_rayjob(r, docs[name], image, ray_version, mods, where=name)
     offered: dict[str, float] = {}
     if "raycluster.yaml" in docs:
         rc = docs["raycluster.yaml"]
@@ -472,8 +472,8 @@ def main() -> int:
     if "prefect.yaml" in docs:
         check_prefect(r, docs["prefect.yaml"], mods, offered)
     if a.crd_dir:
-        if "rayjob.yaml" in docs:
-            schema_check(r, "rayjob.yaml", docs["rayjob.yaml"], crd_schema(a.crd_dir, "rayjobs"))
+        for name in sorted(n for n in docs if n.startswith("rayjob")):
+            schema_check(r, name, docs[name], crd_schema(a.crd_dir, "rayjobs"))
         if "raycluster.yaml" in docs:
             schema_check(r, "raycluster.yaml", docs["raycluster.yaml"], crd_schema(a.crd_dir, "rayclusters"))
     print(f"\n{r.passed} passed, {len(r.failed)} failed")
