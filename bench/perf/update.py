@@ -35,9 +35,20 @@ around every timing, and ``--check`` compares one step of each dtype from the sa
 ``--model`` builds a random-init model of a known shape instead of SmolLM2 (nothing is downloaded; the
 speed depends on the shape only).
 
+``--fsdp``: instead of the above, the update as two Ray-Train-like ranks run it (two processes, gloo on CPU,
+``--workers``), under DDP and under FSDP2 (:mod:`rlcr.train.fsdp`: ``fully_shard`` on each decoder layer and the
+root) side by side — each with its own copy of the model and its own AdamW, the same rows, one optimizer step
+(:func:`rlcr.train.update.train_update` with ``rank``/``world_size``), rounds interleaved as above. Printed: each
+worker's bytes of parameters + gradients + AdamW state at their peak (just after the optimizer step, before the
+gradients are freed; DTensors counted by their local shard, :func:`rlcr.train.fsdp.local_state_bytes`; what
+FSDP all-gathers for one layer at a time, and activations, come on top), and the update's seconds (the slower
+rank's). The last lines are ``fsdp_time_ratio: <median per-round FSDP/DDP seconds>`` and
+``fsdp_state_ratio: <FSDP/DDP state bytes of the worker holding most>``.
+
 Run from the repo root:  python bench/perf/update.py [--repeats 4] [--micro-batch-tokens 2048] [--profile]
                          [--device cuda --dtypes fp32,bf16 --model qwen2.5-1.5b --settings new --check]
                          [--device cuda --dtypes bf16 --model qwen2.5-1.5b --settings new --lora]
+                         [--fsdp --workers 2 --repeats 3]
 The last line is ``update/matmul GFLOP/s: <ratio>`` (the new settings' median per-round ratio; with several
 dtypes, the last dtype's, against the matmul of that dtype).
 """
@@ -360,6 +371,9 @@ def parse_args():
     ap.add_argument("--model", default="smollm2", choices=["smollm2", *RANDOM_SHAPES],
                     help="smollm2 (its weights) or a random-init model of that shape")
     ap.add_argument("--matmul-n", type=int, default=None, help="the matmul's size (default 2048 on CPU, 8192 on cuda)")
+    ap.add_argument("--fsdp", action="store_true",
+                    help="DDP vs FSDP2 with --workers gloo processes on CPU: state bytes per worker and seconds")
+    ap.add_argument("--workers", type=int, default=2, help="--fsdp: ranks (processes)")
     ap.add_argument("--check", action="store_true",
                     help="before the rounds: one step per dtype from the same weights, compared "
                          "(loss, grad norm, log-probs)")
@@ -369,14 +383,120 @@ def parse_args():
         ap.error(f"--dtypes takes fp32 and/or bf16, got {args.dtypes!r}")
     if "bf16" in dtypes and args.device != "cuda":
         ap.error("bf16 is the update's CUDA path (rlcr.train.update._autocast); on CPU the update runs in fp32")
+    if args.fsdp and (args.device != "cpu" or dtypes != ["fp32"] or args.workers < 2):
+        ap.error("--fsdp runs fp32 on CPU (gloo) with --workers >= 2")
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device")
     matmul_n = args.matmul_n or (8192 if args.device == "cuda" else 2048)
     return args, dtypes, matmul_n
 
 
+# ----------------------------------------------------------------------------- --fsdp: DDP vs FSDP2, two ranks
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2 ** 20:.1f} MiB"
+
+
+def fsdp_rank(rank: int, world: int, args, port: int) -> None:
+    """One rank of ``--fsdp`` (a spawned process): both wrappings of the model, the rounds; rank 0 prints."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from rlcr.train.fsdp import local_state_bytes, shard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # each rank its share of the cores, as Ray Train's
+    try:
+        models = {}
+        for name in ("ddp", "fsdp"):
+            lm, pad_id, vocab, label = build_model(args.model, "cpu", args.seed)
+            policy = CompletionLogProbs(lm)
+            models[name] = DistributedDataParallel(policy) if name == "ddp" else shard(policy, lm)
+        samples = make_samples(args.prompts, args.ga, args.gc, prompt_len=args.prompt_len,
+                               answer_len=args.answer_len, query_len=args.query_len,
+                               confidence_len=args.confidence_len, vocab=vocab, seed=args.seed)
+        extra = {} if args.micro_batch_tokens is None else {"update.micro_batch_tokens": args.micro_batch_tokens}
+        cfg = RLCRConfig.from_dict({**extra, "update": {"learning_rate": 1e-7}})
+        opts = {name: make_optimizer(m, cfg) for name, m in models.items()}
+        peak = {name: {"total": 0} for name in models}
+
+        def after_step(name):
+            def hook(opt, *_):  # the gradients still held, AdamW's state made: the state's peak
+                now = local_state_bytes(models[name], opt)
+                if now["total"] > peak[name]["total"]:
+                    peak[name] = now
+            return hook
+        for name, opt in opts.items():
+            opt.register_step_post_hook(after_step(name))
+        if rank == 0:
+            params = sum(p.numel() for p in {id(p): p for p in models["ddp"].parameters()}.values())
+            print(f"--fsdp: model {label}, {params / 1e6:.1f}M parameters, fp32 on cpu, {world} ranks (gloo), torch "
+                  f"threads {torch.get_num_threads()} each (os.cpu_count {os.cpu_count()}), {len(samples)} samples, "
+                  f"micro_batch_tokens {cfg.update.micro_batch_tokens}, one optimizer step per update", flush=True)
+
+        def step(name):
+            dist.barrier()
+            t = time.perf_counter()
+            m = train_update(models[name], samples, cfg, pad_id=pad_id, rank=rank, world_size=world,
+                             optimizer=opts[name])
+            dist.barrier()  # the update ends when its slowest rank does
+            assert m["optimizer_steps"] == 1, m
+            return time.perf_counter() - t, m
+
+        names = list(models)
+        for name in names:  # warm-up: AdamW's state is made here
+            step(name)
+        times: dict[str, list[float]] = {name: [] for name in names}
+        losses: dict[str, float] = {}
+        for r in range(args.repeats):
+            for name in names[r % len(names):] + names[: r % len(names)]:
+                dt, m = step(name)
+                times[name].append(dt)
+                losses[name] = m["loss"]
+            if rank == 0:
+                print(f"round {r + 1}/{args.repeats}: " + " | ".join(
+                    f"{name} {times[name][-1]:6.2f} s" for name in names)
+                      + f" | fsdp/ddp {times['fsdp'][-1] / times['ddp'][-1]:.2f}", flush=True)
+        gathered: list = [None] * world
+        dist.all_gather_object(gathered, peak)
+        if rank == 0:
+            for name in names:
+                for k, p in enumerate(gathered):
+                    b = p[name]
+                    print(f"{name} worker {k}: parameters {_mib(b['params'])} + gradients {_mib(b['grads'])} + "
+                          f"AdamW {_mib(b['optimizer'])} = {_mib(b['total'])} at the peak")
+            per_round = [f / d for f, d in zip(times["fsdp"], times["ddp"])]
+            for name in names:
+                print(f"{name}: {statistics.median(times[name]):.2f} s per update over {args.repeats} rounds (min "
+                      f"{min(times[name]):.2f}, max {max(times[name]):.2f}); last loss {losses[name]:.6g}")
+            state = max(p["fsdp"]["total"] for p in gathered) / max(p["ddp"]["total"] for p in gathered)
+            print(f"fsdp/ddp seconds per round: median {statistics.median(per_round):.2f} (min {min(per_round):.2f}, "
+                  f"max {max(per_round):.2f}, n={len(per_round)})")
+            print(f"fsdp_time_ratio: {statistics.median(per_round):.3f}")
+            print(f"fsdp_state_ratio: {state:.3f}", flush=True)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_fsdp(args) -> None:
+    """``--fsdp``: spawn the ranks (each loads the model itself, as a Ray Train worker does)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:  # a free port for the ranks' rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.start_processes(fsdp_rank, args=(args.workers, args, port), nprocs=args.workers, start_method="spawn")
+
+
 def main() -> None:
     args, dtypes, matmul_n = parse_args()
+    if args.fsdp:
+        run_fsdp(args)
+        return
 
     from rlcr.train.batching import collate_prefix_tree, pack_prefix_trees
 

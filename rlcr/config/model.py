@@ -102,7 +102,8 @@ class RLCRConfig(BaseModel):
             raise ValueError("orchestration.mode one-step-off generates during the update: the engines cannot be "
                              "released then (engine.release_during_update)")
         if self.lora.enabled and self.update.fsdp:
-            raise ValueError("lora.enabled with update.fsdp: LoRA runs use DDP (the adapters are small)")
+            raise ValueError("lora.enabled with update.fsdp: not supported; LoRA runs use DDP (the adapters and their "
+                             "AdamW state are small; sharding peft's wrapped base with fully_shard is not built)")
         return self
 
     # ------------------------------------------------------------------ fields by dotted name

@@ -1,9 +1,9 @@
 """The update on Ray Train: one ``TorchTrainer`` whose workers live for a whole flow run (docs/design.md §11, §12).
 
 :class:`PolicyTrainer` starts the workers once; each builds a :class:`rlcr.train.worker.TrainerWorker` — the
-policy (and, for β > 0, the frozen reference) wrapped by ``prepare_model`` (DDP; FSDP with ``cfg.update.fsdp`` on
-GPUs; gloo on CPU, NCCL on GPU) and the run's one AdamW — and the driver then calls its methods on every rank
-(:mod:`rlcr.train.rpc`):
+policy (and, for β > 0, the frozen reference) wrapped by ``prepare_model`` (DDP) or sharded with FSDP2
+(``cfg.update.fsdp``, :mod:`rlcr.train.fsdp`; gloo on CPU, NCCL on GPU) and the run's one AdamW — and the
+driver then calls its methods on every rank (:mod:`rlcr.train.rpc`):
 
 * :meth:`PolicyTrainer.update` → ``TrainerWorker.update``: the iteration's rows arrive as an object-store
   reference; every rank runs :func:`rlcr.train.update.train_update` with the *same* optimizer and LR-schedule

@@ -17,8 +17,9 @@ tests and ``bench/perf/update.py`` call it directly. It reads in order:
      tokens only (:class:`rlcr.train.logprobs.CompletionLogProbs`: backbone → hidden states at the
      positions that predict them → ``lm_head`` on those rows alone), the loss
      of the configured objective, backward of ``loss × world_size`` (DDP averages
-     gradients over ranks, so the accumulated gradient is the whole-batch gradient);
-     ranks with fewer micro-batches run zero-loss dummies, so DDP's collectives match;
+     gradients over ranks, and so does FSDP's reduce-scatter, :mod:`rlcr.train.fsdp`, so the
+     accumulated gradient is the whole-batch gradient); ranks with fewer micro-batches run
+     zero-loss dummies, so DDP's (FSDP's) collectives match;
   3. a non-finite loss or gradient norm on any rank skips the step on every rank
      (gradients zeroed, no optimizer step, counted in ``skipped_steps``); else the
      gradient norm is clipped and AdamW steps;
@@ -62,6 +63,7 @@ from rlcr.train.batching import (
     shard_rows,
     type_stats,
 )
+from rlcr.train.fsdp import gradient_sync, is_sharded
 from rlcr.train.mismatch import MismatchStats, check_behaviour_logprobs, correction_summary
 from rlcr.train.objectives import LossInputs, Objective, get_objective
 
@@ -164,11 +166,10 @@ def optimizer_step(model: nn.Module, optimizer, *, grad_clip: float, local_ok: b
     weights (and the optimizer state) are left untouched.
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    if hasattr(model, "clip_grad_norm_"):  # FSDP computes the norm over the shards
-        norm = model.clip_grad_norm_(grad_clip)
-    else:
-        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
-    norm = float(norm)
+    # FSDP2 (rlcr.train.fsdp): the gradients are DTensor shards and the norm a DTensor over all of them, the same
+    # global norm as DDP's (full_tensor: the sum of the shards' squares over the ranks)
+    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     ok = _reduce([1.0 if (local_ok and math.isfinite(norm)) else 0.0], _device_of(model), "min")[0]
     stepped = ok > 0
     if stepped:
@@ -278,7 +279,9 @@ def _prepass(policy: nn.Module, ref: nn.Module | None, cfg: RLCRConfig, objectiv
     groups = first + pack(later, cfg.update.micro_batch_tokens)
     old_cache = (_logprob_cache(policy, _pad_groups(groups, pad_id, device), pad_id, device, collate_fn)
                  if need_old else None)
-    ref_cache = _logprob_cache(ref, groups, pad_id, device, collate_fn) if need_ref else None
+    # a sharded reference's forward is a collective (rlcr.train.fsdp): every rank runs as many (dummies skipped)
+    ref_groups = _pad_groups(groups, pad_id, device) if need_ref and is_sharded(ref) else groups
+    ref_cache = _logprob_cache(ref, ref_groups, pad_id, device, collate_fn) if need_ref else None
     return old_cache, ref_cache
 
 
@@ -378,8 +381,7 @@ def _step(policy: nn.Module, optimizer, cfg: RLCRConfig, objective: Objective, r
         old = _old_logp(mb, cfg, objective, old_cache)
         ref_lp = _stack(ref_cache, mb) if ref_cache is not None else None
         last = j == len(groups) - 1
-        sync = contextlib.nullcontext() if last or not hasattr(policy, "no_sync") else policy.no_sync()
-        with sync:
+        with gradient_sync(policy, last):
             loss, m, logp = micro_batch_loss(
                 policy, mb, cfg, old_logp=old, ref_logp=ref_lp, global_tokens=g_tokens,
                 global_sequences=g_seqs, max_response_len=max_response_len,

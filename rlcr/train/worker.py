@@ -1,9 +1,10 @@
 """One rank of the trainer (docs/design.md §11, §12): :class:`TrainerWorker`, the state a Ray Train worker keeps
 for a whole flow run, and the methods the driver calls on it (:mod:`rlcr.train.rpc`).
 
-A worker loads the policy (and, for β > 0, the frozen reference) once, wraps it with ``prepare_model`` (DDP;
-FSDP with ``cfg.update.fsdp`` on GPUs; gloo on CPU, NCCL on GPU), builds the run's one AdamW and its LR schedule and,
-with ``restore``, loads the training state saved with the checkpoint. Then, for every call, on every rank:
+A worker loads the policy (and, for β > 0, the frozen reference) once, wraps it with ``prepare_model`` (DDP) or,
+with ``cfg.update.fsdp``, shards it and the reference with FSDP2 (:mod:`rlcr.train.fsdp`; gloo on CPU, NCCL on
+GPU), builds the run's one AdamW and its LR schedule and, with ``restore``, loads the training state saved with
+the checkpoint. Then, for every call, on every rank:
 
 * :meth:`TrainerWorker.update`: one iteration's :func:`rlcr.train.update.train_update` with that same optimizer
   and schedule; rank 0 returns the metrics and the new weights in Ray's object store (:meth:`~TrainerWorker.weights`);
@@ -16,7 +17,10 @@ With ``lora.enabled`` (docs/design.md §11.1) the policy is the base with ``peft
 AdamW holds the adapters, π_ref is the policy with its adapters disabled, the engines get the adapters
 (:class:`rlcr.models.adapters.AdapterUpdate`) and a save writes an adapter checkpoint naming its base.
 
-Every method is a collective under DDP/FSDP (all ranks run it); what only rank 0 returns is None elsewhere.
+Every method is a collective under DDP/FSDP (all ranks run it); what only rank 0 returns is None elsewhere. Under
+FSDP the weights rank 0 hands to the engines and writes are the shards gathered into full tensors on its CPU, and
+the AdamW state it saves is gathered likewise (by parameter name; :meth:`TrainerWorker._restore` reads DDP's and
+FSDP's alike).
 """
 
 from __future__ import annotations
@@ -147,7 +151,16 @@ class TrainerWorker:
                 _, ref_lm = load_policy(ref_uri, cfg, device=device)
                 self.ref = CompletionLogProbs(ref_lm.eval().requires_grad_(False))
             policy = CompletionLogProbs(self.lm)
-        self.model = ray.train.torch.prepare_model(policy, parallel_strategy="fsdp" if cfg.update.fsdp else "ddp")
+        # the trainable parameters' names in AdamW's order (a training state saved by DDP or FSDP resumes in either)
+        self._param_names = [n for n, p in policy.named_parameters() if p.requires_grad]
+        if cfg.update.fsdp:  # FSDP2: each decoder layer, then the root; the reference too (rlcr.train.fsdp)
+            from rlcr.train.fsdp import shard
+
+            self.model = shard(policy, self.lm, param_dtype=cfg.update.fsdp_param_dtype)
+            if self.ref is not None:
+                self.ref = shard(self.ref, self.ref.lm, param_dtype=cfg.update.fsdp_param_dtype)
+        else:
+            self.model = ray.train.torch.prepare_model(policy, parallel_strategy="ddp")
         self.optimizer = make_optimizer(self.model, cfg)
         self.schedule = Schedule.for_run(cfg)
         self.restored = bool(restore) and self._restore(local, policy_uri)
@@ -185,16 +198,26 @@ class TrainerWorker:
 
     # ------------------------------------------------------------ the training state
     def _full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The LM's full state dict with Hugging Face names (FSDP: gathered to CPU on every rank, a collective)."""
+        """The LM's full state dict with Hugging Face names (FSDP: the shards gathered into full tensors on rank 0's
+        CPU, a collective; the other ranks get an empty dict)."""
         if not self.cfg.update.fsdp:
             return self.lm.state_dict()
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return {k.removeprefix("lm."): v for k, v in sd.items()}
+        sd = {k.removeprefix("lm."): v for k, v in sd.items()}
+        # a tied parameter (lm_head = the embedding) is gathered once per name: make it one tensor again, as in
+        # DDP's state dict, so the engines get it as a reference to its twin (pack_weights), not a second copy
+        first: dict[int, str] = {}
+        for name, p in self.lm.named_parameters(remove_duplicate=False):
+            twin = first.setdefault(id(p), name)
+            if twin != name and twin in sd and name in sd:
+                sd[name] = sd[twin]
+        return sd
 
     def _training_state(self) -> dict[str, Any]:
-        """AdamW state, schedule position and RNG (FSDP: the optimizer state gathered, a collective)."""
+        """AdamW state, schedule position and RNG (FSDP: the optimizer state gathered into full tensors on rank 0,
+        a collective, keyed by parameter name where DDP's is by position; :meth:`_restore` reads either)."""
         if not self.cfg.update.fsdp:
             optimizer = self.optimizer.state_dict()
         else:
@@ -218,13 +241,26 @@ class TrainerWorker:
         if not isinstance(state, dict) or state.get("format") != TRAINING_STATE_FORMAT:
             got = state.get("format") if isinstance(state, dict) else type(state).__name__
             raise ValueError(f"{policy_uri}/{TRAINING_STATE_FILE}: format {got!r}, expected {TRAINING_STATE_FORMAT}")
-        if self.cfg.update.fsdp:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+        from rlcr.train.fsdp import optimizer_state_by_index, optimizer_state_by_name
 
-            set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state["optimizer"],
-                                     options=StateDictOptions(full_state_dict=True))
-        else:
-            self.optimizer.load_state_dict(state["optimizer"])
+        optimizer = state["optimizer"]
+        keys = [k for g in optimizer["param_groups"] for k in g["params"]]
+        by_name = bool(keys) and isinstance(keys[0], str)  # saved under FSDP (names) or DDP (positions)
+        try:
+            if self.cfg.update.fsdp:
+                from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+                if not by_name:
+                    optimizer = optimizer_state_by_name(optimizer, self._param_names)
+                # every rank read the full state: each keeps its own shard of it
+                set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=optimizer,
+                                         options=StateDictOptions(full_state_dict=True))
+            else:
+                if by_name:
+                    optimizer = optimizer_state_by_index(optimizer, self._param_names)
+                self.optimizer.load_state_dict(optimizer)
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise ValueError(f"{policy_uri}/{TRAINING_STATE_FILE}: cannot restore AdamW's state: {e}") from e
         self.schedule.done, self.schedule.total = int(state["schedule"]["done"]), int(state["schedule"]["total"])
         torch.set_rng_state(state["rng"]["torch"])
         return True

@@ -1,0 +1,227 @@
+"""FSDP2 in the Ray Train workers (rlcr/train/fsdp.py, docs/design.md §11, issue 78): the same update as DDP, on CPU.
+
+Two real gloo workers each way, on the same rows, through :class:`rlcr.train.trainer.PolicyTrainer` (the flow's own
+path: shard, update, weight sync, save, restore). The Ray starts are shared between the assertions (one start
+≈ 10–15 s on the 2-core machine): DDP and FSDP with the KL reference off and on; FSDP's checkpoint resumed by a
+fresh FSDP trainer; FSDP with the bf16 mixed-precision policy.
+"""
+
+import pytest
+import torch
+
+from rlcr.config import RLCRConfig
+from test_train import load_lm, make_rows, unpacked
+
+FLOAT_RTOL = 1e-4
+"""The update's loss and gradient norm across reduction orders (docs/reproducibility.md)."""
+DELTA_RTOL = 0.05
+"""The weights after an update: each tensor's change within 5% of its norm (docs/reproducibility.md)."""
+
+
+# ----------------------------------------------------------------------------- the config (no Ray)
+
+
+def test_fsdp_needs_no_gpu_and_refuses_lora_and_stray_precision_in_one_line():
+    cfg = RLCRConfig.from_dict({"update.fsdp": True, "update.num_workers": 2})
+    assert cfg.update.fsdp and not cfg.update.use_gpu and cfg.update.fsdp_param_dtype == "float32"
+    assert RLCRConfig.from_dict({"update.fsdp": True, "update.fsdp_param_dtype": "bfloat16"}).update.fsdp
+    for bad, says in (({"update.fsdp": True, "lora.enabled": True}, "lora.enabled with update.fsdp: not supported"),
+                      ({"update.fsdp_param_dtype": "bfloat16"}, "needs update.fsdp")):
+        with pytest.raises(ValueError, match=says) as e:
+            RLCRConfig.from_dict(bad)
+        assert "\n" not in str(e.value)
+
+
+def test_the_decoder_layers_are_found_or_their_absence_named(tiny_model_dir):
+    from rlcr.train.fsdp import decoder_layers
+
+    lm = load_lm(tiny_model_dir)
+    assert decoder_layers(lm) is lm.model.layers and len(lm.model.layers) == 2
+    with pytest.raises(ValueError, match=r"update.fsdp: no decoder layers found in Linear \(looked for"):
+        decoder_layers(torch.nn.Linear(2, 2))
+
+
+def test_adamw_state_converts_between_ddp_positions_and_fsdp_names(tiny_model_dir):
+    """DDP saves AdamW's state by position, FSDP (torch.distributed.checkpoint) by name: each converts into the
+    other exactly, so either resumes the other's checkpoint."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    from rlcr.train.fsdp import optimizer_state_by_index, optimizer_state_by_name
+    from rlcr.train.logprobs import CompletionLogProbs
+    from rlcr.train.update import make_optimizer
+
+    policy = CompletionLogProbs(load_lm(tiny_model_dir))
+    opt = make_optimizer(policy, RLCRConfig())
+    for p in policy.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    names = [n for n, p in policy.named_parameters() if p.requires_grad]
+    by_name = get_optimizer_state_dict(policy, opt, options=StateDictOptions(full_state_dict=True))
+    converted = optimizer_state_by_name(opt.state_dict(), names)
+    assert converted["param_groups"] == by_name["param_groups"] and converted["state"].keys() == by_name["state"].keys()
+    for name, state in by_name["state"].items():
+        for key, t in state.items():
+            assert torch.equal(converted["state"][name][key], t), (name, key)
+    back = optimizer_state_by_index(by_name, names)
+    assert back["param_groups"] == opt.state_dict()["param_groups"]
+    with pytest.raises(ValueError, match="holds 20 parameters, the model 19"):
+        optimizer_state_by_name(opt.state_dict(), names[:-1])
+
+
+# ----------------------------------------------------------------------------- Ray Train: DDP vs FSDP
+
+
+def _cfg(root, kl_coef=0.0, **update):
+    return RLCRConfig(storage={"uri": str(root)}, run={"iterations": 2},
+                      update={"num_workers": 2, "learning_rate": 1e-3, "micro_batch_tokens": 64,
+                              "mini_batches_per_epoch": 8, **update},
+                      loss={"kl_coef": kl_coef, "kl_type": "k3"})
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(ray_local, tiny_model_dir, tmp_path_factory):
+    """Four trainer starts of two workers each (≈ 20–25 s a start on the 2-core machine), on the same rows
+    (iteration 1: 14 rows in 8 mini-batches of 1–2 rows, some leaving a rank no rows, in uneven micro-batches;
+    iteration 2: 12 others):
+
+    * ``ddp``, ``fsdp``: iteration 1 from the tiny model, β = 0; FSDP then saves the training state;
+    * ``ddp_kl``, ``fsdp_kl``: both resumed from that FSDP save (DDP reading FSDP's AdamW state), iteration 2 with
+      β = 0.5 (k3) against the tiny model (the reference sharded too under FSDP); ``fsdp_kl`` first writes the
+      restored state straight back."""
+    import ray
+
+    from rlcr.train.trainer import PolicyTrainer
+
+    batches = [make_rows(n_prompts=2, g_a=2, g_c=3, seed=3)[:14], make_rows(n_prompts=2, g_a=2, g_c=2, seed=4)]
+    model, out = str(tiny_model_dir), {}
+
+    def run(name, cfg, *, policy_uri=model, restore=False, save=None, resave=None):
+        with PolicyTrainer(cfg, policy_uri=policy_uri, restore=restore, ref_uri=model) as trainer:
+            res = {"restored": trainer.restored}
+            if resave:  # the restored state written straight back, before any update
+                res["resaved"] = trainer.save(resave)
+            k = 2 if restore else 1
+            u = trainer.update(batches[k - 1], k)
+            packed = ray.get(u.weights)  # what the engines load (rlcr.models.weights.pack_weights)
+            res["update"] = (u.metrics, unpacked(packed))
+            res["packed"] = {k: type(v).__name__ for k, v in packed.items()}
+            if save:
+                res["saved"] = trainer.save(save)
+        out[name] = res
+
+    root = tmp_path_factory.mktemp("fsdp")
+    run("ddp", _cfg(root))
+    run("fsdp", _cfg(root, fsdp=True), save="runs/f/iter-0001/checkpoint")
+    saved = out["fsdp"]["saved"]
+    run("ddp_kl", _cfg(root, kl_coef=0.5), policy_uri=saved, restore=True)
+    run("fsdp_kl", _cfg(root, kl_coef=0.5, fsdp=True), policy_uri=saved, restore=True,
+        resave="runs/f/iter-0001/again")
+    return out
+
+
+def _assert_same_update(a, b, w0):
+    """Two updates of the same rows from the same state: loss and every step's gradient norm within FLOAT_RTOL,
+    each tensor's change within DELTA_RTOL of its norm."""
+    (ma, wa), (mb, wb) = a, b
+    assert ma["optimizer_steps"] == mb["optimizer_steps"] == 8 and mb["skipped_steps"] == 0
+    assert ma["world_size"] == mb["world_size"] == 2 and ma["schedule_step"] == mb["schedule_step"]
+    assert mb["loss"] == pytest.approx(ma["loss"], rel=FLOAT_RTOL)
+    for ha, hb in zip(ma["history"], mb["history"]):
+        assert hb["grad_norm"] == pytest.approx(ha["grad_norm"], rel=FLOAT_RTOL), (ha, hb)
+        assert hb["lr"] == ha["lr"] and hb["global_tokens"] == ha["global_tokens"]
+    assert wa.keys() == wb.keys() == w0.keys()
+    moved = 0.0
+    for k in w0:
+        da, db = (wa[k] - w0[k]).double(), (wb[k] - w0[k]).double()
+        assert float((da - db).norm()) <= DELTA_RTOL * max(float(da.norm()), 1e-12), k
+        moved = max(moved, float(da.abs().max()))
+    assert moved > 1e-3  # eight AdamW steps of lr 1e-3 did move the weights
+
+
+def test_fsdp_and_ddp_give_the_same_update(fsdp_runs, tiny_model_dir):
+    ddp, fsdp = fsdp_runs["ddp"]["update"], fsdp_runs["fsdp"]["update"]
+    _assert_same_update(ddp, fsdp, load_lm(tiny_model_dir).state_dict())
+    assert any(h["global_sequences"] == 1 for h in fsdp[0]["history"])  # a rank had no rows in a mini-batch
+    # the engines get the gathered weights packed as under DDP (the tied head as a reference to the embedding)
+    assert fsdp_runs["fsdp"]["packed"] == fsdp_runs["ddp"]["packed"]
+    assert fsdp_runs["fsdp"]["packed"]["lm_head.weight"] == "SameAs"
+    assert all(h["grad_norm"] > 1.0 for h in fsdp[0]["history"])  # every step clipped (at 1): the same global norm
+
+
+def test_fsdp_and_ddp_give_the_same_update_with_the_kl_reference(fsdp_runs, tiny_model_dir):
+    """β > 0 from the state FSDP saved (DDP resumes it too: AdamW's moments by name become by position)."""
+    ddp, fsdp = fsdp_runs["ddp_kl"], fsdp_runs["fsdp_kl"]
+    assert ddp["restored"] and fsdp["restored"]
+    _assert_same_update(ddp["update"], fsdp["update"], fsdp_runs["fsdp"]["update"][1])
+    kl_ddp, kl_fsdp = ([h["ref_kl"] for h in r["update"][0]["history"]] for r in (ddp, fsdp))
+    assert 0.0 < kl_fsdp[0] < kl_fsdp[-1]  # π_ref is the tiny model, one iteration behind, and left further
+    assert kl_fsdp == pytest.approx(kl_ddp, rel=1e-3)
+
+
+def test_an_fsdp_checkpoint_is_a_transformers_model_and_resumes_with_its_adamw_state(fsdp_runs, tiny_tokenizer):
+    from pathlib import Path
+
+    from rlcr.storage import COMPLETE_MARKER
+
+    fsdp, resumed = fsdp_runs["fsdp"], fsdp_runs["fsdp_kl"]
+    ckpt = Path(fsdp["saved"])
+    assert {COMPLETE_MARKER, "config.json", "model.safetensors", "tokenizer.json", "training_state.pt"} <= {
+        p.name for p in ckpt.iterdir()}
+    lm = load_lm(ckpt)  # an ordinary Hugging Face directory: the gathered full weights, the embedding tied
+    for k, v in lm.state_dict().items():
+        assert torch.equal(v, fsdp["update"][1][k]), k  # the weights the engines got after iteration 1
+    assert lm.lm_head.weight.data_ptr() == lm.model.embed_tokens.weight.data_ptr()
+    ids = tiny_tokenizer("<think>", return_tensors="pt")["input_ids"]
+    assert torch.isfinite(lm(ids).logits).all()
+
+    # the training state: AdamW's moments of every parameter, by name; restored, it is written back unchanged
+    assert resumed["restored"]
+    a, b = (torch.load(Path(d) / "training_state.pt", weights_only=False) for d in (fsdp["saved"], resumed["resaved"]))
+    assert a["schedule"] == b["schedule"] == {"done": 8, "total": 16}
+    assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
+    names = [n for n, _ in lm.named_parameters()]  # the tied lm_head once
+    assert list(a["optimizer"]["state"]) == [f"lm.{n}" for n in names]
+
+    def groups(state):
+        return [{**g, "betas": tuple(g["betas"])} for g in state["optimizer"]["param_groups"]]
+    assert groups(a) == groups(b)
+    for name, state in a["optimizer"]["state"].items():
+        assert set(state) == {"step", "exp_avg", "exp_avg_sq"} and float(state["step"]) == 8, name
+        for key, t in state.items():
+            assert torch.equal(t, b["optimizer"]["state"][name][key]), (name, key)
+    assert (Path(resumed["resaved"]) / "model.safetensors").read_bytes() == (ckpt / "model.safetensors").read_bytes()
+
+
+def test_the_bf16_mixed_precision_policy_runs_on_cpu(tiny_model_dir, tiny_tokenizer, tmp_path):
+    """``update.fsdp_param_dtype: bfloat16`` (bf16 compute, fp32 reductions and master weights) on CPU, in this
+    process as a one-rank gloo group (no Ray start): the same update as fp32 FSDP from the same weights, its loss
+    and gradient norms near fp32's, its weights fp32 and finite, moved the same way."""
+    import torch.distributed as dist
+
+    from rlcr.train.batching import prepare_samples
+    from rlcr.train.fsdp import shard
+    from rlcr.train.logprobs import CompletionLogProbs
+    from rlcr.train.update import train_update
+
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        out = {}
+        samples = prepare_samples(make_rows(n_prompts=2, g_a=2, g_c=3, seed=3), tiny_tokenizer)
+        for dtype in ("float32", "bfloat16"):
+            cfg = _cfg(tmp_path, fsdp=True, fsdp_param_dtype=dtype, num_workers=1)
+            lm = load_lm(tiny_model_dir)
+            policy = shard(CompletionLogProbs(lm), lm, param_dtype=dtype)
+            m = train_update(policy, samples, cfg, pad_id=tiny_tokenizer.pad_token_id)
+            out[dtype] = (m, {k: v.full_tensor() for k, v in lm.state_dict().items()})
+    finally:
+        dist.destroy_process_group()
+    (m32, w32), (m16, w16) = out["float32"], out["bfloat16"]
+    assert m16["optimizer_steps"] == 8 and m16["skipped_steps"] == 0
+    assert m16["loss"] == pytest.approx(m32["loss"], rel=0.01) and m16["loss"] != m32["loss"]  # bf16 did round
+    for h16, h32 in zip(m16["history"], m32["history"]):
+        assert h16["grad_norm"] == pytest.approx(h32["grad_norm"], rel=0.02)
+    assert all(v.dtype == torch.float32 and torch.isfinite(v).all() for v in w16.values())
+    w0 = load_lm(tiny_model_dir).state_dict()
+    d16, d32 = (torch.cat([(w[k] - w0[k]).double().flatten() for k in w0]) for w in (w16, w32))
+    assert float(d16 @ d32 / (d16.norm() * d32.norm())) > 0.99  # the update points the same way
