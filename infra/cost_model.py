@@ -69,6 +69,12 @@ SYNC_BW = 5e9           # B/s end to end for the in-memory sync through Ray's ob
 #                         ray.put into /dev/shm, the engine's ray.get, CPU→GPU (four full copies)
 NCCL_BW = 200e9         # B/s achieved by an intra-node NCCL broadcast over NVLink (~45% of one direction)
 
+# ----------------------------------------------------------------------------- measured here (CPU)
+FSDP_STATE_OVERHEAD = 1.00  # a worker's sharded state (params + grads + AdamW) / (DDP's ÷ workers): FSDP2 on
+#                             SmolLM2, 2 gloo workers, bench/perf/update.py --fsdp (1,026.3 of 2,052.5 MiB per
+#                             worker, ratio 0.500 on both, n = 3 rounds, 2026-12-03); layers gathered while they run
+#                             and activations are counted separately (below)
+
 
 def decode_time(m: Model, batch: int, steps: int, ctx_avg: float) -> float:
     """Seconds for `steps` decode steps of `batch` sequences whose context averages `ctx_avg` tokens.
@@ -136,7 +142,7 @@ def trainer_memory(m: Model, gpus: int) -> float:
     Korthikanti et al. 2022, attention scores not materialised), fp32 log-probs over the vocabulary at the
     tree's completion positions (the upper bound if the chunked log-softmax is not used)."""
     t = tree_tokens_per_prompt()
-    states = 16 * m.params / gpus
+    states = 16 * m.params / gpus * FSDP_STATE_OVERHEAD
     activations = 34 * m.hidden * m.layers * t
     vocab = 151936 if m is QWEN_1_5B else 152064
     logits = 4 * vocab * G_A * (A_MAX + G_C * C_MAX)
