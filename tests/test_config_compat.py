@@ -38,6 +38,7 @@ def test_a_flat_record_reads_as_the_same_settings(tmp_path):
     assert dumped["placement"].pop("engine_cpus") is None and dumped["placement"].pop("trainer_cpus") is None
     assert dumped["engine"].pop("call_timeout_s") == 7200.0  # operational: how long an engine call may take
     assert dumped["placement"].pop("trainer_keeps_memory") is True  # operational: where freed memory goes
+    assert dumped["update"].pop("fsdp_param_dtype") == "float32"  # no FSDP mixed precision (no FSDP then)
     wandb = {k: dumped["tracking"].pop(k) for k in ("wandb_project", "wandb_entity", "wandb_mode", "wandb_dir")}
     assert wandb == {"wandb_project": "rlcr", "wandb_entity": None, "wandb_mode": None,
                      "wandb_dir": None}  # operational: W&B's settings, unused unless tracking.backend names it
