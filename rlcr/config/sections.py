@@ -359,8 +359,8 @@ class UpdateSection(Section):
     """Train on GPUs (NCCL) instead of CPUs (gloo); the engines then run on GPUs too."""
     fsdp: bool = changes(False)
     """Shard the update with FSDP2 (``fully_shard`` on each decoder layer and the root; the β > 0 reference too:
-    ``rlcr/train/fsdp.py``) instead of DDP: each worker keeps 1/``update.num_workers`` of the weights, gradients and AdamW
-    moments instead of all of them. On CPUs (gloo) or GPUs (NCCL). The same update as DDP (objective, masks,
+    ``rlcr/train/fsdp.py``) instead of DDP: each worker keeps 1/``update.num_workers`` of the weights, gradients and
+    AdamW moments instead of all of them. On CPUs (gloo) or GPUs (NCCL). The same update as DDP (objective, masks,
     micro-batches, global-norm clipping, LR schedule; tested on CPU: loss and gradient norm within 1e-4, weights
     within float tolerance): changes results by floating-point reduction order only. Checkpoints stay ordinary
     Hugging Face directories (gathered on rank 0) and a training state saved under either resumes under the other.
