@@ -36,11 +36,7 @@ def test_the_command_ends_with_its_code_after_its_threads_and_exit_handlers(tmp_
     assert not (tmp_path / "mark.after").exists()
 
 
-def test_systemexits_other_codes_are_kept():
-    import tempfile
-    from pathlib import Path
-
-    with tempfile.TemporaryDirectory() as tmp:
-        assert _run(Path(tmp), "None").returncode == 0
-        res = _run(Path(tmp), "'config error: x'")
-        assert res.returncode == 1 and res.stderr.strip().endswith("config error: x")
+def test_systemexits_other_codes_are_kept(tmp_path):
+    assert _run(tmp_path, "None").returncode == 0
+    res = _run(tmp_path, "'config error: x'")
+    assert res.returncode == 1 and res.stderr.strip().endswith("config error: x")

@@ -68,4 +68,4 @@ def end_process(code: int | str | None) -> NoReturn:
             stream.flush()
         except (OSError, ValueError):  # closed, or a pipe whose reader is gone
             pass
-    os._exit(status & 0xFF if status >= 0 else 1)
+    os._exit(status & 0xFF)  # what the OS keeps of an exit status, as for sys.exit

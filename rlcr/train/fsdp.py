@@ -92,14 +92,11 @@ def is_sharded(module: nn.Module | None) -> bool:
 
 def gradient_sync(module: nn.Module, last: bool):
     """The context of one micro-batch's backward. DDP: ``no_sync()`` but for the last micro-batch (the gradient is
-    all-reduced once, accumulated locally before). FSDP2: every micro-batch's gradient is reduce-scattered as it is
-    made and accumulated in the sharded gradient (``set_requires_gradient_sync(True)``, its default) — skipping the
-    sync would accumulate full, unsharded gradients on every rank, the memory FSDP exists to save; the sum is the
-    same either way up to float order."""
-    if is_sharded(module):
-        module.set_requires_gradient_sync(True)
-        return contextlib.nullcontext()
-    if last or not hasattr(module, "no_sync"):
+    all-reduced once, accumulated locally before). FSDP2 (no ``no_sync``): every micro-batch's gradient is
+    reduce-scattered as it is made and accumulated in the sharded gradient (its default) — skipping the sync would
+    accumulate full, unsharded gradients on every rank, the memory FSDP exists to save; the sum is the same either
+    way up to float order."""
+    if last or is_sharded(module) or not hasattr(module, "no_sync"):
         return contextlib.nullcontext()
     return module.no_sync()
 

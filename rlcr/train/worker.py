@@ -243,10 +243,10 @@ class TrainerWorker:
             raise ValueError(f"{policy_uri}/{TRAINING_STATE_FILE}: format {got!r}, expected {TRAINING_STATE_FORMAT}")
         from rlcr.train.fsdp import optimizer_state_by_index, optimizer_state_by_name
 
-        optimizer = state["optimizer"]
-        keys = [k for g in optimizer["param_groups"] for k in g["params"]]
-        by_name = bool(keys) and isinstance(keys[0], str)  # saved under FSDP (names) or DDP (positions)
+        optimizer = state.get("optimizer")
         try:
+            keys = [k for g in optimizer["param_groups"] for k in g["params"]]
+            by_name = bool(keys) and isinstance(keys[0], str)  # saved under FSDP (names) or DDP (positions)
             if self.cfg.update.fsdp:
                 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
@@ -259,7 +259,7 @@ class TrainerWorker:
                 if by_name:
                     optimizer = optimizer_state_by_index(optimizer, self._param_names)
                 self.optimizer.load_state_dict(optimizer)
-        except (ValueError, KeyError, RuntimeError) as e:
+        except (ValueError, KeyError, TypeError, RuntimeError) as e:
             raise ValueError(f"{policy_uri}/{TRAINING_STATE_FILE}: cannot restore AdamW's state: {e}") from e
         self.schedule.done, self.schedule.total = int(state["schedule"]["done"]), int(state["schedule"]["total"])
         torch.set_rng_state(state["rng"]["torch"])
