@@ -3,8 +3,6 @@ docs/update-performance.md "On a GPU (H100)")."""
 
 import sys
 
-import pytest
-
 from conftest import load_bench
 
 TINY = ["--model", "tiny", "--prompts", "1", "--ga", "2", "--gc", "1", "--prompt-len", "20", "--answer-len", "10",
@@ -29,19 +27,20 @@ def test_cpu_path_with_the_new_flags(monkeypatch, capsys):
     assert out.strip().splitlines()[-1].startswith("update/matmul GFLOP/s: ")
 
 
-def test_bf16_is_refused_on_cpu(monkeypatch):
-    with pytest.raises(SystemExit):
-        _main(monkeypatch, [*TINY, "--dtypes", "fp32,bf16"])
+def test_bf16_runs_on_cpu_side_by_side_with_fp32(monkeypatch, capsys):
+    """``--dtypes fp32,bf16`` on CPU: the update under ``update.autocast`` off and bfloat16, checked against each
+    other first; the last line is the bf16/fp32 speed ratio."""
+    _main(monkeypatch, [*TINY, "--dtypes", "fp32,bf16", "--settings", "new", "--check"])
+    out = capsys.readouterr().out
+    assert "update dtypes fp32,bf16, CPU bf16 instructions" in out
+    assert "check bf16 vs fp32: loss rel diff" in out and "new/bf16" in out.split("round 1/1", 1)[1]
+    assert out.strip().splitlines()[-1].startswith("update bf16/fp32 speed: ")
 
 
-def test_autocast_off_restores_the_update():
+def test_each_dtype_is_the_updates_own_setting():
     bench = _bench()
-    import rlcr.train.update as update
-
-    saved = update._autocast
-    with bench.autocast_off():
-        assert update._autocast is not saved
-    assert update._autocast is saved
+    assert bench.dtype_config({}, "fp32").update.autocast == "off"
+    assert bench.dtype_config({}, "bf16").update.autocast == "bfloat16"
 
 
 def test_the_lora_setting_runs_beside_full_fine_tuning(monkeypatch, capsys):

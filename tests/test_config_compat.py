@@ -39,6 +39,8 @@ def test_a_flat_record_reads_as_the_same_settings(tmp_path):
     assert dumped["engine"].pop("call_timeout_s") == 7200.0  # operational: how long an engine call may take
     assert dumped["placement"].pop("trainer_keeps_memory") is True  # operational: where freed memory goes
     assert dumped["update"].pop("fsdp_param_dtype") == "float32"  # no FSDP mixed precision (no FSDP then)
+    assert dumped["update"].pop("autocast") == "auto"  # bf16 autocast on a GPU, fp32 on CPU, as then
+    assert dumped["engine"].pop("sync_bucket_mib") == 512.0  # operational: how the weight sync is cut
     wandb = {k: dumped["tracking"].pop(k) for k in ("wandb_project", "wandb_entity", "wandb_mode", "wandb_dir")}
     assert wandb == {"wandb_project": "rlcr", "wandb_entity": None, "wandb_mode": None,
                      "wandb_dir": None}  # operational: W&B's settings, unused unless tracking.backend names it

@@ -71,8 +71,8 @@ def test_adamw_state_converts_between_ddp_positions_and_fsdp_names(tiny_model_di
 # ----------------------------------------------------------------------------- Ray Train: DDP vs FSDP
 
 
-def _cfg(root, kl_coef=0.0, **update):
-    return RLCRConfig(storage={"uri": str(root)}, run={"iterations": 2},
+def _cfg(root, kl_coef=0.0, engine=None, **update):
+    return RLCRConfig(storage={"uri": str(root)}, run={"iterations": 2}, engine=engine or {},
                       update={"num_workers": 2, "learning_rate": 1e-3, "micro_batch_tokens": 64,
                               "mini_batches_per_epoch": 8, **update},
                       loss={"kl_coef": kl_coef, "kl_type": "k3"})
@@ -88,7 +88,6 @@ def fsdp_runs(ray_local, tiny_model_dir, tmp_path_factory):
     * ``ddp_kl``, ``fsdp_kl``: both resumed from that FSDP save (DDP reading FSDP's AdamW state), iteration 2 with
       β = 0.5 (k3) against the tiny model (the reference sharded too under FSDP); ``fsdp_kl`` first writes the
       restored state straight back."""
-    import ray
 
     from rlcr.train.trainer import PolicyTrainer
 
@@ -102,7 +101,7 @@ def fsdp_runs(ray_local, tiny_model_dir, tmp_path_factory):
                 res["resaved"] = trainer.save(resave)
             k = 2 if restore else 1
             u = trainer.update(batches[k - 1], k)
-            packed = ray.get(u.weights)  # what the engines load (rlcr.models.weights.pack_weights)
+            packed = u.weights.resolve()  # what the engines load (rlcr.models.weights.WeightBuckets)
             res["update"] = (u.metrics, unpacked(packed))
             res["packed"] = {k: type(v).__name__ for k, v in packed.items()}
             if save:
@@ -111,7 +110,8 @@ def fsdp_runs(ray_local, tiny_model_dir, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("fsdp")
     run("ddp", _cfg(root))
-    run("fsdp", _cfg(root, fsdp=True), save="runs/f/iter-0001/checkpoint")
+    # FSDP's weight sync in buckets of ~100 KB: each weight gathered from its shards as it goes (the tiny model: 1.4 MB)
+    run("fsdp", _cfg(root, fsdp=True, engine={"sync_bucket_mib": 0.1}), save="runs/f/iter-0001/checkpoint")
     saved = out["fsdp"]["saved"]
     run("ddp_kl", _cfg(root, kl_coef=0.5), policy_uri=saved, restore=True)
     run("fsdp_kl", _cfg(root, kl_coef=0.5, fsdp=True), policy_uri=saved, restore=True,
@@ -142,8 +142,13 @@ def test_fsdp_and_ddp_give_the_same_update(fsdp_runs, tiny_model_dir):
     ddp, fsdp = fsdp_runs["ddp"]["update"], fsdp_runs["fsdp"]["update"]
     _assert_same_update(ddp, fsdp, load_lm(tiny_model_dir).state_dict())
     assert any(h["global_sequences"] == 1 for h in fsdp[0]["history"])  # a rank had no rows in a mini-batch
-    # the engines get the gathered weights packed as under DDP (the tied head as a reference to the embedding)
+    # the engines get the gathered weights packed as under DDP (the tied head as a reference to the embedding),
+    # from FSDP a bucket at a time: rank 0 never held more than a bucket of ~100 KB and one layer (0.6 MB)
     assert fsdp_runs["fsdp"]["packed"] == fsdp_runs["ddp"]["packed"]
+    assert ddp[0]["weights_buckets"] == 1 and fsdp[0]["weights_buckets"] >= 3
+    layer = max(sum(p.numel() * 4 for p in m.parameters()) for m in load_lm(tiny_model_dir).model.layers)
+    assert fsdp[0]["weights_bytes"] == ddp[0]["weights_bytes"] == ddp[0]["weights_bucket_max_bytes"]
+    assert fsdp[0]["weights_bucket_max_bytes"] <= 0.1 * 2 ** 20 + layer < fsdp[0]["weights_bytes"]
     assert fsdp_runs["fsdp"]["packed"]["lm_head.weight"] == "SameAs"
     assert all(h["grad_norm"] > 1.0 for h in fsdp[0]["history"])  # every step clipped (at 1): the same global norm
 

@@ -484,7 +484,6 @@ def unpacked(weights) -> dict[str, torch.Tensor]:
 def continuous_trainer(ray_local, tiny_model_dir, tmp_path_factory):
     """Three iterations on one long-lived trainer (state saved after 2), and iteration 3 again on a trainer
     restored from that save (what a resume does)."""
-    import ray
 
     from rlcr.train.trainer import PolicyTrainer
 
@@ -504,10 +503,10 @@ def continuous_trainer(ray_local, tiny_model_dir, tmp_path_factory):
         background = trainer.saved()
         with pytest.raises(RuntimeError, match="no background save"):
             trainer.saved()
-        straight = unpacked(ray.get(third.weights))
+        straight = unpacked(third.weights.resolve())
     with PolicyTrainer(cfg, policy_uri=saved, restore=True) as restored:
         again = restored.update(batches[2], 3)
-        resumed = unpacked(ray.get(again.weights))
+        resumed = unpacked(again.weights.resolve())
         was_restored = restored.restored
     return cfg, batches, first, third, again, straight, resumed, saved, was_restored, background, started_with
 

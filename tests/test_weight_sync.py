@@ -113,6 +113,57 @@ def test_update_back_to_a_gives_a_samples(pool, tiny_model_dir, model_b, samples
         sample_answers(pool, "policy-b")
 
 
+def test_layer_keys_cut_buckets_between_decoder_layers_only():
+    from rlcr.models.weights import layer_key
+
+    assert layer_key("model.layers.12.self_attn.q_proj.weight") == "model.layers.12"
+    assert layer_key("transformer.h.3.mlp.c_fc.weight") == "transformer.h.3"
+    assert layer_key("model.embed_tokens.weight") == layer_key("lm_head.weight") == ""
+
+
+def test_weights_in_buckets_load_as_one_update(pool, tiny_model_dir, model_b, samples_a, restore_a):
+    """The trainer's weights a bounded bucket at a time (rlcr.models.weights.BucketWriter, ``engine.sync_bucket_mib``):
+    whole decoder layers per bucket, none over the limit by more than one layer; the engines load them as one
+    update and sample exactly as from the same weights in one piece. A weight in two buckets is refused and the
+    engine keeps its weights."""
+    import ray
+
+    from rlcr.models.weights import BucketWriter, layer_key
+
+    weights = read_checkpoint_weights(model_b)
+    pool.update_weights(weights, "b-whole")
+    whole = sample_answers(pool, "b-whole")
+    assert whole != samples_a
+    layer_bytes = {}
+    for name, t in weights.items():
+        layer_bytes[layer_key(name)] = layer_bytes.get(layer_key(name), 0) + t.numel() * t.element_size()
+    limit = 40_000
+    writer = BucketWriter(limit)
+    for name, t in weights.items():
+        writer.add(name, t)
+    buckets = writer.close()
+    assert len(buckets.refs) >= 3 and buckets.tensors == len(weights)
+    assert buckets.bytes == sum(layer_bytes.values()) and buckets.largest <= limit + max(layer_bytes.values())
+    seen = {}
+    for k, bucket in enumerate(ray.get(buckets.refs)):
+        for name in bucket:
+            assert seen.setdefault(layer_key(name), k) == k or layer_key(name) == "", name  # a layer in one bucket
+    pool.load(str(tiny_model_dir))
+    info = pool.update_weights(buckets, "b-buckets")
+    assert info[0]["buckets"] == len(buckets.refs) and info[0]["tensors"] == len(weights)
+    assert sample_answers(pool, "b-buckets") == whole
+
+    first = next(iter(weights))
+    twice = BucketWriter(limit)
+    twice.add(first, weights[first])
+    twice._flush()
+    for name, t in weights.items():
+        twice.add(name, t)
+    with pytest.raises(Exception, match="in two buckets"):
+        pool.update_weights(twice.close(), "b-twice")
+    assert sample_answers(pool, "b-buckets") == whole
+
+
 def test_released_engines_restart_with_the_new_weights(pool, tiny_model_dir, model_b, samples_a, restore_a):
     """engine_release_during_update: release() stops the engines (their memory is freed, their names gone);
     the weight sync starts them again from the frame and samples exactly as the running engine did."""

@@ -25,13 +25,14 @@ GFLOP/s = 6 × parameters (all of them, the tied embedding once) × prefix-tree 
 model processes, every micro-batch's) / wall seconds of the step. Other processes share this CPU:
 the median over rounds and the per-round ratio to the matmul of the same round are the robust figures.
 
-On a GPU (``--device cuda``) the update runs as the trainer runs it there (:mod:`rlcr.train.worker`: fp32
-master weights moved to the device): ``--dtypes bf16`` is that path itself, the update's own bf16 autocast
-(:func:`rlcr.train.update._autocast`, which the code turns on for every CUDA device that supports bf16);
-``fp32`` is the same update with that autocast switched off (the reference; the code has no setting for it).
-``model.dtype`` in the config is the rollout engines' dtype (:func:`rlcr.models.weights.resolve_dtype`), not the
-update's. The matmul peak is then measured on the same device in each dtype (8192³), with CUDA synchronised
-around every timing, and ``--check`` compares one step of each dtype from the same weights on the same batch.
+``--dtypes fp32,bf16`` runs each setting under ``update.autocast: off`` (fp32) and ``update.autocast: bfloat16``
+(bf16 autocast over the fp32 master weights: :func:`rlcr.train.update._autocast`) side by side, on either device.
+On a GPU (``--device cuda``) the update runs as the trainer runs it there (:mod:`rlcr.train.worker`: fp32 master
+weights moved to the device; ``auto`` is bf16 there). On a CPU bf16 pays only with bf16 instructions (the first line
+says whether this CPU has them: :func:`rlcr.train.throughput.cpu_has_bf16`). ``model.dtype`` in the config is the
+rollout engines' dtype (:func:`rlcr.models.weights.resolve_dtype`), not the update's. The matmul peak is measured
+on the same device in each dtype (8192³ on CUDA, 2048³ on CPU), with CUDA synchronised around every timing, and
+``--check`` compares one step of each dtype from the same weights on the same batch.
 ``--model`` builds a random-init model of a known shape instead of SmolLM2 (nothing is downloaded; the
 speed depends on the shape only).
 
@@ -46,11 +47,12 @@ rank's). The last lines are ``fsdp_time_ratio: <median per-round FSDP/DDP second
 ``fsdp_state_ratio: <FSDP/DDP state bytes of the worker holding most>``.
 
 Run from the repo root:  python bench/perf/update.py [--repeats 4] [--micro-batch-tokens 2048] [--profile]
+                         [--dtypes fp32,bf16 --settings new --check]   (a CPU with avx512_bf16)
                          [--device cuda --dtypes fp32,bf16 --model qwen2.5-1.5b --settings new --check]
                          [--device cuda --dtypes bf16 --model qwen2.5-1.5b --settings new --lora]
                          [--fsdp --workers 2 --repeats 3]
-The last line is ``update/matmul GFLOP/s: <ratio>`` (the new settings' median per-round ratio; with several
-dtypes, the last dtype's, against the matmul of that dtype).
+The last line is ``update/matmul GFLOP/s: <ratio>`` (the new settings' median per-round ratio); with two dtypes
+``update bf16/fp32 speed: <the new setting's median per-round fp32/bf16 time ratio>``.
 """
 
 import argparse
@@ -65,10 +67,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import torch  # noqa: E402
 
 import rlcr.train.logprobs as update_mod  # noqa: E402 - CompletionLogProbs calls its token_logprobs
-import rlcr.train.update as train_update_mod  # noqa: E402 - micro_batch_loss calls its _autocast
+import rlcr.train.update as train_update_mod  # noqa: E402 - the plain step uses its _autocast
 from rlcr.config import RLCRConfig  # noqa: E402
 from rlcr.train.batching import Sample, collate  # noqa: E402
 from rlcr.train.logprobs import CompletionLogProbs  # noqa: E402
+from rlcr.train.throughput import cpu_has_bf16  # noqa: E402
 from rlcr.train.update import make_optimizer, train_update  # noqa: E402
 
 
@@ -135,20 +138,14 @@ def old_logprobs():
         update_mod.token_logprobs = saved
 
 
-@contextlib.contextmanager
-def autocast_off():
-    """The update with its CUDA bf16 autocast switched off: fp32 throughout (the GPU reference)."""
-    saved = train_update_mod._autocast
-    train_update_mod._autocast = lambda device: contextlib.nullcontext()
-    try:
-        yield
-    finally:
-        train_update_mod._autocast = saved
+AUTOCAST = {"fp32": "off", "bf16": "bfloat16"}
+"""Each ``--dtypes`` entry as the setting the update runs under (``update.autocast``): fp32 = autocast off, bf16 =
+bf16 autocast over the fp32 master weights (what ``auto`` picks on a GPU; on a CPU, the documented option)."""
 
 
-def dtype_context(dtype: str):
-    """``bf16``: the update as the code runs it (its own autocast); ``fp32``: autocast off."""
-    return contextlib.nullcontext() if dtype == "bf16" else autocast_off()
+def dtype_config(extra: dict, dtype: str, **update) -> RLCRConfig:
+    """The benchmark's config for one dtype: ``extra`` (dotted overrides), a tiny learning rate, ``update.autocast``."""
+    return RLCRConfig.from_dict({**extra, "update": {"learning_rate": 1e-7, "autocast": AUTOCAST[dtype], **update}})
 
 
 # ----------------------------------------------------------------------------- models
@@ -218,7 +215,7 @@ def _timed(fn, device: str = "cpu") -> float:
     return time.perf_counter() - t
 
 
-def check_dtypes(lm, policy, samples, trees, cfg, pad_id, dtypes, device) -> None:
+def check_dtypes(lm, policy, samples, trees, cfgs, pad_id, dtypes, device) -> None:
     """One update step per dtype from the same weights on the same batch: the loss, the gradient norm, the
     masked tokens' log-probs (no grad, before the step), and whether every weight is finite after it."""
     from rlcr.train.batching import collate_prefix_tree
@@ -228,13 +225,13 @@ def check_dtypes(lm, policy, samples, trees, cfg, pad_id, dtypes, device) -> Non
     for dt in dtypes:
         lm.load_state_dict(init)
         logps = []
-        with torch.no_grad(), dtype_context(dt):
+        cfg = cfgs[dt]
+        with torch.no_grad():
             for t in trees:
                 mb = collate_prefix_tree(t, pad_id).to(device)
-                with train_update_mod._autocast(torch.device(device)):
+                with train_update_mod._autocast(torch.device(device), cfg.update.autocast):
                     logps.append(policy(**mb.model_inputs())[0].float())
-        with dtype_context(dt):
-            m = train_update(policy, samples, cfg, pad_id=pad_id, optimizer=make_optimizer(lm, cfg))
+        m = train_update(policy, samples, cfg, pad_id=pad_id, optimizer=make_optimizer(lm, cfg))
         finite = all(bool(torch.isfinite(p).all()) for p in lm.parameters())
         res[dt] = {"logp": torch.cat(logps), "loss": m["loss"], "grad_norm": m["grad_norm"], "finite": finite,
                    "steps": m["optimizer_steps"]}
@@ -326,12 +323,14 @@ def summarize(times, peaks, dtype_of, settings, dtypes, flop: float, masked: int
     return ratios
 
 
-def lora_step(args, samples, pad_id, extra):
-    """The ``lora`` setting's step: ``train_update`` on a second copy of the model (same seed) with adapters."""
+def lora_steps(args, samples, pad_id, extra, dtypes):
+    """The ``lora`` setting's step per dtype: ``train_update`` on a second copy of the model (same seed) with
+    adapters, one AdamW shared by the dtypes."""
     from rlcr.train.lora import wrap_lora
 
-    cfg = RLCRConfig.from_dict({**extra, "update": {"learning_rate": 1e-7},
-                                "lora": {"enabled": True, "rank": args.lora_rank, "alpha": 2.0 * args.lora_rank}})
+    lora = {"lora": {"enabled": True, "rank": args.lora_rank, "alpha": 2.0 * args.lora_rank}}
+    cfgs = {dt: dtype_config({**extra, **lora}, dt) for dt in dtypes}
+    cfg = cfgs[dtypes[0]]
     lm, _, _, _ = build_model(args.model, args.device, args.seed)
     torch.manual_seed(args.seed)
     peft_model = wrap_lora(lm, cfg)
@@ -340,8 +339,8 @@ def lora_step(args, samples, pad_id, extra):
     trainable = sum(p.numel() for group in opt.param_groups for p in group["params"])
     print(f"lora: rank {args.lora_rank}, {trainable / 1e6:.2f}M trainable parameters (adapters) in AdamW")
 
-    def step():
-        m = train_update(policy, samples, cfg, pad_id=pad_id, optimizer=opt)
+    def step(dt):
+        m = train_update(policy, samples, cfgs[dt], pad_id=pad_id, optimizer=opt)
         assert m["optimizer_steps"] == 1, m
     return step
 
@@ -367,7 +366,8 @@ def parse_args():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--dtypes", default=None,
-                    help="comma-separated fp32, bf16 (bf16: the update's CUDA autocast; CUDA only); default: fp32")
+                    help="comma-separated fp32, bf16 (update.autocast off / bfloat16; bf16 on a CPU needs bf16 "
+                         "instructions to pay); default: fp32")
     ap.add_argument("--model", default="smollm2", choices=["smollm2", *RANDOM_SHAPES],
                     help="smollm2 (its weights) or a random-init model of that shape")
     ap.add_argument("--matmul-n", type=int, default=None, help="the matmul's size (default 2048 on CPU, 8192 on cuda)")
@@ -381,8 +381,6 @@ def parse_args():
     dtypes = [d for d in (args.dtypes or "fp32").split(",") if d]
     if not dtypes or any(d not in ("fp32", "bf16") for d in dtypes):
         ap.error(f"--dtypes takes fp32 and/or bf16, got {args.dtypes!r}")
-    if "bf16" in dtypes and args.device != "cuda":
-        ap.error("bf16 is the update's CUDA path (rlcr.train.update._autocast); on CPU the update runs in fp32")
     if args.fsdp and (args.device != "cpu" or dtypes != ["fp32"] or args.workers < 2):
         ap.error("--fsdp runs fp32 on CPU (gloo) with --workers >= 2")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -504,7 +502,8 @@ def main() -> None:
     samples = make_samples(args.prompts, args.ga, args.gc, prompt_len=args.prompt_len, answer_len=args.answer_len,
                            query_len=args.query_len, confidence_len=args.confidence_len, vocab=vocab, seed=args.seed)
     extra = {} if args.micro_batch_tokens is None else {"update.micro_batch_tokens": args.micro_batch_tokens}
-    cfg = RLCRConfig.from_dict({**extra, "update": {"learning_rate": 1e-7}})
+    cfgs = {dt: dtype_config(extra, dt) for dt in dtypes}
+    cfg = cfgs[dtypes[0]]
     budget = cfg.update.micro_batch_tokens
     params = sum(p.numel() for p in lm.parameters())
     trees = pack_prefix_trees(samples, budget)
@@ -513,7 +512,8 @@ def main() -> None:
     masked = sum(s.masked_tokens for s in samples)
     where = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}" if args.device == "cuda" else
              f"torch threads {torch.get_num_threads()} (os.cpu_count {os.cpu_count()})")
-    print(f"model {model_label}, fp32 weights on {args.device}, update dtypes {','.join(dtypes)}, "
+    bf16_cpu = "" if args.device == "cuda" or "bf16" not in dtypes else f", CPU bf16 instructions {cpu_has_bf16()}"
+    print(f"model {model_label}, fp32 weights on {args.device}, update dtypes {','.join(dtypes)}{bf16_cpu}, "
           f"{params / 1e6:.1f}M parameters, {where}, {len(samples)} samples ({args.prompts} prompts x G_a={args.ga} x "
           f"G_c={args.gc}), micro_batch_tokens {budget}")
     print(f"tokens: {sum(s.length for s in samples)} in the samples, {tree_tokens} in {len(trees)} prefix trees "
@@ -527,30 +527,33 @@ def main() -> None:
                                        weight_decay=cfg.update.weight_decay, betas=tuple(cfg.update.adam_betas))}
 
     if args.check:
-        check_dtypes(lm, new_policy, samples, trees, cfg, pad_id, dtypes, args.device)
+        check_dtypes(lm, new_policy, samples, trees, cfgs, pad_id, dtypes, args.device)
 
-    def step_new():
-        m = train_update(new_policy, samples, cfg, pad_id=pad_id, optimizer=opts["new"])
+    def step_new(dt):
+        m = train_update(new_policy, samples, cfgs[dt], pad_id=pad_id, optimizer=opts["new"])
         assert m["optimizer_steps"] == 1, m
 
-    def step_old():
+    def step_old(dt):
         with old_logprobs():
-            m = train_update(old_policy, samples, cfg, pad_id=pad_id, optimizer=opts["old"])
+            m = train_update(old_policy, samples, cfgs[dt], pad_id=pad_id, optimizer=opts["old"])
         assert m["optimizer_steps"] == 1, m
 
-    base = {"old": step_old, "new": step_new, "plain": lambda: run_plain(lm, samples, cfg, pad_id, opts["plain"])}
+    def step_plain(dt):
+        with train_update_mod._autocast(torch.device(args.device), cfgs[dt].update.autocast):
+            run_plain(lm, samples, cfg, pad_id, opts["plain"])
+
+    base = {"old": step_old, "new": step_new, "plain": step_plain}
     settings = ([n for n in args.settings.split(",") if n]
                 + (["plain"] if args.plain and "plain" not in args.settings else []))
     if args.lora or "lora" in settings:
-        base["lora"] = lora_step(args, samples, pad_id, extra)
+        base["lora"] = lora_steps(args, samples, pad_id, extra, dtypes)
         settings += [] if "lora" in settings else ["lora"]
     # one AdamW per setting, shared by its dtypes (same state shapes; a GPU holds one set of moments less)
     multi = len(dtypes) > 1
 
     def in_dtype(fn, dt):
         def run():
-            with dtype_context(dt):
-                fn()
+            fn(dt)
         return run
 
     fns = {(f"{s}/{dt}" if multi else s): in_dtype(base[s], dt) for dt in dtypes for s in settings}
@@ -573,6 +576,9 @@ def main() -> None:
     headline = f"new/{dtypes[-1]}" if multi else "new"
     if headline in ratios:
         print(f"update/matmul GFLOP/s: {ratios[headline]:.2f}")
+    if multi and "new" in settings:  # the headline: how much faster the last dtype runs the update
+        per_round = [a / b for a, b in zip(times[f"new/{dtypes[0]}"], times[f"new/{dtypes[-1]}"])]
+        print(f"update {dtypes[-1]}/{dtypes[0]} speed: {statistics.median(per_round):.2f}")
 
 
 if __name__ == "__main__":

@@ -42,6 +42,11 @@ class EngineSection(Section):
     copies them into the running engine from Ray's object store (no checkpoint on the artifact store; the
     engine's own post-load processing re-runs so CPU-prepacked weights are exact); ``recreate`` rebuilds the
     engine in its process from the weights (the fallback: seconds, not milliseconds); ``auto``: ``inplace``."""
+    sync_bucket_mib: float = operational(512.0, gt=0.0)
+    """The weight sync's bucket: the trainer puts the new weights into Ray's object store this many MiB at a time
+    (whole decoder layers; a bucket may pass it by one layer), so the worker that gathers them holds one bucket,
+    not a second full model (under ``update.fsdp``: each weight gathered from its shards as it goes). Operational:
+    the engines load the same weights however they are cut."""
     release_during_update: bool = operational(False)
     """Stop the engines while the trainer updates and start them again for the weight sync (from ``model.name``'s
     files, then the new weights in place): frees the engines' memory (weights and KV cache: most of a GPU at

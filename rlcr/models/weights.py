@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 __all__ = [
     "has_gpu", "resolve_dtype", "WeightSpec", "checkpoint_weight_spec", "read_checkpoint_weights", "read_frame",
     "frame_id", "SameAs", "Bfloat16Bits", "pack_weights", "check_weights", "load_weights_in_place",
-    "write_checkpoint", "fused_groups", "to_tensor"]
+    "write_checkpoint", "fused_groups", "to_tensor", "layer_key", "WeightBuckets", "BucketWriter"]
 
 
 def has_gpu() -> bool:
@@ -161,6 +161,89 @@ def pack_weights(state_dict: Mapping[str, Any]) -> dict[str, Any]:
                     t = t.numpy()
         packed[name] = t
     return packed
+
+
+def layer_key(name: str) -> str:
+    """The decoder layer a weight belongs to: its name up to the first numeric part (``model.layers.3`` of
+    ``model.layers.3.self_attn.q_proj.weight``); ``""`` for weights outside the layers (embedding, final norm).
+    A weight bucket ends only where this changes, so a layer's fused groups (q/k/v, gate/up) travel together."""
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return ""
+
+
+@dataclass
+class WeightBuckets:
+    """The trainer's new weights in Ray's object store, a bucket per ref (:class:`BucketWriter`): each a
+    :func:`pack_weights` dict of whole decoder layers, so that the worker that gathers them (rank 0) never holds
+    more than one bucket besides its own copy (under FSDP: its shard). The engines resolve them all (zero-copy
+    from shared memory) and load them as one update."""
+
+    refs: list
+    tensors: int = 0
+    bytes: int = 0
+    largest: int = 0  # bytes of the largest bucket
+
+    def resolve(self) -> dict[str, Any]:
+        """The packed state dict of all buckets (:func:`pack_weights`' form; numpy arrays read zero-copy)."""
+        import ray
+
+        merged: dict[str, Any] = {}
+        for bucket in ray.get(list(self.refs)):
+            if not isinstance(bucket, Mapping):
+                raise ValueError(f"weights: a bucket is a {type(bucket).__name__}, expected a dict of name → tensor")
+            repeated = sorted(set(merged) & set(bucket))
+            if repeated:
+                raise ValueError(f"weights: parameter(s) {repeated[:5]} in two buckets")
+            merged.update(bucket)
+        return merged
+
+
+class BucketWriter:
+    """Collects ``(name, tensor or SameAs)`` one at a time into buckets of at least ``limit_bytes`` (a bucket ends
+    between decoder layers only: :func:`layer_key`), each put into Ray's object store as it closes (in ``dtype``,
+    packed by :func:`pack_weights`). :meth:`close` returns the :class:`WeightBuckets`. A bucket holds at most
+    ``limit_bytes`` plus one layer."""
+
+    def __init__(self, limit_bytes: int, dtype=None):
+        self.limit, self.dtype = int(limit_bytes), dtype
+        self._bucket: dict[str, Any] = {}
+        self._size = 0
+        self._layer: str | None = None
+        self.out = WeightBuckets(refs=[])
+
+    def add(self, name: str, tensor) -> None:
+        import torch
+
+        key = layer_key(name)
+        if self._bucket and key != self._layer and self._size >= self.limit:
+            self._flush()
+        self._layer = key
+        if isinstance(tensor, SameAs):  # a tied weight: its twin's name (in this bucket or an earlier one)
+            self._bucket[name] = tensor
+            return
+        t = tensor.detach()
+        if self.dtype is not None and torch.is_floating_point(t) and t.dtype != self.dtype:
+            t = t.to(self.dtype)
+        self._bucket[name] = t
+        self._size += t.numel() * t.element_size()
+
+    def _flush(self) -> None:
+        import ray
+
+        if not self._bucket:
+            return
+        self.out.refs.append(ray.put(pack_weights(self._bucket)))
+        self.out.tensors += len(self._bucket)
+        self.out.bytes += self._size
+        self.out.largest = max(self.out.largest, self._size)
+        self._bucket, self._size = {}, 0
+
+    def close(self) -> WeightBuckets:
+        self._flush()
+        return self.out
 
 
 def to_tensor(name: str, value):

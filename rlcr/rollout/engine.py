@@ -39,6 +39,7 @@ from typing import Any, Mapping, Sequence
 
 from rlcr.models.adapters import AdapterUpdate
 from rlcr.models.weights import (
+    WeightBuckets,
     check_weights,
     checkpoint_weight_spec,
     frame_id,
@@ -227,6 +228,9 @@ class RolloutEngine:
         t0 = time.perf_counter()
         mode = self._mode(mode)
         details = {}
+        if isinstance(weights, WeightBuckets):  # the trainer's buckets: resolved here, zero-copy, as one update
+            details["buckets"] = len(weights.refs)
+            weights = weights.resolve()
         if isinstance(weights, AdapterUpdate):  # LoRA: merge into the base, load the layers it touches
             tensors = check_weights(self._merged_layers(weights), self.weight_spec, partial=True)
             if mode != "inplace":
@@ -400,15 +404,15 @@ class EnginePool:
     def update_weights(self, weights, version: str, *, mode: str | None = None) -> list[dict]:
         """Every engine takes the trainer's weights as policy ``version`` (:meth:`RolloutEngine.update_weights`).
 
-        ``weights``: an ObjectRef of a state dict (best of :func:`~rlcr.models.weights.pack_weights`: numpy arrays are
-        read
-        zero-copy from shared memory), or the state dict itself (packed and put here). The same ref goes
-        to every actor; Ray resolves it to the dict in each. Released engines start again first.
+        ``weights``: the trainer's :class:`~rlcr.models.weights.WeightBuckets` (each actor resolves the buckets
+        itself), an ObjectRef of a state dict (best of :func:`~rlcr.models.weights.pack_weights`: numpy arrays are
+        read zero-copy from shared memory), or the state dict itself (packed and put here). The same refs go to
+        every actor. Released engines start again first.
         """
         import ray
 
         self._ensure_started()
-        if isinstance(weights, ray.ObjectRef):
+        if isinstance(weights, (ray.ObjectRef, WeightBuckets)):
             ref = weights
         else:  # an adapter update goes as it is; a state dict packed (numpy: zero-copy)
             ref = ray.put(weights if isinstance(weights, AdapterUpdate) else pack_weights(weights))

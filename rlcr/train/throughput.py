@@ -12,7 +12,33 @@ import time
 
 import torch
 
-__all__ = ["matmul_gflops", "update_gflops"]
+__all__ = ["autocast_warning", "cpu_has_bf16", "matmul_gflops", "update_gflops"]
+
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+"""CPU flags (``lscpu``, ``/proc/cpuinfo``) of bf16 instructions: without one, bf16 on CPU is emulated and slower."""
+
+
+def cpu_has_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU has bf16 instructions (:data:`BF16_FLAGS`); False where its flags cannot be read."""
+    try:
+        with open(cpuinfo, encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return any(flag in line.split() for flag in BF16_FLAGS)
+    except OSError:
+        return False
+    return False
+
+
+def autocast_warning(cfg, *, has_bf16: bool | None = None) -> str | None:
+    """The warning for ``update.autocast: bfloat16`` on CPU trainers without bf16 instructions (emulated: slower
+    than fp32), else None. ``has_bf16``: the CPU's answer (default: :func:`cpu_has_bf16` of this machine)."""
+    if cfg.update.autocast != "bfloat16" or cfg.update.use_gpu:
+        return None
+    if has_bf16 if has_bf16 is not None else cpu_has_bf16():
+        return None
+    return ("update.autocast=bfloat16 on a CPU without bf16 instructions (no avx512_bf16 or amx_bf16 in its flags): "
+            "the update runs emulated bf16, slower than fp32")
 
 
 def _sync(device) -> None:

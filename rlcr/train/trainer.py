@@ -50,6 +50,7 @@ from typing import Any
 from rlcr.config import RLCRConfig
 from rlcr.runs.layout import RunLayout
 from rlcr.train.rpc import WorkerGroup, WorkerGroupLost
+from rlcr.train.throughput import autocast_warning
 from rlcr.train.worker import TrainerWorker, load_policy, train_loop_per_worker
 
 __all__ = [
@@ -142,6 +143,8 @@ class PolicyTrainer:
 
             store = Store(cfg.storage.uri, endpoint_url=cfg.storage.s3_endpoint_url)
             ref_uri = import_model(cfg.model.name, store, chat_template=cfg.model.chat_template)  # the initial policy
+        if (warning := autocast_warning(cfg)) is not None:
+            log.warning("%s", warning)
         self.cfg, self.ref_uri = cfg, ref_uri
         self.saved_uri, self.saved_restore = policy_uri, restore
         self.unsaved = 0  # updates applied since the state at saved_uri

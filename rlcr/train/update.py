@@ -100,10 +100,18 @@ def _reduce(values: list[float], device: torch.device, op: str = "sum") -> list[
     return t.cpu().tolist()
 
 
-def _autocast(device: torch.device):
-    """bf16 autocast on GPU (fp32 master weights); plain fp32 on CPU."""
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+def _autocast(device: torch.device, mode: str = "auto"):
+    """The forward's precision (``update.autocast``): bf16 autocast over fp32 master weights, or plain fp32.
+
+    ``auto``: bf16 on a CUDA device that supports it, fp32 on CPU; ``bfloat16``: bf16 on either (on CPU
+    ``torch.autocast("cpu")``: the matmuls in bf16, softmax/norms in fp32; log-probs are upcast per block by
+    :func:`rlcr.core.loss.token_logprobs`); ``off``: fp32 everywhere."""
+    if mode == "off":
+        return contextlib.nullcontext()
+    if device.type == "cuda" and (mode == "bfloat16" or torch.cuda.is_bf16_supported()):
         return torch.autocast("cuda", dtype=torch.bfloat16)
+    if device.type == "cpu" and mode == "bfloat16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
@@ -203,7 +211,7 @@ def micro_batch_loss(
     """
     device = mb.input_ids.device
     ent_mode = "grad" if cfg.loss.entropy_coef > 0 else "metric"
-    with _autocast(device):
+    with _autocast(device, cfg.update.autocast):
         logp_sel, ent_sel = policy(**mb.model_inputs(), entropy=ent_mode)
     logp = _scatter(logp_sel, mb)
     entropy = _scatter(ent_sel, mb) if ent_sel is not None else None
@@ -219,12 +227,12 @@ def micro_batch_loss(
 
 @torch.no_grad()
 def _logprob_cache(module: nn.Module, groups: list[list[Sample]], pad_id: int, device,
-                   collate_fn=collate) -> dict[int, torch.Tensor]:
+                   collate_fn=collate, autocast: str = "auto") -> dict[int, torch.Tensor]:
     """sample index → completion-aligned log-probs (masked positions), one forward per group."""
     cache: dict[int, torch.Tensor] = {}
     for group in groups:
         mb = collate_fn(group, pad_id).to(device)
-        with _autocast(device):
+        with _autocast(device, autocast):
             logp_sel, _ = module(**mb.model_inputs())
         full = (_scatter(logp_sel, mb) * mb.loss_mask).cpu()
         for row, s in enumerate(group):
@@ -277,11 +285,12 @@ def _prepass(policy: nn.Module, ref: nn.Module | None, cfg: RLCRConfig, objectiv
     later = [s for ep in local[1:] for rows in ep for s in rows if s.index not in seen]
     later = list({s.index: s for s in later}.values())
     groups = first + pack(later, cfg.update.micro_batch_tokens)
-    old_cache = (_logprob_cache(policy, _pad_groups(groups, pad_id, device), pad_id, device, collate_fn)
-                 if need_old else None)
+    old_cache = (_logprob_cache(policy, _pad_groups(groups, pad_id, device), pad_id, device, collate_fn,
+                                cfg.update.autocast) if need_old else None)
     # a sharded reference's forward is a collective (rlcr.train.fsdp): every rank runs as many (dummies skipped)
     ref_groups = _pad_groups(groups, pad_id, device) if need_ref and is_sharded(ref) else groups
-    ref_cache = _logprob_cache(ref, ref_groups, pad_id, device, collate_fn) if need_ref else None
+    ref_cache = (_logprob_cache(ref, ref_groups, pad_id, device, collate_fn, cfg.update.autocast)
+                 if need_ref else None)
     return old_cache, ref_cache
 
 

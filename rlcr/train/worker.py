@@ -36,7 +36,7 @@ import torch
 
 from rlcr.config import RLCRConfig
 from rlcr.models.adapters import fetch_model, is_adapter_dir
-from rlcr.models.weights import pack_weights, read_frame, resolve_dtype
+from rlcr.models.weights import BucketWriter, SameAs, WeightBuckets, read_frame, resolve_dtype
 from rlcr.runs.cluster import pin_to_cpus
 from rlcr.seeds import update_seed
 from rlcr.storage import Store, fetch_checkpoint
@@ -67,7 +67,8 @@ class WorkerInfo:
 
 @dataclass(frozen=True)
 class UpdateOut:
-    """Rank 0's answer to an update: its metrics and an ObjectRef of the packed new weights."""
+    """Rank 0's answer to an update: its metrics and the new weights in Ray's object store
+    (:class:`~rlcr.models.weights.WeightBuckets`; LoRA: an ObjectRef of the adapters)."""
 
     metrics: dict[str, Any]
     weights: Any
@@ -106,13 +107,6 @@ def _fetch_first_on_local_rank0(uri: str, cfg: RLCRConfig, *, merge: bool = True
     if dist.is_initialized():
         dist.barrier()
     return str((fetch_model if merge else fetch_checkpoint)(uri, endpoint_url=cfg.storage.s3_endpoint_url))
-
-
-def _check_finite(state: dict[str, torch.Tensor], iteration: int) -> None:
-    for name, t in state.items():
-        if torch.is_floating_point(t) and not torch.isfinite(t).all():
-            raise NonFiniteError(f"update of iteration {iteration}: parameter {name!r} "
-                                 f"has non-finite values; the engines keep the previous weights")
 
 
 class TrainerWorker:
@@ -292,6 +286,9 @@ class TrainerWorker:
         weights = self.weights(iteration)
         # where the update stage's time goes besides prepass_s and train_s (the rest is the call's transfer)
         metrics.update(prepare_s=prepare_s, weights_s=time.perf_counter() - t0)
+        if isinstance(weights, WeightBuckets):  # what the engines will load, and the most rank 0 held at once
+            metrics.update(weights_buckets=len(weights.refs), weights_bytes=weights.bytes,
+                           weights_bucket_max_bytes=weights.largest)
         return UpdateOut(metrics=metrics, weights=weights) if self.rank == 0 else None
 
     def _throughput(self, metrics: dict) -> dict[str, float]:
@@ -309,22 +306,52 @@ class TrainerWorker:
         return {"gflops": rate, "matmul_gflops": peak, "peak_fraction": rate / peak}
 
     def weights(self, iteration: int):
-        """Rank 0: the full weights, checked finite, packed in Ray's object store for the engines (an ObjectRef);
-        other ranks: None (under FSDP they take part in the gathering)."""
+        """Rank 0: the new weights for the engines, checked finite, in Ray's object store (DDP and FSDP alike:
+        :class:`~rlcr.models.weights.WeightBuckets` of ``engine.sync_bucket_mib``, in the engines' dtype; LoRA: the
+        adapters' ObjectRef); other ranks: None (under FSDP they take part in each weight's gathering)."""
         import ray
 
         if self.peft is not None:  # LoRA: only the adapters travel; the engines merge them into their base
             return ray.put(adapter_update(self.peft)) if self.rank == 0 else None
-        state = self._full_state_dict()  # a collective under FSDP: all ranks
+        if self.rank != 0 and not self.cfg.update.fsdp:
+            return None
+        # the engines' dtype: they would round fp32 to bf16 on load anyway, so this halves the bytes on GPU
+        writer = BucketWriter(int(self.cfg.engine.sync_bucket_mib * 2 ** 20),
+                              dtype=getattr(torch, resolve_dtype(self.cfg.model.dtype)))
+        bad = None  # the first non-finite weight; under FSDP every rank gathers to the end before rank 0 raises
+        for name, tensor in self._named_full_tensors():
+            if tensor is None or bad is not None:
+                continue
+            if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                bad = name
+                continue
+            writer.add(name, tensor)
         if self.rank != 0:
             return None
-        _check_finite(state, iteration)
-        # the engines' copy, in the object store (one copy per node, read zero-copy by the engines), in
-        # the engines' dtype: they would round fp32 to bf16 on load anyway, so this halves the bytes on GPU
-        engine_dtype = getattr(torch, resolve_dtype(self.cfg.model.dtype))
-        if engine_dtype != torch.float32:
-            state = {k: v.to(engine_dtype) if torch.is_floating_point(v) else v for k, v in state.items()}
-        return ray.put(pack_weights(state))
+        if bad is not None:
+            raise NonFiniteError(f"update of iteration {iteration}: parameter {bad!r} "
+                                 f"has non-finite values; the engines keep the previous weights")
+        return writer.close()
+
+    def _named_full_tensors(self):
+        """``(Hugging Face name, full tensor)`` of each parameter and buffer, one at a time (a tied weight once, then
+        :class:`~rlcr.models.weights.SameAs` its first name). Under FSDP each sharded parameter is gathered as it
+        comes (a collective: every rank walks the same names) onto rank 0's CPU; the other ranks get None. The full
+        model never exists at once."""
+        from torch.distributed.tensor import DTensor
+
+        first: dict[int, str] = {}
+        for name, t in self.lm.state_dict(keep_vars=True).items():
+            twin = first.setdefault(id(t), name)
+            if twin != name:  # a tied weight (lm_head = the embedding): a reference to its twin, as pack_weights sends
+                yield name, (SameAs(twin) if self.rank == 0 else None)
+                continue
+            if isinstance(t, DTensor):
+                full = t.full_tensor()
+                yield name, (full.cpu() if self.rank == 0 else None)
+                del full
+            else:
+                yield name, (t.detach() if self.rank == 0 else None)
 
     def save(self, rel: str, extra: dict[str, Any], with_optimizer: bool,
              fence: dict[str, str] | None = None, background: bool = False) -> SaveOut | None:
