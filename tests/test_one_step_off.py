@@ -60,12 +60,17 @@ def reference_run(tiny_model_dir, tmp_path):
     return ref, ref.committed(), cfg
 
 
-def test_one_step_off_samples_one_update_ahead_and_a_resume_reads_exactly_those_rollouts(
-        ray_local, prefect_harness, tiny_model_dir, tmp_path):
+@pytest.fixture(scope="module")
+def reference(ray_local, prefect_harness, tiny_model_dir, tmp_path_factory):
+    """:func:`reference_run`, once for the tests of this module that read it."""
+    return reference_run(tiny_model_dir, tmp_path_factory.mktemp("one-step-off"))
+
+
+def test_one_step_off_samples_one_update_ahead_and_a_resume_reads_exactly_those_rollouts(reference, tmp_path):
     from rlcr.rollout.ahead import read_ahead
     from rlcr.runs.task_sets import prompts_for_iteration, task_sets
 
-    ref, m, cfg = reference_run(tiny_model_dir, tmp_path)
+    ref, m, cfg = reference
     assert [x["rollouts_version"] for x in m] == [0, 0, 1]  # iteration k+1 sampled by the policy after k − 1
     assert [ref.metrics(k)["rollout"]["staleness"] for k in (1, 2, 3)] == [0.0, 1.0, 1.0]
     for k in (1, 2):  # each manifest names the next iteration's rollouts, which that iteration trained on
@@ -84,7 +89,7 @@ def test_one_step_off_samples_one_update_ahead_and_a_resume_reads_exactly_those_
     got = read_ahead(ref, m[0], prompts, g_a=2, g_c=2)
     assert got.version == 0 and [r["completion_ids"] for r in got.result.rows] == \
         [r["completion_ids"] for r in records(ref, m[1])]
-    local = tmp_path / "ref" / ref.store.rel(m[0]["next_rollouts_uri"])
+    local = Path(ref.store.url(ref.store.rel(m[0]["next_rollouts_uri"])))
     shutil.copy(local, tmp_path / "keep.parquet")
     local.write_bytes(local.read_bytes()[:-9] + b"x" * 9)
     with pytest.raises(InvalidInput, match="SHA-256 differs"):
@@ -95,6 +100,31 @@ def test_one_step_off_samples_one_update_ahead_and_a_resume_reads_exactly_those_
     shutil.copy(tmp_path / "keep.parquet", local)
     with pytest.raises(InvalidInput, match="are not iteration 2.s"):
         read_ahead(ref, m[0], prompts_for_iteration(cfg, task_sets(cfg)[0], 3), g_a=2, g_c=2)
+
+
+def test_one_step_off_under_fsdp_trains_as_the_single_worker_run(reference, tiny_model_dir, tmp_path):
+    """Two FSDP2 workers (gloo) in one-step-off mode, two iterations, beside the reference's first two (one DDP
+    worker): the same rollouts (iteration 2's sampled by the initial policy during iteration 1's sharded update, its
+    weights synced from the shards a bucket at a time), the same update (loss within 1e-4 relative: the update does
+    not depend on the number of workers, docs/design.md §11) and the same staleness records."""
+    from flows.train import rlcr_train
+
+    ddp, m_ddp, _ = reference
+    over = {**overrides(tiny_model_dir, tmp_path / "fsdp"), "update.fsdp": True, "update.num_workers": 2,
+            "engine.sync_bucket_mib": 0.2}
+    rlcr_train(overrides=over, run_id="r", iterations=2)
+    fsdp = RunStore.open(RLCRConfig.from_dict(over), "r")
+    m_ddp, m_fsdp = m_ddp[:2], fsdp.committed()
+    assert [x["rollouts_version"] for x in m_fsdp] == [x["rollouts_version"] for x in m_ddp] == [0, 0]
+    for a, b in zip(m_ddp, m_fsdp):
+        k = a["iteration"]
+        assert [r["completion_ids"] for r in records(ddp, a)] == [r["completion_ids"] for r in records(fsdp, b)], k
+        ua, ub = ddp.metrics(k)["update"], fsdp.metrics(k)["update"]
+        assert ub["world_size"] == 2 and ua["world_size"] == 1
+        assert ub["loss"] == pytest.approx(ua["loss"], rel=1e-4), k
+        assert ub["weights_bytes"] == ua["weights_bytes"] and ub["weights_buckets"] > ua["weights_buckets"] == 1
+    # iteration 2 sampled during iteration 1's sharded update, one update stale
+    assert fsdp.metrics(2)["rollout"]["staleness"] == 1.0 and fsdp.metrics(1)["timings"]["overlap_s"] > 0
 
 
 @pytest.mark.extended
