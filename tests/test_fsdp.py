@@ -80,12 +80,13 @@ def _cfg(root, kl_coef=0.0, engine=None, **update):
 
 @pytest.fixture(scope="module")
 def fsdp_runs(ray_local, tiny_model_dir, tmp_path_factory):
-    """Four trainer starts of two workers each (≈ 20–25 s a start on the 2-core machine), on the same rows
-    (iteration 1: 14 rows in 8 mini-batches of 1–2 rows, some leaving a rank no rows, in uneven micro-batches;
+    """Four trainer starts, of two workers each but ``ddp_kl`` (≈ 20–25 s a start on the 2-core machine), on the
+    same rows (iteration 1: 14 rows in 8 mini-batches of 1–2 rows, some leaving a rank no rows, in uneven micro-batches;
     iteration 2: 12 others):
 
     * ``ddp``, ``fsdp``: iteration 1 from the tiny model, β = 0; FSDP then saves the training state;
-    * ``ddp_kl``, ``fsdp_kl``: both resumed from that FSDP save (DDP reading FSDP's AdamW state), iteration 2 with
+    * ``ddp_kl`` (one worker), ``fsdp_kl``: both resumed from that two-worker FSDP save (DDP reading FSDP's AdamW
+      state: N → M workers), iteration 2 with
       β = 0.5 (k3) against the tiny model (the reference sharded too under FSDP); ``fsdp_kl`` first writes the
       restored state straight back."""
 
@@ -113,7 +114,7 @@ def fsdp_runs(ray_local, tiny_model_dir, tmp_path_factory):
     # FSDP's weight sync in buckets of ~100 KB: each weight gathered from its shards as it goes (the tiny model: 1.4 MB)
     run("fsdp", _cfg(root, fsdp=True, engine={"sync_bucket_mib": 0.1}), save="runs/f/iter-0001/checkpoint")
     saved = out["fsdp"]["saved"]
-    run("ddp_kl", _cfg(root, kl_coef=0.5), policy_uri=saved, restore=True)
+    run("ddp_kl", _cfg(root, kl_coef=0.5, num_workers=1), policy_uri=saved, restore=True)  # 2 workers' state on 1
     run("fsdp_kl", _cfg(root, kl_coef=0.5, fsdp=True), policy_uri=saved, restore=True,
         resave="runs/f/iter-0001/again")
     return out
@@ -124,7 +125,7 @@ def _assert_same_update(a, b, w0):
     each tensor's change within DELTA_RTOL of its norm."""
     (ma, wa), (mb, wb) = a, b
     assert ma["optimizer_steps"] == mb["optimizer_steps"] == 8 and mb["skipped_steps"] == 0
-    assert ma["world_size"] == mb["world_size"] == 2 and ma["schedule_step"] == mb["schedule_step"]
+    assert mb["world_size"] == 2 and ma["schedule_step"] == mb["schedule_step"]
     assert mb["loss"] == pytest.approx(ma["loss"], rel=FLOAT_RTOL)
     for ha, hb in zip(ma["history"], mb["history"]):
         assert hb["grad_norm"] == pytest.approx(ha["grad_norm"], rel=FLOAT_RTOL), (ha, hb)
@@ -154,7 +155,8 @@ def test_fsdp_and_ddp_give_the_same_update(fsdp_runs, tiny_model_dir):
 
 
 def test_fsdp_and_ddp_give_the_same_update_with_the_kl_reference(fsdp_runs, tiny_model_dir):
-    """β > 0 from the state FSDP saved (DDP resumes it too: AdamW's moments by name become by position)."""
+    """β > 0 from the state two FSDP workers saved, resumed by two FSDP workers and by one DDP worker (AdamW's
+    moments by name become by position; the update does not depend on the number of workers)."""
     ddp, fsdp = fsdp_runs["ddp_kl"], fsdp_runs["fsdp_kl"]
     assert ddp["restored"] and fsdp["restored"]
     _assert_same_update(ddp["update"], fsdp["update"], fsdp_runs["fsdp"]["update"][1])
@@ -230,3 +232,54 @@ def test_the_bf16_mixed_precision_policy_runs_on_cpu(tiny_model_dir, tiny_tokeni
     w0 = load_lm(tiny_model_dir).state_dict()
     d16, d32 = (torch.cat([(w[k] - w0[k]).double().flatten() for k in w0]) for w in (w16, w32))
     assert float(d16 @ d32 / (d16.norm() * d32.norm())) > 0.99  # the update points the same way
+
+
+# ----------------------------------------------------------------------------- SIGKILL under FSDP
+
+
+@pytest.mark.extended
+def test_sigkill_during_the_sharded_update_and_the_save_resumes_exactly(ray_local, prefect_harness, tiny_model_dir,
+                                                                        tmp_path):
+    """Two FSDP workers, a save every iteration: the flow's process SIGKILLed as iteration 2's update starts, then
+    (resumed) as iteration 2's save starts, then resumed to the end. Its committed rollouts, losses, final weights
+    and AdamW moments equal an uninterrupted FSDP run's bit for bit."""
+    import os
+    from pathlib import Path
+
+    import ray
+    from prefect.settings import PREFECT_API_URL
+    from safetensors.torch import load_file
+
+    from flows.train import rlcr_train
+    from rlcr.runs.store import RunStore
+    from test_one_step_off import overrides, records, run_flow
+
+    def over(name):
+        o = {**overrides(tiny_model_dir, tmp_path / name), "orchestration.mode": "sync", "update.fsdp": True,
+             "update.num_workers": 2, "orchestration.save_every": 1, "engine.sync_bucket_mib": 0.2}
+        o.pop("loss.tis_cap")
+        return o
+
+    rlcr_train(overrides=over("ref"), run_id="r", iterations=3)
+    ref = RunStore.open(RLCRConfig.from_dict(over("ref")), "r")
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address,
+           "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(Path(__file__).parent.parent)}
+    run = RunStore.open(RLCRConfig.from_dict(over("killed")), "r")
+    for stage, committed in (("update", [1]), ("save", [1])):
+        p = run_flow(env, over("killed"), "r", 3, stage, 2, 0)
+        assert p.returncode == -9 and f"KILL {stage}@2" in p.stdout + p.stderr, (stage, (p.stdout + p.stderr)[-4000:])
+        assert [x["iteration"] for x in run.committed()] == committed, stage
+    p = run_flow(env, over("killed"), "r", 3)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
+    m, n = ref.committed(), run.committed()
+    assert [x["iteration"] for x in n] == [1, 2, 3]
+    for a, b in zip(m, n):
+        assert records(ref, a) == records(run, b), a["iteration"]
+        assert ref.metrics(a["iteration"])["update"]["loss"] == run.metrics(b["iteration"])["update"]["loss"]
+    wa, wb = (load_file(f"{x['checkpoint_uri']}/model.safetensors") for x in (m[2], n[2]))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    sa, sb = (torch.load(f"{x['checkpoint_uri']}/training_state.pt", weights_only=False) for x in (m[2], n[2]))
+    assert sa["schedule"] == sb["schedule"] and sa["optimizer"]["state"].keys() == sb["optimizer"]["state"].keys()
+    for name, state in sa["optimizer"]["state"].items():
+        for key, t in state.items():
+            assert torch.equal(t, sb["optimizer"]["state"][name][key]), (name, key)
