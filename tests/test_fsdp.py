@@ -283,3 +283,31 @@ def test_sigkill_during_the_sharded_update_and_the_save_resumes_exactly(ray_loca
     for name, state in sa["optimizer"]["state"].items():
         for key, t in state.items():
             assert torch.equal(t, sb["optimizer"]["state"][name][key]), (name, key)
+
+
+@pytest.mark.extended
+def test_fsdp_and_ddp_give_the_same_update_on_smollm2(ray_local, smollm2_dir, tmp_path):
+    """test_fsdp_and_ddp_give_the_same_update at SmolLM2-135M's size (30 decoder layers, tied 49k embedding): two
+    gloo workers each way, the same rows, four optimizer steps."""
+    from rlcr.train.trainer import PolicyTrainer
+
+    rows = make_rows(n_prompts=2, g_a=2, g_c=3, seed=5, vocab=(100, 49000))
+    out = {}
+    for name, fsdp in (("ddp", False), ("fsdp", True)):
+        cfg = RLCRConfig(storage={"uri": str(tmp_path)}, run={"iterations": 1},
+                         update={"num_workers": 2, "learning_rate": 1e-5, "micro_batch_tokens": 256,
+                                 "mini_batches_per_epoch": 4, "fsdp": fsdp}, engine={"sync_bucket_mib": 64})
+        with PolicyTrainer(cfg, policy_uri=str(smollm2_dir)) as trainer:
+            u = trainer.update(rows, 1)
+            out[name] = (u.metrics, unpacked(u.weights.resolve()))
+    (md, wd), (mf, wf) = out["ddp"], out["fsdp"]
+    assert md["optimizer_steps"] == mf["optimizer_steps"] == 4 and mf["world_size"] == 2
+    assert mf["loss"] == pytest.approx(md["loss"], rel=FLOAT_RTOL)
+    for hd, hf in zip(md["history"], mf["history"]):
+        assert hf["grad_norm"] == pytest.approx(hd["grad_norm"], rel=FLOAT_RTOL), (hd, hf)
+    assert md["weights_buckets"] == mf["weights_buckets"] >= 8  # 540 MB in buckets of 64 MiB, cut alike
+    w0 = load_lm(smollm2_dir).state_dict()
+    assert wd.keys() == wf.keys() == w0.keys()
+    for k in w0:
+        dd, df = (wd[k] - w0[k]).double(), (wf[k] - w0[k]).double()
+        assert float((dd - df).norm()) <= DELTA_RTOL * max(float(dd.norm()), 1e-12), k
