@@ -9,7 +9,7 @@ import torch
 
 from rlcr.config import RLCRConfig
 from rlcr.train.throughput import autocast_warning, cpu_has_bf16
-from rlcr.train.update import _autocast
+from rlcr.train.update import _autocast, autocast_dtype
 
 
 def test_the_setting_its_values_and_the_cpu_check(tmp_path):
@@ -24,11 +24,16 @@ def test_the_setting_its_values_and_the_cpu_check(tmp_path):
     for mode in ("auto", "off"):  # fp32 on CPU unless asked
         with _autocast(cpu, mode):
             assert not torch.is_autocast_enabled("cpu")
+    assert autocast_dtype(cpu, "bfloat16") == torch.bfloat16
+    assert autocast_dtype(cpu, "auto") == autocast_dtype(cpu, "off") == torch.float32
+    assert autocast_dtype(torch.device("cuda"), "off") == torch.float32
     # the CPU's flags: bf16 instructions or not, unreadable = not
     with_bf16, without = tmp_path / "with", tmp_path / "without"
     with_bf16.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_tile\n")
     without.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_vnni\n")
-    assert cpu_has_bf16(str(with_bf16)) and not cpu_has_bf16(str(without))
+    arm = tmp_path / "arm"
+    arm.write_text("processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n")
+    assert cpu_has_bf16(str(with_bf16)) and cpu_has_bf16(str(arm)) and not cpu_has_bf16(str(without))
     assert not cpu_has_bf16(str(tmp_path / "missing"))
     bf16 = RLCRConfig.from_dict({"update.autocast": "bfloat16"})
     assert "slower than fp32" in autocast_warning(bf16, has_bf16=False)
@@ -73,9 +78,10 @@ def test_a_bf16_update_on_cpu_is_the_fp32_update_within_bf16_rounding(tiny_model
     assert float(torch.nn.functional.cosine_similarity(d_bf16, d_off, dim=0)) > 0.98
 
 
-def test_tree_attention_in_bf16_on_cpu_runs_its_softmax_in_fp32(tiny_model_dir, tiny_tokenizer):
-    """Under CPU bf16 autocast the prefix-tree attention returns bf16 (the layer's dtype) computed from fp32 scores:
-    the tree's log-probs stay within bf16 rounding of fp32's, forward and backward."""
+def test_tree_attention_in_bf16_on_cpu_runs_in_fp32(tiny_model_dir, tiny_tokenizer, monkeypatch):
+    """Under CPU bf16 autocast the prefix-tree attention's SDPA gets fp32 queries, keys and values with autocast off
+    (else it would cast them back to bf16) and returns bf16, the layer's dtype; the tree's log-probs stay within bf16
+    rounding of fp32's, forward and backward."""
     from rlcr.train.batching import collate_prefix_tree, pack_prefix_trees, prepare_samples
     from rlcr.train.logprobs import CompletionLogProbs
     from test_train import load_lm, make_rows
@@ -84,6 +90,13 @@ def test_tree_attention_in_bf16_on_cpu_runs_its_softmax_in_fp32(tiny_model_dir, 
     (tree,) = pack_prefix_trees(samples, 10_000)
     mb = collate_prefix_tree(tree, tiny_tokenizer.pad_token_id)
     policy = CompletionLogProbs(load_lm(tiny_model_dir))
+    sdpa, calls = torch.nn.functional.scaled_dot_product_attention, []
+
+    def recording(q, k, v, *args, **kwargs):
+        out = sdpa(q, k, v, *args, **kwargs)
+        calls.append((q.dtype, k.dtype, v.dtype, torch.is_autocast_enabled("cpu"), out.dtype))
+        return out
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
     got = {}
     for mode in ("off", "bfloat16"):
         policy.zero_grad(set_to_none=True)
@@ -92,6 +105,7 @@ def test_tree_attention_in_bf16_on_cpu_runs_its_softmax_in_fp32(tiny_model_dir, 
         logp.sum().backward()
         got[mode] = (logp.detach().float(), torch.cat([p.grad.reshape(-1) for p in policy.parameters()]))
     (lp32, g32), (lp16, g16) = got["off"], got["bfloat16"]
+    assert calls and set(calls) == {(torch.float32,) * 3 + (False, torch.float32)}  # both modes: fp32, autocast off
     assert not torch.equal(lp32, lp16)
     torch.testing.assert_close(lp16, lp32, rtol=0, atol=0.1)
     assert float(torch.nn.functional.cosine_similarity(g16, g32, dim=0)) > 0.99

@@ -103,20 +103,25 @@ def test_one_step_off_samples_one_update_ahead_and_a_resume_reads_exactly_those_
 
 
 def test_one_step_off_under_fsdp_trains_as_the_single_worker_run(reference, tiny_model_dir, tmp_path):
-    """Two FSDP2 workers (gloo) in one-step-off mode, two iterations, beside the reference's first two (one DDP
-    worker): the same rollouts (iteration 2's sampled by the initial policy during iteration 1's sharded update, its
-    weights synced from the shards a bucket at a time), the same update (loss within 1e-4 relative: the update does
-    not depend on the number of workers, docs/design.md §11) and the same staleness records."""
+    """Two FSDP2 workers (gloo) in one-step-off mode beside the reference (one DDP worker), three iterations: the
+    same rollouts (iteration 2's sampled by the initial policy during iteration 1's sharded update), the same update
+    (loss within 1e-4 relative: the update does not depend on the number of workers, docs/design.md §11), the same
+    staleness records; iteration 3's rollouts, sampled from the weights synced out of the shards a bucket at a time
+    after iteration 1, are the reference's tokens with its log-probs to float rounding."""
     from flows.train import rlcr_train
 
     ddp, m_ddp, _ = reference
     over = {**overrides(tiny_model_dir, tmp_path / "fsdp"), "update.fsdp": True, "update.num_workers": 2,
             "engine.sync_bucket_mib": 0.2}
-    rlcr_train(overrides=over, run_id="r", iterations=2)
+    rlcr_train(overrides=over, run_id="r", iterations=3)
     fsdp = RunStore.open(RLCRConfig.from_dict(over), "r")
-    m_ddp, m_fsdp = m_ddp[:2], fsdp.committed()
-    assert [x["rollouts_version"] for x in m_fsdp] == [x["rollouts_version"] for x in m_ddp] == [0, 0]
-    for a, b in zip(m_ddp, m_fsdp):
+    m_fsdp = fsdp.committed()
+    assert [x["rollouts_version"] for x in m_fsdp] == [x["rollouts_version"] for x in m_ddp] == [0, 0, 1]
+    a, b = records(ddp, m_ddp[2]), records(fsdp, m_fsdp[2])
+    assert [r["completion_ids"] for r in a] == [r["completion_ids"] for r in b]
+    for ra, rb in zip(a, b):
+        assert rb["completion_logprobs"] == pytest.approx(ra["completion_logprobs"], abs=1e-3)
+    for a, b in zip(m_ddp[:2], m_fsdp[:2]):
         k = a["iteration"]
         assert [r["completion_ids"] for r in records(ddp, a)] == [r["completion_ids"] for r in records(fsdp, b)], k
         ua, ub = ddp.metrics(k)["update"], fsdp.metrics(k)["update"]

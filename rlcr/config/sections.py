@@ -371,15 +371,16 @@ class UpdateSection(Section):
     gathered), gradients reduced in fp32 into the fp32 shards AdamW updates (fp32 master weights). Changes
     results beyond float order (bf16 rounding of weights and activations: on the tiny test model the loss moves
     by ~1e-3 relative); on CPUs without bf16 instructions it is slower, not faster. ``float32``: no mixed precision
-    (on GPUs the update's own bf16 autocast still applies, as under DDP)."""
+    (``update.autocast`` still applies, as under DDP: bf16 on GPUs by default)."""
 
     autocast: Literal["auto", "bfloat16", "off"] = changes("auto")
     """The update's forward and backward precision over fp32 master weights (the weights, gradients and AdamW
-    state stay fp32): ``bfloat16`` runs them under bf16 autocast (matmuls in bf16; softmax, norms and the
-    log-probs in fp32), ``off`` in fp32. ``auto``: bf16 on a GPU that supports it, fp32 on CPU. ``bfloat16``
-    on CPU pays only where the CPU has bf16 instructions (``avx512_bf16`` or ``amx_bf16`` in ``lscpu``; elsewhere
-    it is slower and a warning says so); with ``model.dtype: bfloat16`` the engines sample in bf16 too
-    (docs/update-performance.md: speed and what it does to learning). Changes results beyond float order."""
+    state stay fp32): ``bfloat16`` runs them under bf16 autocast (matmuls in bf16; RMSNorm and the log-probs
+    upcast to fp32; on CPU the prefix-tree attention in fp32 too), ``off`` in fp32. ``auto``: bf16 on a GPU that
+    supports it, fp32 on CPU. ``bfloat16`` on CPU pays only where the CPU has bf16 instructions (``avx512_bf16``
+    or ``amx_bf16`` in ``lscpu``; elsewhere it is slower and a warning says so); with ``model.dtype: bfloat16``
+    the engines sample in bf16 too (docs/update-performance.md: speed and what it does to learning). Changes
+    results beyond float order."""
 
     @field_validator("adam_betas")
     @classmethod

@@ -8,6 +8,8 @@ SDPA wherever no tree is passed. No Ray, no optimizer: :mod:`rlcr.train.update` 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -43,19 +45,21 @@ def tree_sdpa_attention(module: nn.Module, query: torch.Tensor, key: torch.Tenso
         raise ValueError(f"tree attention takes one prefix-tree row, got {query.shape[0]}")
     gqa = query.shape[1] != key.shape[1]
     dtype = query.dtype
-    if query.device.type == "cpu" and dtype == torch.bfloat16:  # bf16 autocast on CPU (update.autocast)
+    fp32 = query.device.type == "cpu" and torch.is_autocast_enabled("cpu")  # update.autocast=bfloat16 on CPU
+    if fp32:
         # torch's CPU flash-attention backward is slower in bf16 than in fp32 (SmolLM2 update: 3.1 s vs 1.8 s a
-        # step, docs/update-performance.md), and this keeps the softmax in fp32 as on the dense path
+        # step, docs/update-performance.md): the attention runs in fp32, outside autocast (which would cast back)
         query, key, value = query.float(), key.float(), value.float()
     # split, not slices: the backward of a split is one cat (a slice's is a zero-filled [1, H, T, D] each)
     queries = query.split([b - a for a, b in rlcr_tree.bounds], 2)
     keys = key.index_select(2, rlcr_tree.key_index).split(rlcr_tree.sizes, 2)
     values = value.index_select(2, rlcr_tree.key_index).split(rlcr_tree.sizes, 2)
-    outs = [
-        torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling,
-                                                         enable_gqa=gqa)
-        for q, k, v, mask in zip(queries, keys, values, rlcr_tree.masks)
-    ]
+    with torch.autocast("cpu", enabled=False) if fp32 else contextlib.nullcontext():
+        outs = [
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
+                                                             scale=scaling, enable_gqa=gqa)
+            for q, k, v, mask in zip(queries, keys, values, rlcr_tree.masks)
+        ]
     return torch.cat(outs, 2).transpose(1, 2).contiguous().to(dtype), None
 
 

@@ -14,16 +14,17 @@ import torch
 
 __all__ = ["autocast_warning", "cpu_has_bf16", "matmul_gflops", "update_gflops"]
 
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")
-"""CPU flags (``lscpu``, ``/proc/cpuinfo``) of bf16 instructions: without one, bf16 on CPU is emulated and slower."""
+BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+"""CPU flags of bf16 instructions (``/proc/cpuinfo``'s ``flags`` on x86, ``Features`` on Arm): without one, bf16 on
+CPU is emulated and slower."""
 
 
 def cpu_has_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether this CPU has bf16 instructions (:data:`BF16_FLAGS`); False where its flags cannot be read."""
+    """Whether this machine's CPU has bf16 instructions (:data:`BF16_FLAGS`); False where its flags cannot be read."""
     try:
         with open(cpuinfo, encoding="ascii", errors="replace") as f:
             for line in f:
-                if line.startswith("flags"):
+                if line.startswith(("flags", "Features")):
                     return any(flag in line.split() for flag in BF16_FLAGS)
     except OSError:
         return False
@@ -32,7 +33,8 @@ def cpu_has_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
 
 def autocast_warning(cfg, *, has_bf16: bool | None = None) -> str | None:
     """The warning for ``update.autocast: bfloat16`` on CPU trainers without bf16 instructions (emulated: slower
-    than fp32), else None. ``has_bf16``: the CPU's answer (default: :func:`cpu_has_bf16` of this machine)."""
+    than fp32), else None. ``has_bf16``: the CPU's answer (default: :func:`cpu_has_bf16` of the machine that asks,
+    the driver's: on a cluster of other CPUs the trainer nodes' may differ)."""
     if cfg.update.autocast != "bfloat16" or cfg.update.use_gpu:
         return None
     if has_bf16 if has_bf16 is not None else cpu_has_bf16():

@@ -90,8 +90,9 @@ class StateLost(TrainerLost):
 
 @dataclass
 class UpdateResult:
-    """An update's metrics and where its weights are: ``weights`` (an ObjectRef to the full state dict,
-    for the engines) and/or ``checkpoint_uri`` (a sealed checkpoint, when saved)."""
+    """An update's metrics and where its weights are: ``weights`` (for the engines, in Ray's object store:
+    :class:`~rlcr.models.weights.WeightBuckets`, or a LoRA run's adapters) and/or ``checkpoint_uri`` (a sealed
+    checkpoint, when saved)."""
 
     metrics: dict[str, Any] = field(default_factory=dict)
     weights: Any = None

@@ -100,19 +100,22 @@ def _reduce(values: list[float], device: torch.device, op: str = "sum") -> list[
     return t.cpu().tolist()
 
 
-def _autocast(device: torch.device, mode: str = "auto"):
-    """The forward's precision (``update.autocast``): bf16 autocast over fp32 master weights, or plain fp32.
+def autocast_dtype(device: torch.device, mode: str = "auto") -> torch.dtype:
+    """The dtype the update's matmuls run in under ``update.autocast`` = ``mode`` on ``device``: ``auto`` is bf16 on
+    a CUDA device that supports it and fp32 on CPU; ``bfloat16`` is bf16 on either; ``off`` is fp32."""
+    if mode == "bfloat16" or (mode == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()):
+        return torch.bfloat16
+    return torch.float32
 
-    ``auto``: bf16 on a CUDA device that supports it, fp32 on CPU; ``bfloat16``: bf16 on either (on CPU
-    ``torch.autocast("cpu")``: the matmuls in bf16, softmax/norms in fp32; log-probs are upcast per block by
-    :func:`rlcr.core.loss.token_logprobs`); ``off``: fp32 everywhere."""
-    if mode == "off":
+
+def _autocast(device: torch.device, mode: str = "auto"):
+    """The forward's precision (``update.autocast``, :func:`autocast_dtype`): bf16 autocast over fp32 master
+    weights, or plain fp32 (on CPU ``torch.autocast("cpu")``: the matmuls in bf16; RMSNorm and the log-probs,
+    upcast per block by :func:`rlcr.core.loss.token_logprobs`, in fp32; the prefix-tree attention in fp32 too,
+    :func:`rlcr.train.logprobs.tree_sdpa_attention`)."""
+    if autocast_dtype(device, mode) != torch.bfloat16:
         return contextlib.nullcontext()
-    if device.type == "cuda" and (mode == "bfloat16" or torch.cuda.is_bf16_supported()):
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    if device.type == "cpu" and mode == "bfloat16":
-        return torch.autocast("cpu", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
 # ----------------------------------------------------------------------------- optimizer

@@ -44,7 +44,7 @@ from rlcr.train.batching import prepare_samples
 from rlcr.train.checkpoint import TRAINING_STATE_FILE, NonFiniteError, save_adapter_checkpoint, save_checkpoint
 from rlcr.train.logprobs import CompletionLogProbs
 from rlcr.train.lora import AdapterOff, adapter_update, load_adapter_state, wrap_lora
-from rlcr.train.update import Schedule, make_optimizer, train_update
+from rlcr.train.update import Schedule, autocast_dtype, make_optimizer, train_update
 
 __all__ = ["TrainerWorker", "WorkerInfo", "UpdateOut", "SaveOut", "train_loop_per_worker", "load_policy"]
 
@@ -293,12 +293,14 @@ class TrainerWorker:
 
     def _throughput(self, metrics: dict) -> dict[str, float]:
         """``gflops``: the update's nominal GFLOP/s over all ranks (:mod:`rlcr.train.throughput`, as
-        ``bench/perf/update.py`` counts them); ``matmul_gflops``: this device's fp32 matmul peak, measured once per
-        worker (≈ 0.4 s on a 2-core CPU), times the ranks; ``peak_fraction``: their ratio."""
+        ``bench/perf/update.py`` counts them); ``matmul_gflops``: this device's matmul peak in the update's dtype
+        (:func:`rlcr.train.update.autocast_dtype`: bf16 under bf16 autocast), measured once per worker (≈ 0.4 s on
+        a 2-core CPU), times the ranks; ``peak_fraction``: their ratio."""
         from rlcr.train.throughput import matmul_gflops, update_gflops
 
         if self._peak is None:
-            self._peak = matmul_gflops(2048, 2, device=next(self.model.parameters()).device)
+            device = next(self.model.parameters()).device
+            self._peak = matmul_gflops(2048, 2, device=device, dtype=autocast_dtype(device, self.cfg.update.autocast))
             self._params = sum(p.numel() for p in {id(p): p for p in self.model.parameters()}.values())
         params = self._params
         rate = update_gflops(params, metrics.get("padded_tokens", 0.0), metrics["train_s"] + metrics["prepass_s"])
@@ -318,16 +320,25 @@ class TrainerWorker:
         # the engines' dtype: they would round fp32 to bf16 on load anyway, so this halves the bytes on GPU
         writer = BucketWriter(int(self.cfg.engine.sync_bucket_mib * 2 ** 20),
                               dtype=getattr(torch, resolve_dtype(self.cfg.model.dtype)))
-        bad = None  # the first non-finite weight; under FSDP every rank gathers to the end before rank 0 raises
-        for name, tensor in self._named_full_tensors():
-            if tensor is None or bad is not None:
-                continue
-            if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and not torch.isfinite(tensor).all():
-                bad = name
-                continue
-            writer.add(name, tensor)
+        # under FSDP every rank must make every gather: what goes wrong on rank 0 (a non-finite weight, a full
+        # object store) is held until the walk ends, then raised
+        bad: str | None = None
+        error: BaseException | None = None
+        with torch.no_grad():
+            for name, tensor in self._named_full_tensors():
+                if tensor is None or bad is not None or error is not None:
+                    continue
+                if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                    bad = name
+                    continue
+                try:
+                    writer.add(name, tensor)
+                except Exception as e:  # noqa: BLE001 - raised below, after the other ranks' gathers
+                    error = e
         if self.rank != 0:
             return None
+        if error is not None:
+            raise error
         if bad is not None:
             raise NonFiniteError(f"update of iteration {iteration}: parameter {bad!r} "
                                  f"has non-finite values; the engines keep the previous weights")
