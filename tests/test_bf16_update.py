@@ -111,7 +111,7 @@ def test_tree_attention_in_bf16_on_cpu_runs_in_fp32(tiny_model_dir, tiny_tokeniz
     assert float(torch.nn.functional.cosine_similarity(g16, g32, dim=0)) > 0.99
 
 
-def test_a_run_with_bf16_engines_and_a_bf16_update_on_cpu(tmp_path):
+def test_a_run_with_bf16_engines_and_a_bf16_update_on_cpu(ray_local, prefect_harness, tmp_path):
     """The tiny flow, one iteration, with ``model.dtype: bfloat16`` (vLLM samples in bf16 on CPU) and
     ``update.autocast: bfloat16``: the weights synced into the engines are bf16, the measured engine–trainer
     mismatch is bf16's (~1e-3 nats, not fp32's ~1e-7), and the checkpoint keeps fp32 weights."""
