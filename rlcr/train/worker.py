@@ -192,21 +192,16 @@ class TrainerWorker:
 
     # ------------------------------------------------------------ the training state
     def _full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The LM's full state dict with Hugging Face names (FSDP: the shards gathered into full tensors on rank 0's
-        CPU, a collective; the other ranks get an empty dict)."""
+        """The LM's full state dict with Hugging Face names (FSDP: each weight gathered from its shards in turn onto
+        rank 0's CPU, :meth:`_named_full_tensors`, a collective; the other ranks get an empty dict). A tied weight is
+        its twin's tensor again, as in DDP's state dict."""
         if not self.cfg.update.fsdp:
             return self.lm.state_dict()
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        sd = {k.removeprefix("lm."): v for k, v in sd.items()}
-        # a tied parameter (lm_head = the embedding) is gathered once per name: make it one tensor again, as in
-        # DDP's state dict, so the engines get it as a reference to its twin (pack_weights), not a second copy
-        first: dict[int, str] = {}
-        for name, p in self.lm.named_parameters(remove_duplicate=False):
-            twin = first.setdefault(id(p), name)
-            if twin != name and twin in sd and name in sd:
-                sd[name] = sd[twin]
+        sd: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            for name, t in self._named_full_tensors():
+                if t is not None:
+                    sd[name] = sd[t.name] if isinstance(t, SameAs) else t
         return sd
 
     def _training_state(self) -> dict[str, Any]:
