@@ -6,10 +6,13 @@ path: shard, update, weight sync, save, restore). The Ray starts are shared betw
 fresh FSDP trainer; FSDP with the bf16 mixed-precision policy.
 """
 
+import json
+
 import pytest
 import torch
 
 from rlcr.config import RLCRConfig
+from rlcr.train.sharded_state import read_optimizer_shards
 from test_train import load_lm, make_rows, unpacked
 
 FLOAT_RTOL = 1e-4
@@ -71,26 +74,30 @@ def test_adamw_state_converts_between_ddp_positions_and_fsdp_names(tiny_model_di
 # ----------------------------------------------------------------------------- Ray Train: DDP vs FSDP
 
 
-def _cfg(root, kl_coef=0.0, engine=None, **update):
-    return RLCRConfig(storage={"uri": str(root)}, run={"iterations": 2}, engine=engine or {},
+def _cfg(root, kl_coef=0.0, engine=None, storage=None, **update):
+    return RLCRConfig(storage=storage or {"uri": str(root)}, run={"iterations": 2}, engine=engine or {},
                       update={"num_workers": 2, "learning_rate": 1e-3, "micro_batch_tokens": 64,
                               "mini_batches_per_epoch": 8, **update},
                       loss={"kl_coef": kl_coef, "kl_type": "k3"})
 
 
 @pytest.fixture(scope="module")
-def fsdp_runs(ray_local, tiny_model_dir, tmp_path_factory):
+def fsdp_runs(ray_local, s3_server, tiny_model_dir, tmp_path_factory):
     """Four trainer starts, of two workers each but ``ddp_kl`` (≈ 20–25 s a start on the 2-core machine), on the
     same rows (iteration 1: 14 rows in 8 mini-batches of 1–2 rows, some leaving a rank no rows, in uneven micro-batches;
     iteration 2: 12 others):
 
-    * ``ddp``, ``fsdp``: iteration 1 from the tiny model, β = 0; FSDP then saves the training state;
+    * ``ddp``, ``fsdp``: iteration 1 from the tiny model, β = 0; FSDP then saves the training state (after a
+      save refused by its fence, a lease that is not there);
     * ``ddp_kl`` (one worker), ``fsdp_kl``: both resumed from that two-worker FSDP save (DDP reading FSDP's AdamW
       state: N → M workers), iteration 2 with
-      β = 0.5 (k3) against the tiny model (the reference sharded too under FSDP); ``fsdp_kl`` first writes the
-      restored state straight back."""
+      β = 0.5 (k3) against the tiny model (the reference sharded too under FSDP); ``fsdp_kl``, its store on S3
+      (the moto server), first writes the restored state straight back, each rank uploading its own shard."""
 
+    from rlcr.runs.store import LeaseLost
+    from rlcr.storage import fetch_checkpoint
     from rlcr.train.trainer import PolicyTrainer
+    from s3server import BUCKET
 
     batches = [make_rows(n_prompts=2, g_a=2, g_c=3, seed=3)[:14], make_rows(n_prompts=2, g_a=2, g_c=2, seed=4)]
     model, out = str(tiny_model_dir), {}
@@ -100,6 +107,12 @@ def fsdp_runs(ray_local, tiny_model_dir, tmp_path_factory):
             res = {"restored": trainer.restored}
             if resave:  # the restored state written straight back, before any update
                 res["resaved"] = trainer.save(resave)
+                res["resaved_local"] = fetch_checkpoint(res["resaved"], endpoint_url=cfg.storage.s3_endpoint_url)
+            if save:  # a writer whose lease is gone: refused before anything is published
+                fence = {"lease_rel": "runs/f/lease.json", "token": "gone", "manifest_rel": "runs/f/m.json"}
+                with pytest.raises(LeaseLost, match="taken over") as lost:
+                    trainer.save(save + "-fenced", fence=fence)
+                res["fenced"] = str(lost.value)
             k = 2 if restore else 1
             u = trainer.update(batches[k - 1], k)
             packed = u.weights.resolve()  # what the engines load (rlcr.models.weights.WeightBuckets)
@@ -115,7 +128,8 @@ def fsdp_runs(ray_local, tiny_model_dir, tmp_path_factory):
     run("fsdp", _cfg(root, fsdp=True, engine={"sync_bucket_mib": 0.1}), save="runs/f/iter-0001/checkpoint")
     saved = out["fsdp"]["saved"]
     run("ddp_kl", _cfg(root, kl_coef=0.5, num_workers=1), policy_uri=saved, restore=True)  # 2 workers' state on 1
-    run("fsdp_kl", _cfg(root, kl_coef=0.5, fsdp=True), policy_uri=saved, restore=True,
+    s3 = {"uri": f"s3://{BUCKET}/fsdp-{root.name}", "s3_endpoint_url": s3_server.endpoint}
+    run("fsdp_kl", _cfg(root, kl_coef=0.5, fsdp=True, storage=s3), policy_uri=saved, restore=True,
         resave="runs/f/iter-0001/again")
     return out
 
@@ -181,22 +195,39 @@ def test_an_fsdp_checkpoint_is_a_transformers_model_and_resumes_with_its_adamw_s
     ids = tiny_tokenizer("<think>", return_tensors="pt")["input_ids"]
     assert torch.isfinite(lm(ids).logits).all()
 
-    # the training state: AdamW's moments of every parameter, by name; restored, it is written back unchanged
-    assert resumed["restored"]
-    a, b = (torch.load(Path(d) / "training_state.pt", weights_only=False) for d in (fsdp["saved"], resumed["resaved"]))
-    assert a["schedule"] == b["schedule"] == {"done": 8, "total": 16}
-    assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
-    names = [n for n, _ in lm.named_parameters()]  # the tied lm_head once
-    assert list(a["optimizer"]["state"]) == [f"lm.{n}" for n in names]
+    # AdamW's state by shard (torch.distributed.checkpoint): each rank wrote its own file, about half, sealed with
+    # the weights; never gathered whole
+    sealed = json.loads((ckpt / COMPLETE_MARKER).read_text())["files"]
+    shards = {n: size for n, size in sealed.items() if n.startswith("optimizer/")}
+    assert set(shards) == {"optimizer/.metadata", "optimizer/__0_0.distcp", "optimizer/__1_0.distcp"}
+    moments = sum(p.numel() * 4 * 2 for p in lm.parameters())  # exp_avg and exp_avg_sq in fp32
+    assert shards["optimizer/__0_0.distcp"] + shards["optimizer/__1_0.distcp"] >= moments
+    assert max(shards["optimizer/__0_0.distcp"], shards["optimizer/__1_0.distcp"]) < 0.6 * moments
 
-    def groups(state):
-        return [{**g, "betas": tuple(g["betas"])} for g in state["optimizer"]["param_groups"]]
-    assert groups(a) == groups(b)
-    for name, state in a["optimizer"]["state"].items():
-        assert set(state) == {"step", "exp_avg", "exp_avg_sq"} and float(state["step"]) == 8, name
-        for key, t in state.items():
-            assert torch.equal(t, b["optimizer"]["state"][name][key]), (name, key)
-    assert (Path(resumed["resaved"]) / "model.safetensors").read_bytes() == (ckpt / "model.safetensors").read_bytes()
+    # the training state: the schedule, the RNG and where AdamW is; restored by two FSDP workers (and, in
+    # test_fsdp_and_ddp_give_the_same_update_with_the_kl_reference, by one DDP worker), written back unchanged
+    assert resumed["restored"]
+    assert fsdp["fenced"] and resumed["resaved"].startswith("s3://")
+    assert sorted(p.name for p in ckpt.parent.iterdir()) == ["checkpoint"]  # the fenced save left nothing
+    again = resumed["resaved_local"]
+    assert json.loads((again / COMPLETE_MARKER).read_text())["files"].keys() == sealed.keys()
+    a, b = (torch.load(Path(d) / "training_state.pt", weights_only=False) for d in (ckpt, again))
+    assert a["schedule"] == b["schedule"] == {"done": 8, "total": 16}
+    assert a["format"] == 2 and a["optimizer"] == "optimizer" and a["world_size"] == 2
+    assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
+    sa, sb = (read_optimizer_shards(Path(d) / "optimizer") for d in (ckpt, again))
+    names = [n for n, _ in lm.named_parameters()]  # the tied lm_head once
+    assert sorted(sa) == sorted(sb)
+    assert sorted(k for k in sa if k.endswith(".exp_avg")) == sorted(f"optimizer.state.lm.{n}.exp_avg" for n in names)
+    for key, value in sa.items():
+        if key.endswith(".step"):
+            assert float(value) == 8, key
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, sb[key]), key
+        else:
+            assert value == sb[key], key
+    assert any(float(v.abs().max()) > 0 for k, v in sa.items() if k.endswith(".exp_avg_sq"))
+    assert (again / "model.safetensors").read_bytes() == (ckpt / "model.safetensors").read_bytes()
 
 
 def test_the_bf16_mixed_precision_policy_runs_on_cpu(tiny_model_dir, tiny_tokenizer, tmp_path):
@@ -279,10 +310,11 @@ def test_sigkill_during_the_sharded_update_and_the_save_resumes_exactly(ray_loca
     wa, wb = (load_file(f"{x['checkpoint_uri']}/model.safetensors") for x in (m[2], n[2]))
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
     sa, sb = (torch.load(f"{x['checkpoint_uri']}/training_state.pt", weights_only=False) for x in (m[2], n[2]))
-    assert sa["schedule"] == sb["schedule"] and sa["optimizer"]["state"].keys() == sb["optimizer"]["state"].keys()
-    for name, state in sa["optimizer"]["state"].items():
-        for key, t in state.items():
-            assert torch.equal(t, sb["optimizer"]["state"][name][key]), (name, key)
+    assert sa["schedule"] == sb["schedule"] and sa["format"] == sb["format"] == 2
+    oa, ob = (read_optimizer_shards(f"{x['checkpoint_uri']}/optimizer") for x in (m[2], n[2]))
+    assert oa.keys() == ob.keys() and any(k.endswith(".exp_avg_sq") for k in oa)
+    for key, value in oa.items():
+        assert torch.equal(value, ob[key]) if isinstance(value, torch.Tensor) else value == ob[key], key
 
 
 @pytest.mark.extended

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Literal
 
 from rlcr.config import ConfigError
+from rlcr.models.weights import OPTIMIZER_DIR, is_training_state
 from rlcr.untrusted import InvalidInput, decode_text, parse_json, printable, read_local
 
 log = logging.getLogger(__name__)
@@ -465,7 +466,6 @@ def _remote_files(base: str, listing: dict, uri: str) -> dict[str, int]:
     return files
 
 
-_NOT_COPIED = ("training_state.pt",)  # rlcr.train.checkpoint.TRAINING_STATE_FILE: a new run starts a fresh AdamW
 
 
 def _sealed_copy(uri: str, source, name: str, seal: bytes, store, cache_dir) -> str:
@@ -479,7 +479,7 @@ def _sealed_copy(uri: str, source, name: str, seal: bytes, store, cache_dir) -> 
     if uri.startswith(store.url("models") + "/"):
         return uri
     meta = source.parse_seal(name, seal)
-    files = {n: size for n, size in meta["files"].items() if n not in _NOT_COPIED}
+    files = {n: size for n, size in meta["files"].items() if not is_training_state(n)}  # a new run: a fresh AdamW
     key = hashlib.sha256(f"sealed {meta['content_id']}".encode()).hexdigest()[:32]
     rel = f"models/{key}"
     if store.read_seal(rel) is not None:
@@ -489,8 +489,11 @@ def _sealed_copy(uri: str, source, name: str, seal: bytes, store, cache_dir) -> 
         work.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=work) as tmp:
             local = source.get_dir(name, Path(tmp) / "model", seal=seal)  # checks the seal did not change
-            for n in (*_NOT_COPIED, COMPLETE_MARKER):
-                (local / n).unlink(missing_ok=True)
+            for n in meta["files"]:
+                if is_training_state(n):
+                    (local / n).unlink(missing_ok=True)
+            shutil.rmtree(local / OPTIMIZER_DIR, ignore_errors=True)
+            (local / COMPLETE_MARKER).unlink(missing_ok=True)
             store.put_dir(local, rel)
         return store.url(rel)
     base, dest = source._abs(name), store._abs(rel)

@@ -24,7 +24,8 @@ from typing import Any, Mapping, Sequence
 __all__ = [
     "has_gpu", "resolve_dtype", "WeightSpec", "checkpoint_weight_spec", "read_checkpoint_weights", "read_frame",
     "frame_id", "SameAs", "Bfloat16Bits", "pack_weights", "check_weights", "load_weights_in_place",
-    "write_checkpoint", "fused_groups", "to_tensor", "layer_key", "WeightBuckets", "BucketWriter"]
+    "write_checkpoint", "fused_groups", "to_tensor", "layer_key", "WeightBuckets", "BucketWriter",
+    "TRAINING_STATE_FILE", "OPTIMIZER_DIR", "is_training_state"]
 
 
 def has_gpu() -> bool:
@@ -46,6 +47,19 @@ def resolve_dtype(dtype: str) -> str:
 
 WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".pt", ".pth")
 """Files of a checkpoint directory that hold weights (or trainer state), not the engine's frame."""
+TRAINING_STATE_FILE = "training_state.pt"
+"""In a checkpoint, next to the weights: AdamW's state (unless sharded), the LR schedule's position and the RNG —
+what a resume needs to continue exactly (rlcr.train.checkpoint writes it)."""
+OPTIMIZER_DIR = "optimizer"
+"""In a checkpoint of a sharded (FSDP) update: AdamW's state, one file per rank (rlcr.train.sharded_state)."""
+
+
+def is_training_state(name: str) -> bool:
+    """Whether the file ``name`` of a checkpoint (relative, ``/``-separated) is training state: what a resume reads
+    and a new run started from the checkpoint leaves behind (it starts a fresh AdamW)."""
+    return name == TRAINING_STATE_FILE or name.startswith(OPTIMIZER_DIR + "/")
+
+
 NOT_FRAME_FILES = {"_COMPLETE", "rlcr_update.json"}
 """rlcr's own files in a checkpoint directory (seal, update summary): they change every iteration; vLLM never
 reads them."""

@@ -47,7 +47,9 @@ from rlcr.storage.local import (
     atomic_directory,
     check_store_root,
     fsync_dir,
+    new_temp_directory,
     pid_alive,
+    publish_directory,
     read_regular,
     safe_join,
     sweep_temporaries,
@@ -74,7 +76,7 @@ __all__ = [
     "atomic_directory", "sweep_temporaries", "default_cache_dir", "validate_run_id",
     "safe_join", "checkpoint_content_id", "pid_alive", "InvalidSeal", "Unsealable", "parse_seal", "new_seal",
     "MAX_SEAL_BYTES", "MAX_SEAL_FILES", "MAX_NAME_CHARS", "MAX_FILE_BYTES", "RUN_ID_PATTERN",
-    "RefusedFile", "NoSuchStore", "MAX_READ_BYTES", "validate_new_run_id", "HOST_ID",
+    "RefusedFile", "NoSuchStore", "MAX_READ_BYTES", "validate_new_run_id", "HOST_ID", "SharedPart",
 ]
 
 MAX_READ_BYTES = 512 << 20
@@ -111,6 +113,16 @@ def _split(uri: str) -> tuple[str, str]:
         protocol, rest = uri.split("://", 1)
         return protocol, rest.rstrip("/")
     return "file", str(Path(uri).expanduser().resolve())
+
+
+class SharedPart:
+    """One writer's share of a directory several processes write (:meth:`Store.shared_part`): ``dir``, the local
+    directory to fill; after the block, ``files``: their names in the sealed directory → sizes."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self.dir: Path = Path()
+        self.files: dict[str, int] = {}
 
 
 class Store:
@@ -447,6 +459,101 @@ class Store:
             yield tmp
             seal = new_seal({name: size for name, _, size in sealable_files(tmp)})
             (tmp / COMPLETE_MARKER).write_bytes(seal)
+
+    # ------------------------------------------------------------------ a directory several processes write
+    def open_shared(self, rel: str) -> str:
+        """Begin a sealed directory that several processes fill (the ranks of a sharded save, each its own files:
+        :meth:`shared_part`) and one seals (:meth:`seal_shared`); returns where the parts go, the string every
+        writer is handed. Readers see nothing new until the seal, and the old directory at ``rel`` until then
+        (local) or no sealed directory (S3).
+
+        Local: a fresh temp sibling of ``rel``, renamed into place by the seal (the writers must share this file
+        system); S3: ``rel`` itself, its old seal removed first and then its files, so nothing half-written is
+        ever sealed."""
+        if self.is_local:
+            return str(new_temp_directory(self._abs(rel)))
+
+        def run():
+            base = self._abs(rel)
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(f"{base}/{COMPLETE_MARKER}")
+            if self.fs.exists(base):
+                self.fs.rm(base, recursive=True)
+        self._wrap("clearing", rel, run)
+        return self._abs(rel)
+
+    @contextlib.contextmanager
+    def shared_part(self, where: str, prefix: str, *, before_upload=None):
+        """A local directory to fill with one writer's files of the shared directory ``where``
+        (:meth:`open_shared`), under ``prefix`` there; when the block ends they are in place (local: written
+        there already; S3: ``before_upload()`` is called, e.g. the lease check, then each file is uploaded) and
+        the yielded :class:`SharedPart`'s ``files`` maps their names in the sealed directory to their sizes (local:
+        every file under the part's folder when the block ends, other writers' of the same folder too; the seal
+        takes the union of the lists)."""
+        self._under_root(where)
+        part = SharedPart(prefix.strip("/"))
+        if self.is_local:
+            part.dir = safe_join(where, part.prefix) if part.prefix else Path(where)
+            part.dir.mkdir(parents=True, exist_ok=True)
+            yield part
+            part.files = {f"{part.prefix}/{n}" if part.prefix else n: size
+                          for n, _, size in sealable_files(part.dir)}
+            return
+        with tempfile.TemporaryDirectory(prefix="rlcr-part-") as d:
+            part.dir = Path(d)
+            yield part
+            files = sealable_files(part.dir)
+            if before_upload is not None:
+                before_upload()
+            names = {n: f"{part.prefix}/{n}" if part.prefix else n for n, _, _ in files}
+
+            def run():
+                for n, src, _ in files:
+                    self.fs.put_file(str(src), f"{where}/{names[n]}")
+            self._wrap("uploading", f"{self._under_root(where)}/{part.prefix}", run)
+            part.files = {names[n]: size for n, _, size in files}
+
+    def seal_shared(self, rel: str, where: str, files: dict[str, int]) -> str:
+        """Seal the shared directory ``where`` (:meth:`open_shared`) as ``rel``, listing ``files`` (every writer's
+        :attr:`SharedPart.files`): each must be there with its size, and (local) nothing else, or StorageError
+        naming it and nothing is published. Local: fsynced and renamed into place. Returns the URI."""
+        self._under_root(where)
+        seal = new_seal(files)
+        if self.is_local:
+            tmp = Path(where)
+            found = {n: size for n, _, size in sealable_files(tmp)}
+            if found != files:
+                odd = sorted(set(found.items()) ^ set(files.items()))[:1]
+                raise StorageError(f"{self.url(rel)}: the parts written are not the ones listed "
+                                   f"(e.g. {printable(str(odd), 200)}); not sealing it")
+            (tmp / COMPLETE_MARKER).write_bytes(seal)
+            publish_directory(tmp, self._abs(rel), durable=True)
+            return self.url(rel)
+
+        def run():
+            found = {k[len(where) + 1:]: int(v.get("size") or 0)
+                     for k, v in self.fs.find(where, detail=True).items() if v.get("type") != "directory"}
+            for name, size in files.items():
+                if found.get(name) != size:
+                    raise StorageError(f"{self.url(rel)}: {printable(name)} is missing or not {size:,} bytes; "
+                                       f"not sealing it")
+            self.fs.pipe_file(f"{where}/{COMPLETE_MARKER}", seal)
+        self._wrap("sealing", rel, run)
+        return self.url(rel)
+
+    def _under_root(self, where: str) -> str:
+        """``where`` (from :meth:`open_shared`) relative to the root; StorageError if it is not under it."""
+        rel = where[len(self.root):].strip("/") if where.startswith(self.root + "/") else ""
+        if not rel or any(p in ("", ".", "..") for p in rel.split("/")):
+            raise StorageError(f"{printable(where, 300)}: not a shared directory under {self.uri}")
+        return rel
+
+    def abandon_shared(self, where: str) -> None:
+        """Give up a shared directory before its seal: local, its temp sibling is removed; S3, it stays unsealed
+        (no reader trusts it; the next :meth:`open_shared` of it clears it)."""
+        if self.is_local:
+            self._under_root(where)
+            shutil.rmtree(where, ignore_errors=True)
 
     def is_complete(self, rel: str) -> bool:
         return self.exists(f"{rel.rstrip('/')}/{COMPLETE_MARKER}")

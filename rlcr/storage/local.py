@@ -17,7 +17,8 @@ from pathlib import Path, PurePosixPath
 from rlcr.storage.errors import NoSuchStore, RefusedFile, StorageError
 from rlcr.untrusted import printable
 
-__all__ = ["safe_join", "pid_alive", "sweep_temporaries", "atomic_directory", "temp_name", "fsync_dir",
+__all__ = ["safe_join", "pid_alive", "sweep_temporaries", "atomic_directory", "new_temp_directory",
+           "publish_directory", "temp_name", "fsync_dir",
            "read_regular", "KERNEL_TREES", "check_store_root", "HOST_ID"]
 
 KERNEL_TREES = ("/proc", "/sys", "/dev")
@@ -185,9 +186,41 @@ def _fsync_tree(path: Path) -> None:
     fsync_dir(path)
 
 
+def new_temp_directory(dest: str | Path) -> Path:
+    """A fresh, empty temp sibling of ``dest`` (named by :func:`temp_name`), to fill and then
+    :func:`publish_directory` as ``dest``. An existing ``dest`` must be a real directory: a symbolic link or anything
+    else there is refused with StorageError before anything is written, never moved or deleted."""
+    dest = Path(dest)
+    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
+        raise StorageError(f"refusing to replace {dest}: it is a symbolic link or not a directory")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=temp_name(dest.name), dir=dest.parent))
+
+
+def publish_directory(tmp: str | Path, dest: str | Path, *, durable: bool = False) -> None:
+    """Replace ``dest`` by the filled temp sibling ``tmp`` (:func:`new_temp_directory`) in one rename; an old
+    ``dest`` is moved aside first (a rename, so ``dest`` is never missing for long), then removed. ``durable``:
+    fsync the files and directories before and after the rename."""
+    tmp, dest = Path(tmp), Path(dest)
+    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
+        raise StorageError(f"refusing to replace {dest}: it is a symbolic link or not a directory")
+    if durable:
+        _fsync_tree(tmp)
+    if dest.exists():
+        old = Path(tempfile.mkdtemp(prefix=temp_name(dest.name), dir=dest.parent))
+        os.replace(dest, old / "x")
+        os.replace(tmp, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, dest)
+    if durable:
+        fsync_dir(dest.parent)
+
+
 @contextlib.contextmanager
 def atomic_directory(dest: str | Path, *, durable: bool = False):
-    """Yield a temp sibling of ``dest`` to fill; on success it replaces ``dest`` in one rename.
+    """Yield a temp sibling of ``dest`` to fill; on success it replaces ``dest`` in one rename
+    (:func:`new_temp_directory`, :func:`publish_directory`).
 
     On failure it is removed, so ``dest`` is never seen half-written; a writer killed before
     that leaves a ``.<name>.tmp-<host id>-<pid>-…`` sibling that :func:`sweep_temporaries` removes later.
@@ -195,25 +228,10 @@ def atomic_directory(dest: str | Path, *, durable: bool = False):
     must be a real directory (it is moved aside, then removed): a symbolic link or anything else
     there is refused with StorageError before anything is written, never moved or deleted.
     """
-    dest = Path(dest)
-    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
-        raise StorageError(f"refusing to replace {dest}: it is a symbolic link or not a directory")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=temp_name(dest.name), dir=dest.parent))
+    tmp = new_temp_directory(dest)
     try:
         yield tmp
-        if durable:
-            _fsync_tree(tmp)
-        if dest.exists():
-            # move the old one aside first (a rename), so dest is never missing for long
-            old = Path(tempfile.mkdtemp(prefix=temp_name(dest.name), dir=dest.parent))
-            os.replace(dest, old / "x")
-            os.replace(tmp, dest)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, dest)
-        if durable:
-            fsync_dir(dest.parent)
+        publish_directory(tmp, dest, durable=durable)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -11,11 +11,11 @@ import json
 import torch
 from torch import nn
 
-__all__ = ["NonFiniteError", "check_finite_parameters", "save_checkpoint", "save_adapter_checkpoint",
-           "TRAINING_STATE_FILE"]
+from rlcr.models.weights import TRAINING_STATE_FILE
 
-TRAINING_STATE_FILE = "training_state.pt"
-"""Next to the weights: AdamW state, LR-schedule position and RNG (what a resume needs to continue exactly)."""
+__all__ = ["NonFiniteError", "check_finite_parameters", "check_finite_weights", "save_checkpoint",
+           "write_checkpoint_files", "save_adapter_checkpoint", "TRAINING_STATE_FILE"]
+
 
 
 class NonFiniteError(RuntimeError):
@@ -40,17 +40,30 @@ def save_checkpoint(lm: nn.Module, tokenizer, store, rel: str, *, state_dict: di
     uploaded) and sealed (``_COMPLETE`` written last), so readers never see a partial checkpoint. Returns the
     checkpoint's URI.
     """
+    check_finite_weights(lm, state_dict)
+    with store.writing_dir(rel) as d:
+        write_checkpoint_files(d, lm, tokenizer, state_dict=state_dict, extra=extra, training_state=training_state)
+    return store.url(rel)
+
+
+def check_finite_weights(lm: nn.Module, state_dict: dict | None = None) -> None:
+    """Raise :class:`NonFiniteError` naming the first weight of ``state_dict`` (None: ``lm``'s parameters) holding
+    NaN/inf."""
     if state_dict is None:
         check_finite_parameters(lm)
-    else:
-        for name, t in state_dict.items():
-            if torch.is_floating_point(t) and not torch.isfinite(t).all():
-                raise NonFiniteError(f"refusing to write a checkpoint: parameter {name!r} has non-finite values")
-    with store.writing_dir(rel) as d:
-        lm.save_pretrained(d, state_dict=state_dict, safe_serialization=True)
-        tokenizer.save_pretrained(d)
-        _write_extras(d, extra, training_state)
-    return store.url(rel)
+        return
+    for name, t in state_dict.items():
+        if torch.is_floating_point(t) and not torch.isfinite(t).all():
+            raise NonFiniteError(f"refusing to write a checkpoint: parameter {name!r} has non-finite values")
+
+
+def write_checkpoint_files(d, lm: nn.Module, tokenizer, *, state_dict: dict | None = None, extra: dict | None = None,
+                           training_state: dict | None = None) -> None:
+    """A checkpoint's files into the local folder ``d``: the weights (``state_dict``, else ``lm``'s) as a Hugging
+    Face model, the tokenizer, the update's record and the training state (unsealed: the caller seals)."""
+    lm.save_pretrained(d, state_dict=state_dict, safe_serialization=True)
+    tokenizer.save_pretrained(d)
+    _write_extras(d, extra, training_state)
 
 
 def _write_extras(d: str, extra: dict | None, training_state: dict | None) -> None:

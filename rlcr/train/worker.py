@@ -10,7 +10,8 @@ the checkpoint. Then, for every call, on every rank:
   and schedule; rank 0 returns the metrics and the new weights in Ray's object store (:meth:`~TrainerWorker.weights`);
 * :meth:`TrainerWorker.save`: rank 0 writes the training state, sealed, after checking the writer's lease —
   with ``background``, in a thread of its own while the driver goes on (the next rollouts), collected by
-  :meth:`TrainerWorker.saved`; the next update waits for it, so the state being written never changes;
+  :meth:`TrainerWorker.saved`; the next update waits for it, so the state being written never changes (under
+  FSDP every rank writes its shard of AdamW's state: :meth:`TrainerWorker._write_sharded`);
 * :meth:`TrainerWorker.stop`.
 
 With ``lora.enabled`` (docs/design.md §11.1) the policy is the base with ``peft`` adapters (:mod:`rlcr.train.lora`):
@@ -18,9 +19,10 @@ AdamW holds the adapters, π_ref is the policy with its adapters disabled, the e
 (:class:`rlcr.models.adapters.AdapterUpdate`) and a save writes an adapter checkpoint naming its base.
 
 Every method is a collective under DDP/FSDP (all ranks run it); what only rank 0 returns is None elsewhere. Under
-FSDP the weights rank 0 hands to the engines and writes are the shards gathered into full tensors on its CPU, and
-the AdamW state it saves is gathered likewise (by parameter name; :meth:`TrainerWorker._restore` reads DDP's and
-FSDP's alike).
+FSDP the weights rank 0 hands to the engines and writes are the shards gathered into full tensors on its CPU, one
+weight at a time; the AdamW state is not gathered: each rank writes its own shard with torch.distributed.checkpoint
+into the checkpoint's ``optimizer/`` folder (:mod:`rlcr.train.sharded_state`), and any number of DDP or FSDP
+workers reads it back (:meth:`TrainerWorker._restore` reads DDP's whole state and FSDP's shards alike).
 """
 
 from __future__ import annotations
@@ -45,13 +47,18 @@ from rlcr.train.checkpoint import TRAINING_STATE_FILE, NonFiniteError, save_adap
 from rlcr.train.logprobs import CompletionLogProbs
 from rlcr.train.lora import AdapterOff, adapter_update, load_adapter_state, wrap_lora
 from rlcr.train.update import Schedule, autocast_dtype, make_optimizer, train_update
+from rlcr.untrusted import printable
 
 __all__ = ["TrainerWorker", "WorkerInfo", "UpdateOut", "SaveOut", "train_loop_per_worker", "load_policy"]
 
 log = logging.getLogger(__name__)
 
 TRAINING_STATE_FORMAT = 1
-"""``format`` of :data:`~rlcr.train.checkpoint.TRAINING_STATE_FILE` this code writes and reads."""
+"""``format`` of :data:`~rlcr.train.checkpoint.TRAINING_STATE_FILE` with AdamW's whole state in it (DDP, LoRA)."""
+SHARDED_STATE_FORMAT = 2
+"""``format`` of a training state whose AdamW state is in :data:`rlcr.train.sharded_state.OPTIMIZER_DIR` (FSDP)."""
+SAVE_TIMEOUT_S = 1800
+"""How long a rank of a sharded save waits for the others' collectives (the plan, the file lists) before it fails."""
 
 
 @dataclass(frozen=True)
@@ -157,6 +164,13 @@ class TrainerWorker:
             self.model = ray.train.torch.prepare_model(policy, parallel_strategy="ddp")
         self.optimizer = make_optimizer(self.model, cfg)
         self.schedule = Schedule.for_run(cfg)
+        self._save_group = None
+        if cfg.update.fsdp:  # a sharded save's collectives, apart from the update's (a save may run in a thread)
+            from datetime import timedelta
+
+            import torch.distributed as dist
+
+            self._save_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=SAVE_TIMEOUT_S))
         self.restored = bool(restore) and self._restore(local, policy_uri)
         tok = self.tokenizer
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -205,17 +219,16 @@ class TrainerWorker:
         return sd
 
     def _training_state(self) -> dict[str, Any]:
-        """AdamW state, schedule position and RNG (FSDP: the optimizer state gathered into full tensors on rank 0,
-        a collective, keyed by parameter name where DDP's is by position; :meth:`_restore` reads either)."""
-        if not self.cfg.update.fsdp:
-            optimizer = self.optimizer.state_dict()
-        else:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+        """AdamW's whole state (DDP, LoRA; under FSDP it is saved by shard instead: :meth:`_write_sharded`), the
+        schedule position and the RNG."""
+        state: dict[str, Any] = {"schedule": {"done": self.schedule.done, "total": self.schedule.total},
+                                 "rng": {"torch": torch.get_rng_state()}}
+        if self.cfg.update.fsdp:  # before the first step AdamW has no state: nothing to shard (None)
+            from rlcr.train.sharded_state import OPTIMIZER_DIR
 
-            optimizer = get_optimizer_state_dict(self.model, self.optimizer,
-                                                 options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return {"optimizer": optimizer, "schedule": {"done": self.schedule.done, "total": self.schedule.total},
-                "rng": {"torch": torch.get_rng_state()}, "format": TRAINING_STATE_FORMAT}
+            return {**state, "optimizer": OPTIMIZER_DIR if self.optimizer.state else None,
+                    "world_size": self.world_size, "format": SHARDED_STATE_FORMAT}
+        return {**state, "optimizer": self.optimizer.state_dict(), "format": TRAINING_STATE_FORMAT}
 
     def _restore(self, local_dir: str, policy_uri: str) -> bool:
         """Load the AdamW state, schedule position and RNG saved next to the weights.
@@ -227,16 +240,38 @@ class TrainerWorker:
         if not os.path.exists(path):
             raise FileNotFoundError(f"{policy_uri}: no {TRAINING_STATE_FILE} to restore (AdamW, schedule, RNG)")
         state = torch.load(path, map_location="cpu", weights_only=False)
-        if not isinstance(state, dict) or state.get("format") != TRAINING_STATE_FORMAT:
+        formats = (TRAINING_STATE_FORMAT, SHARDED_STATE_FORMAT)
+        if not isinstance(state, dict) or state.get("format") not in formats:
             got = state.get("format") if isinstance(state, dict) else type(state).__name__
-            raise ValueError(f"{policy_uri}/{TRAINING_STATE_FILE}: format {got!r}, expected {TRAINING_STATE_FORMAT}")
+            raise ValueError(f"{policy_uri}/{TRAINING_STATE_FILE}: format {got!r}, expected one of {formats}")
         from rlcr.train.fsdp import optimizer_state_by_index, optimizer_state_by_name
+        from rlcr.train.sharded_state import OPTIMIZER_DIR, load_optimizer_shards
 
         optimizer = state.get("optimizer")
+        if state["format"] == SHARDED_STATE_FORMAT:  # AdamW by shard, as N FSDP workers wrote it: read by these M
+            where = f"{policy_uri}/{OPTIMIZER_DIR}"
+            if optimizer is None:  # saved before AdamW's first step: it starts fresh, as it did
+                pass
+            elif optimizer != OPTIMIZER_DIR or not os.path.isdir(os.path.join(local_dir, OPTIMIZER_DIR)):
+                raise ValueError(f"{policy_uri}/{TRAINING_STATE_FILE}: AdamW's state is saved by shard, but "
+                                 f"{where} is not there")
+            else:
+                try:
+                    load_optimizer_shards(self.model, self.optimizer, os.path.join(local_dir, OPTIMIZER_DIR),
+                                          source=where)
+                except (ValueError, OSError, RuntimeError) as e:  # a missing tensor, a shape, a bad file: one line
+                    raise ValueError(f"cannot restore AdamW's state saved by {state.get('world_size', '?')} "
+                                     f"workers on {self.world_size}: {printable(str(e), 400)}") from None
+            self.schedule.done, self.schedule.total = (int(state["schedule"]["done"]),
+                                                       int(state["schedule"]["total"]))
+            torch.set_rng_state(state["rng"]["torch"])
+            return True
         try:
             keys = [k for g in optimizer["param_groups"] for k in g["params"]]
             by_name = bool(keys) and isinstance(keys[0], str)  # saved under FSDP (names) or DDP (positions)
-            if self.cfg.update.fsdp:
+            if self.cfg.update.fsdp and not optimizer["state"]:
+                pass  # saved before AdamW's first step (DCP's call would initialise it with a step): fresh, as it was
+            elif self.cfg.update.fsdp:
                 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
                 if not by_name:
@@ -362,16 +397,23 @@ class TrainerWorker:
     def save(self, rel: str, extra: dict[str, Any], with_optimizer: bool,
              fence: dict[str, str] | None = None, background: bool = False) -> SaveOut | None:
         """Rank 0 writes the weights, tokenizer and (``with_optimizer``) training state, sealed, at ``rel`` — after
-        checking ``fence``, the writer's lease, just before the upload. ``background``: the write runs in a
-        thread (the answer is ``SaveOut(pending=True)``; :meth:`saved` waits for it); what it writes is taken
-        now (the RNG, the schedule position) or not changed before it ends (weights and AdamW state: the next
-        :meth:`update` waits for it)."""
+        checking ``fence``, the writer's lease, just before the upload (under FSDP every rank writes its shard of
+        AdamW's state: :meth:`_write_sharded`). ``background``: the write runs in a thread (the answer is
+        ``SaveOut(pending=True)``; :meth:`saved` waits for it); what it writes is taken now (the RNG, the schedule
+        position) or not changed before it ends (weights and AdamW state: the next :meth:`update` waits for it)."""
         self._join_save()
-        state = self._full_state_dict() if self.cfg.update.fsdp else None  # collectives: all ranks
         training_state = self._training_state() if with_optimizer else None
-        if self.rank != 0:
+        if self.cfg.update.fsdp:
+            from rlcr.train.sharded_state import optimizer_shards
+
+            state = self._full_state_dict()  # collectives: all ranks
+            # (not before the first step: DCP's state-dict call would initialise AdamW with a step of lr 0)
+            shards = optimizer_shards(self.model, self.optimizer) if with_optimizer and self.optimizer.state else None
+            write = lambda: self._write_sharded(rel, extra, fence, state, shards, training_state)  # noqa: E731
+        elif self.rank != 0:
             return None
-        write = lambda: self._write(rel, extra, fence, state, training_state)  # noqa: E731
+        else:
+            write = lambda: self._write(rel, extra, fence, None, training_state)  # noqa: E731
         if not background:
             return write()
         outcome: dict[str, Any] = {}
@@ -384,11 +426,12 @@ class TrainerWorker:
         thread = threading.Thread(target=run, name=f"rlcr-save-{rel}", daemon=True)
         self._save = (thread, outcome)
         thread.start()
-        return SaveOut(pending=True)
+        return SaveOut(pending=True) if self.rank == 0 else None
 
     def saved(self) -> SaveOut | None:
         """Rank 0: the outcome of the background save started last (waits for it; its error is raised here,
-        ending the worker as any failed call does); other ranks, or no save pending: None."""
+        ending the worker as any failed call does); other ranks (FSDP: after their part is written), or no save
+        pending: None."""
         if self._save is None:
             return None
         thread, outcome = self._save
@@ -396,7 +439,7 @@ class TrainerWorker:
         self._save = None
         if "error" in outcome:
             raise outcome["error"]
-        return outcome["out"]
+        return outcome.get("out")
 
     def _join_save(self) -> None:
         """Wait for a background save to end (its outcome stays for :meth:`saved`)."""
@@ -420,6 +463,84 @@ class TrainerWorker:
         else:
             uri = save_checkpoint(self.lm, self.tokenizer, store, rel, state_dict=state, extra=extra,
                                   training_state=training_state)
+        return SaveOut(uri=uri, write_s=time.perf_counter() - t0)
+
+    def _write_sharded(self, rel: str, extra: dict[str, Any], fence: dict[str, str] | None, state,
+                       shards: dict[str, Any] | None, training_state: dict[str, Any] | None) -> SaveOut | None:
+        """A sharded save, on every rank (FSDP), its collectives on a group of their own: rank 0 checks ``fence``
+        and opens the checkpoint's shared directory (:meth:`rlcr.storage.Store.open_shared`); every rank writes its
+        shard of AdamW's state there with DCP (S3: uploaded after its own check of the lease); rank 0 gathers
+        the files each rank wrote (or why it could not), writes the gathered weights, the tokenizer and the small
+        training state, checks the lease again and seals the whole. Rank 0 answers; the others return None."""
+        import torch.distributed as dist
+
+        from rlcr.runs.store import LeaseLost, check_fence
+        from rlcr.storage import StorageError
+        from rlcr.train.checkpoint import check_finite_weights, write_checkpoint_files
+        from rlcr.train.sharded_state import OPTIMIZER_DIR, save_optimizer_shards
+
+        t0 = time.perf_counter()
+        group = self._save_group
+        store = Store(self.cfg.storage.uri, endpoint_url=self.cfg.storage.s3_endpoint_url)
+        fenced = (lambda: check_fence(store, fence)) if fence else None  # noqa: E731
+        head: list[Any] = [None]
+        error: BaseException | None = None
+        if self.rank == 0:
+            try:
+                check_finite_weights(self.lm, state)
+                if fenced:
+                    fenced()
+                head[0] = ("open", store.open_shared(rel))
+            except LeaseLost as e:
+                head[0] = ("refused", str(e))
+            except Exception as e:  # noqa: BLE001 - the others learn that it failed; rank 0 raises it
+                head[0], error = ("error", type(e).__name__), e
+        dist.broadcast_object_list(head, src=0, group=group)
+        kind, where = head[0]
+        if kind != "open":
+            if self.rank != 0:
+                return None
+            if error is not None:
+                raise error
+            return SaveOut(refused=where, write_s=time.perf_counter() - t0)
+        mine: dict[str, int] = {}
+        problem: tuple[str, str] | None = None
+        if shards is not None:  # DCP's own collectives: every rank takes part
+            try:
+                with store.shared_part(where, OPTIMIZER_DIR, before_upload=fenced) as part:
+                    save_optimizer_shards(shards, part.dir, process_group=group)
+                mine = part.files
+            except LeaseLost as e:
+                problem = ("refused", str(e))
+            except Exception as e:  # noqa: BLE001 - reported to rank 0 below
+                problem = ("error", f"rank {self.rank}: {type(e).__name__}: {printable(str(e), 300)}")
+        parts: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object((mine, problem), parts, dst=0, group=group)
+        if self.rank != 0:
+            return None
+        try:
+            problems = [p for _, p in parts if p is not None]
+            if any(k == "refused" for k, _ in problems):
+                store.abandon_shared(where)
+                return SaveOut(refused=next(m for k, m in problems if k == "refused"),
+                               write_s=time.perf_counter() - t0)
+            if problems:
+                raise StorageError(f"{store.url(rel)}: a sharded save failed: {problems[0][1]}")
+            with store.shared_part(where, "", before_upload=fenced) as part:
+                write_checkpoint_files(part.dir, self.lm, self.tokenizer, state_dict=state, extra=extra,
+                                       training_state=training_state)
+            files = dict(part.files)
+            for theirs, _ in parts:
+                files.update(theirs)
+            if fenced:
+                fenced()
+            uri = store.seal_shared(rel, where, files)
+        except LeaseLost as e:
+            store.abandon_shared(where)
+            return SaveOut(refused=str(e), write_s=time.perf_counter() - t0)
+        except BaseException:
+            store.abandon_shared(where)
+            raise
         return SaveOut(uri=uri, write_s=time.perf_counter() - t0)
 
     def stop(self) -> None:
