@@ -143,6 +143,47 @@ def test_the_metadata_is_read_as_input_from_outside(saved, monkeypatch):
     meta.write_bytes(pickle.dumps(md))
     assert CheckedReader(d).read_metadata().state_dict_metadata.keys() == md.state_dict_metadata.keys()
 
+    # chunks that do not cover a tensor exactly once (none: a silent zero moment; one repeated: unbounded plans)
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    key = "optimizer.state.0.weight.exp_avg"
+    entry = md.state_dict_metadata[key]
+    for chunks in ([], entry.chunks * 3000):
+        md.state_dict_metadata[key] = type(entry)(properties=entry.properties, size=entry.size, chunks=chunks)
+        meta.write_bytes(pickle.dumps(md))
+        with pytest.raises(ValueError, match="chunks of entry .*exp_avg.* do not cover it exactly once"):
+            CheckedReader(d).read_metadata()
+    md.state_dict_metadata[key] = type(entry)(properties=entry.properties, size=torch.Size([6, 5]),
+                                              chunks=entry.chunks)
+    meta.write_bytes(pickle.dumps(md))
+    with pytest.raises(ValueError, match="do not cover it"):
+        CheckedReader(d).read_metadata()
+    md.state_dict_metadata[key] = entry
+
+    # a tensor recorded as an object would skip DCP's size check
+    md.state_dict_metadata[key] = BytesStorageMetadata()
+    md.storage_data[type(index)(fqn=key)] = next(v for k, v in md.storage_data.items() if k.fqn == key)
+    meta.write_bytes(pickle.dumps(md))
+    model, opt = _trained()
+    with pytest.raises(ValueError, match="exp_avg is a tensor here but not in the checkpoint"):
+        load_optimizer_shards(model, opt, d)
+    md.state_dict_metadata[key] = entry
+    meta.write_bytes(pickle.dumps(md))
+
+    # the shard file itself: a link (to a FIFO, /dev/zero …) or a file shorter than the metadata says
+    shard = d / "__0_0.distcp"
+    data = shard.read_bytes()
+    shard.unlink()
+    shard.symlink_to("/dev/zero")
+    with pytest.raises(ValueError, match=r"__0_0\.distcp: not a regular file"):
+        CheckedReader(d).read_metadata()
+    shard.unlink()
+    shard.write_bytes(data[:-1])
+    with pytest.raises(ValueError, match=r"__0_0\.distcp: not a regular file of at least"):
+        CheckedReader(d).read_metadata()
+    shard.write_bytes(data)
+    assert CheckedReader(d).read_metadata()
+
     monkeypatch.setattr(sharded_state, "MAX_METADATA_BYTES", 100)
     from rlcr.storage import RefusedFile
 

@@ -418,7 +418,11 @@ class TrainerWorker:
             return write()
         outcome: dict[str, Any] = {}
 
+        device = next(self.model.parameters()).device
+
         def run() -> None:
+            if device.type == "cuda":  # a new thread starts on cuda:0; DCP's copies run on this rank's GPU
+                torch.cuda.set_device(device)
             try:
                 outcome["out"] = write()
             except BaseException as e:  # noqa: BLE001 - handed to saved(), which raises it in its call
@@ -477,7 +481,6 @@ class TrainerWorker:
         from rlcr.runs.store import LeaseLost, check_fence
         from rlcr.storage import StorageError
         from rlcr.train.checkpoint import check_finite_weights, write_checkpoint_files
-        from rlcr.train.sharded_state import OPTIMIZER_DIR, save_optimizer_shards
 
         t0 = time.perf_counter()
         group = self._save_group
@@ -505,15 +508,8 @@ class TrainerWorker:
             return SaveOut(refused=where, write_s=time.perf_counter() - t0)
         mine: dict[str, int] = {}
         problem: tuple[str, str] | None = None
-        if shards is not None:  # DCP's own collectives: every rank takes part
-            try:
-                with store.shared_part(where, OPTIMIZER_DIR, before_upload=fenced) as part:
-                    save_optimizer_shards(shards, part.dir, process_group=group)
-                mine = part.files
-            except LeaseLost as e:
-                problem = ("refused", str(e))
-            except Exception as e:  # noqa: BLE001 - reported to rank 0 below
-                problem = ("error", f"rank {self.rank}: {type(e).__name__}: {printable(str(e), 300)}")
+        if shards is not None:
+            mine, problem = self._write_shard(store, where, shards, fenced)
         parts: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
         dist.gather_object((mine, problem), parts, dst=0, group=group)
         if self.rank != 0:
@@ -542,6 +538,43 @@ class TrainerWorker:
             store.abandon_shared(where)
             raise
         return SaveOut(uri=uri, write_s=time.perf_counter() - t0)
+
+    def _write_shard(self, store: Store, where: str, shards: dict[str, Any], fenced) -> tuple[dict[str, int], Any]:
+        """This rank's AdamW shard into the shared directory ``where`` (every rank calls it): its folder made ready
+        on every rank first (agreed on the save's group, so no rank enters DCP's collectives alone), then DCP's
+        save, then (S3) the upload after ``fenced()``. Returns (the files it wrote, None) or ({}, (why)), where
+        why is ``("refused", message)`` for a lost lease and ``("error", message)`` otherwise."""
+        import contextlib
+
+        import torch.distributed as dist
+
+        from rlcr.runs.store import LeaseLost
+        from rlcr.train.sharded_state import OPTIMIZER_DIR, save_optimizer_shards
+
+        def said(e: BaseException) -> str:
+            return f"rank {self.rank}: {type(e).__name__}: {printable(str(e), 300)}"
+
+        stack = contextlib.ExitStack()
+        ready: str | None = None
+        part = None
+        try:
+            part = stack.enter_context(store.shared_part(where, OPTIMIZER_DIR, before_upload=fenced))
+        except Exception as e:  # noqa: BLE001 - every rank learns it below
+            ready = said(e)
+        readies: list[Any] = [None] * self.world_size
+        dist.all_gather_object(readies, ready, group=self._save_group)
+        failed = next((r for r in readies if r), None)
+        if failed:
+            stack.close()
+            return {}, ("error", failed)
+        try:
+            with stack:  # its end uploads (S3), after the lease check
+                save_optimizer_shards(shards, part.dir, process_group=self._save_group)
+        except LeaseLost as e:
+            return {}, ("refused", str(e))
+        except Exception as e:  # noqa: BLE001 - reported to rank 0, which raises it
+            return {}, ("error", said(e))
+        return part.files, None
 
     def stop(self) -> None:
         """The last call: :func:`rlcr.train.rpc.serve` returns after it, so the worker's function ends (after a
