@@ -65,6 +65,10 @@ class Options(TaskOptions):
     ``full`` every supporting paragraph, ``partial`` one of a 2-hop question's two missing, ``none`` all missing."""
     two_hop_share: float = Field(0.5, ge=0.0, le=1.0)
     """Share of 2-hop (bridge) questions among the ``full`` and ``none`` ones (``partial`` ones are all 2-hop)."""
+    gold_in_distractors: bool = True
+    """Whether the distractor paragraphs' objects may name the gold answer: True, a guess among the context's names
+    can be right with evidence missing (the right confidence then is low, not 0); False, the gold is in the context
+    only through its supporting paragraphs, so with all of them missing a right answer is a blind guess."""
 
 
 def answer_f1(completion: Any, problem: QAProblem) -> float:
@@ -143,7 +147,7 @@ class QATask(Task):
     def candidates(self, seed: int, cfg: Any = None) -> Iterator[QAProblem | None]:
         o = self.options(cfg)
         return qa_data.problem_stream(seed, n_paragraphs=o.paragraphs, evidence=o.evidence,
-                                      two_hop_share=o.two_hop_share)
+                                      two_hop_share=o.two_hop_share, gold_in_distractors=o.gold_in_distractors)
 
     def strata(self, cfg: Any = None) -> list[Hashable]:
         """The evidence states generated (``Options.evidence``)."""

@@ -152,8 +152,10 @@ def _chain(rng: random.Random, relations: tuple[str, ...], taken: set[str]) -> t
     return facts, subject
 
 
-def make_problem(rng: random.Random, n_paragraphs: int, evidence: str, hops: int) -> QAProblem:
-    """A problem of ``hops`` hops in the ``evidence`` state whose context holds ``n_paragraphs`` paragraphs."""
+def make_problem(rng: random.Random, n_paragraphs: int, evidence: str, hops: int, *,
+                 gold_in_distractors: bool = True) -> QAProblem:
+    """A problem of ``hops`` hops in the ``evidence`` state whose context holds ``n_paragraphs`` paragraphs
+    (``gold_in_distractors`` False: no distractor names the gold, so without evidence it is not in the context)."""
     taken: set[str] = set()
     relations = rng.choice(_ONE_HOP if hops == 1 else _TWO_HOP)
     facts, answer = _chain(rng, relations, taken)
@@ -168,7 +170,8 @@ def make_problem(rng: random.Random, n_paragraphs: int, evidence: str, hops: int
     # distractors: facts of the chain's relations about other subjects; their objects come from a small pool
     # of the answer's type that holds the gold answer, so a guess can be right by chance
     pools = {kind: _names(rng, kind, DISTRACTOR_NAMES, taken) for kind in ("person", "town", "company")}
-    pools[_OBJECT_TYPE[relations[-1]]].append(answer)
+    if gold_in_distractors:
+        pools[_OBJECT_TYPE[relations[-1]]].append(answer)
     paragraphs = list(kept)
     while len(paragraphs) < n_paragraphs:
         rel = rng.choice(relations)
@@ -181,7 +184,7 @@ def make_problem(rng: random.Random, n_paragraphs: int, evidence: str, hops: int
 
 
 def problem_stream(seed: int, *, n_paragraphs: int = 4, evidence: Sequence[str] = EVIDENCE_STATES,
-                   two_hop_share: float = 0.5) -> Iterator[QAProblem]:
+                   two_hop_share: float = 0.5, gold_in_distractors: bool = True) -> Iterator[QAProblem]:
     """Endless problems, deterministic in ``seed`` and the settings: the evidence state cycles through
     ``evidence`` (equal shares, in order); a ``partial`` problem is 2-hop, the others 2-hop with probability
     ``two_hop_share``."""
@@ -189,7 +192,7 @@ def problem_stream(seed: int, *, n_paragraphs: int = 4, evidence: Sequence[str] 
     while True:
         for state in evidence:
             hops = 2 if state == "partial" or rng.random() < two_hop_share else 1
-            yield make_problem(rng, n_paragraphs, state, hops)
+            yield make_problem(rng, n_paragraphs, state, hops, gold_in_distractors=gold_in_distractors)
 
 
 # --------------------------------------------------------------------------- answer checks (SQuAD style)
