@@ -363,8 +363,9 @@ class UpdateSection(Section):
     AdamW moments instead of all of them. On CPUs (gloo) or GPUs (NCCL). The same update as DDP (objective, masks,
     micro-batches, global-norm clipping, LR schedule; tested on CPU: loss and gradient norm within 1e-4, weights
     within float tolerance): changes results by floating-point reduction order only. Checkpoints stay ordinary
-    Hugging Face directories (gathered on rank 0) and a training state saved under either resumes under the other.
-    Not with ``lora.enabled``."""
+    Hugging Face directories (the weights gathered on rank 0, one at a time); AdamW's state is saved by shard (each
+    rank its file, torch.distributed.checkpoint, in the checkpoint's ``optimizer/``) and resumes on any number of
+    FSDP or DDP workers; a DDP training state resumes under FSDP. Not with ``lora.enabled``."""
     fsdp_param_dtype: Literal["float32", "bfloat16"] = changes("float32")
     """With ``update.fsdp``: the precision the sharded layers are gathered and computed in. ``bfloat16``: FSDP2's
     ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``: forward and backward in bf16 (half the bytes
