@@ -5,6 +5,7 @@ checkpoint (a one-line error naming the iterations that have one otherwise); ``r
 S3 on the moto server for the resolution)."""
 
 import json
+import os
 import re
 import time
 
@@ -31,6 +32,10 @@ def sealed(store, rel, text="w"):
                 f.write("{}")
         for name in ("model.safetensors", "training_state.pt"):
             with open(f"{d}/{name}", "w") as f:
+                f.write(text)
+        os.makedirs(f"{d}/optimizer")  # AdamW by shard, as a sharded (FSDP) save writes it
+        for name in (".metadata", "__0_0.distcp", "__1_0.distcp"):
+            with open(f"{d}/optimizer/{name}", "w") as f:
                 f.write(text)
         return store.put_dir(d, rel)
 
@@ -116,6 +121,7 @@ def test_model_name_reference_is_copied_into_models(local):
     assert re.fullmatch(r"models/[0-9a-f]{32}", rel) and local.is_complete(rel)
     files = set(local.parse_seal(rel)["files"])
     assert "model.safetensors" in files and "training_state.pt" not in files
+    assert not [f for f in files if f.startswith("optimizer/")]  # a new run starts a fresh AdamW
 
 
 # ------------------------------------------------------------------------------------------ listing
