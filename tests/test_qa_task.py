@@ -233,6 +233,14 @@ def test_the_qa_config_loads():
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "qa.yaml")
     assert cfg.tasks.name == "qa" and cfg.model.name == "smollm2-135m-instruct"
     assert isinstance(get_task(cfg.tasks.name), QATask)
+    # the readable form (docs/results.md): its held-out set is one-hop, two paragraphs, full or no evidence, and the
+    # gold never in the context without its evidence
+    read = load_config(Path(__file__).resolve().parents[1] / "configs" / "qa-read.yaml")
+    task = get_task(read.tasks.name)
+    held_out = task.generate(read.tasks.num_eval, read.tasks.eval_seed, read)
+    assert {p.evidence for p in held_out} == {"full", "none"} and {p.hops for p in held_out} == {1}
+    assert all(len(p.paragraphs) == 2 for p in held_out) and read.sft.tasks == 300
+    assert all((p.evidence == "full") == any(p.answer in q for q in p.paragraphs) for p in held_out)
 
 
 @pytest.mark.slow
